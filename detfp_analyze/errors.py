@@ -1,0 +1,66 @@
+"""Typed errors of the analysis library. The CLI maps every one to exit code 2 and one line.
+
+Messages name the object, the problem and the fix, e.g.
+``traces/a/records/rank=3/part-s00000-w0000001.parquet: not a Parquet file (truncated or
+foreign file); delete it or re-run the capture``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DetfpError",
+    "DuplicateRankError",
+    "IncomparableError",
+    "ManifestError",
+    "MissingRankError",
+    "NotARunError",
+    "OptionalDependencyError",
+    "QueryError",
+    "SchemaVersionError",
+    "ShardError",
+    "TraceError",
+]
+
+
+class DetfpError(Exception):
+    """Base class of every error detfp_analyze raises on purpose (exit code 2 in the CLI)."""
+
+
+class TraceError(DetfpError):
+    """A run directory or one of its files cannot be used."""
+
+
+class NotARunError(TraceError):
+    """The path is not a detfp run directory (missing, not a directory, no manifest)."""
+
+
+class SchemaVersionError(TraceError):
+    """A manifest or shard carries a schema or digest version this release cannot read."""
+
+
+class ManifestError(TraceError):
+    """A manifest is unreadable, not JSON, or lacks a required key."""
+
+
+class MissingRankError(TraceError):
+    """Ranks 0..world_size-1 are not all present (use --allow-missing-ranks to tolerate)."""
+
+
+class DuplicateRankError(TraceError):
+    """Two manifests or shards claim the same rank and segment."""
+
+
+class ShardError(TraceError):
+    """A shard is not Parquet, lacks columns, or its rank column disagrees with its partition."""
+
+
+class IncomparableError(DetfpError):
+    """Two runs differ in a way that makes a bitwise comparison meaningless (world size, layout, digest version)."""
+
+
+class QueryError(DetfpError):
+    """A SQL query failed; the message carries DuckDB's one-line reason."""
+
+
+class OptionalDependencyError(DetfpError, ImportError):
+    """An optional dependency (matplotlib, ...) is missing; the message names the install command."""

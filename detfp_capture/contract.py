@@ -1,0 +1,275 @@
+"""The detfp trace contract, v1: the one place both packages read the format from.
+
+Standard library only, on purpose: ``detfp_analyze`` imports this module and must
+never pull in torch, and the capture writer needs nothing heavier than pyarrow.
+Everything a compatible producer needs is here or in ``docs/trace-format.md``:
+
+* table names and their columns (name, Arrow type, nullability, meaning);
+* the enums (kinds, roles, phases, statuses, hazards, event types);
+* the on-disk layout of a run directory (hive partitions by rank);
+* the canonical call-site key and its stable 64-bit hash.
+
+Column types are spelled as short strings (``"int64"``, ``"list<string>"``) so
+this module stays importable without pyarrow; ``arrow_schema`` in the writer
+and reader turns them into ``pyarrow`` types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+__all__ = [
+    "DIGEST_ALGORITHM",
+    "DIGEST_VERSION",
+    "EVENT_TYPES",
+    "HAZARDS",
+    "INPUTLESS_KINDS",
+    "KINDS",
+    "MANIFEST_DIR",
+    "MANIFEST_KEYS",
+    "NO_MICROBATCH",
+    "PHASES",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "TABLES",
+    "Column",
+    "call_key",
+    "columns",
+    "key_hash",
+    "manifest_relpath",
+    "record_key",
+    "shard_relpath",
+]
+
+#: Version of the table layout. Bump on any change to a column's name, type or meaning.
+SCHEMA_VERSION = 1
+#: Version of the tensor digest (docs/digest.md). Bump whenever any digest output can change;
+#: the analysis refuses to compare digests of different versions (every record would differ).
+DIGEST_VERSION = 1
+#: Human-readable name of the digest algorithm, stored in the manifest next to the version.
+DIGEST_ALGORITHM = "detfp-tlh128"
+
+#: Directory (inside a run directory) that holds the per-rank, per-segment manifests.
+MANIFEST_DIR = "manifest"
+
+#: ``microbatch`` value for records captured outside any ``Session.microbatch`` block.
+#: A sentinel rather than null because the column is part of the join key, and SQL
+#: and polars joins never match null with null.
+NO_MICROBATCH = -1
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a trace table."""
+
+    #: Column name, identical in Parquet, polars and DuckDB.
+    name: str
+    #: Arrow type as a short string: int32, int64, uint64, float64, bool, string,
+    #: large_binary, list<int64>, list<string>.
+    type: str
+    #: Whether null is allowed. Non-nullable columns are validated by the reader.
+    nullable: bool
+    #: What the column means (copied into docs/trace-format.md).
+    doc: str
+
+
+def _c(name: str, type_: str, doc: str, nullable: bool = False) -> Column:
+    return Column(name, type_, nullable, doc)
+
+
+# Columns every table shares: where the row came from and its place in that rank's stream.
+_PROVENANCE = (
+    _c("rank", "int32", "Global rank that wrote the row (equals the rank=N partition)."),
+    _c("segment", "int32", "Process launch that wrote the row: 0 for the first, +1 per resume appended to the same run directory."),
+    _c("step", "int64", "Absolute training step (a resumed run keeps the original numbering)."),
+    _c("seq", "int64", "Per-rank execution sequence number, strictly increasing within (rank, segment); never compared across ranks or runs."),
+)
+
+# The call-site key: how a record in run A is matched to its twin in run B.
+_CALL_KEY = (
+    _c("microbatch", "int32", "Microbatch index inside the step, or -1 outside any microbatch."),
+    _c("phase", "string", "Phase of the step: one of PHASES."),
+    _c("module", "string", "Module path (FQN) innermost at the call, '' outside any module."),
+    _c("kind", "string", "What was fingerprinted: one of KINDS."),
+    _c("name", "string", "Op overload (aten::mm.default), collective (all_reduce), parameter FQN, probe or metric name."),
+    _c("occurrence", "int32", "How many calls with the same (step, microbatch, phase, module, kind, name) came before this one on this rank."),
+)
+
+_RECORDS = (
+    *_PROVENANCE,
+    *_CALL_KEY,
+    _c("role", "string", "input | output | value: which side of the call the tensor is on."),
+    _c("arg", "string", "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a component of a flattened tensor subclass."),
+    _c("call_hash", "uint64", "key_hash of call_key(...): equal for all records of one call, the join key for calls."),
+    _c("key_hash", "uint64", "key_hash of record_key(...): the join key for records."),
+    _c("dtype", "string", "torch dtype as str(), e.g. torch.bfloat16."),
+    _c("shape", "list<int64>", "Logical shape."),
+    _c("numel", "int64", "Number of elements."),
+    _c("status", "string", "ok | skipped | error: whether digest_hi/lo hold a digest (skipped: not digested by policy, e.g. a view)."),
+    _c("digest_hi", "uint64", "High 64 bits of the 128-bit content digest (null unless status = ok).", True),
+    _c("digest_lo", "uint64", "Low 64 bits of the 128-bit content digest (null unless status = ok).", True),
+    _c("error", "string", "Why digesting failed (status = error); two errors never compare equal.", True),
+    _c("rows", "list<string>", "Ordered row (dim 0) or chunk digests as 32-hex strings, when requested.", True),
+    _c("m_sum", "float64", "float64 sum of the values (floating and complex real part only), when moments are on.", True),
+    _c("m_absmax", "float64", "float64 max |value|, when moments are on.", True),
+    _c("m_nan", "int64", "Number of NaN elements, when moments are on.", True),
+    _c("m_inf", "int64", "Number of +-Inf elements, when moments are on.", True),
+    _c("hazards", "list<string>", "Hazard flags (HAZARDS) that make this record a likely false root; empty when none."),
+    _c("args_digest", "string", "16-hex digest of the call's non-tensor arguments (same on every record of a call), null when the call has none.", True),
+    _c("compiled", "bool", "True when the record is the boundary of a torch.compile region rather than an eager op."),
+)
+
+_METRICS = (
+    *_PROVENANCE,
+    _c("microbatch", "int32", "Microbatch index, or -1."),
+    _c("name", "string", "Metric name: loss, lm_loss, load_balancing_loss, mtp_loss, grad_norm, lr, ..."),
+    _c("occurrence", "int32", "How many metrics of the same (step, microbatch, name) came before on this rank."),
+    _c("value", "float64", "The scalar as float64 (exact for every float type up to float64)."),
+    _c("bits", "uint64", "Raw IEEE-754 bits of value: compare these, never printed values."),
+    _c("dtype", "string", "dtype of the tensor or Python type the metric came from."),
+)
+
+_EVENTS = (
+    *_PROVENANCE,
+    _c("type", "string", "One of EVENT_TYPES."),
+    _c("name", "string", "What the event is about: a hazard name, a collective, a module, an exception type; '' when none."),
+    _c("module", "string", "Module path at the time of the event, '' when none."),
+    _c("count", "int64", "A count the event carries (records in a step, pending collectives, ...).", True),
+    _c("detail", "string", "One line of detail for humans; never parsed.", True),
+)
+
+_KERNELS = (
+    *_PROVENANCE,
+    *_CALL_KEY,
+    _c("call_hash", "uint64", "call_hash of the op record the kernel ran under."),
+    _c("index", "int32", "Order of the kernel among those launched under that op."),
+    _c("kernel", "string", "Kernel (or, without a device, innermost profiler event) name."),
+    _c("device_type", "string", "cuda, cpu, ...: where the kernel ran."),
+)
+
+_DUMPS = (
+    *_PROVENANCE,
+    *_CALL_KEY,
+    _c("role", "string", "As in records."),
+    _c("arg", "string", "As in records."),
+    _c("key_hash", "uint64", "key_hash of the record this dump confirms."),
+    _c("dtype", "string", "torch dtype as str()."),
+    _c("shape", "list<int64>", "Logical shape."),
+    _c("data", "large_binary", "Raw bytes of the tensor, contiguous row-major, little-endian (never pickle)."),
+)
+
+#: Every table of a run, in the order documented. ``records`` and ``metrics`` and
+#: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request.
+TABLES: dict[str, tuple[Column, ...]] = {
+    "records": _RECORDS,
+    "metrics": _METRICS,
+    "events": _EVENTS,
+    "kernels": _KERNELS,
+    "dumps": _DUMPS,
+}
+
+#: Record kinds. ``op``: an ATen op; ``module_input``/``module_output``: a module boundary
+#: (forward and backward); ``collective``/``p2p``: torch.distributed calls; ``reduced_grad``:
+#: a gradient after its data-parallel reduction (e.g. DDP buckets); ``param``/``grad``/
+#: ``optimizer_state``: optimizer boundary; ``rng_state``: a generator state at step start;
+#: ``probe``: Session.probe; ``compiled``: a torch.compile region boundary; ``batch``: data
+#: fed to the root module (the model input).
+KINDS = (
+    "op",
+    "module_input",
+    "module_output",
+    "collective",
+    "p2p",
+    "reduced_grad",
+    "param",
+    "grad",
+    "optimizer_state",
+    "rng_state",
+    "probe",
+    "compiled",
+    "batch",
+)
+#: Kinds whose records have no inputs: a difference there entered from outside the
+#: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
+INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch")
+ROLES = ("input", "output", "value")
+#: ``step``: outside forward/backward/optimizer (step-start RNG, step-end parameters).
+PHASES = ("forward", "backward", "recompute", "optimizer", "step")
+STATUSES = ("ok", "skipped", "error")
+#: Hazard flags: records carrying one are likely false roots.
+HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")
+EVENT_TYPES = (
+    "step_begin",
+    "step_end",
+    "pending_collective",
+    "hazard",
+    "recompute_mismatch",
+    "truncation",
+    "capture_error",
+    "capture_disabled",
+)
+
+
+def columns(table: str) -> tuple[Column, ...]:
+    """Columns of ``table``; KeyError names the known tables."""
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}") from None
+
+
+def call_key(microbatch: int, phase: str, module: str, kind: str, name: str, occurrence: int) -> str:
+    """Canonical text of a call-site key (step and rank excluded: they are columns).
+
+    Fields are joined with U+001F (unit separator), which never occurs in module
+    paths, op names or argument paths, so distinct keys cannot render alike.
+    """
+    return f"{microbatch}\x1f{phase}\x1f{module}\x1f{kind}\x1f{name}\x1f{occurrence}"
+
+
+def record_key(call: str, role: str, arg: str) -> str:
+    """Canonical text of a record key: a call key plus the tensor's place in the call."""
+    return f"{call}\x1f{role}\x1f{arg}"
+
+
+def key_hash(key: str) -> int:
+    """Stable unsigned 64-bit hash of a canonical key: first 8 bytes of BLAKE2b, little-endian.
+
+    Never Python's ``hash()``, which is salted per process.
+    """
+    return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def shard_relpath(table: str, rank: int, segment: int, window: int) -> str:
+    """Path of one flushed shard inside a run directory (hive-partitioned by rank)."""
+    return f"{table}/rank={rank}/part-s{segment:05d}-w{window:07d}.parquet"
+
+
+def manifest_relpath(rank: int, segment: int) -> str:
+    """Path of one rank's manifest for one process launch (segment) inside a run directory."""
+    return f"{MANIFEST_DIR}/rank={rank}/segment-{segment:05d}.json"
+
+
+#: Top-level keys of a per-rank manifest (``manifest/rank=R/segment-S.json``), each with
+#: its meaning. Values are JSON; ``null`` where a fact is unknown (e.g. no CUDA).
+MANIFEST_KEYS: dict[str, str] = {
+    "schema_version": "int: SCHEMA_VERSION of the writer.",
+    "digest_version": "int: DIGEST_VERSION of the digests in this run.",
+    "digest_algorithm": "str: DIGEST_ALGORITHM.",
+    "rank": "int: global rank.",
+    "world_size": "int: number of ranks in the job.",
+    "segment": "int: process launch (0 first, +1 per appended resume).",
+    "start_step": "int|null: first step this segment captures (a resumed run's checkpoint step).",
+    "parallel": "object: this rank's parallel coordinates {tp, pp, dp, cp, ep: int} and sizes {tp_size, ...} where known.",
+    "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used.",
+    "versions": "object: torch, cuda, cudnn, nccl, python, os, detfp.",
+    "host": "object: hostname, device_count, devices (names), cpu (model string), local_rank.",
+    "determinism": "object: deterministic_algorithms, deterministic_warn_only, cudnn_deterministic, cudnn_benchmark, cuda_matmul_allow_tf32, cudnn_allow_tf32, float32_matmul_precision, fill_uninitialized_memory, num_threads, num_interop_threads.",
+    "env": "object: numerics-relevant environment variables (CUBLAS_WORKSPACE_CONFIG, NCCL_*, NVTE_*, CUDA_*, TORCH_*, OMP_NUM_THREADS, MKL_*, PYTHONHASHSEED, ...), name -> value; absent variables are omitted.",
+    "git": "object: commit, dirty (bool), root of the training code's repository; nulls outside git.",
+    "command": "list[str]: sys.argv of the training process.",
+    "capture": "object: the capture configuration (level, steps, ranks, modules, rows, moments, dumps, kernels, poison, ...).",
+}
+

@@ -1,0 +1,17 @@
+"""Typed errors of the capture layer (all subclasses of CaptureError)."""
+
+from __future__ import annotations
+
+__all__ = ["CaptureError", "ConfigError", "RunExistsError"]
+
+
+class CaptureError(Exception):
+    """Base class of every error detfp_capture raises on purpose."""
+
+
+class RunExistsError(CaptureError):
+    """The run directory already holds a trace and appending was not asked for."""
+
+
+class ConfigError(CaptureError, ValueError):
+    """A capture option is malformed (bad step/rank selector, unknown level, ...)."""

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command: set up .venv if needed, lint, then run the default (CPU, not slow) suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest -q "$@"
