@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CaptureError", "ConfigError", "RunExistsError"]
+__all__ = ["CaptureError", "ConfigError", "RunExistsError", "SchemaError"]
 
 
 class CaptureError(Exception):
@@ -15,3 +15,7 @@ class RunExistsError(CaptureError):
 
 class ConfigError(CaptureError, ValueError):
     """A capture option is malformed (bad step/rank selector, unknown level, ...)."""
+
+
+class SchemaError(CaptureError, ValueError):
+    """Data handed to the writer does not fit the trace contract (unknown table or column, ...)."""
