@@ -1,0 +1,210 @@
+"""Collect one rank's run manifest: everything bitwise determinism depends on (torch imported lazily).
+
+``collect_manifest`` returns a dict with exactly ``contract.MANIFEST_KEYS``; each part is
+gathered by its own small function that never raises (an unknown fact is ``null``), so a
+broken CUDA install or a missing ``git`` cannot stop a training run from starting. torch is
+imported inside the functions that need it: this module is importable (and testable) on
+the analysis side too. Nothing here talks to other ranks; each rank describes itself and
+the analysis compares the manifests.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from detfp_capture import contract
+
+__all__ = ["ENV_NAMES", "ENV_PREFIXES", "collect_manifest", "determinism_settings", "git_info", "numerics_env"]
+
+#: Environment-variable prefixes whose variables can change numerics (kernels, algorithms, threads).
+ENV_PREFIXES = (
+    "CUBLAS",
+    "CUBLASLT_",
+    "CUDA_",
+    "CUDNN_",
+    "GOMP_",
+    "KMP_",
+    "MKL_",
+    "NCCL_",
+    "NVTE_",
+    "OMP_",
+    "OPENBLAS_",
+    "PYTORCH_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "TRITON_",
+)
+#: Individual variables that change numerics or ordering.
+ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "PYTHONHASHSEED", "LD_PRELOAD", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+# Never record values that look like credentials, even under a numerics prefix.
+_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "AUTH")
+_GIT_TIMEOUT_S = 10.0
+
+
+def numerics_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The numerics-relevant variables of ``environ`` (default ``os.environ``), sorted by name."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name in sorted(env):
+        if any(m in name.upper() for m in _SECRET_MARKERS):
+            continue
+        if name in ENV_NAMES or name.startswith(ENV_PREFIXES):
+            out[name] = env[name]
+    return out
+
+
+def _safe(fn: Any, default: Any = None) -> Any:
+    # Every fact is optional: a failing probe must not stop the training run from starting.
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def determinism_settings() -> dict[str, Any]:
+    """torch's determinism and precision knobs as plain JSON values (null where unavailable)."""
+    import torch
+
+    def fill() -> bool:
+        return bool(torch.utils.deterministic.fill_uninitialized_memory)
+
+    return {
+        "deterministic_algorithms": _safe(torch.are_deterministic_algorithms_enabled),
+        "deterministic_warn_only": _safe(torch.is_deterministic_algorithms_warn_only_enabled),
+        "cudnn_deterministic": _safe(lambda: bool(torch.backends.cudnn.deterministic)),
+        "cudnn_benchmark": _safe(lambda: bool(torch.backends.cudnn.benchmark)),
+        "cuda_matmul_allow_tf32": _safe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
+        "cudnn_allow_tf32": _safe(lambda: bool(torch.backends.cudnn.allow_tf32)),
+        "float32_matmul_precision": _safe(torch.get_float32_matmul_precision),
+        "fill_uninitialized_memory": _safe(fill),
+        "num_threads": _safe(torch.get_num_threads),
+        "num_interop_threads": _safe(torch.get_num_interop_threads),
+    }
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+
+    def nccl() -> str | None:
+        if not torch.cuda.is_available():
+            return None
+        v = torch.cuda.nccl.version()
+        return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+    def detfp() -> str | None:
+        from importlib.metadata import version
+
+        return version("detfp")
+
+    return {
+        "torch": torch.__version__,
+        "cuda": _safe(lambda: torch.version.cuda),
+        "cudnn": _safe(lambda: torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None),
+        "nccl": _safe(nccl),
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "detfp": _safe(detfp),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _host() -> dict[str, Any]:
+    import torch
+
+    def devices() -> list[str]:
+        if not torch.cuda.is_available():
+            return []
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+    local = os.environ.get("LOCAL_RANK")
+    return {
+        "hostname": _safe(socket.gethostname),
+        "device_count": _safe(lambda: torch.cuda.device_count() if torch.cuda.is_available() else 0),
+        "devices": _safe(devices, []),
+        "cpu": _safe(_cpu_model),
+        "local_rank": int(local) if local is not None and local.isdigit() else None,
+    }
+
+
+def _git(args: Sequence[str], cwd: Path) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},  # status must not take the index lock
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """commit, dirty and root of the repository holding ``path`` (default: the training script's directory)."""
+    if path is None:
+        script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+        path = Path(script).resolve().parent if script else Path.cwd()
+    start = Path(path)
+    if start.is_file():
+        start = start.parent
+    if not start.is_dir():
+        return {"commit": None, "dirty": None, "root": None}
+    root = _git(["rev-parse", "--show-toplevel"], start)
+    if root is None:
+        return {"commit": None, "dirty": None, "root": None}
+    commit = _git(["rev-parse", "HEAD"], start)
+    status = _git(["status", "--porcelain"], start)
+    return {"commit": commit, "dirty": None if status is None else bool(status), "root": root}
+
+
+def collect_manifest(
+    *,
+    rank: int,
+    world_size: int,
+    segment: int,
+    start_step: int | None,
+    parallel: Mapping[str, Any] | None = None,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    capture: Mapping[str, Any] | None = None,
+    git_path: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """This rank's manifest (exactly contract.MANIFEST_KEYS); see MANIFEST_KEYS for each value's meaning."""
+    manifest = {
+        "schema_version": contract.SCHEMA_VERSION,
+        "digest_version": contract.DIGEST_VERSION,
+        "digest_algorithm": contract.DIGEST_ALGORITHM,
+        "rank": int(rank),
+        "world_size": int(world_size),
+        "segment": int(segment),
+        "start_step": None if start_step is None else int(start_step),
+        "parallel": dict(parallel or {}),
+        "groups": {str(k): [int(r) for r in v] for k, v in sorted((groups or {}).items())},
+        "versions": _versions(),
+        "host": _host(),
+        "determinism": determinism_settings(),
+        "env": numerics_env(),
+        "git": git_info(git_path),
+        "command": list(sys.argv),
+        "capture": dict(capture or {}),
+    }
+    return manifest
