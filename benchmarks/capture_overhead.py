@@ -1,0 +1,203 @@
+"""Step-time overhead of detfp capture at each level, next to PyTorch's DebugMode, in one run.
+
+Every configuration trains its own copy of the example model (examples/train_tiny.py, same
+initial weights, same data), and the configurations take turns step by step in a shuffled
+order per round, so machine noise (other processes, frequency scaling) lands on all of them
+alike. Reported: the median step time of each configuration and its ratio over no capture;
+then the ratio of detfp's ops-level overhead to DebugMode's (DebugMode with
+``log_tensor_hashes(hash_fn="hash_tensor", hash_inputs=True)``: one hash of every input and
+output of every op, the closest thing PyTorch ships to an op-level fingerprint stream).
+
+Targets (issue 3): metrics < 1.02x, boundaries < 1.15x, ops overhead <= 1/3 of DebugMode's.
+
+    .venv/bin/python benchmarks/capture_overhead.py [--rounds 12] [--threads 1] [--device cpu]
+    .venv/bin/python benchmarks/capture_overhead.py --profile ops   # where the time goes
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import importlib.util
+import io
+import json
+import pstats
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ("none", "metrics", "boundaries", "ops", "debugmode")
+TARGETS = {"metrics": 1.02, "boundaries": 1.15}
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("train_tiny", ROOT / "examples" / "train_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny"] = module  # the example's custom op registration needs a stable module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Runner:
+    """One configuration: a model copy, its optimizer and data, and how a step is wrapped."""
+
+    def __init__(self, tt, config: str, args, out_root: Path) -> None:
+        self.config = config
+        self.device = torch.device(args.device)
+        self.session = tt.NullSession()
+        if config in ("metrics", "boundaries", "ops"):
+            from detfp_capture import Session
+
+            self.session = Session(str(out_root / config), level=config)
+        session = self.session
+        torch.manual_seed(args.seed)
+        self.model = tt.TinyGPT(seq=args.seq, probe=lambda name, t: session.probe(name, t)).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.data = tt.TokenStream(args.seed, 0, args.batch, args.seq, 256, self.device)
+        self.session.watch(self.model)
+        self.session.watch_optimizer(self.optimizer)
+        self.step_no = 0
+        self.times: list[float] = []
+        self.modes: list[object] = []  # DebugMode instances, kept so their logs are not freed inside the timing
+
+    def _wrap(self):
+        if self.config != "debugmode":
+            return self.session.step(self.step_no)
+        from torch.utils._debug_mode import DebugMode
+
+        stack = contextlib.ExitStack()
+        mode = stack.enter_context(DebugMode())
+        stack.enter_context(DebugMode.log_tensor_hashes(hash_fn="hash_tensor", hash_inputs=True))
+        self.modes.append(mode)
+        return stack
+
+    def step(self) -> float:
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        with self._wrap():
+            tokens = self.data.next()
+            logits, balance = self.model(tokens[:, :-1])
+            lm_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+            loss = lm_loss + 0.01 * balance
+            self.session.metric("loss", loss)
+            self.session.metric("lm_loss", lm_loss)
+            self.session.metric("load_balancing_loss", balance)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.session.metric("grad_norm", grad_norm)
+            self.session.metric("lr", 1e-3)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        sync()
+        dt = time.perf_counter() - t0
+        self.step_no += 1
+        self.modes.clear()
+        return dt
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def measure(args, tt, out_root: Path) -> dict[str, list[float]]:
+    configs = [c for c in CONFIGS if c in args.configs]
+    runners = {c: Runner(tt, c, args, out_root) for c in configs}
+    order_rng = random.Random(0)  # fixed shuffle: reruns interleave the same way
+    try:
+        for _ in range(args.warmup):
+            for c in configs:
+                runners[c].step()
+        for _ in range(args.rounds):
+            order = list(configs)
+            order_rng.shuffle(order)
+            for c in order:
+                runners[c].times.append(runners[c].step())
+    finally:
+        for r in runners.values():
+            r.close()
+    return {c: runners[c].times for c in configs}
+
+
+def report(times: dict[str, list[float]]) -> dict:
+    base = statistics.median(times["none"])
+    rows = {}
+    print(f"{'config':<12}{'median ms':>12}{'ratio':>9}  target")
+    for c, ts in times.items():
+        med = statistics.median(ts)
+        ratio = med / base
+        target = TARGETS.get(c)
+        verdict = "" if target is None else (f"< {target:.2f}x " + ("met" if ratio < target else "MISSED"))
+        rows[c] = {"median_s": med, "ratio": ratio}
+        print(f"{c:<12}{med * 1e3:>12.2f}{ratio:>8.3f}x  {verdict}")
+    result = {"steps": {c: len(ts) for c, ts in times.items()}, "configs": rows}
+    if "ops" in rows and "debugmode" in rows:
+        ops_over = rows["ops"]["ratio"] - 1.0
+        dbg_over = rows["debugmode"]["ratio"] - 1.0
+        share = ops_over / dbg_over if dbg_over > 0 else float("inf")
+        result["ops_over_debugmode"] = share
+        print(f"ops overhead / DebugMode overhead = {ops_over:.3f} / {dbg_over:.3f} = {share:.3f}  "
+              f"target <= 0.333 {'met' if share <= 1 / 3 else 'MISSED'}")
+    return result
+
+
+def profile(args, tt, out_root: Path) -> None:
+    runner = Runner(tt, args.profile, args, out_root)
+    try:
+        for _ in range(args.warmup):
+            runner.step()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.rounds):
+            runner.step()
+        prof.disable()
+    finally:
+        runner.close()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    print(buf.getvalue())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=12, help="timed steps per configuration")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed for comparability)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
+    p.add_argument("--profile", choices=CONFIGS, help="cProfile this configuration instead of the table")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    args = p.parse_args(argv)
+    args.configs = {c.strip() for c in args.configs.split(",")} | {"none"}
+    unknown = args.configs - set(CONFIGS)
+    if unknown:
+        p.error(f"unknown configs {sorted(unknown)}; known: {', '.join(CONFIGS)}")
+    torch.set_num_threads(args.threads)
+    tt = load_example()
+    with tempfile.TemporaryDirectory(prefix="detfp-bench-") as tmp:
+        if args.profile:
+            profile(args, tt, Path(tmp))
+            return 0
+        times = measure(args, tt, Path(tmp))
+    print(f"device {args.device}, threads {args.threads}, {args.rounds} interleaved steps per config "
+          f"after {args.warmup} warm-up, model examples/train_tiny.py (batch {args.batch} x seq {args.seq})")
+    result = report(times)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
