@@ -369,9 +369,6 @@ def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
         actual = md.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow raises several types for exotic footers
         return _SchemaCheck(f"footer schema unreadable ({type(exc).__name__})", {})
-    version = (actual.metadata or {}).get(SCHEMA_VERSION_KEY)
-    if version is not None and version != str(contract.SCHEMA_VERSION).encode():
-        return _SchemaCheck(f"schema version {version.decode(errors='replace')}", {})
     expected = arrow_schema(table)
     missing = [f.name for f in expected if f.name not in actual.names]
     if missing:
@@ -468,6 +465,12 @@ def _scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> di
     for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
         if isinstance(md, str):
             raise ShardError(f"{shown}: not a Parquet file ({md}); {_FIX_SHARD}")
+        version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
+        if version is not None and version != str(contract.SCHEMA_VERSION).encode():
+            raise SchemaVersionError(
+                f"{shown}: schema version {version.decode(errors='replace')} is not supported (this detfp reads "
+                f"schema version {contract.SCHEMA_VERSION}); analyze it with the detfp release that wrote it"
+            )
         # Shards of one writer share their schema: check each distinct schema once.
         known = checks.setdefault(table, [])
         check = next((c for s, c in known if s.equals(md.schema)), None)
@@ -475,14 +478,10 @@ def _scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> di
             check = _check_schema(table, md)
             known.append((md.schema, check))
         if check.problem is not None:
-            cls = SchemaVersionError if check.problem.startswith("schema version") else ShardError
-            fix = (
-                "analyze it with the detfp release that wrote it"
-                if cls is SchemaVersionError
-                else "the shard was not written to this contract; delete it or re-run the capture"
+            raise ShardError(
+                f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
             )
-            raise cls(f"{shown}: {check.problem}; {fix}")
-        out.setdefault(table, []).append(_shard_info(table, rank, path.resolve(), shown, md, check))
+        out.setdefault(table, []).append(_shard_info(table, rank, path, shown, md, check))
     return {t: tuple(v) for t, v in out.items()}
 
 
@@ -525,7 +524,7 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False)
             "pass allow_missing_ranks=True (--allow-missing-ranks) to analyze the ranks present"
         )
     ranks = tuple(sorted(found))
-    shards = _scan_shards(root, label, set(ranks), world_size)
+    shards = _scan_shards(root.resolve(), label, set(ranks), world_size)
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
     return Run(
         path=root.resolve(),
