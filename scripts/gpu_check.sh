@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# GPU check for detfp (needs one CUDA machine; about 3-4 minutes). Run from anywhere:
+#
+#     bash scripts/gpu_check.sh            # NPROC=1|2, BACKEND=nccl|gloo, ROUNDS=10 to override
+#
+# 1. the example at every capture level on the GPU (torchrun, single node), traces validated,
+#    including kernel identities from the profiler carrying real CUDA kernel names;
+# 2. device digests equal the CPU reference digests, tensor by tensor (detfp_capture.fingerprint);
+# 3. host synchronizations during one ops-level step, counted with the profiler: fails if the
+#    capture adds anything like one per op (digests must stay on the device until a flush);
+# 4. the GPU-marked tests (pytest -m gpu), if any;
+# 5. the capture-overhead table (benchmarks/capture_overhead.py --device cuda).
+# Exits non-zero, naming the failed check, on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+ROUNDS=${ROUNDS:-10}
+WORK=$(mktemp -d -t detfp-gpu-check-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+step() { printf '\n== %s\n' "$*"; }
+die() { printf 'gpu_check: FAILED: %s\n' "$*" >&2; exit 1; }
+
+step "environment"
+"$PY" - <<'EOF' || die "CUDA is not available to $PY (need a CUDA build of torch and a visible GPU)"
+import sys, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda)
+if not torch.cuda.is_available():
+    sys.exit(1)
+for i in range(torch.cuda.device_count()):
+    print(f"cuda:{i}", torch.cuda.get_device_name(i))
+EOF
+NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+NPROC=${NPROC:-$(( NGPU >= 2 ? 2 : 1 ))}
+if [ "$NPROC" -gt "$NGPU" ]; then
+  die "NPROC=$NPROC ranks but only $NGPU GPU(s): NCCL needs one GPU per rank (set NPROC=$NGPU)"
+fi
+BACKEND=${BACKEND:-nccl}
+echo "ranks $NPROC, backend $BACKEND"
+
+step "1/5 example at every level on cuda (torchrun --nproc_per_node $NPROC)"
+for level in metrics boundaries ops; do
+  steps=3; extra=""
+  if [ "$level" = ops ]; then steps=2; extra="--capture-steps 1 --kernels 1"; fi
+  # shellcheck disable=SC2086
+  timeout 240 "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" examples/train_tiny.py \
+      --device cuda --backend "$BACKEND" --out "$WORK/$level" --level "$level" --steps "$steps" --quiet $extra \
+      > "$WORK/$level.log" 2>&1 || { tail -n 30 "$WORK/$level.log" >&2; die "example at level $level (log above)"; }
+  echo "level $level: ok"
+done
+"$PY" - "$WORK" "$NPROC" <<'EOF' || die "trace validation (see the message above)"
+import sys
+import polars as pl
+from detfp_analyze import open_run
+work, nproc = sys.argv[1], int(sys.argv[2])
+want = {"metrics": {"rng_state", "param"}, "boundaries": {"module_output", "optimizer_state"},
+        "ops": {"op", "module_output"}}
+if nproc > 1:  # DDP's gradient reduction only exists with several ranks
+    want["boundaries"].add("reduced_grad")
+for level, kinds in want.items():
+    run = open_run(f"{work}/{level}")
+    assert run.ranks == tuple(range(nproc)), f"{level}: ranks {run.ranks}, expected {nproc}"
+    got = set(run.scan("records").select("kind").unique().collect()["kind"].to_list())
+    missing = kinds - got
+    assert not missing, f"{level}: record kinds {sorted(missing)} missing (have {sorted(got)})"
+    errors = run.scan("records").filter(pl.col("status") == "error").select(pl.len()).collect().item()
+    assert errors == 0, f"{level}: {errors} records failed to digest on cuda"
+    print(f"{level}: ranks {run.ranks}, kinds {sorted(got)}")
+k = open_run(f"{work}/ops").scan("kernels").collect()
+assert k.height > 0, "ops: no kernel identities recorded for --kernels 1"
+cuda = k.filter(pl.col("device_type") == "cuda")
+assert cuda.height > 0, f"ops: kernels table has no cuda kernels (device types {k['device_type'].unique().to_list()})"
+print("kernels: e.g.", ", ".join(sorted(set(cuda["kernel"].head(200).to_list()))[:4]))
+EOF
+
+step "2/5 device digests == CPU reference digests"
+"$PY" - <<'EOF' || die "a cuda digest differs from the CPU reference (see above)"
+import torch
+from detfp_capture import fingerprint
+g = torch.Generator().manual_seed(0)
+cases = {
+    "f32 small": torch.randn(7, 5, generator=g),
+    "f32 4MiB": torch.randn(1024, 1024, generator=g),
+    "f32 odd": torch.randn(3, 1000, 37, generator=g),
+    "bf16": torch.randn(513, 257, generator=g).bfloat16(),
+    "f16": torch.randn(4096, generator=g).half(),
+    "f64": torch.randn(100, 3, generator=g).double(),
+    "int64": torch.randint(-2**62, 2**62, (999,), generator=g),
+    "int8": torch.randint(-128, 127, (5000,), generator=g, dtype=torch.int8),
+    "bool": torch.rand(333, generator=g) > 0.5,
+    "complex64": torch.randn(64, 8, generator=g, dtype=torch.complex64),
+    "0-dim": torch.tensor(3.5),
+    "empty": torch.empty(0, 4),
+    "non-contiguous": torch.randn(64, 48, generator=g).t()[::2],
+    "-0.0": torch.tensor([-0.0, 0.0, float("nan"), float("inf")]),
+}
+if hasattr(torch, "float8_e4m3fn"):
+    cases["fp8 e4m3"] = torch.randn(2048, generator=g).to(torch.float8_e4m3fn)
+bad = 0
+for name, t in cases.items():
+    cpu = fingerprint(t, rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
+    dev = fingerprint(t.cuda(), rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
+    same = cpu.digest == dev.digest and cpu.rows == dev.rows and not cpu.error and not dev.error
+    bad += not same
+    print(f"{'ok  ' if same else 'DIFF'} {name:<16} {cpu.digest or cpu.error}  {dev.digest or dev.error}")
+raise SystemExit(1 if bad else 0)
+EOF
+
+step "3/5 host synchronizations in one ops-level step (profiler count)"
+"$PY" - "$WORK" <<'EOF' || die "capture at ops level synchronizes with the host per op (see counts above)"
+import importlib.util, sys, types
+from pathlib import Path
+import torch
+from torch.profiler import ProfilerActivity, profile
+from detfp_analyze import open_run
+spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/capture_overhead.py")
+bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+tt = bench.load_example()
+args = types.SimpleNamespace(device="cuda", seed=1234, seq=32, batch=8)
+SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+def syncs(config):
+    out = Path(sys.argv[1]) / f"sync-{config}"
+    r = bench.Runner(tt, config, args, out.parent if config == "none" else Path(str(out)))
+    r.step(); r.step()  # warm-up: allocator, cuBLAS handles, arenas
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        r.step()
+    r.close()
+    # cudaMemcpy (the synchronous one) blocks; cudaMemcpyAsync counts only if followed by a sync.
+    return sum(e.count for e in prof.key_averages() if e.key in SYNC), r
+base, _ = syncs("none")
+ops, runner = syncs("ops")
+run = open_run(str(Path(sys.argv[1]) / "sync-ops" / "ops"))
+import polars as pl
+n_ops = (run.scan("records").filter((pl.col("kind") == "op") & (pl.col("step") == 2) & (pl.col("rank") == 0))
+         .select(pl.col("call_hash").n_unique()).collect().item())
+extra = ops - base
+print(f"host syncs per step: no capture {base}, ops capture {ops} (extra {extra}); op calls in the step {n_ops}")
+assert n_ops > 0, "no op records for the profiled step"
+# A flush makes one device-to-host copy per device; allow a handful per step, never one per op.
+raise SystemExit(0 if extra <= max(16, n_ops // 20) else 1)
+EOF
+
+step "4/5 GPU-marked tests"
+set +e
+"$PY" -m pytest -q -m gpu -p no:cacheprovider
+rc=$?
+set -e
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then die "pytest -m gpu (exit $rc)"; fi  # 5: no gpu tests collected
+
+step "5/5 capture overhead on cuda"
+timeout 150 "$PY" benchmarks/capture_overhead.py --device cuda --rounds "$ROUNDS" \
+  || die "benchmarks/capture_overhead.py --device cuda"
+
+printf '\ngpu_check: all checks passed\n'
