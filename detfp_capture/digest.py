@@ -1,4 +1,4 @@
-"""The detfp tensor digest, "detfp-tlh128" (tree linear hash, 128 bits); spec in docs/digest.md.
+"""The detfp tensor digest, "detfp-tlh128" (tree linear hash, 128 bits): the public API.
 
 Pipeline for one tensor (all on the tensor's own device, no host sync until ``resolve``):
 
@@ -12,13 +12,13 @@ Pipeline for one tensor (all on the tensor's own device, no host sync until ``re
 
 Capture calls ``start`` on every tensor of every op, so small tensors (<= 1024 bytes, one level)
 are copied into a per-device arena by a single copy and hashed together by one GEMM at
-``resolve``; ``resolve`` finalizes everything batched and makes one device-to-host copy per device.
-Integer arithmetic makes the result identical on every device.
+``resolve``; ``resolve`` finalizes a batch and makes one device-to-host copy per device. Integer
+arithmetic makes the result identical on every device. The algorithm lives in ``_digest_core``;
+the specification is docs/digest.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -28,25 +28,19 @@ from typing import Any
 
 import torch
 
-from detfp_capture.contract import DIGEST_ALGORITHM, DIGEST_VERSION
+from detfp_capture import _digest_core as core
 from detfp_capture.errors import CaptureError
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
 
-#: Bytes per level-0 row and lanes per output row (docs/digest.md, "Levels").
-K = 1024
-LANES = 16
-#: splitmix64 seed of the level weights: the ASCII bytes "detfptlh" read big-endian.
-WEIGHT_SEED = 0x6465746670746C68
 _MASK64 = (1 << 64) - 1
-_GAMMA = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-#: Scratch bound for large tensors: chunks of at most this many bytes (or nbytes / 8 if larger).
-_SCRATCH = 64 << 20
-#: Rows per small-tensor arena (4 MiB of int8).
-_ARENA_ROWS = 4096
-#: 1-byte dtypes whose kernels are sparse on some devices: moved as raw bytes.
+#: Tensors of at most this many bytes take the arena path (exactly one level).
+_SMALL = core.K
+#: Arena capacity (rows of 1024 bytes): starts small, doubles while full, at most 4 MiB.
+_ARENA_MIN, _ARENA_MAX = 64, 4096
+#: Batches up to this size are finalized on the host (cheaper than ~120 tiny device ops).
+_HOST_FINALIZE = 32
+#: 1-byte dtypes with sparse kernel coverage on some devices: moved as raw int8 bytes.
 _BYTE_DTYPES = frozenset(
     getattr(torch, n)
     for n in (
@@ -59,7 +53,8 @@ _BYTE_DTYPES = frozenset(
     )
     if hasattr(torch, n)
 )
-_COMPLEX = frozenset((torch.complex32, torch.complex64, torch.complex128))
+#: Plain tensor types digested without touching __torch_function__.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class DigestError(CaptureError):
@@ -146,295 +141,64 @@ class Fingerprint:
 
 
 # ---------------------------------------------------------------------------------------------
-# Level weights: splitmix64 stream seeded per level, mapped to nonzero int8 in [-127, 127].
-
-
-def _splitmix64(state: int) -> tuple[int, int]:
-    """One splitmix64 step: returns (new state, output)."""
-    state = (state + _GAMMA) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
-    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
-    return state, z ^ (z >> 31)
-
-
-def level_weights(level: int) -> list[int]:
-    """The 1024 x 16 weights of ``level``, row-major, as Python ints (docs/digest.md, "Weights")."""
-    state = (WEIGHT_SEED + level) & _MASK64
-    out = []
-    for _ in range(K * LANES):
-        state, z = _splitmix64(state)
-        v = z % 254
-        out.append(v - 127 if v < 127 else v - 126)
-    return out
-
-
-_CPU_WEIGHTS: dict[int, torch.Tensor] = {}
-_DEV_WEIGHTS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
-#: device type -> True when torch._int_mm works there, False for the float32 fallback.
-_INT_MM: dict[str, bool] = {}
-_STATE_LOCK = threading.Lock()
-
-
-def _weights(device: torch.device, level: int, as_float: bool) -> torch.Tensor:
-    key = (device, level, as_float)
-    w = _DEV_WEIGHTS.get(key)
-    if w is None:
-        with _STATE_LOCK:
-            base = _CPU_WEIGHTS.get(level)
-            if base is None:
-                base = torch.tensor(level_weights(level), dtype=torch.int8).view(K, LANES)
-                _CPU_WEIGHTS[level] = base
-            w = base.to(torch.float32) if as_float else base
-            with torch.inference_mode(False):
-                w = w.to(device).clone() if device.type != "cpu" else w.clone()
-            _DEV_WEIGHTS[key] = w
-    return w
-
-
-def _use_int_mm(device: torch.device) -> bool:
-    ok = _INT_MM.get(device.type)
-    if ok is None:
-        try:
-            a = torch.zeros(32, K, dtype=torch.int8, device=device)
-            ok = torch._int_mm(a, _weights(device, 0, False)).dtype == torch.int32
-        except Exception:
-            ok = False
-        _INT_MM[device.type] = ok
-    return ok
-
-
-def _mm(x: torch.Tensor, level: int) -> torch.Tensor:
-    """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly."""
-    dev = x.device
-    if _use_int_mm(dev):
-        w = _weights(dev, level, False)
-        m = x.shape[0]
-        if dev.type == "cpu":
-            return torch._int_mm(x, w)
-        # CUDA's kernel wants M > 16 and a multiple of 8: zero rows contribute zero outputs.
-        mp = max(32, -(-m // 8) * 8)
-        if mp != m:
-            x = torch.cat([x, x.new_zeros(mp - m, K)])
-            return torch._int_mm(x, w)[:m]
-        return torch._int_mm(x, w)
-    # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24.
-    return (x.to(torch.float32) @ _weights(dev, level, True)).to(torch.int32)
-
-
-def _tree(x: torch.Tensor, level: int) -> torch.Tensor:
-    """Run levels ``level``.. on a batch of byte rows (n, L) int8 -> (n, 16) int32 lanes."""
-    n, length = x.shape
-    while True:
-        m = max(1, -(-length // K))
-        if length != m * K:
-            x = torch.nn.functional.pad(x, (0, m * K - length))
-        y = _mm(x.reshape(n * m, K), level)
-        if m == 1:
-            return y
-        x = y.view(n, m * LANES).view(torch.int8)
-        length = m * LANES * 4
-        level += 1
-
-
-def _bytes_view(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's logical contents as a 1-D int8 view (no copy)."""
-    return t.reshape(-1).view(torch.int8)
-
-
-def _chunks(t: torch.Tensor, limit: int):
-    """Contiguous 1-D int8 pieces of ``t``'s logical bytes, in order; every piece but the last
-    is a whole number of 1024-byte rows. A non-contiguous tensor is copied piecewise along
-    dim 0 so the scratch stays near ``limit`` bytes."""
-    nbytes = t.numel() * t.element_size()
-    if t.is_contiguous():
-        yield _bytes_view(t)
-        return
-    rowbytes = nbytes // t.shape[0]
-    q = K // math.gcd(rowbytes, K)  # dim-0 rows per whole number of 1024-byte rows
-    if q * rowbytes > 4 * limit or t.dim() == 1:
-        yield _bytes_view(t.contiguous())
-        return
-    step = max(q, (limit // rowbytes) // q * q)
-    for i in range(0, t.shape[0], step):
-        yield _bytes_view(t[i : i + step].contiguous())
-
-
-def _lanes_of(t: torch.Tensor) -> torch.Tensor:
-    """Final (1, 16) int32 lanes of a strided tensor (the reference definition, chunked)."""
-    nbytes = t.numel() * t.element_size()
-    limit = max(_SCRATCH, nbytes // 8)
-    parts = []
-    for b in _chunks(t, limit):
-        full = b.numel() // K
-        if full:
-            parts.append(_mm(b[: full * K].view(full, K), 0))
-        tail = b.numel() - full * K
-        if tail or not parts:
-            pad = b.new_zeros(1, K)
-            if tail:
-                pad[0, :tail].copy_(b[full * K :])
-            parts.append(_mm(pad, 0))
-    lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-    if lanes.shape[0] == 1:
-        return lanes
-    return _tree(lanes.view(1, -1).view(torch.int8), 1)
-
-
-def _rows_lanes(t: torch.Tensor, n: int, rowbytes: int) -> torch.Tensor:
-    """(n, 16) lanes of the n consecutive byte rows of length ``rowbytes`` of contiguous ``t``."""
-    if n == 0:
-        return torch.zeros(0, LANES, dtype=torch.int32, device=t.device)
-    b = _bytes_view(t)[: n * rowbytes].view(n, rowbytes)
-    padded = max(1, -(-rowbytes // K)) * K
-    group = max(1, max(_SCRATCH, n * rowbytes // 8) // padded)
-    if group >= n:
-        return _tree(b, 0)
-    return torch.cat([_tree(b[i : i + group], 0) for i in range(0, n, group)])
-
-
-# ---------------------------------------------------------------------------------------------
-# Finalization: 16 int32 lanes + meta -> 128 bits, vectorized with int64 tensor ops.
-
-
-def _s64(v: int) -> int:
-    v &= _MASK64
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-_MIX1_S = _s64(_MIX1)
-_MIX2_S = _s64(_MIX2)
-
-
-def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _shr(z, 30)) * _MIX1_S
-    z = (z ^ _shr(z, 27)) * _MIX2_S
-    return z ^ _shr(z, 31)
-
-
-def _finalize(lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """lanes (B, 16) int32, meta (B, 2) int64 -> (B, 2) int64 digests (hi, lo)."""
-    u = lanes.to(torch.int64) & 0xFFFFFFFF
-    words = u[:, 0::2] | (u[:, 1::2] << 32)  # (B, 8): lane 2i low, lane 2i+1 high
-    s = meta
-    for i in range(LANES // 2):
-        s = _mix(s ^ words[:, i : i + 1])
-    a, b = s[:, 0], s[:, 1]
-    hi = _mix(a + b)
-    lo = _mix(b ^ hi)
-    return torch.stack([hi, lo], dim=1)
-
-
-_META_CACHE: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
-
-
-def meta_words(dtype: torch.dtype, shape: Sequence[int]) -> tuple[int, int]:
-    """The two signed 64-bit meta words of (dtype, shape) (docs/digest.md, "Meta")."""
-    key = (dtype, tuple(shape))
-    m = _META_CACHE.get(key)
-    if m is None:
-        numel = math.prod(key[1])
-        nbytes = numel * dtype.itemsize
-        text = "\x1f".join(
-            (DIGEST_ALGORITHM, str(DIGEST_VERSION), str(dtype), str(nbytes), str(numel), ",".join(map(str, key[1])))
-        )
-        d = hashlib.blake2b(text.encode(), digest_size=16).digest()
-        m = (_s64(int.from_bytes(d[:8], "little")), _s64(int.from_bytes(d[8:], "little")))
-        if len(_META_CACHE) < 65536:
-            _META_CACHE[key] = m
-    return m
-
-
-def combine(type_name: str, dtype: str, shape: Sequence[int], components: Sequence[tuple[str, str]]) -> str:
-    """Digest of a flattened subclass from its components' (name, digest) pairs (host side)."""
-    parts = [DIGEST_ALGORITHM, str(DIGEST_VERSION), "subclass", type_name, dtype, ",".join(map(str, shape))]
-    parts += [f"{name}={digest}" for name, digest in components]
-    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------
-# Moments and the pointer check (device side).
-
-_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def _moments_of(t: torch.Tensor) -> torch.Tensor:
-    """(4,) float64 [sum, absmax, nan, inf] of a strided tensor, chunked to bound scratch."""
-    dev = t.device
-    acc = torch.zeros(4, dtype=torch.float64, device=dev)
-    if t.numel() == 0:
-        return acc
-    per = max(1, _SCRATCH // 32)  # elements: a float64 copy plus temporaries stay near _SCRATCH
-    if t.is_contiguous() or t.dim() == 1:
-        flat = t.reshape(-1)
-        pieces = [flat[i : i + per] for i in range(0, flat.numel(), per)]
-    else:
-        step = max(1, per // max(1, t.numel() // t.shape[0]))
-        pieces = [t[i : i + step].reshape(-1) for i in range(0, t.shape[0], step)]
-    parts = []
-    for p in pieces:
-        if p.dtype == getattr(torch, "float4_e2m1fn_x2", None):
-            lut = torch.tensor(_FP4_VALUES, dtype=torch.float64, device=dev)
-            u = p.view(torch.uint8).to(torch.int64)
-            re = torch.cat([lut[u & 15], lut[u >> 4]])
-            mag = re.abs()
-        elif p.dtype in _COMPLEX:
-            r = torch.view_as_real(p).to(torch.float64)
-            re = r[:, 0]
-            mag = r.square().sum(1).sqrt()
-        else:
-            re = p.to(torch.float64)
-            mag = re.abs()
-        if p.dtype.is_floating_point or p.dtype in _COMPLEX:
-            nan = torch.isnan(mag).sum()
-            inf = torch.isinf(mag).sum()
-            amax = mag.max()  # max propagates NaN
-        else:
-            nan = inf = torch.zeros((), dtype=torch.int64, device=dev)
-            amax = mag.max()
-        parts.append(torch.stack([re.sum(), amax, nan.to(torch.float64), inf.to(torch.float64)]))
-    if len(parts) == 1:
-        return parts[0]
-    s = torch.stack(parts)
-    return torch.stack([s[:, 0].sum(), s[:, 1].max(), s[:, 2].sum(), s[:, 3].sum()])
-
-
-def _pointer_like(t: torch.Tensor) -> torch.Tensor:
-    """0-dim bool: int64, numel >= 1, every value in [2**32, 2**48) and a multiple of 16."""
-    if t.dtype != torch.int64 or t.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=t.device)
-    ok = (t >= (1 << 32)) & (t < (1 << 48)) & ((t & 15) == 0)
-    return ok.all()
-
-
-# ---------------------------------------------------------------------------------------------
 # Small-tensor arena: one copy per tensor at start, one GEMM per arena at resolve.
 
 
 class _Arena:
-    """A (rows, 1024) int8 zero buffer; each small tensor's bytes go into one row."""
+    """A (rows, 1024) int8 zeroed buffer; each small tensor's bytes go into one row."""
 
-    def __init__(self, device: torch.device) -> None:
-        # A normal (non-inference) tensor, so in-place copies work in and out of inference mode.
-        with torch.inference_mode(False):
-            self.buf = torch.zeros(_ARENA_ROWS, K, dtype=torch.int8, device=device)
-        self.flat = self.buf.view(-1)
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf: torch.Tensor | None = buf
+        self.flat = buf.view(-1)
+        self.cap = buf.shape[0]
         self.used = 0
+        self.typed: dict[torch.dtype, torch.Tensor] = {torch.int8: self.flat}
         self.lanes: torch.Tensor | None = None
 
     def seal(self) -> torch.Tensor:
-        if self.lanes is None:
-            self.lanes = _mm(self.buf[: max(1, self.used)], 0)
-        return self.lanes
+        """Hash every used row (once) and hand the buffer on for reuse by the next arena."""
+        with _ARENA_LOCK:
+            if self.lanes is None:
+                buf = self.buf
+                self.lanes = core.mm(buf[: max(1, self.used)], 0)
+                spare = _SPARE.get(buf.device)
+                if spare is None or spare[0].shape[0] < buf.shape[0]:
+                    _SPARE[buf.device] = (buf, self.used)
+                self.buf = self.flat = None  # type: ignore[assignment]
+                self.typed = {}
+            return self.lanes
+
+
+def _new_arena(device: torch.device, cap: int) -> _Arena:
+    """An empty arena of at least ``cap`` rows, recycling a sealed arena's buffer when possible."""
+    spare = _SPARE.pop(device, None)
+    if spare is not None and spare[0].shape[0] >= cap:
+        buf, dirty = spare
+        if dirty:
+            buf[:dirty].zero_()  # stream-ordered after the sealed arena's GEMM
+        return _Arena(buf)
+    # A normal (non-inference) tensor, so in-place copies work in and out of inference mode.
+    with torch.inference_mode(False):
+        return _Arena(torch.zeros(cap, core.K, dtype=torch.int8, device=device))
 
 
 _ARENAS: dict[torch.device, _Arena] = {}
-_ARENA_LOCK = threading.Lock()
+_SPARE: dict[torch.device, tuple[torch.Tensor, int]] = {}  # device -> (buffer, dirty rows)
+_ARENA_LOCK = threading.RLock()
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    st = _STRIDES.get(shape)
+    if st is None:
+        acc, out = 1, []
+        for d in reversed(shape):
+            out.append(acc)
+            acc *= max(d, 1)
+        st = tuple(reversed(out))
+        if len(_STRIDES) < 65536:
+            _STRIDES[shape] = st
+    return st
 
 
 class Pending:
@@ -492,30 +256,35 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
 
     ``rows=True``: also digest each ``t[i]``; ``rows=N``: each N-element chunk of the flattened
     tensor. ``moments``: float64 sum/absmax and NaN/Inf counts. ``pointer_check``: for int64
-    tensors, flag tables of device pointers (Fingerprint.pointer_like).
+    tensors, flag tables of device pointers (Fingerprint.pointer_like). Runs without autograd
+    recording; safe under no_grad and inference mode. Raises DigestError only for a bad ``rows``.
     """
     if rows is not False:
         _check_rows(rows)
     prev = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(False)
+    if prev:
+        torch._C._set_grad_enabled(False)
     try:
+        if type(t) in _PLAIN:
+            return _start_plain(t, rows, moments, pointer_check)
         return _start(t, rows, moments, pointer_check)
     except Exception as e:  # a tensor we cannot digest must never break training
         return _error(t, f"{type(e).__name__}: {e}".splitlines()[0][:300])
     finally:
-        torch._C._set_grad_enabled(prev)
+        if prev:
+            torch._C._set_grad_enabled(True)
 
 
 def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
     tp = type(t)
-    if tp is not torch.Tensor and tp is not torch.nn.Parameter:
-        if not isinstance(t, torch.Tensor):
-            return _error(t, f"not a tensor: {tp.__name__}")
-        if hasattr(tp, "__tensor_flatten__"):
-            return _start_subclass(t, rows, moments)
-        with torch._C.DisableTorchFunctionSubclass():
-            return _start_plain(t, rows, moments, pointer_check)
-    return _start_plain(t, rows, moments, pointer_check)
+    if tp in _PLAIN:
+        return _start_plain(t, rows, moments, pointer_check)
+    if not isinstance(t, torch.Tensor):
+        return _error(t, f"not a tensor: {tp.__name__}")
+    if hasattr(tp, "__tensor_flatten__"):
+        return _start_subclass(t, rows, moments)
+    with torch._C.DisableTorchFunctionSubclass():
+        return _start_plain(t, rows, moments, pointer_check)
 
 
 def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending:
@@ -530,35 +299,40 @@ def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending
 def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
     if t.layout is not torch.strided or t.is_nested:
         return _error(t, f"layout {t.layout} is not digestible (only strided tensors are)")
-    dev = t.device
-    if dev.type == "meta":
+    if t.is_meta:
         return _error(t, "meta tensor has no data")
     dtype = t.dtype
     shape = t.shape
     numel = t.numel()
-    nbytes = numel * dtype.itemsize
+    dev = t.device
     p = Pending(dtype, shape, numel, dev)
     x = t.view(torch.int8) if dtype in _BYTE_DTYPES else t
-    if nbytes <= K and rows is False:
-        # Small: one copy into a shared zeroed row; resolve hashes the whole arena at once.
+    if numel * dtype.itemsize <= _SMALL and rows is False:
+        # Small: one copy into a zeroed arena row; resolve hashes the whole arena at once.
         with _ARENA_LOCK:
             a = _ARENAS.get(dev)
-            if a is None or a.lanes is not None or a.used == _ARENA_ROWS:
-                a = _ARENAS[dev] = _Arena(dev)
-            off = a.used * K
-            if nbytes:
-                a.flat[off : off + nbytes].view(x.dtype).view(shape).copy_(x)
+            if a is None or a.lanes is not None:
+                a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN)
+            elif a.used == a.cap:  # full: a bigger one (the full one is sealed at resolve)
+                a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX))
+            if numel:
+                xd = x.dtype
+                typed = a.typed.get(xd)
+                if typed is None:
+                    typed = a.typed[xd] = a.flat.view(xd)
+                off = a.used * core.K // xd.itemsize
+                typed.as_strided(shape, _contiguous_strides(shape), off).copy_(x)
             p.arena = a
             p.row = a.used
             a.used += 1
     else:
-        p.lanes = _lanes_of(x)
+        p.lanes = core.lanes_of(x)
         if rows is not False:
             _start_rows(p, x, rows)
     if moments:
-        p.moments = _moments_of(t)
+        p.moments = core.moments_of(t)
     if pointer_check and dtype is torch.int64:
-        p.pointer = _pointer_like(t)
+        p.pointer = core.pointer_like(t)
     return p
 
 
@@ -571,11 +345,14 @@ def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
         p.rows_meta = ((n, tuple(x.shape[1:])),)
         rowbytes = (x.numel() // n) * item if n else 0
         if x.is_contiguous() or n == 0:
-            p.rows_lanes = _rows_lanes(x, n, rowbytes)
+            p.rows_lanes = core.rows_lanes(x, n, rowbytes)
         else:  # bounded scratch: contiguous copies of groups of dim-0 rows
-            group = max(1, max(_SCRATCH, n * rowbytes // 8) // max(1, rowbytes))
+            group = max(1, max(core.SCRATCH, n * rowbytes // 8) // max(1, rowbytes))
             p.rows_lanes = torch.cat(
-                [_rows_lanes(x[i : i + group].contiguous(), min(group, n - i), rowbytes) for i in range(0, n, group)]
+                [
+                    core.rows_lanes(x[i : i + group].contiguous(), min(group, n - i), rowbytes)
+                    for i in range(0, n, group)
+                ]
             )
         return
     flat = x.reshape(-1)
@@ -583,15 +360,16 @@ def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
     parts = []
     segs = []
     if nfull:
-        parts.append(_rows_lanes(flat, nfull, rows * item))
+        parts.append(core.rows_lanes(flat, nfull, rows * item))
         segs.append((nfull, (rows,)))
     if rem:
-        parts.append(_lanes_of(flat[nfull * rows :]))
+        parts.append(core.lanes_of(flat[nfull * rows :]))
         segs.append((1, (rem,)))
     p.rows_meta = tuple(segs)
-    p.rows_lanes = torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else None)
     if not parts:
-        p.rows_lanes = torch.zeros(0, LANES, dtype=torch.int32, device=x.device)
+        p.rows_lanes = torch.zeros(0, core.LANES, dtype=torch.int32, device=x.device)
+    else:
+        p.rows_lanes = torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,12 +377,13 @@ def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
 
 
 class _Batch:
+    """Everything one device contributes to a resolve: lanes to finalize, moments, pointer flags."""
+
     def __init__(self) -> None:
         self.direct: list[torch.Tensor] = []
         self.direct_meta: list[tuple[int, int]] = []
-        self.ndirect = 0
         self.arenas: dict[_Arena, tuple[list[int], list[tuple[int, int]]]] = {}
-        self.slots: dict[int, tuple[Any, int]] = {}  # id(pending) -> (group, index)
+        self.slots: dict[int, tuple[_Arena | None, int]] = {}  # id(pending) -> (group, index)
         self.row_slots: dict[int, int] = {}  # id(pending) -> first direct index of its rows
         self.moments: list[torch.Tensor] = []
         self.mom_slots: dict[int, int] = {}
@@ -615,21 +394,21 @@ class _Batch:
         key = id(p)
         if key in self.slots:
             return
-        meta = meta_words(p.dtype, p.shape)
+        meta = core.meta_words(p.dtype, p.shape)
         if p.arena is not None:
             rows, metas = self.arenas.setdefault(p.arena, ([], []))
             self.slots[key] = (p.arena, len(rows))
             rows.append(p.row)
             metas.append(meta)
         else:
-            self.slots[key] = (None, self.ndirect)
-            self._direct(p.lanes, [meta])
+            self.slots[key] = (None, len(self.direct_meta))
+            self.direct.append(p.lanes)
+            self.direct_meta.append(meta)
         if p.rows_lanes is not None:
-            self.row_slots[key] = self.ndirect
-            metas = []
+            self.row_slots[key] = len(self.direct_meta)
+            self.direct.append(p.rows_lanes)
             for count, shape in p.rows_meta:
-                metas += [meta_words(p.dtype, shape)] * count
-            self._direct(p.rows_lanes, metas)
+                self.direct_meta += [core.meta_words(p.dtype, shape)] * count
         if p.moments is not None:
             self.mom_slots[key] = len(self.moments)
             self.moments.append(p.moments)
@@ -637,37 +416,41 @@ class _Batch:
             self.ptr_slots[key] = len(self.pointers)
             self.pointers.append(p.pointer)
 
-    def _direct(self, lanes: torch.Tensor, metas: list[tuple[int, int]]) -> None:
-        self.direct.append(lanes)
-        self.direct_meta += metas
-        self.ndirect += len(metas)
-
     def run(self, device: torch.device) -> tuple[list[int], dict[_Arena, int], list[float], list[int]]:
-        """Finalize on device, fetch once; returns (digest words, arena offsets, moments, pointers)."""
+        """Finalize, fetch once; returns (digest words hi,lo,..., arena offsets, moments, pointers)."""
         parts = list(self.direct)
         metas = list(self.direct_meta)
         offsets: dict[_Arena, int] = {}
-        at = self.ndirect
         for arena, (rows, ameta) in self.arenas.items():
             lanes = arena.seal()
-            offsets[arena] = at
+            offsets[arena] = len(metas)
             if rows == list(range(len(rows))):
                 parts.append(lanes[: len(rows)])
             else:
                 parts.append(lanes[torch.tensor(rows, dtype=torch.int64, device=device)])
             metas += ameta
-            at += len(rows)
+        n = len(metas)
         lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
-        meta = torch.tensor(metas, dtype=torch.int64).to(device)
-        pack = [_finalize(lanes_all, meta).reshape(-1)]
+        on_host = n <= _HOST_FINALIZE
+        if on_host:  # ~120 tiny device ops cost more than a few Python mixes
+            pack = [lanes_all.reshape(-1).to(torch.int64)]
+        else:
+            meta = torch.tensor(metas, dtype=torch.int64).to(device)
+            pack = [core.finalize(lanes_all, meta).reshape(-1)]
         if self.moments:
             pack.append(torch.stack(self.moments).view(torch.int64).reshape(-1))
         if self.pointers:
             pack.append(torch.stack(self.pointers).to(torch.int64))
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
-        nd = 2 * at
+        nd = pack[0].numel()
         nm = 4 * len(self.moments)
-        words = host[:nd].tolist()
+        head = host[:nd].tolist()
+        if on_host:
+            words = []
+            for i in range(n):
+                words += core.finalize_host(head[16 * i : 16 * i + 16], metas[i])
+        else:
+            words = head
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if self.pointers else []
         return words, offsets, moms, ptrs
@@ -700,16 +483,12 @@ def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
         b.add(p)
     results: dict[Any, Any] = {}
     failed: dict[Any, str] = {}
-    prev = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(False)
-    try:
+    with torch.no_grad():
         for dev, b in batches.items():
             try:
                 results[dev] = b.run(dev)
             except Exception as e:  # e.g. a device error surfacing late: mark that device's digests
                 failed[dev] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    finally:
-        torch._C._set_grad_enabled(prev)
     return [_build(p, batches, results, failed) for p in pendings]
 
 
@@ -724,7 +503,7 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         for n, f in comps.items():
             if f.error is not None:
                 return Fingerprint(dtype, shape, p.numel, "", components=view, error=f"component {n!r}: {f.error}")
-        digest = combine(p.type_name, dtype, shape, [(n, f.digest) for n, f in comps.items()])
+        digest = core.combine(p.type_name, dtype, shape, [(n, f.digest) for n, f in comps.items()])
         return Fingerprint(dtype, shape, p.numel, digest, components=view)
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])

@@ -1,0 +1,317 @@
+"""Core of the detfp-tlh128 digest (docs/digest.md): weights, levels, finalizer, meta, moments.
+
+Everything here is a pure function of its inputs: ``level_weights`` (the splitmix64 weight
+stream), ``mm``/``tree``/``lanes_of`` (exact int8 x int8 -> int32 levels on the tensor's device,
+``torch._int_mm`` or an exact float32 GEMM), ``finalize`` (vectorized 128-bit mixer on int64
+tensors) and ``finalize_host`` (the same function in plain Python, used for small batches and as
+a cross-check), ``meta_words``/``combine`` (host-side BLAKE2b of the metadata), and the
+device-side moments and pointer check. ``detfp_capture.digest`` builds the public API on these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from detfp_capture.contract import DIGEST_ALGORITHM, DIGEST_VERSION
+
+#: Bytes per level-0 row and lanes per output row (docs/digest.md, "Levels").
+K = 1024
+LANES = 16
+#: splitmix64 seed of the level weights: the ASCII bytes "detfptlh" read big-endian.
+WEIGHT_SEED = 0x6465746670746C68
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+#: Scratch bound for large tensors: chunks of at most this many bytes (or nbytes / 8 if larger).
+SCRATCH = 64 << 20
+_COMPLEX = frozenset((torch.complex32, torch.complex64, torch.complex128))
+
+# ---------------------------------------------------------------------------------------------
+# Level weights: splitmix64 stream seeded per level, mapped to nonzero int8 in [-127, 127].
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    """One splitmix64 step: returns (new state, output)."""
+    state = (state + _GAMMA) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def level_weights(level: int) -> list[int]:
+    """The 1024 x 16 weights of ``level``, row-major, as Python ints (docs/digest.md, "Weights")."""
+    state = (WEIGHT_SEED + level) & _MASK64
+    out = []
+    for _ in range(K * LANES):
+        state, z = _splitmix64(state)
+        v = z % 254
+        out.append(v - 127 if v < 127 else v - 126)
+    return out
+
+
+_CPU_WEIGHTS: dict[int, torch.Tensor] = {}
+_DEV_WEIGHTS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
+#: device type -> True when torch._int_mm works there, False for the float32 fallback.
+_INT_MM: dict[str, bool] = {}
+_STATE_LOCK = threading.Lock()
+
+
+def weights(device: torch.device, level: int, as_float: bool) -> torch.Tensor:
+    key = (device, level, as_float)
+    w = _DEV_WEIGHTS.get(key)
+    if w is None:
+        with _STATE_LOCK:
+            base = _CPU_WEIGHTS.get(level)
+            if base is None:
+                base = torch.tensor(level_weights(level), dtype=torch.int8).view(K, LANES)
+                _CPU_WEIGHTS[level] = base
+            w = base.to(torch.float32) if as_float else base
+            with torch.inference_mode(False):
+                w = w.to(device).clone() if device.type != "cpu" else w.clone()
+            _DEV_WEIGHTS[key] = w
+    return w
+
+
+def use_int_mm(device: torch.device) -> bool:
+    ok = _INT_MM.get(device.type)
+    if ok is None:
+        try:
+            a = torch.zeros(32, K, dtype=torch.int8, device=device)
+            ok = torch._int_mm(a, weights(device, 0, False)).dtype == torch.int32
+        except Exception:
+            ok = False
+        _INT_MM[device.type] = ok
+    return ok
+
+
+def mm(x: torch.Tensor, level: int) -> torch.Tensor:
+    """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly."""
+    dev = x.device
+    if use_int_mm(dev):
+        w = weights(dev, level, False)
+        m = x.shape[0]
+        if dev.type == "cpu":
+            return torch._int_mm(x, w)
+        # CUDA's kernel wants M > 16 and a multiple of 8: zero rows contribute zero outputs.
+        mp = max(32, -(-m // 8) * 8)
+        if mp != m:
+            x = torch.cat([x, x.new_zeros(mp - m, K)])
+            return torch._int_mm(x, w)[:m]
+        return torch._int_mm(x, w)
+    # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24.
+    return (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
+
+
+def tree(x: torch.Tensor, level: int) -> torch.Tensor:
+    """Run levels ``level``.. on a batch of byte rows (n, L) int8 -> (n, 16) int32 lanes."""
+    n, length = x.shape
+    while True:
+        m = max(1, -(-length // K))
+        if length != m * K:
+            x = torch.nn.functional.pad(x, (0, m * K - length))
+        y = mm(x.reshape(n * m, K), level)
+        if m == 1:
+            return y
+        x = y.view(n, m * LANES).view(torch.int8)
+        length = m * LANES * 4
+        level += 1
+
+
+def bytes_view(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's logical contents as a 1-D int8 view (no copy)."""
+    return t.reshape(-1).view(torch.int8)
+
+
+def chunks(t: torch.Tensor, limit: int):
+    """Contiguous 1-D int8 pieces of ``t``'s logical bytes, in order; every piece but the last
+    is a whole number of 1024-byte rows. A non-contiguous tensor is copied piecewise along
+    dim 0 so the scratch stays near ``limit`` bytes."""
+    nbytes = t.numel() * t.element_size()
+    if t.is_contiguous():
+        yield bytes_view(t)
+        return
+    rowbytes = nbytes // t.shape[0]
+    q = K // math.gcd(rowbytes, K)  # dim-0 rows per whole number of 1024-byte rows
+    if q * rowbytes > 4 * limit or t.dim() == 1:
+        yield bytes_view(t.contiguous())
+        return
+    step = max(q, (limit // rowbytes) // q * q)
+    for i in range(0, t.shape[0], step):
+        yield bytes_view(t[i : i + step].contiguous())
+
+
+def lanes_of(t: torch.Tensor) -> torch.Tensor:
+    """Final (1, 16) int32 lanes of a strided tensor (the reference definition, chunked)."""
+    nbytes = t.numel() * t.element_size()
+    limit = max(SCRATCH, nbytes // 8)
+    parts = []
+    for b in chunks(t, limit):
+        full = b.numel() // K
+        if full:
+            parts.append(mm(b[: full * K].view(full, K), 0))
+        tail = b.numel() - full * K
+        if tail or not parts:
+            pad = b.new_zeros(1, K)
+            if tail:
+                pad[0, :tail].copy_(b[full * K :])
+            parts.append(mm(pad, 0))
+    lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if lanes.shape[0] == 1:
+        return lanes
+    return tree(lanes.view(1, -1).view(torch.int8), 1)
+
+
+def rows_lanes(t: torch.Tensor, n: int, rowbytes: int) -> torch.Tensor:
+    """(n, 16) lanes of the n consecutive byte rows of length ``rowbytes`` of contiguous ``t``."""
+    if n == 0:
+        return torch.zeros(0, LANES, dtype=torch.int32, device=t.device)
+    b = bytes_view(t)[: n * rowbytes].view(n, rowbytes)
+    padded = max(1, -(-rowbytes // K)) * K
+    group = max(1, max(SCRATCH, n * rowbytes // 8) // padded)
+    if group >= n:
+        return tree(b, 0)
+    return torch.cat([tree(b[i : i + group], 0) for i in range(0, n, group)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Finalization: 16 int32 lanes + meta -> 128 bits, vectorized with int64 tensor ops.
+
+
+def _s64(v: int) -> int:
+    v &= _MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_MIX1_S = _s64(_MIX1)
+_MIX2_S = _s64(_MIX2)
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    z = (z ^ _shr(z, 30)) * _MIX1_S
+    z = (z ^ _shr(z, 27)) * _MIX2_S
+    return z ^ _shr(z, 31)
+
+
+def finalize(lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """lanes (B, 16) int32, meta (B, 2) int64 -> (B, 2) int64 digests (hi, lo)."""
+    u = lanes.to(torch.int64) & 0xFFFFFFFF
+    words = u[:, 0::2] | (u[:, 1::2] << 32)  # (B, 8): lane 2i low, lane 2i+1 high
+    s = meta
+    for i in range(LANES // 2):
+        s = _mix(s ^ words[:, i : i + 1])
+    a, b = s[:, 0], s[:, 1]
+    hi = _mix(a + b)
+    lo = _mix(b ^ hi)
+    return torch.stack([hi, lo], dim=1)
+
+
+def _mix_int(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def finalize_host(lanes: Sequence[int], meta: tuple[int, int]) -> tuple[int, int]:
+    """``finalize`` for one digest in plain Python (unsigned results); bit-identical by test."""
+    u = [v & 0xFFFFFFFF for v in lanes]
+    a, b = meta[0] & _MASK64, meta[1] & _MASK64
+    for i in range(LANES // 2):
+        w = u[2 * i] | (u[2 * i + 1] << 32)
+        a = _mix_int(a ^ w)
+        b = _mix_int(b ^ w)
+    hi = _mix_int((a + b) & _MASK64)
+    return hi, _mix_int(b ^ hi)
+
+
+_META_CACHE: dict[tuple[torch.dtype, tuple[int, ...]], tuple[int, int]] = {}
+
+
+def meta_words(dtype: torch.dtype, shape: Sequence[int]) -> tuple[int, int]:
+    """The two signed 64-bit meta words of (dtype, shape) (docs/digest.md, "Meta")."""
+    key = (dtype, tuple(shape))
+    m = _META_CACHE.get(key)
+    if m is None:
+        numel = math.prod(key[1])
+        nbytes = numel * dtype.itemsize
+        text = "\x1f".join(
+            (DIGEST_ALGORITHM, str(DIGEST_VERSION), str(dtype), str(nbytes), str(numel), ",".join(map(str, key[1])))
+        )
+        d = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        m = (_s64(int.from_bytes(d[:8], "little")), _s64(int.from_bytes(d[8:], "little")))
+        if len(_META_CACHE) < 65536:
+            _META_CACHE[key] = m
+    return m
+
+
+def combine(type_name: str, dtype: str, shape: Sequence[int], components: Sequence[tuple[str, str]]) -> str:
+    """Digest of a flattened subclass from its components' (name, digest) pairs (host side)."""
+    parts = [DIGEST_ALGORITHM, str(DIGEST_VERSION), "subclass", type_name, dtype, ",".join(map(str, shape))]
+    parts += [f"{name}={digest}" for name, digest in components]
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Moments and the pointer check (device side).
+
+_FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def moments_of(t: torch.Tensor) -> torch.Tensor:
+    """(4,) float64 [sum, absmax, nan, inf] of a strided tensor, chunked to bound scratch."""
+    dev = t.device
+    acc = torch.zeros(4, dtype=torch.float64, device=dev)
+    if t.numel() == 0:
+        return acc
+    per = max(1, SCRATCH // 32)  # elements: a float64 copy plus temporaries stay near SCRATCH
+    if t.is_contiguous() or t.dim() == 1:
+        flat = t.reshape(-1)
+        pieces = [flat[i : i + per] for i in range(0, flat.numel(), per)]
+    else:
+        step = max(1, per // max(1, t.numel() // t.shape[0]))
+        pieces = [t[i : i + step].reshape(-1) for i in range(0, t.shape[0], step)]
+    parts = []
+    for p in pieces:
+        if p.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+            lut = torch.tensor(_FP4_VALUES, dtype=torch.float64, device=dev)
+            u = p.view(torch.uint8).to(torch.int64)
+            re = torch.cat([lut[u & 15], lut[u >> 4]])
+            mag = re.abs()
+        elif p.dtype in _COMPLEX:
+            r = torch.view_as_real(p).to(torch.float64)
+            re = r[:, 0]
+            mag = r.square().sum(1).sqrt()
+        else:
+            re = p.to(torch.float64)
+            mag = re.abs()
+        if p.dtype.is_floating_point or p.dtype in _COMPLEX:
+            nan = torch.isnan(mag).sum()
+            inf = torch.isinf(mag).sum()
+            amax = mag.max()  # max propagates NaN
+        else:
+            nan = inf = torch.zeros((), dtype=torch.int64, device=dev)
+            amax = mag.max()
+        parts.append(torch.stack([re.sum(), amax, nan.to(torch.float64), inf.to(torch.float64)]))
+    if len(parts) == 1:
+        return parts[0]
+    s = torch.stack(parts)
+    return torch.stack([s[:, 0].sum(), s[:, 1].max(), s[:, 2].sum(), s[:, 3].sum()])
+
+
+def pointer_like(t: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: int64, numel >= 1, every value in [2**32, 2**48) and a multiple of 16."""
+    if t.dtype != torch.int64 or t.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=t.device)
+    ok = (t >= (1 << 32)) & (t < (1 << 48)) & ((t & 15) == 0)
+    return ok.all()
