@@ -151,6 +151,8 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     schema = arrow_schema(table)
     data = {k: list(v) for k, v in cols.items()}
     n = _check_columns(table, data)
+    if n == 0:
+        return schema.empty_table()
     data.setdefault("rank", [rank] * n)
     data.setdefault("segment", [segment] * n)
     _fill_hashes(table, data, n)

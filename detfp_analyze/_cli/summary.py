@@ -1,10 +1,33 @@
-"""`detfp-analyze summary` (placeholder until its implementation lands)."""
+"""`detfp-analyze summary RUN`: what a run holds (ranks, steps, levels, counts, environment).
+
+Plain text by default (byte-stable: sorted, no timestamps), ``--json`` for machines.
+Exit 0 on a readable run, 2 with one line on stderr for a bad run directory.
+"""
 
 from __future__ import annotations
 
-from detfp_analyze._cli.common import fail
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from detfp_analyze._cli.common import handle_errors
+from detfp_analyze.reader import open_run
+from detfp_analyze.summary import format_summary, summarize, summary_dict
 
 
-def command() -> None:
-    """Not implemented yet."""
-    fail("summary is not implemented yet")
+@handle_errors
+def command(
+    run: Annotated[Path, typer.Argument(help="Run directory written by a detfp capture.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    allow_missing_ranks: Annotated[
+        bool, typer.Option("--allow-missing-ranks", help="Summarize the ranks present even if some are missing.")
+    ] = False,
+) -> None:
+    """Print what a run holds: ranks, segments, steps, capture levels, row counts, hazards, environment."""
+    summary = summarize(open_run(run, allow_missing_ranks=allow_missing_ranks))
+    if as_json:
+        typer.echo(json.dumps(summary_dict(summary), indent=2, sort_keys=False))
+    else:
+        typer.echo(format_summary(summary), nl=False)
