@@ -17,6 +17,7 @@ __all__ = [
     "OptionalDependencyError",
     "QueryError",
     "SchemaVersionError",
+    "SelectionError",
     "ShardError",
     "TraceError",
 ]
@@ -56,6 +57,10 @@ class ShardError(TraceError):
 
 class IncomparableError(DetfpError):
     """Two runs differ in a way that makes a bitwise comparison meaningless (world size, layout, digest version)."""
+
+
+class SelectionError(DetfpError):
+    """A rank/step selection or option names something the runs do not have (e.g. --ranks 9 of 8)."""
 
 
 class QueryError(DetfpError):
