@@ -89,8 +89,8 @@ nondet_index_add.register_autograd(_nondet_index_add_backward, setup_context=_no
 class Plant:
     """Which plant is active in the current step (set by the training loop, read by the model)."""
 
-    def __init__(self, name: str | None, step: int, rank: int) -> None:
-        self.name = name
+    def __init__(self, names: str | None, step: int, rank: int) -> None:
+        self.names = frozenset(names.split(",")) if names else frozenset()
         self.start = step
         self.rank = rank
         self.active = False
@@ -98,7 +98,7 @@ class Plant:
         self.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
 
     def on(self, name: str) -> bool:
-        return self.active and self.name == name
+        return self.active and name in self.names
 
 
 class Attention(nn.Module):
@@ -299,7 +299,7 @@ class NullSession:
         pass
 
 
-def make_session(args, rank: int):
+def make_session(args, start_step: int):
     if not args.out:
         return NullSession()
     from detfp_capture import Session
@@ -311,6 +311,10 @@ def make_session(args, rank: int):
         options["moments"] = True
     if args.capture_steps:
         options["steps"] = args.capture_steps
+    if args.poison:
+        options["poison"] = True
+    if start_step:
+        options["start_step"] = start_step
     return Session(args.out, **options)
 
 
@@ -373,14 +377,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--backend", default=None, help="process-group backend (default gloo; nccl on cuda if asked)")
     p.add_argument("--no-recompute", action="store_true", help="disable activation checkpointing")
     p.add_argument("--no-deterministic", action="store_true", help="leave torch.use_deterministic_algorithms off")
-    p.add_argument("--plant", choices=sorted(PLANTS), help="inject a known cause of divergence")
+    p.add_argument("--plant", help="inject known causes of divergence, comma-separated: " + ", ".join(PLANTS))
     p.add_argument("--plant-step", type=int, default=1, help="first step the plant is active")
     p.add_argument("--plant-rank", type=int, default=1, help="rank for --plant data_rank")
     p.add_argument("--save-ckpt", nargs=2, metavar=("K", "DIR"), help="save a checkpoint at the start of step K")
     p.add_argument("--resume", metavar="DIR", help="resume from a checkpoint saved by --save-ckpt")
     p.add_argument("--no-restore-rng", action="store_true", help="resume without restoring RNG states (a bug)")
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--poison", action="store_true", help="capture's poison mode for empty() allocations")
+    args = p.parse_args(argv)
+    unknown = set(args.plant.split(",")) - set(PLANTS) if args.plant else set()
+    if unknown:
+        p.error(f"--plant {args.plant}: unknown {sorted(unknown)}; choose from {', '.join(PLANTS)}")
+    return args
 
 
 def setup_distributed(args, device: torch.device) -> tuple[int, int]:
@@ -391,7 +400,7 @@ def setup_distributed(args, device: torch.device) -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)
         return dist.get_rank(), dist.get_world_size()
-    if args.plant == "async_early":
+    if args.plant and "async_early" in args.plant.split(","):
         # The plant needs a process group; a private one-rank group is enough.
         dist.init_process_group(args.backend or "gloo", store=dist.HashStore(), rank=0, world_size=1)
     return 0, 1
@@ -414,9 +423,8 @@ def main(argv=None) -> int:
     rank, world = setup_distributed(args, device)
     log = (lambda *a: None) if (args.quiet or rank != 0) else (lambda *a: print(*a, flush=True))
 
-    session = make_session(args, rank)
     plant = Plant(args.plant, args.plant_step, rank)
-    probe_rows = args.rows or args.plant == "moe_permute"
+    probe_rows = args.rows or plant.names >= {"moe_permute"}
 
     def probe(name, tensor):
         session.probe(name, tensor, rows=probe_rows)
@@ -444,6 +452,7 @@ def main(argv=None) -> int:
         if not args.no_restore_rng:
             set_rng_states(state["rng"], device)
 
+    session = make_session(args, start_step)
     ddp = world > 1 and dist.is_initialized()
     net = nn.parallel.DistributedDataParallel(model) if ddp else model
     session.watch(net)
@@ -477,12 +486,18 @@ def main(argv=None) -> int:
                         session.metric("load_balancing_loss", balance)
                         (loss / args.microbatches).backward()
                         total += loss.item() / args.microbatches
-                if plant.on("async_early"):
-                    # The bug: reading the buffer of an async all_reduce before wait().
-                    report = loss.detach().clone()
-                    work = dist.all_reduce(report, async_op=True)
-                    _early = report * 2.0
-                    work.wait()
+                if ddp or plant.on("async_early"):
+                    # The mean loss over ranks, for the log line (as real loops do).
+                    report = torch.tensor([total], dtype=torch.float64, device=device)
+                    if plant.on("async_early"):
+                        # The bug: the reduced buffer is read before wait() -- on a real job it
+                        # may still hold this rank's own value, or a half-reduced one.
+                        work = dist.all_reduce(report, async_op=True)
+                        _early = report * 2.0
+                        work.wait()
+                    else:
+                        dist.all_reduce(report)
+                    total = report.item() / world
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 session.metric("grad_norm", grad_norm)
                 session.metric("lr", lr)
