@@ -1,10 +1,114 @@
-"""`detfp-analyze bisect` (placeholder until its implementation lands)."""
+"""`detfp-analyze bisect A B`: where two runs stopped being bitwise identical, and why.
+
+Text report (``report.render_text``) or ``--json`` (the versioned object documented in
+docs/report.md). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A
+progress bar is drawn on stderr only when stderr is a terminal, so logs stay byte-stable.
+"""
 
 from __future__ import annotations
 
-from detfp_analyze._cli.common import fail
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, fail, handle_errors
+from detfp_analyze.bisect import bisect
+from detfp_analyze.reader import open_run
+from detfp_analyze.report import render_text
+from detfp_analyze.result import LEVELS
+
+__all__ = ["command", "parse_ranks", "parse_steps"]
 
 
-def command() -> None:
-    """Not implemented yet."""
-    fail("bisect is not implemented yet")
+def parse_ranks(text: str) -> list[int]:
+    """``0,4-7`` -> [0, 4, 5, 6, 7]; ValueError with the offending part."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if a < 0 or b < a:
+            raise ValueError(part)
+        out.update(range(a, b + 1))
+    if not out:
+        raise ValueError(text)
+    return sorted(out)
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``3-5`` -> (3, 5); ``4`` -> (4, 4)."""
+    lo, sep, hi = text.strip().partition("-")
+    a, b = int(lo), int(hi) if sep else int(lo)
+    if a < 0 or b < a:
+        raise ValueError(text)
+    return a, b
+
+
+class _Bar:
+    """A rich progress bar on stderr, created on first use (only for long scans on a TTY)."""
+
+    def __init__(self) -> None:
+        self.progress: Any = None
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if total <= 1:
+            return
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self.progress = Progress(console=Console(stderr=True), transient=True)
+            self.progress.start()
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+@handle_errors
+def command(
+    run_a: Annotated[str, typer.Argument(metavar="A", help="Run directory A (the reference).")],
+    run_b: Annotated[str, typer.Argument(metavar="B", help="Run directory B.")],
+    ranks: Annotated[str | None, typer.Option("--ranks", help="Ranks to compare, e.g. 0,4-7 (default: all).")] = None,
+    steps: Annotated[str | None, typer.Option("--steps", help="Inclusive step range, e.g. 3-5 or 4.")] = None,
+    level: Annotated[str, typer.Option("--level", help="Narrowing depth: step|phase|module|op|kernel.")] = "op",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the versioned JSON report (docs/report.md).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Compare even if world size, layout or digest version differ.")
+    ] = False,
+    allow_missing_ranks: Annotated[
+        bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
+    ] = False,
+) -> None:
+    """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
+    try:
+        rank_list = None if ranks is None else parse_ranks(ranks)
+    except ValueError:
+        fail(f"--ranks {ranks!r}: not a rank list; use e.g. --ranks 0,4-7")
+    try:
+        step_range = None if steps is None else parse_steps(steps)
+    except ValueError:
+        fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
+    if level not in LEVELS:
+        fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    bar = _Bar() if sys.stderr.isatty() else None
+    try:
+        result = bisect(a, b, ranks=rank_list, steps=step_range, level=level, force=force, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if as_json:
+        typer.echo(json.dumps(result.to_json_dict(), indent=2, sort_keys=True))
+    else:
+        typer.echo(render_text(result), nl=False)
+    raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_OK)

@@ -1,10 +1,41 @@
-"""`detfp-analyze env` (placeholder until its implementation lands)."""
+"""`detfp-analyze env A B`: the manifest diff of two runs alone.
+
+One line per differing fact (``key [rank R]: a -> b``), or ``--json`` for a list of
+``{key, a, b, rank, blocking}``. Exit 0 when the manifests agree, 1 when they differ,
+2 for bad input.
+"""
 
 from __future__ import annotations
 
-from detfp_analyze._cli.common import fail
+import json
+from typing import Annotated
+
+import typer
+
+from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, handle_errors
+from detfp_analyze.envdiff import env_diff
+from detfp_analyze.reader import open_run
+from detfp_analyze.report import render_env
+
+__all__ = ["command"]
 
 
-def command() -> None:
-    """Not implemented yet."""
-    fail("env is not implemented yet")
+@handle_errors
+def command(
+    run_a: Annotated[str, typer.Argument(metavar="A", help="Run directory A.")],
+    run_b: Annotated[str, typer.Argument(metavar="B", help="Run directory B.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the differences as a JSON list.")] = False,
+    allow_missing_ranks: Annotated[
+        bool, typer.Option("--allow-missing-ranks", help="Diff the ranks present even if some are missing.")
+    ] = False,
+) -> None:
+    """Print what differs between the two runs' manifests (versions, determinism, env, layout, hardware)."""
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    diffs = env_diff(a, b)
+    if as_json:
+        payload = {"a": a.label, "b": b.label, "env_diff": [d.to_json_dict() for d in diffs]}
+        typer.echo(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        typer.echo(render_env(diffs, a.label, b.label), nl=False)
+    raise typer.Exit(EXIT_DIVERGED if diffs else EXIT_OK)
