@@ -1,0 +1,389 @@
+"""Properties of the detfp digest: sensitivity, layout invariance, paths, rows, moments, subclasses, errors.
+
+Every sensitivity issue 2 asks for is pinned by a hypothesis property (bit flips, signed zeros,
+NaN payloads, swaps, permutations, length, dtype, shape, zero runs, duplicates), next to the
+invariants that make the digest a function of logical contents only. test_digest_spec.py checks
+the same implementation against an independent reimplementation of docs/digest.md.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from detfp_capture import _digest_core as core
+from detfp_capture import digest as D
+from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint, resolve, start
+
+FAST = settings(max_examples=30, deadline=None)
+pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+
+
+def fp(t: torch.Tensor, **kw) -> Fingerprint:
+    f = fingerprint(t, **kw)
+    assert f.error is None, f.error
+    return f
+
+
+def from_bytes(data: bytes, dtype=torch.uint8) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).clone()
+
+
+# --- sensitivity -----------------------------------------------------------------------------
+
+
+@FAST
+@given(st.binary(min_size=1, max_size=5000), st.data())
+def test_any_single_bit_flip_changes_the_digest(data, draw):
+    i = draw.draw(st.integers(0, len(data) - 1))
+    bit = draw.draw(st.integers(0, 7))
+    flipped = bytearray(data)
+    flipped[i] ^= 1 << bit
+    assert fp(from_bytes(data)).digest != fp(from_bytes(bytes(flipped))).digest
+
+
+def test_signed_zero_and_nan_payloads_differ():
+    pos, neg = torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0])
+    assert torch.equal(pos, neg)  # equal as numbers...
+    assert fp(pos) != fp(neg)  # ...different bits
+    n1 = torch.tensor([0x7FC00000, 0], dtype=torch.int32).view(torch.float32)
+    n2 = torch.tensor([0x7FC00001, 0], dtype=torch.int32).view(torch.float32)
+    assert fp(n1) != fp(n2)
+
+
+@FAST
+@given(st.lists(st.floats(allow_nan=False, width=32), min_size=2, max_size=3000, unique=True), st.data())
+def test_adjacent_swap_changes_the_digest(values, draw):
+    i = draw.draw(st.integers(0, len(values) - 2))
+    t = torch.tensor(values, dtype=torch.float32)
+    s = t.clone()
+    s[i], s[i + 1] = t[i + 1], t[i]
+    assume(not torch.equal(t.view(torch.int32), s.view(torch.int32)))
+    assert fp(t) != fp(s)
+
+
+@FAST
+@given(st.integers(2, 2000), st.randoms(use_true_random=False))
+def test_any_permutation_of_distinct_values_changes_the_digest(n, rnd):
+    perm = list(range(n))
+    rnd.shuffle(perm)
+    assume(perm != sorted(perm))
+    base = torch.arange(n, dtype=torch.int32)
+    assert fp(base) != fp(base[torch.tensor(perm)])
+
+
+def test_hash_tensor_is_blind_where_detfp_is_not():
+    base = torch.arange(4096, dtype=torch.int64)
+    perm = base.flip(0)
+    swap = base.clone()
+    swap[10], swap[11] = base[11], base[10]
+    # torch.hash_tensor XOR-reduces: permutations, swaps and zero runs of any length collide
+    assert torch.hash_tensor(base) == torch.hash_tensor(perm) == torch.hash_tensor(swap)
+    assert torch.hash_tensor(torch.zeros(4096)) == torch.hash_tensor(torch.zeros(8192))
+    assert fp(base) != fp(perm) and fp(base) != fp(swap) and fp(perm) != fp(swap)
+    assert fp(torch.zeros(4096)) != fp(torch.zeros(8192))
+
+
+@FAST
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=3000))
+def test_length_duplicate_and_padding_change_the_digest(values):
+    t = torch.tensor(values, dtype=torch.int32)
+    assert fp(t) != fp(t[:-1])
+    assert fp(t) != fp(torch.cat([t, t[-1:]]))  # x vs x with a duplicate appended
+    assert fp(t) != fp(torch.cat([t, torch.zeros(1, dtype=torch.int32)]))  # zero padding is not free
+
+
+def test_zero_runs_of_different_lengths_differ():
+    digests = {fp(torch.zeros(n)).digest for n in (0, 1, 255, 256, 257, 4096, 8192, 16384)}
+    assert len(digests) == 8
+
+
+@FAST
+@given(st.lists(st.floats(-1e3, 1e3, width=16), min_size=1, max_size=500))
+def test_dtype_and_shape_are_part_of_the_digest(values):
+    bf = torch.tensor(values, dtype=torch.bfloat16)
+    assert torch.equal(bf.float(), bf.float().bfloat16().float())
+    assert fp(bf) != fp(bf.float())  # equal values, different dtype
+    i16 = bf.view(torch.int16)
+    assert fp(bf) != fp(i16)  # same bytes, different dtype
+    if len(values) % 2 == 0:
+        assert fp(bf) != fp(bf.view(2, -1))  # same bytes, different shape
+
+
+def test_same_bytes_different_shape():
+    t = torch.arange(24, dtype=torch.float32)
+    shapes = [(24,), (4, 6), (6, 4), (2, 3, 4), (24, 1), (1, 24)]
+    assert len({fp(t.reshape(s)).digest for s in shapes}) == len(shapes)
+
+
+# --- invariants: logical contents only, every path agrees -----------------------------------
+
+
+@FAST
+@given(
+    st.integers(1, 60), st.integers(1, 60), st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.uint8])
+)
+def test_views_digest_their_logical_contents(r, c, dtype):
+    base = torch.randint(0, 100, (r + 3, c + 5)).to(dtype)
+    views = [
+        base.t(),
+        base[1:, 2:],
+        base[::2, ::3],
+        base[2],
+        base[:, 1],
+        base[:1].expand(r, c + 5),
+        base.reshape(-1)[7:],
+        base.unsqueeze(1).expand(-1, 3, -1),
+    ]
+    for v in views:
+        assert fp(v) == fp(v.contiguous()), v.stride()
+
+
+def test_large_views_with_bounded_scratch(monkeypatch):
+    base = torch.randn(300, 700)
+    want = {k: fp(v, rows=True, moments=True) for k, v in {"t": base.t(), "e": base[:1].expand(300, 700)}.items()}
+    monkeypatch.setattr(core, "SCRATCH", 4096)  # force the chunked copies
+    for k, v in {"t": base.t(), "e": base[:1].expand(300, 700)}.items():
+        got = fp(v, rows=True, moments=True)
+        assert got == want[k] and got.rows == want[k].rows
+        assert got.moments.nan == want[k].moments.nan and got.moments.absmax == want[k].moments.absmax
+    assert fp(base.t()) == fp(base.t().contiguous())
+
+
+def test_fingerprint_equals_resolve_of_start_in_any_batch():
+    ts = [torch.randn(n) for n in (0, 1, 5, 256, 257, 1000, 5000)] + [torch.tensor(3.0)]
+    single = [fingerprint(t) for t in ts]
+    assert resolve([start(t) for t in ts]) == single
+    assert resolve([start(t) for t in reversed(ts)]) == single[::-1]
+    ps = [start(t) for t in ts]
+    assert resolve(ps[::2]) == single[::2]  # a subset, in a different order than started
+    assert resolve(ps[1::2]) == single[1::2]
+    assert resolve(ps * 40) == single * 40  # > 32: the device finalizer
+
+
+def test_arena_path_equals_direct_path():
+    for n in (0, 1, 3, 255, 256):
+        t = torch.randn(n)
+        direct = D.Pending(t.dtype, t.shape, t.numel(), t.device)
+        direct.lanes = core.lanes_of(t)
+        assert resolve([direct]) == [fp(t)]
+        assert start(t).arena is not None  # the fast path really was taken
+
+
+def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    extreme = torch.full((1024 * 40,), -128, dtype=torch.int8)  # largest |partial sum|
+    ts = [torch.randn(70000, generator=g), extreme, torch.randint(-128, 128, (5000,), dtype=torch.int8, generator=g)]
+    x = torch.randint(-128, 128, (64, 1024), dtype=torch.int8, generator=g)
+    exact = core.mm(x, 0)
+    want = [fp(t) for t in ts]
+    monkeypatch.setitem(core._INT_MM, "cpu", False)
+    assert torch.equal(core.mm(x, 0), exact)
+    assert torch.equal(
+        core.mm(extreme[:2048].view(2, 1024), 0),
+        -128 * core.weights(x.device, 0, False).sum(0, dtype=torch.int32).expand(2, 16),
+    )
+    assert [fp(t) for t in ts] == want
+
+
+def test_no_autograd_and_inference_mode():
+    w = torch.randn(300, requires_grad=True)
+    small = torch.randn(5, requires_grad=True)
+    f = fp(w, moments=True)
+    assert f == fp(w.detach().clone())
+    p = start(small)
+    assert not p.arena.buf.requires_grad
+    with torch.inference_mode():
+        x = torch.randn(7)
+        a, b = fp(x), fp(x * 2)
+    assert a == fp(x.clone()) and b == fp(x.clone() * 2)
+    assert resolve([p]) == [fp(small.detach())]
+
+
+def test_start_never_syncs(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("host sync in start()")
+
+    ts = [torch.randn(3), torch.randn(5000), torch.randn(40, 50).t(), torch.arange(9, dtype=torch.int64) << 36]
+    for name in ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, boom)
+    ps = [start(t, rows=r, moments=True, pointer_check=True) for t in ts for r in (False, True, 7)]
+    assert all(p.error is None for p in ps)
+    monkeypatch.undo()
+    assert all(f.error is None for f in resolve(ps))
+
+
+# --- rows and chunks --------------------------------------------------------------------------
+
+
+@FAST
+@given(st.integers(0, 40), st.lists(st.integers(1, 9), max_size=3), st.sampled_from([torch.float32, torch.int8]))
+def test_row_digests_are_digests_of_rows(n, rest, dtype):
+    t = torch.randint(-50, 50, (n, *rest)).to(dtype)
+    for v in (t, t.transpose(0, -1).contiguous().transpose(0, -1)):
+        f = fp(v, rows=True)
+        assert f.rows == tuple(fingerprint(v[i]).digest for i in range(n))
+        assert f == fp(v)  # rows do not change the tensor's own digest
+
+
+def test_rows_of_big_rows_and_permuted_rows():
+    t = torch.randn(6, 3000)
+    f = fp(t, rows=True)
+    g = fp(t[torch.tensor([1, 0, 2, 3, 4, 5])], rows=True)
+    assert f != g and sorted(f.rows) == sorted(g.rows)  # same rows, different order
+    assert f.rows[0] == fp(t[0]).digest
+    assert fp(torch.tensor(2.0), rows=True).rows is None  # 0-dim: no dim 0
+
+
+@FAST
+@given(st.integers(0, 3000), st.data())
+def test_chunk_digests(numel, draw):
+    n = draw.draw(st.integers(max(1, numel // 64), 700))
+    t = torch.randn(numel)
+    v = t.reshape(-1, 1) if numel % 2 else t
+    f = fp(v, rows=n)
+    want = tuple(fingerprint(t[i : i + n]).digest for i in range(0, numel, n))
+    assert f.rows == want
+
+
+def test_bad_rows_argument_raises():
+    for bad in (0, -3, 1.5, "x"):
+        with pytest.raises(DigestError, match="rows="):
+            start(torch.ones(3), rows=bad)
+
+
+# --- moments ----------------------------------------------------------------------------------
+
+
+def test_moments():
+    m = fp(torch.tensor([1.0, -3.0, 2.5]), moments=True).moments
+    assert m == Moments(0.5, 3.0, 0, 0)
+    m = fp(torch.tensor([1.0, float("nan"), float("-inf"), float("inf")]), moments=True).moments
+    assert m.nan == 1 and m.inf == 2
+    assert fp(torch.tensor([3, -7, 2], dtype=torch.int16), moments=True).moments == Moments(-2.0, 7.0, 0, 0)
+    assert fp(torch.tensor([True, False, True]), moments=True).moments == Moments(2.0, 1.0, 0, 0)
+    c = fp(torch.tensor([3 + 4j, -1 + 0j], dtype=torch.complex64), moments=True).moments
+    assert c == Moments(2.0, 5.0, 0, 0)  # real part summed, modulus for absmax
+    assert fp(torch.empty(0), moments=True).moments == Moments(0.0, 0.0, 0, 0)
+    big = torch.randn(100000, dtype=torch.float64)
+    assert fp(big, moments=True).moments.absmax == big.abs().max().item()
+    fp4 = torch.tensor([0x21, 0xF7], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    assert fp(fp4, moments=True).moments == Moments(0.5 + 1.0 + 6.0 - 6.0, 6.0, 0, 0)
+    e8 = torch.tensor([127, 128, 255], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    m = fp(e8, moments=True).moments
+    assert m.nan == 1 and m.inf == 0
+
+
+def test_moments_chunked_equal_unchunked(monkeypatch):
+    t = torch.randn(50000, dtype=torch.float64)
+    want = fp(t, moments=True).moments
+    monkeypatch.setattr(core, "SCRATCH", 32 * 1000)
+    got = fp(t, moments=True).moments
+    assert got.absmax == want.absmax and got.nan == want.nan and abs(got.sum - want.sum) < 1e-9
+
+
+# --- tensor subclasses --------------------------------------------------------------------------
+
+
+class MXTensor(torch.Tensor):
+    """An MXFP8-style wrapper: fp8 data plus an e8m0 scale buffer, flattened for the digest."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.bfloat16, device=data.device)
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor):
+        self._data = data
+        self._scale = scale
+
+    def __tensor_flatten__(self):
+        return ["_data", "_scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return MXTensor(inner["_data"], inner["_scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"MXTensor does not run {func}")
+
+
+class BrokenTensor(MXTensor):
+    def __tensor_flatten__(self):
+        raise RuntimeError("cannot flatten")
+
+
+def mx(scale_byte: int = 127) -> MXTensor:
+    data = torch.arange(64, dtype=torch.uint8).view(torch.float8_e4m3fn).reshape(2, 32)
+    scale = torch.tensor([127, scale_byte], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    return MXTensor(data, scale)
+
+
+def test_subclass_components_make_a_scale_difference_visible():
+    a, b = fp(mx(), moments=True), fp(mx(128))
+    assert set(a.components) == {"_data", "_scale"}
+    assert a.components["_data"] == b.components["_data"]
+    assert a.components["_scale"] != b.components["_scale"]
+    assert a != b
+    assert a == fp(mx()) and a.dtype == "torch.bfloat16" and a.shape == (2, 32)
+    assert a.components["_data"].digest == fp(mx()._data).digest
+    assert a.components["_scale"].moments is not None
+    with pytest.raises(TypeError):
+        a.components["x"] = a  # read-only mapping
+
+
+def test_subclass_digest_covers_type_and_names():
+    class OtherMX(MXTensor):
+        pass
+
+    a = fp(mx())
+    b = fp(OtherMX(mx()._data, mx()._scale))
+    assert a.components == b.components and a != b
+
+
+# --- errors, pointers, round trip -----------------------------------------------------------
+
+
+def test_undigestable_tensors_give_error_markers():
+    bad = [
+        torch.empty(3, device="meta"),
+        torch.eye(3).to_sparse(),
+        torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        BrokenTensor(mx()._data, mx()._scale),
+    ]
+    fps = resolve([start(t) for t in bad])
+    for f in fps:
+        assert f.error and f.digest == "" and f != f
+        with pytest.raises(DigestError):
+            _ = f.hi
+    assert fps[0] != fingerprint(torch.empty(3, device="meta"))  # two errors never compare equal
+    assert start("not a tensor").error == "not a tensor: str"  # type: ignore[arg-type]
+    with pytest.raises(DigestError, match=r"needs a torch\.Tensor"):
+        fingerprint([1, 2])  # type: ignore[arg-type]
+
+
+def test_pointer_check():
+    ptrs = torch.tensor([0x7F00_0000_1000, 0x7F00_0000_2040], dtype=torch.int64)
+    assert fp(ptrs, pointer_check=True).pointer_like
+    assert not fp(ptrs).pointer_like  # only when asked
+    assert not fp(ptrs + 1, pointer_check=True).pointer_like  # unaligned
+    assert not fp(torch.arange(10, dtype=torch.int64), pointer_check=True).pointer_like
+    assert not fp(torch.empty(0, dtype=torch.int64), pointer_check=True).pointer_like
+    assert not fp(ptrs.to(torch.float64), pointer_check=True).pointer_like
+
+
+def test_hi_lo_and_parquet_round_trip(tmp_path):
+    fps = [fp(torch.randn(n)) for n in (1, 100, 10000)] + [fp(torch.full((4,), -1, dtype=torch.int64))]
+    for f in fps:
+        assert f"{f.hi:016x}{f.lo:016x}" == f.digest and 0 <= f.hi < 2**64 and 0 <= f.lo < 2**64
+    table = pa.table(
+        {"hi": pa.array([f.hi for f in fps], pa.uint64()), "lo": pa.array([f.lo for f in fps], pa.uint64())}
+    )
+    pq.write_table(table, tmp_path / "d.parquet")
+    back = pq.read_table(tmp_path / "d.parquet")
+    assert back.column("hi").to_pylist() == [f.hi for f in fps]
+    assert back.column("lo").to_pylist() == [f.lo for f in fps]
