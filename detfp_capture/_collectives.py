@@ -1,0 +1,396 @@
+"""torch.distributed calls at the boundaries level: wrappers, async works, DDP's bucket all-reduce.
+
+While a session is open, the collective and point-to-point functions in the ``torch.distributed``
+namespace are replaced by wrappers (restored at close). A wrapper records the input tensors
+before the launch (kind ``collective`` or ``p2p``, name ``<function>@<group>``), calls the
+original, and records the outputs at completion: on return for synchronous calls, at
+``wait()`` for async ones (the returned Work is wrapped). ``distributed_c10d``'s own globals
+are never touched, so c10d's internal identity checks (P2POp, the coalescing manager) see the
+real functions; wrappers compare equal to the function they wrap for ``P2POp``'s check.
+
+Group names are stable across runs: the user's ``group_names``, ``world`` for the default
+group, else ``ranks:<sorted ranks>``; every group used is reported for the manifest.
+
+DDP's bucket all-reduce is issued from C++ and never reaches these wrappers, so ``watch`` on a
+DistributedDataParallel model registers a comm hook that does what the built-in path does
+(scale by 1/world size, sum all-reduce) and records each bucket's input and output
+(``all_reduce@<group>``, kind ``collective``) and the reduced gradient of every parameter
+(kind ``reduced_grad``). The completion callback may run on a backend thread: it only starts
+digests and queues the records, which the training thread appends at its next record.
+
+Capture issues no collective of its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["COLLECTIVES", "CollectiveTracer", "group_name"]
+
+# name -> (kind, input parameters, output parameters)
+COLLECTIVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "all_reduce": ("collective", ("tensor",), ("tensor",)),
+    "all_reduce_coalesced": ("collective", ("tensors",), ("tensors",)),
+    "reduce": ("collective", ("tensor",), ("tensor",)),
+    "broadcast": ("collective", ("tensor",), ("tensor",)),
+    "all_gather": ("collective", ("tensor",), ("tensor_list",)),
+    "all_gather_into_tensor": ("collective", ("input_tensor",), ("output_tensor",)),
+    "all_gather_coalesced": ("collective", ("input_tensor_list",), ("output_tensor_lists",)),
+    "_all_gather_base": ("collective", ("input_tensor",), ("output_tensor",)),
+    "reduce_scatter": ("collective", ("input_list",), ("output",)),
+    "reduce_scatter_tensor": ("collective", ("input",), ("output",)),
+    "_reduce_scatter_base": ("collective", ("input",), ("output",)),
+    "all_to_all": ("collective", ("input_tensor_list",), ("output_tensor_list",)),
+    "all_to_all_single": ("collective", ("input",), ("output",)),
+    "gather": ("collective", ("tensor",), ("gather_list",)),
+    "scatter": ("collective", ("scatter_list",), ("tensor",)),
+    "send": ("p2p", ("tensor",), ()),
+    "recv": ("p2p", (), ("tensor",)),
+    "isend": ("p2p", ("tensor",), ()),
+    "irecv": ("p2p", (), ("tensor",)),
+}
+
+
+def _tensors(value: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append((prefix, value))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _tensors(v, f"{prefix}[{i}]", out)
+
+
+def group_name(group: Any, names: dict[str, Any]) -> tuple[str, list[int]]:
+    """Stable logical name of a process group and its global ranks."""
+    world = dist.group.WORLD
+    if group is None:
+        group = world
+    ranks = sorted(int(r) for r in dist.get_process_group_ranks(group))
+    for name, g in names.items():
+        if g is group:
+            return name, ranks
+    if group is world:
+        return "world", ranks
+    return "ranks:" + ",".join(map(str, ranks)), ranks
+
+
+class _Wrapper:
+    """A collective wrapper that compares equal to the function it wraps (P2POp checks ``op in [isend, irecv]``)."""
+
+    def __init__(self, orig: Callable, fn: Callable) -> None:
+        self.__wrapped__ = orig
+        self._fn = fn
+        self.__name__ = getattr(orig, "__name__", "collective")
+        self.__qualname__ = getattr(orig, "__qualname__", self.__name__)
+        self.__doc__ = getattr(orig, "__doc__", None)
+        self.__module__ = getattr(orig, "__module__", "torch.distributed")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+
+class _WorkProxy:
+    """An async Work whose ``wait()`` also records the outputs (and clears the hazard)."""
+
+    def __init__(self, work: Any, on_wait: Callable[[], None]) -> None:
+        self._work = work
+        self._on_wait: Callable[[], None] | None = on_wait
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        cb, self._on_wait = self._on_wait, None
+        if cb is not None:
+            cb()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+class CollectiveTracer:
+    """Patches ``torch.distributed`` while a session is open; records calls through the session."""
+
+    def __init__(self, session: Any) -> None:
+        self.s = session
+        self.rec = session._rec
+        self.saved: dict[str, Any] = {}
+        self.groups: dict[str, list[int]] = {}
+        self.group_cache: dict[int, str] = {}
+        self.pending: dict[int, tuple[str, str]] = {}  # id(proxy) -> (name, module) of works not yet waited
+        self.in_batch = False
+        self.ddp_hooked: set[int] = set()
+
+    # ------------------------------------------------------------------ install
+    def install(self) -> None:
+        if not dist.is_available():
+            return
+        for name in (*COLLECTIVES, "batch_isend_irecv"):
+            orig = getattr(dist, name, None)
+            if orig is None or isinstance(orig, _Wrapper):
+                continue
+            self.saved[name] = orig
+            fn = self._make_batch(orig) if name == "batch_isend_irecv" else self._make(name, orig)
+            setattr(dist, name, _Wrapper(orig, fn))
+
+    def uninstall(self) -> None:
+        for name, orig in self.saved.items():
+            setattr(dist, name, orig)
+        self.saved.clear()
+
+    def name_of(self, group: Any) -> str:
+        key = id(group)
+        n = self.group_cache.get(key)
+        if n is None:
+            n, ranks = group_name(group, self.s._group_names)
+            self.group_cache[key] = n
+            if n not in self.groups:
+                self.groups[n] = ranks
+                self.s._groups_changed = True
+        return n
+
+    # ------------------------------------------------------------------ wrappers
+    def _make(self, fname: str, orig: Callable) -> Callable:
+        kind, in_params, out_params = COLLECTIVES[fname]
+        sig = inspect.signature(orig)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec = self.rec
+            if rec.busy or not rec.selected or rec.failed or self.in_batch or torch.compiler.is_compiling():
+                return orig(*args, **kwargs)
+            call = None
+            outs: list[tuple[str, torch.Tensor]] = []
+            async_op = False
+            try:
+                bound = sig.bind(*args, **kwargs)
+                bound.apply_defaults()
+                a = bound.arguments
+                async_op = bool(a.get("async_op", False)) or fname in ("isend", "irecv")
+                name = f"{fname}@{self.name_of(a.get('group'))}"
+                ins: list[tuple[str, torch.Tensor]] = []
+                for p in in_params:
+                    _tensors(a.get(p), p, ins)
+                for p in out_params:
+                    _tensors(a.get(p), p, outs)
+                module, phase = self.s._context()
+                other = {
+                    k: v
+                    for k, v in a.items()
+                    if k not in in_params and k not in out_params and k not in ("group", "async_op")
+                }
+                rec.busy = True
+                hz = self.s._hazard
+                flags = hz.flag_all([t for _, t in ins]) if hz is not None and hz.active else None
+                call = rec.record_call(
+                    kind, name, module, phase, [("input", p, t) for p, t in ins], args_src=((), other), hazards=flags
+                )
+                rec.busy = False
+            except Exception as exc:
+                rec.busy = False
+                rec.fail(exc, f"torch.distributed.{fname} wrapper")
+                call = None
+            result = orig(*args, **kwargs)
+            if call is None:
+                return result
+            if async_op and result is not None:
+                tensors = [t for _, t in outs] + [t for _, t in ins]
+                hz = self.s._hazard
+                if hz is not None:
+                    hz.async_launch(tensors, call[5])
+                proxy = _WorkProxy(result, lambda: self._complete(call, outs, tensors, id(proxy)))
+                self.pending[id(proxy)] = (call[5], call[3])
+                return proxy
+            self._complete(call, outs, [], None)
+            return result
+
+        return wrapper
+
+    def _complete(
+        self, call: tuple, outs: list[tuple[str, torch.Tensor]], tensors: list[torch.Tensor], key: int | None
+    ) -> None:
+        rec = self.rec
+        if key is not None:
+            self.pending.pop(key, None)
+        hz = self.s._hazard
+        if hz is not None and tensors:
+            hz.async_done(tensors)
+        if rec.failed or not outs or call[0] != rec.step:
+            return
+        rec.busy = True
+        try:
+            rec.append_records(call, [("output", p, t) for p, t in outs])
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, f"{call[5]} completion")
+        finally:
+            rec.busy = False
+
+    def _make_batch(self, orig: Callable) -> Callable:
+        def wrapper(p2p_op_list: list) -> Any:
+            rec = self.rec
+            restore = []
+            # c10d compares P2POp.op by identity with its own isend/irecv: hand it the originals.
+            for p in p2p_op_list:
+                if isinstance(getattr(p, "op", None), _Wrapper):
+                    restore.append((p, p.op))
+                    p.op = p.op.__wrapped__
+            calls = []
+            try:
+                if not (rec.busy or not rec.selected or rec.failed):
+                    try:
+                        rec.busy = True
+                        module, phase = self.s._context()
+                        for p in p2p_op_list:
+                            fname = getattr(p.op, "__name__", "p2p")
+                            name = f"batch_{fname}@{self.name_of(p.group)}"
+                            peer = getattr(p, "peer", None)
+                            ins = [("input", "tensor", p.tensor)] if fname == "isend" else []
+                            c = rec.record_call(
+                                "p2p",
+                                name,
+                                module,
+                                phase,
+                                ins,
+                                args_src=((), {"peer": peer, "tag": getattr(p, "tag", 0)}),
+                            )
+                            calls.append((c, fname, p.tensor))
+                    except Exception as exc:
+                        rec.busy = False
+                        rec.fail(exc, "torch.distributed.batch_isend_irecv wrapper")
+                        calls = []
+                    finally:
+                        rec.busy = False
+                self.in_batch = True
+                try:
+                    works = orig(p2p_op_list)
+                finally:
+                    self.in_batch = False
+            finally:
+                for p, op in restore:
+                    p.op = op
+            if not calls or not works:
+                return works
+            outs = [(c, t) for c, fname, t in calls if fname == "irecv"]
+            state = {"left": len(works)}
+
+            def done() -> None:
+                state["left"] -= 1
+                if state["left"] == 0:
+                    for c, t in outs:
+                        self._complete(c, [("tensor", t)], [], None)
+
+            return [_WorkProxy(w, done) for w in works]
+
+        return wrapper
+
+    def step_end(self) -> None:
+        if self.pending:
+            names = sorted({n for n, _ in self.pending.values()})
+            self.rec.event(
+                "pending_collective",
+                names[0],
+                "",
+                len(self.pending),
+                f"{len(self.pending)} async collective(s) not waited at step end: {', '.join(names)}",
+            )
+        self.pending.clear()
+
+    # ------------------------------------------------------------------ DDP
+    def hook_ddp(self, model: Any, param_names: dict[int, str]) -> bool:
+        """Register the recording comm hook on a DDP model (once); False when it already has a hook."""
+        if id(model) in self.ddp_hooked:
+            return True
+        pg = getattr(model, "process_group", None)
+        from torch.distributed import distributed_c10d as c10d
+
+        allreduce = c10d.all_reduce  # the original: the hook's own all-reduce is recorded as the bucket
+        tracer = self
+
+        def hook(state: Any, bucket: Any) -> torch.futures.Future:
+            group = state if state is not None else c10d._get_default_group()
+            buf = bucket.buffer()
+            live = tracer.s._live()
+            call = None
+            if live:
+                call = tracer._bucket_input(group, bucket, buf)
+            # The built-in path multiplies each gradient by 1/world_size while copying it into the
+            # bucket, then sums: the same elementwise product here gives bitwise identical results.
+            buf.mul_(1.0 / group.size())
+            fut = allreduce(buf, group=group, async_op=True).get_future()
+
+            def done(f: torch.futures.Future) -> torch.Tensor:
+                out = f.value()[0]
+                if call is not None:
+                    tracer._bucket_output(call, bucket, out)
+                return out
+
+            return fut.then(done)
+
+        try:
+            model.register_comm_hook(pg, hook)
+        except Exception:
+            return False
+        self.ddp_hooked.add(id(model))
+        self._param_names = param_names
+        return True
+
+    def _bucket_input(self, group: Any, bucket: Any, buf: torch.Tensor) -> tuple | None:
+        rec = self.rec
+        if rec.busy:
+            return None
+        rec.busy = True
+        try:
+            rec.drain_foreign()
+            name = f"all_reduce@{self.name_of(group)}"
+            return rec.record_call(
+                "collective",
+                name,
+                "",
+                "backward",
+                [("input", "bucket", buf)],
+                args_src=((), {"bucket": bucket.index()}),
+            )
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, "DDP comm hook")
+            return None
+        finally:
+            rec.busy = False
+
+    def _bucket_output(self, call: tuple, bucket: Any, out: torch.Tensor) -> None:
+        # May run on a backend thread: start the digests now (values at completion), append later.
+        rec = self.rec
+        try:
+            from detfp_capture import digest
+            from detfp_capture._state import Slot, dtype_str
+
+            def started(t: torch.Tensor) -> tuple:
+                return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
+
+            items = [("output", "bucket", *started(out))]
+            grads = []
+            names = getattr(self, "_param_names", {})
+            # gradients() are views of the bucket buffer, which the all-reduce updated in place.
+            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                grads.append((names.get(id(p), f"bucket{bucket.index()}.param"), started(g)))
+
+            def append() -> None:
+                if rec.failed or call[0] != rec.step:
+                    return
+                rec.append_started(call, items)
+                for pname, (dt, shape, numel, slot) in grads:
+                    c = rec.record_call("reduced_grad", pname, "", "backward", [], occurrence=None)
+                    rec.append_started(c, [("value", "grad", dt, shape, numel, slot)])
+
+            rec.foreign.append(append)
+        except Exception as exc:
+            rec.foreign.append(lambda e=exc: rec.fail(e, "DDP comm hook completion"))

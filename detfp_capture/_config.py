@@ -1,0 +1,247 @@
+"""Capture options: parsing and validation of everything ``Session`` accepts.
+
+The user-facing spellings (``steps="3-5,9"``, ``ranks="0,4-7"``, regexes for modules,
+rows, moments and dumps) are turned into one frozen ``CaptureConfig`` up front, so a typo
+fails at ``Session(...)`` with a ConfigError naming the option, the bad value and the fix,
+instead of silently capturing nothing hours into a job. ``CaptureConfig.describe`` is the
+JSON form stored in the manifest's ``capture`` object.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from detfp_capture.errors import ConfigError
+
+__all__ = ["LEVELS", "CaptureConfig", "Selector", "TensorOption", "parse_selector"]
+
+#: Capture depths, cheapest first; each level records everything the previous one does.
+LEVELS = ("metrics", "boundaries", "ops")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A set of non-negative integers written as ``"3-5,9"`` or ``"10-"`` (open-ended)."""
+
+    #: The text the user gave (kept for the manifest).
+    text: str
+    #: Closed ranges (lo, hi); hi is None for an open-ended range.
+    ranges: tuple[tuple[int, int | None], ...]
+
+    def __contains__(self, n: object) -> bool:
+        if not isinstance(n, int):
+            return False
+        return any(lo <= n and (hi is None or n <= hi) for lo, hi in self.ranges)
+
+
+def parse_selector(value: Any, option: str) -> Selector | None:
+    """Parse a step or rank selector; None (or "all") selects everything."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{option}={value!r}: expected a selector such as '3-5,9' or None for all")
+    if isinstance(value, int):
+        value = str(value)
+    elif isinstance(value, (list, tuple, range, set, frozenset)):
+        value = ",".join(str(int(v)) for v in sorted(value))
+    if not isinstance(value, str):
+        raise ConfigError(f"{option}={value!r}: expected a selector string such as '3-5,9'")
+    text = value.strip()
+    if text.lower() in ("", "all", "*"):
+        return None
+    ranges: list[tuple[int, int | None]] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d*))?", part)
+        if not m:
+            raise ConfigError(
+                f"{option}={value!r}: cannot parse {part!r}; use comma-separated numbers and ranges like '3-5,9' or '10-'"
+            )
+        lo = int(m.group(1))
+        if m.group(2) is None:
+            hi: int | None = lo
+        elif m.group(2) == "":
+            hi = None
+        else:
+            hi = int(m.group(2))
+            if hi < lo:
+                raise ConfigError(f"{option}={value!r}: range {part!r} is empty; write the lower bound first")
+        ranges.append((lo, hi))
+    return Selector(text, tuple(ranges))
+
+
+def _regex(value: Any, option: str) -> re.Pattern[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, re.Pattern):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{option}={value!r}: expected a regular expression string or None")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"{option}={value!r}: not a valid regular expression ({exc}); fix the pattern") from None
+
+
+@dataclass(frozen=True)
+class TensorOption:
+    """An opt-in per record (rows, moments, dumps): off, on for all records, or on where a regex matches.
+
+    The regex is searched in the record's name and in its module path.
+    """
+
+    #: Whether the option is on for every record.
+    all: bool = False
+    #: Records whose name or module matches get the option.
+    pattern: re.Pattern[str] | None = None
+    #: For rows: True (dim-0 rows) or an int chunk size in elements.
+    arg: bool | int = True
+    #: The user's spelling, for the manifest.
+    text: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.all or self.pattern is not None
+
+    def wants(self, name: str, module: str) -> bool:
+        if self.all:
+            return True
+        p = self.pattern
+        return p is not None and (p.search(name) is not None or p.search(module) is not None)
+
+
+def _tensor_option(value: Any, option: str, *, chunks: bool = False) -> TensorOption:
+    if value is None or value is False:
+        return TensorOption(text=value)
+    if value is True:
+        return TensorOption(all=True, text=True)
+    if chunks and isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ConfigError(f"{option}={value!r}: a chunk size must be a positive number of elements")
+        return TensorOption(all=True, arg=value, text=value)
+    if isinstance(value, str | re.Pattern):
+        pat = _regex(value, option)
+        return TensorOption(pattern=pat, text=pat.pattern if pat is not None else None)
+    extra = ", an int chunk size" if chunks else ""
+    raise ConfigError(f"{option}={value!r}: expected False, True{extra} or a regex of record names/modules")
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Validated capture options (see ``Session`` for the meaning of each)."""
+
+    #: One of LEVELS.
+    level: str
+    #: Steps to capture (None: all).
+    steps: Selector | None = None
+    #: Ranks that capture (None: all).
+    ranks: Selector | None = None
+    #: Module paths to capture at boundaries/ops (None: all).
+    modules: re.Pattern[str] | None = None
+    #: Row digests.
+    rows: TensorOption = field(default_factory=TensorOption)
+    #: Moments (sum, absmax, nan, inf).
+    moments: TensorOption = field(default_factory=TensorOption)
+    #: Raw-byte dumps.
+    dumps: TensorOption = field(default_factory=TensorOption)
+    #: Steps whose device kernels are recorded (None: none).
+    kernels: Selector | None = None
+    #: Fill tensors born from empty* with a per-run byte pattern.
+    poison: bool = False
+    #: Continue an existing run directory as a new segment.
+    append: bool = False
+    #: Flush (resolve digests, hand a window to the writer) every this many records.
+    flush_records: int = 65536
+    #: Digest the outputs of view and metadata-only ops too (default: counted, not digested).
+    views: bool = False
+    #: First step of this launch (manifest start_step); None when unknown.
+    start_step: int | None = None
+
+    @property
+    def depth(self) -> int:
+        return LEVELS.index(self.level)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form for the manifest's ``capture`` object."""
+
+        def sel(s: Selector | None) -> str | None:
+            return None if s is None else s.text
+
+        def opt(o: TensorOption) -> Any:
+            if isinstance(o.text, re.Pattern):
+                return o.text.pattern
+            return o.text if o.text is not None else False
+
+        return {
+            "level": self.level,
+            "steps": sel(self.steps),
+            "ranks": sel(self.ranks),
+            "modules": None if self.modules is None else self.modules.pattern,
+            "rows": opt(self.rows),
+            "moments": opt(self.moments),
+            "dumps": opt(self.dumps) or None,
+            "kernels": sel(self.kernels),
+            "poison": self.poison,
+            "append": self.append,
+            "flush_records": self.flush_records,
+            "views": self.views,
+        }
+
+
+def make_config(
+    level: Any,
+    *,
+    steps: Any = None,
+    ranks: Any = None,
+    modules: Any = None,
+    rows: Any = False,
+    moments: Any = False,
+    dumps: Any = None,
+    kernels: Any = None,
+    poison: Any = False,
+    append: Any = False,
+    flush_records: Any = 65536,
+    views: Any = False,
+    start_step: Any = None,
+) -> CaptureConfig:
+    """Validate the user's options; ConfigError names the option, the value and the fix."""
+    if level not in LEVELS:
+        raise ConfigError(f"level={level!r}: unknown capture level; use one of {', '.join(map(repr, LEVELS))}")
+    for name, val in (("poison", poison), ("append", append), ("views", views)):
+        if not isinstance(val, bool):
+            raise ConfigError(f"{name}={val!r}: expected True or False")
+    if isinstance(flush_records, bool) or not isinstance(flush_records, int) or flush_records < 1:
+        raise ConfigError(f"flush_records={flush_records!r}: expected a positive number of records per flush")
+    if start_step is not None and (isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0):
+        raise ConfigError(f"start_step={start_step!r}: expected a non-negative step number")
+    if dumps is True:
+        raise ConfigError(
+            "dumps=True: dumping every tensor is never what you want; pass a regex of record names/modules"
+        )
+    return CaptureConfig(
+        level=level,
+        steps=parse_selector(steps, "steps"),
+        ranks=parse_selector(ranks, "ranks"),
+        modules=_regex(modules, "modules"),
+        rows=_tensor_option(rows, "rows", chunks=True),
+        moments=_tensor_option(moments, "moments"),
+        dumps=_tensor_option(dumps, "dumps"),
+        kernels=parse_selector(kernels, "kernels") if kernels is not None else None,
+        poison=poison,
+        append=append,
+        flush_records=flush_records,
+        views=views,
+        start_step=start_step,
+    )
+
+
+def check_mapping(value: Any, option: str) -> dict[str, Any]:
+    """``parallel`` and ``group_names`` must be dicts with string keys."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{option}={value!r}: expected a dict with string keys")
+    return dict(value)

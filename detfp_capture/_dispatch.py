@@ -1,0 +1,264 @@
+"""Level ``ops``: every ATen op through a TorchDispatchMode.
+
+Per op: the inputs are recorded (and their digests started) *before* the op runs, so an
+in-place op's input is the value it read; the op runs; the outputs are recorded. The hot
+path is kept short: per-overload facts (name, written arguments, view-ness) are computed
+once and cached in ``OpInfo``; non-tensor arguments are kept as a small tuple and hashed at
+flush; key hashes are computed by the writer thread; a tensor whose (identity, version) was
+already digested reuses that digest. View and metadata-only ops are counted (records with
+status ``skipped``) but not digested unless ``views=True``.
+
+Phase and module: inside a checkpoint recompute the module stack says so; otherwise an op
+that runs while autograd executes a node is ``backward`` and takes its module from the node's
+tag (see _hooks); otherwise the innermost module and the recorder's phase. While the tracer
+does its own tensor work (``rec.busy``), inside a watched compiled module, or while dynamo
+traces (``ignore_compile_internals``), ops pass straight through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from detfp_capture._hooks import NODE_KEY
+
+__all__ = ["CaptureMode", "OpInfo"]
+
+_METADATA_ONLY = frozenset(
+    {
+        "aten::detach",
+        "aten::alias",
+        "aten::lift_fresh",
+        "aten::_unsafe_view",
+        "aten::size",
+        "aten::stride",
+        "aten::sym_size",
+        "aten::sym_stride",
+        "aten::sym_numel",
+        "aten::sym_storage_offset",
+        "aten::is_same_size",
+        "aten::_has_compatible_shallow_copy_type",
+        "prim::device",
+        "prim::layout",
+    }
+)
+_EMPTY = frozenset(
+    {
+        "aten::empty",
+        "aten::empty_like",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::empty_strided",
+        "aten::empty_permuted",
+    }
+)
+# In-place ops whose result does not depend on the destination's previous contents.
+_OVERWRITE = frozenset(
+    {
+        "aten::copy_",
+        "aten::fill_",
+        "aten::zero_",
+        "aten::uniform_",
+        "aten::normal_",
+        "aten::random_",
+        "aten::exponential_",
+        "aten::geometric_",
+        "aten::cauchy_",
+        "aten::log_normal_",
+        "aten::bernoulli_",
+        "aten::set_",
+        "aten::resize_",
+    }
+)
+
+
+class OpInfo:
+    """Cached facts about one op overload."""
+
+    __slots__ = ("empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes")
+
+    def __init__(self, func: Any, views: bool) -> None:
+        schema = func._schema
+        base = schema.name
+        self.name = f"{base}.{func._overloadname}"
+        self.skip = (func.is_view or base in _METADATA_ONLY) and not views
+        writes = []
+        outs = []
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                if a.kwarg_only:
+                    outs.append(a.name)
+                else:
+                    writes.append(i)
+        self.writes = tuple(writes)
+        self.out_kwargs = tuple(outs)
+        self.empty = base in _EMPTY
+        self.overwrite = base in _OVERWRITE or bool(outs)
+        self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
+
+
+def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], tuple]:
+    """Input records and the non-tensor arguments (kept for args_digest; no tensor references)."""
+    tensors: list[tuple[str, str, torch.Tensor]] = []
+    other: list[Any] = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            tensors.append(("input", f"args[{i}]", a))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor | None):
+            for j, x in enumerate(a):
+                if isinstance(x, torch.Tensor):
+                    tensors.append(("input", f"args[{i}][{j}]", x))
+        else:
+            other.append(a)
+    kw: list[tuple[str, Any]] = []
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            tensors.append(("input", f"kwargs.{k}", v))
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            for j, x in enumerate(v):
+                if isinstance(x, torch.Tensor):
+                    tensors.append(("input", f"kwargs.{k}[{j}]", x))
+        else:
+            kw.append((k, v))
+    return tensors, (tuple(other), dict(kw))
+
+
+def _outputs(out: Any) -> list[tuple[str, str, torch.Tensor]]:
+    if isinstance(out, torch.Tensor):
+        return [("output", "out", out)]
+    if isinstance(out, (list, tuple)):
+        return [("output", f"out[{i}]", t) for i, t in enumerate(out) if isinstance(t, torch.Tensor)]
+    return []
+
+
+class CaptureMode(TorchDispatchMode):
+    """The op-level tracer; one per Session, entered for selected steps only."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__()
+        self.s = session
+        self.rec = session._rec
+        self.hooks = session._hooks
+        self.info: dict[Any, OpInfo] = {}
+        self.views = session._cfg.views
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile trace and run its compiled artifacts; regions are recorded at their boundaries.
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        rec = self.rec
+        if rec.busy or not rec.selected or rec.failed or self.s._compiled_depth:
+            return func(*args, **kwargs)
+        try:
+            pre = self._pre(func, args, kwargs)
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, f"dispatch of {func}")
+            return func(*args, **kwargs)
+        if pre is None:
+            return func(*args, **kwargs)
+        kr = self.s._kernel_range
+        if kr is not None:
+            with kr(pre[0]):
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        try:
+            self._post(pre, args, kwargs, out)
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, f"dispatch of {func}")
+        if rec.need_flush:
+            self.s._flush_safely()
+        return out
+
+    def _where(self) -> tuple[str, str]:
+        stack = self.hooks.stack
+        if stack and stack[-1][2] == "recompute":
+            return stack[-1][1], "recompute"
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return node.metadata.get(NODE_KEY, ""), "backward"
+        if stack:
+            return stack[-1][1], stack[-1][2]
+        return "", self.rec.phase
+
+    def _pre(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        info = self.info.get(func)
+        if info is None:
+            info = self.info[func] = OpInfo(func, self.views)
+        module, phase = self._where()
+        if self.hooks.rec.cfg.modules is not None and not self.hooks.module_selected(module):
+            return None
+        rec = self.rec
+        rec.busy = True
+        tensors, other = _gather(args, kwargs)
+        hz = self.s._hazard
+        flags = None
+        if hz is not None and hz.active and tensors:
+            flags = {}
+            written = set()
+            if info.writes:
+                written = {f"args[{i}]" for i in info.writes}
+            for i, (_, arg, t) in enumerate(tensors):
+                f = hz.flags(t)
+                if not f:
+                    continue
+                # The destination of an overwrite is not read: only its record is flagged.
+                really_read = not (info.overwrite and (arg in written or arg.startswith("kwargs.")))
+                flags[i] = f
+                if really_read:
+                    for h in f:
+                        hz.event(h, module, f"{info.name} {arg} read while {h}")
+            flags = flags or None
+        call = rec.record_call(
+            "op",
+            info.name,
+            module,
+            phase,
+            tensors,
+            args_src=other if other != ((), {}) else None,
+            hazards=flags,
+            digest_it=not info.skip,
+        )
+        rec.busy = False
+        return call, info, phase
+
+    def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
+        call, info, _phase = pre
+        rec = self.rec
+        rec.busy = True
+        outs = _outputs(out)
+        hz = self.s._hazard
+        flags = None
+        if hz is not None:
+            if info.empty:
+                for _, _, t in outs:
+                    hz.born_empty(t)
+            elif hz.uninit and (info.writes or info.out_kwargs):
+                for i in info.writes:
+                    if i < len(args) and isinstance(args[i], torch.Tensor):
+                        hz.wrote(args[i])
+                for k in info.out_kwargs:
+                    v = kwargs.get(k)
+                    if isinstance(v, torch.Tensor):
+                        hz.wrote(v)
+            if info.nonblocking and (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True)):
+                for _, _, t in outs:
+                    hz.nonblocking_copy(t, info.name)
+            if hz.active and outs:
+                flags = {}
+                for i, (_, _, t) in enumerate(outs):
+                    f = hz.flags(t)
+                    if f:
+                        flags[i] = f
+                flags = flags or None
+        if outs:
+            rec.append_records(call, outs, hazards=flags, digest_it=not (info.skip or info.empty))
+        rec.busy = False

@@ -1,0 +1,192 @@
+"""False-root hazards: state tracked per storage, flags on records, ``hazard`` events.
+
+* ``uninitialized``: storages born from ``empty*``/``new_empty*``/``empty_strided`` keep a list
+  of byte intervals not yet written; an op that reads an unwritten byte (through any view) is
+  flagged, an op that overwrites (copy_, fill_, zero_, random fills, ``out=``) removes the
+  interval it covers, and the storage is forgotten once fully written. With ``poison`` the
+  fresh storage is filled with a per-run byte so any read shows up as a divergence.
+* ``async_pending``: tensors of an async collective between launch and ``wait()``.
+* ``nonblocking_pending``: destinations of ``non_blocking=True`` copies until the next explicit
+  synchronization (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``) or step end.
+* ``pointer_like``: set at resolve from the digest's on-device pointer check (see _state).
+
+Entries hold a weak reference to the tensor that created them: when it dies, so does the
+entry, so a reused allocation never inherits a stale state. The dispatch mode only pays for
+these checks while at least one storage is tracked (``active``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+__all__ = ["HazardTracker"]
+
+UNINIT = "uninitialized"
+ASYNC = "async_pending"
+NONBLOCKING = "nonblocking_pending"
+_EVENTS_PER_STEP = 64
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() or None
+    except Exception:  # sparse/meta/subclass tensors have no plain storage
+        return None
+
+
+def byte_span(t: torch.Tensor) -> tuple[int, int, bool]:
+    """Bytes [a, b) of its storage that ``t`` touches, and whether it touches all of them."""
+    item = t.element_size()
+    a = t.storage_offset() * item
+    if t.numel() == 0:
+        return a, a, True
+    extent = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
+    b = a + extent * item
+    dense = extent == t.numel()
+    return a, b, dense
+
+
+class _Uninit:
+    __slots__ = ("holes", "ref")
+
+    def __init__(self, ref: Any, nbytes: int) -> None:
+        self.ref = ref
+        self.holes = [(0, nbytes)]
+
+    def overlaps(self, a: int, b: int) -> bool:
+        return any(lo < b and a < hi for lo, hi in self.holes)
+
+    def write(self, a: int, b: int) -> None:
+        out = []
+        for lo, hi in self.holes:
+            if hi <= a or b <= lo:
+                out.append((lo, hi))
+                continue
+            if lo < a:
+                out.append((lo, a))
+            if b < hi:
+                out.append((b, hi))
+        self.holes = out
+
+
+class HazardTracker:
+    """Per-storage hazard state of one rank (training thread only)."""
+
+    def __init__(self, rec: Any, poison_byte: int | None) -> None:
+        self.rec = rec
+        self.poison_byte = poison_byte
+        self.uninit: dict[int, _Uninit] = {}
+        self.async_pending: dict[int, tuple[Any, str]] = {}
+        self.nb_pending: dict[int, tuple[Any, str]] = {}
+        self.events_this_step: dict[str, int] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.uninit or self.async_pending or self.nb_pending)
+
+    # ---------------------------------------------------------------- births and writes
+    def born_empty(self, t: torch.Tensor) -> None:
+        key = storage_key(t)
+        if key is None:
+            return
+        nbytes = t.untyped_storage().nbytes()
+        if self.poison_byte is not None and nbytes:
+            u = torch.empty(0, dtype=torch.uint8, device=t.device)
+            u.set_(t.untyped_storage(), 0, (nbytes,), (1,))
+            with torch.no_grad():
+                u.fill_(self.poison_byte)
+        self.uninit[key] = _Uninit(weakref.ref(t), nbytes)
+
+    def wrote(self, t: torch.Tensor) -> None:
+        if not self.uninit:
+            return
+        key = storage_key(t)
+        u = self.uninit.get(key) if key is not None else None
+        if u is None:
+            return
+        if u.ref() is None:
+            del self.uninit[key]
+            return
+        a, b, dense = byte_span(t)
+        if dense:
+            u.write(a, b)
+            if not u.holes:
+                del self.uninit[key]
+
+    def async_launch(self, tensors: list[torch.Tensor], name: str) -> None:
+        for t in tensors:
+            key = storage_key(t)
+            if key is not None:
+                self.async_pending[key] = (weakref.ref(t), name)
+
+    def async_done(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            key = storage_key(t)
+            if key is not None:
+                self.async_pending.pop(key, None)
+
+    def nonblocking_copy(self, t: torch.Tensor, name: str) -> None:
+        key = storage_key(t)
+        if key is not None:
+            self.nb_pending[key] = (weakref.ref(t), name)
+
+    def synchronized(self) -> None:
+        self.nb_pending.clear()
+
+    def step_end(self) -> None:
+        self.nb_pending.clear()
+        self.events_this_step = {}
+
+    # ---------------------------------------------------------------- checks
+    def flags(self, t: torch.Tensor, read: bool = True) -> tuple[str, ...]:
+        """Hazards of the current contents of ``t`` (``read``: the op depends on them)."""
+        key = storage_key(t)
+        if key is None:
+            return ()
+        out: list[str] = []
+        u = self.uninit.get(key)
+        if u is not None:
+            if u.ref() is None:
+                del self.uninit[key]
+            else:
+                a, b, _ = byte_span(t)
+                if u.overlaps(a, b):
+                    out.append(UNINIT)
+        p = self.async_pending.get(key)
+        if p is not None:
+            if p[0]() is None:
+                del self.async_pending[key]
+            else:
+                out.append(ASYNC)
+        p = self.nb_pending.get(key)
+        if p is not None:
+            if p[0]() is None:
+                del self.nb_pending[key]
+            else:
+                out.append(NONBLOCKING)
+        return tuple(out)
+
+    def flag_all(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
+        out = {}
+        for i, t in enumerate(tensors):
+            f = self.flags(t)
+            if f:
+                out[i] = f
+        return out or None
+
+    def event(self, hazard: str, module: str, detail: str) -> None:
+        n = self.events_this_step.get(hazard, 0)
+        self.events_this_step[hazard] = n + 1
+        if n < _EVENTS_PER_STEP:
+            self.rec.event("hazard", hazard, module, None, detail)
+        elif n == _EVENTS_PER_STEP:
+            self.rec.event(
+                "truncation",
+                hazard,
+                module,
+                None,
+                f"more than {_EVENTS_PER_STEP} {hazard} hazard events in this step; the rest are only flagged on records",
+            )

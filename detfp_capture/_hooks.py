@@ -1,0 +1,295 @@
+"""Module boundaries: forward, backward and recompute records, and module paths for ops.
+
+Forward: a pre-hook records the inputs (kind ``module_input``; ``batch`` for a root module,
+whose inputs are the data) and pushes the module on the path stack; a post-hook registered
+with ``always_call=True`` (so an exception or checkpoint's early stop cannot unbalance the
+stack) records the outputs (``module_output``) and pops it.
+
+Backward uses plain tensor hooks, never ``register_full_backward_hook`` (which wraps outputs
+in views and breaks code that inspects ``._base``): a hook on each output records the gradient
+flowing into the module's backward (``module_input``, arg ``grad_out[i]``), and
+``register_multi_grad_hook`` on the inputs records the gradients it produced (``module_output``,
+arg ``grad_in[i]``; for an input also used elsewhere this is the accumulated gradient).
+
+A module forward that runs while autograd is executing a node is a checkpoint recompute:
+its records get phase ``recompute`` and the recorder checks at flush that the recomputed
+outputs equal the original forward outputs (``recompute_mismatch`` events).
+
+At level ``ops`` the post-hook also tags the autograd nodes created inside the module with
+its path (``node.metadata``), so ops that run in backward are attributed to their module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["ModuleHooks", "flatten_tensors"]
+
+NODE_KEY = "detfp_module"
+
+
+def flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]], depth: int = 0) -> None:
+    """Collect (path, tensor) pairs from nested tuples/lists/dicts/dataclass-like outputs."""
+    if isinstance(obj, torch.Tensor):
+        out.append((prefix, obj))
+    elif depth > 4:
+        return
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            flatten_tensors(v, f"{prefix}[{i}]", out, depth + 1)
+    elif isinstance(obj, dict):
+        for k in obj:
+            flatten_tensors(obj[k], f"{prefix}.{k}", out, depth + 1)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for k in obj.__dataclass_fields__:
+            flatten_tensors(getattr(obj, k, None), f"{prefix}.{k}", out, depth + 1)
+
+
+def _call_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    out: list[tuple[str, torch.Tensor]] = []
+    for i, a in enumerate(args):
+        flatten_tensors(a, f"args[{i}]", out)
+    for k in sorted(kwargs):
+        flatten_tensors(kwargs[k], f"kwargs.{k}", out)
+    return out
+
+
+def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: str) -> None:
+    """Tag the autograd nodes created inside a module with its path (innermost wins)."""
+    stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    inner = path + "." if path else ""
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen or id(n) in stop:
+            continue
+        seen.add(id(n))
+        md = n.metadata
+        owner = md.get(NODE_KEY)
+        if owner is None:
+            md[NODE_KEY] = path
+        elif not (owner.startswith(inner) or (path == "" and owner)):
+            continue  # a node of an earlier sibling or an enclosing scope: the module's region ends here
+        stack.extend(nxt for nxt, _ in n.next_functions)
+
+
+class ModuleHooks:
+    """Hook functions shared by per-module (``watch``) and global (launcher) registration."""
+
+    def __init__(self, session: Any) -> None:
+        self.s = session
+        self.rec = session._rec
+        # id(module) -> (path, weakref); filled by watch() or, globally, from each root module.
+        self.paths: dict[int, tuple[str, Any]] = {}
+        self.roots: set[int] = set()
+        self.stack: list[tuple[int, str, str, list]] = []  # (id, path, phase, input tensors)
+        self.handles: list[RemovableHandle] = []
+        self.selected_cache: dict[str, bool] = {}
+        self.global_mode = False
+
+    # ------------------------------------------------------------------- registration
+    def name_tree(self, root: torch.nn.Module) -> None:
+        inner = getattr(root, "module", None)
+        is_ddp = type(root).__name__ == "DistributedDataParallel" and isinstance(inner, torch.nn.Module)
+        base = inner if is_ddp else root
+        if is_ddp:
+            # The DDP wrapper itself is transparent: paths are those of the wrapped model.
+            self.paths[id(root)] = (None, weakref.ref(root))
+        for name, m in base.named_modules():
+            if id(m) not in self.paths:
+                self.paths[id(m)] = (name, weakref.ref(m))
+        self.roots.add(id(base))
+
+    def watch(self, model: torch.nn.Module) -> None:
+        self.name_tree(model)
+        for _mid, (path, ref) in list(self.paths.items()):
+            m = ref()
+            if m is None or path is None:
+                continue
+            if getattr(m, "_detfp_hooked", None) is self:
+                continue
+            self.handles.append(m.register_forward_pre_hook(self.pre, with_kwargs=True))
+            self.handles.append(m.register_forward_hook(self.post, with_kwargs=True, always_call=True))
+            m._detfp_hooked = self  # type: ignore[attr-defined]
+
+    def install_global(self) -> None:
+        from torch.nn.modules import module as nnmod
+
+        self.global_mode = True
+        self.handles.append(nnmod.register_module_forward_pre_hook(self._global_pre))
+        self.handles.append(nnmod.register_module_forward_hook(self._global_post, always_call=True))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        for _, ref in self.paths.values():
+            m = ref()
+            if m is not None and getattr(m, "_detfp_hooked", None) is self:
+                del m._detfp_hooked
+
+    # Global hooks carry no kwargs; names come from the root module of each forward.
+    def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if id(module) not in self.paths and not self.stack:
+            self._guarded(self.name_tree, module)
+            self.s._on_root(module)
+        self.pre(module, args, {})
+
+    def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        self.post(module, args, {}, output)
+
+    def _guarded(self, fn: Callable, *a: Any) -> None:
+        try:
+            fn(*a)
+        except Exception as exc:
+            self.rec.fail(exc, "naming modules")
+
+    # ------------------------------------------------------------------- forward
+    def module_selected(self, path: str) -> bool:
+        pat = self.rec.cfg.modules
+        if pat is None:
+            return True
+        hit = self.selected_cache.get(path)
+        if hit is None:
+            hit = self.selected_cache[path] = pat.search(path) is not None
+        return hit
+
+    def current(self) -> tuple[str, str]:
+        """(module path, phase) for a record made now outside autograd's own threads."""
+        if self.stack:
+            _, path, phase, _ = self.stack[-1]
+            return path, phase
+        return "", self.rec.phase
+
+    def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        rec = self.rec
+        if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
+            return
+        entry = self.paths.get(id(module))
+        if entry is None or entry[0] is None:
+            return
+        path = entry[0]
+        rec.busy = True
+        try:
+            in_autograd = torch._C._current_autograd_node() is not None
+            phase = "recompute" if in_autograd or (self.stack and self.stack[-1][2] == "recompute") else rec.phase
+            root = not self.stack
+            tensors = _call_tensors(args, kwargs)
+            self.stack.append((id(module), path, phase, [t for _, t in tensors]))
+            if self.s._depth >= 1 and self.module_selected(path):
+                compiled = type(module).__name__ == "OptimizedModule"
+                kind = "compiled" if compiled else ("batch" if root and phase == "forward" else "module_input")
+                hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
+                rec.record_call(
+                    kind,
+                    type(module).__name__,
+                    path,
+                    phase,
+                    [("input", a, t) for a, t in tensors],
+                    compiled=compiled,
+                    hazards=hz,
+                )
+                if compiled:
+                    self.s._compiled_depth += 1
+                if phase != "recompute" and torch.is_grad_enabled():
+                    self._hook_input_grads(module, path, tensors)
+        except Exception as exc:
+            rec.fail(exc, f"forward pre-hook of {path!r}")
+        finally:
+            rec.busy = False
+        if rec.need_flush:
+            self.s._flush_safely()
+
+    def post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        rec = self.rec
+        if not self.stack or self.stack[-1][0] != id(module):
+            return
+        _, path, phase, inputs = self.stack.pop()
+        if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
+            return
+        rec.busy = True
+        try:
+            compiled = type(module).__name__ == "OptimizedModule"
+            if compiled:
+                self.s._compiled_depth -= 1
+            if self.s._depth >= 1 and self.module_selected(path):
+                tensors: list[tuple[str, torch.Tensor]] = []
+                flatten_tensors(output, "out", tensors)
+                kind = "compiled" if compiled else "module_output"
+                hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
+                rec.record_call(
+                    kind,
+                    type(module).__name__,
+                    path,
+                    phase,
+                    [("output", a, t) for a, t in tensors],
+                    compiled=compiled,
+                    hazards=hz,
+                )
+                if phase != "recompute" and torch.is_grad_enabled():
+                    self._hook_output_grads(module, path, tensors)
+            if self.s._depth >= 2 and phase == "forward" and torch.is_grad_enabled():
+                outs: list[tuple[str, torch.Tensor]] = []
+                flatten_tensors(output, "out", outs)
+                _mark_graph([t for _, t in outs], inputs, path)
+        except Exception as exc:
+            rec.fail(exc, f"forward hook of {path!r}")
+        finally:
+            rec.busy = False
+        if rec.need_flush:
+            self.s._flush_safely()
+
+    # ------------------------------------------------------------------- backward
+    def _hook_output_grads(self, module: torch.nn.Module, path: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        name = type(module).__name__
+        want = [(i, t) for i, (_, t) in enumerate(tensors) if t.requires_grad]
+        if not want:
+            return
+        state = {"fired": 0, "call": None}
+        n = len(want)
+
+        def make(i: int) -> Callable[[torch.Tensor], None]:
+            def hook(grad: torch.Tensor) -> None:
+                self._backward_record(state, "module_input", name, path, ("input", f"grad_out[{i}]", grad), n)
+
+            return hook
+
+        for i, t in want:
+            t.register_hook(make(i))
+
+    def _hook_input_grads(self, module: torch.nn.Module, path: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        want = [(i, t) for i, (_, t) in enumerate(tensors) if t.requires_grad]
+        if not want:
+            return
+        name = type(module).__name__
+        idx = [i for i, _ in want]
+
+        def hook(grads: Any) -> None:
+            state = {"fired": 0, "call": None}
+            items = [(i, g) for i, g in zip(idx, grads, strict=True) if g is not None]
+            for i, g in items:
+                self._backward_record(state, "module_output", name, path, ("output", f"grad_in[{i}]", g), len(items))
+
+        torch.autograd.graph.register_multi_grad_hook([t for _, t in want], hook, mode="all")
+
+    def _backward_record(self, state: dict, kind: str, name: str, path: str, rec_t: tuple, n: int) -> None:
+        rec = self.rec
+        if rec.busy or not rec.selected or rec.failed:
+            return
+        rec.busy = True
+        try:
+            # All gradients of one module boundary form one call, whatever order they arrive in.
+            if state["call"] is None:
+                state["call"] = rec.record_call(kind, name, path, "backward", [rec_t])
+            else:
+                rec.append_records(state["call"], [rec_t])
+        except Exception as exc:
+            rec.fail(exc, f"backward hook of {path!r}")
+        finally:
+            rec.busy = False

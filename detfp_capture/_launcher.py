@@ -1,0 +1,112 @@
+"""``python -m detfp_capture --out DIR --level L [options] -- train.py ARGS``: capture without code changes.
+
+The launcher opens a ``Session`` before the training script runs, switches it to automatic
+mode (global module forward hooks name modules from the root module of each forward; global
+optimizer step hooks count steps: step ``--start-step`` (default 0) begins at launch and each
+``optimizer.step()`` of the first optimizer that steps ends one step and begins the next; DDP
+models get the recording comm hook on their first forward), then runs the script with
+``runpy`` and ``sys.argv`` set as if it had been started directly. Works under ``torchrun``
+(``torchrun ... -m detfp_capture --out DIR -- train.py``): each rank reads RANK/WORLD_SIZE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from detfp_capture._config import LEVELS
+from detfp_capture.errors import CaptureError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m detfp_capture",
+        description="Run a PyTorch training script with detfp capture on, without changing its code.",
+        epilog="Everything after '--' is the script (or '-m module') and its arguments.",
+    )
+    p.add_argument("--out", required=True, help="run directory (shared by all ranks)")
+    p.add_argument("--level", default="metrics", choices=LEVELS, help="capture depth (default: metrics)")
+    p.add_argument(
+        "--start-step", type=int, default=0, help="number of the first step (a resumed run's checkpoint step)"
+    )
+    p.add_argument("--steps", default=None, help="steps to capture, e.g. '3-5,9' (default all)")
+    p.add_argument("--ranks", default=None, help="ranks that capture, e.g. '0,4-7' (default all)")
+    p.add_argument("--modules", default=None, help="regex of module paths to record (default all)")
+    p.add_argument("--rows", default=None, help="row digests: 'all', a chunk size, or a regex of record names/modules")
+    p.add_argument("--moments", default=None, help="moments: 'all' or a regex of record names/modules")
+    p.add_argument("--dumps", default=None, help="regex of record names/modules to dump as raw bytes")
+    p.add_argument("--kernels", default=None, help="steps whose kernels are recorded (level ops), e.g. '2'")
+    p.add_argument("--poison", action="store_true", help="fill empty* allocations with a per-run pattern (level ops)")
+    p.add_argument("--append", action="store_true", help="continue an existing run directory as a new segment")
+    p.add_argument("--flush-records", type=int, default=65536, help="records per flush window")
+    p.add_argument("--views", action="store_true", help="also digest view and metadata-only ops")
+    return p
+
+
+def _opt(value: str | None) -> object:
+    if value is None:
+        return False
+    if value.lower() in ("all", "true", "1", "yes"):
+        return True
+    if value.isdigit():
+        return int(value)
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        i = argv.index("--")
+        ours, target = argv[:i], argv[i + 1 :]
+    else:
+        ours, target = argv, []
+    parser = build_parser()
+    ns = parser.parse_args(ours)
+    if not target:
+        parser.error("no training script: put it after '--', e.g. python -m detfp_capture --out traces/a -- train.py")
+    from detfp_capture.session import Session
+
+    moments = _opt(ns.moments)
+    try:
+        session = Session(
+            ns.out,
+            ns.level,
+            steps=ns.steps,
+            ranks=ns.ranks,
+            modules=ns.modules,
+            rows=_opt(ns.rows),
+            moments=moments if not isinstance(moments, int) or isinstance(moments, bool) else True,
+            dumps=ns.dumps,
+            kernels=ns.kernels,
+            poison=ns.poison,
+            append=ns.append,
+            flush_records=ns.flush_records,
+            views=ns.views,
+            start_step=ns.start_step,
+        )
+    except CaptureError as exc:
+        print(f"detfp_capture: error: {exc}", file=sys.stderr)
+        return 2
+    session._install_auto()
+    try:
+        if target[0] == "-m":
+            if len(target) < 2:
+                parser.error("'-m' needs a module name")
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            script = target[0]
+            sys.argv = [script, *target[1:]]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        session.close()
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        session.close()
+    return 0

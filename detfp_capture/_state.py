@@ -1,0 +1,492 @@
+"""The per-rank record stream: context (step, microbatch, phase, module), counters and buffers.
+
+Everything that captures goes through one ``Recorder``:
+
+* ``record_call`` appends the records of one call (an op, a module boundary, a collective...)
+  with the next ``seq`` numbers and the call's ``occurrence``; tensors are handed to
+  ``digest.start`` (device side, no host sync) unless an identical (tensor, version) was already
+  digested, in which case the earlier ``Slot`` is shared;
+* ``flush`` resolves every pending digest with one ``digest.resolve`` (one device-to-host copy
+  per device), turns the buffers into columns and hands one window to the ``ShardWriter``,
+  whose thread computes the key hashes and writes Parquet.
+
+The recorder never raises into training: callers wrap it, and any exception ends in
+``fail`` (a ``capture_error`` event, one warning, capture disabled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import struct
+import threading
+import warnings
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+
+from detfp_capture import contract, digest
+from detfp_capture._config import CaptureConfig
+
+__all__ = ["Recorder", "Slot", "args_text"]
+
+_NO_HAZARDS: tuple[str, ...] = ()
+_DTYPE_STR: dict[torch.dtype, str] = {}
+_VERSION_CACHE_LIMIT = 1 << 16
+
+
+def dtype_str(dt: torch.dtype) -> str:
+    s = _DTYPE_STR.get(dt)
+    if s is None:
+        s = _DTYPE_STR[dt] = str(dt)
+    return s
+
+
+class Slot:
+    """One digest: device-side ``Pending`` until the flush resolves it into a ``Fingerprint``."""
+
+    __slots__ = ("fp", "pending")
+
+    def __init__(self, pending: Any) -> None:
+        self.pending = pending
+        self.fp: Any = None
+
+
+def _arg_repr(v: Any) -> str:
+    # Only values whose text is identical in every process: no addresses, no salted hashes.
+    if v is None or isinstance(v, (bool, int, str)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if not math.isnan(v) else "nan"
+    if isinstance(v, (list, tuple)):
+        inner = ",".join(_arg_repr(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner})"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_arg_repr(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))) + "}"
+    if isinstance(v, torch.Tensor):
+        return "T"
+    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(v)
+    if isinstance(v, complex):
+        return repr(v)
+    return type(v).__name__
+
+
+def args_text(src: Any) -> str | None:
+    """16-hex digest of a call's non-tensor arguments (``src`` = (args, kwargs)), None when none."""
+    args, kwargs = src
+    parts = []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            parts.append(f"{i}={_arg_repr(a)}")
+    for k in sorted(kwargs):
+        v = kwargs[k]
+        if not isinstance(v, torch.Tensor):
+            parts.append(f"{k}={_arg_repr(v)}")
+    if not parts:
+        return None
+    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
+
+
+class Recorder:
+    """Buffers of one rank's stream plus the context every record is stamped with."""
+
+    def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Any) -> None:
+        self.cfg = cfg
+        self.writer = writer
+        self.rank = rank
+        self._on_fail = on_fail
+        # Context.
+        self.step = -1 if cfg.start_step is None else cfg.start_step
+        self.microbatch = contract.NO_MICROBATCH
+        self.phase = "step"
+        self.in_step = False
+        self.selected = False  # current step is selected for capture
+        self.seq = 0
+        self.occ: dict[tuple, int] = {}
+        # Buffers: calls are tuples shared by their records (cheaper than stamping each record).
+        self.records: list[tuple] = []
+        self.metrics: list[tuple] = []
+        self.events: list[tuple] = []
+        self.kernels: list[tuple] = []
+        self.dumps: list[tuple] = []
+        # (weakref, version, Slot, rows, moments) keyed by id(tensor): reuse digests of unchanged tensors.
+        self.vcache: dict[int, tuple] = {}
+        # Records produced on other threads (DDP comm-hook callbacks) wait here for the training thread.
+        self.foreign: deque[tuple] = deque()
+        self.lock = threading.Lock()
+        # Forward module-output digests per (microbatch, module, arg) for the recompute check.
+        self.forward_outputs: dict[tuple, set[str]] = {}
+        self.recompute_checks: list[tuple] = []
+        self.busy = False  # re-entrancy guard: the tracer's own tensor work is never recorded
+        self.failed = False
+        self.flushes = 0
+        self.records_in_step = 0
+        self.need_flush = False
+
+    # ----------------------------------------------------------------------------- context
+    def begin_step(self, step: int, selected: bool) -> None:
+        self.step = step
+        self.in_step = True
+        self.selected = selected
+        self.phase = "forward"
+        self.microbatch = contract.NO_MICROBATCH
+        self.occ = {}
+        self.records_in_step = 0
+        self.forward_outputs = {}
+
+    def next_seq(self) -> int:
+        s = self.seq
+        self.seq = s + 1
+        return s
+
+    def occurrence(self, phase: str, module: str, kind: str, name: str) -> int:
+        key = (self.microbatch, phase, module, kind, name)
+        n = self.occ.get(key, 0)
+        self.occ[key] = n + 1
+        return n
+
+    # ----------------------------------------------------------------------------- digests
+    def slot(self, t: torch.Tensor, rows: bool | int = False, moments: bool = False) -> Slot:
+        """Start (or reuse) the digest of ``t``'s current contents."""
+        key = id(t)
+        try:
+            version = t._version
+        except Exception:  # inference tensors have no version counter
+            version = None
+        if version is not None:
+            hit = self.vcache.get(key)
+            if hit is not None and hit[1] == version and hit[0]() is t and hit[3] == rows and hit[4] == moments:
+                return hit[2]
+        s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
+        if version is not None:
+            if len(self.vcache) >= _VERSION_CACHE_LIMIT:
+                self.vcache.clear()
+            with contextlib.suppress(TypeError):  # some tensor subclasses refuse weak references
+                self.vcache[key] = (weakref.ref(t), version, s, rows, moments)
+        return s
+
+    # ----------------------------------------------------------------------------- records
+    def record_call(
+        self,
+        kind: str,
+        name: str,
+        module: str,
+        phase: str,
+        tensors: list[tuple[str, str, torch.Tensor]],
+        *,
+        occurrence: int | None = None,
+        args_src: Any = None,
+        compiled: bool = False,
+        hazards: dict[int, tuple[str, ...]] | None = None,
+        digest_it: bool = True,
+        rows: bool | int | None = None,
+    ) -> tuple:
+        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call tuple."""
+        if occurrence is None:
+            occurrence = self.occurrence(phase, module, kind, name)
+        call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
+        if tensors:
+            self.append_records(call, tensors, hazards=hazards, digest_it=digest_it, rows=rows)
+        return call
+
+    def append_records(
+        self,
+        call: tuple,
+        tensors: list[tuple[str, str, torch.Tensor]],
+        *,
+        hazards: dict[int, tuple[str, ...]] | None = None,
+        digest_it: bool = True,
+        rows: bool | int | None = None,
+    ) -> None:
+        cfg = self.cfg
+        name, module = call[5], call[3]
+        if rows is None:
+            rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
+        mom = cfg.moments.enabled and cfg.moments.wants(name, module)
+        dump = cfg.dumps.enabled and cfg.dumps.wants(name, module)
+        out = self.records
+        for i, (role, arg, t) in enumerate(tensors):
+            hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
+            s = self.slot(t, rows, mom) if digest_it else None
+            out.append((call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz))
+            if dump:
+                self.dumps.append((call, out[-1][1], role, arg, t.detach().clone()))
+        self.records_in_step += len(tensors)
+        if len(out) >= cfg.flush_records:
+            self.need_flush = True
+
+    def append_started(self, call: tuple, items: list[tuple]) -> None:
+        """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
+        for role, arg, dt, shape, numel, s in items:
+            self.records.append((call, self.next_seq(), role, arg, dt, shape, numel, s, _NO_HAZARDS))
+        self.records_in_step += len(items)
+
+    def record_values(
+        self, kind: str, phase: str, module: str, values: list[tuple[str, str, torch.Tensor]], role: str = "value"
+    ) -> None:
+        """Records of inputless kinds: one call per name (param, grad, rng_state, probe...)."""
+        for name, arg, t in values:
+            self.record_call(kind, name, module, phase, [(role, arg, t)])
+
+    def metric(self, name: str, value: Any) -> None:
+        key = ("metric", self.microbatch, name)
+        n = self.occ.get(key, 0)
+        self.occ[key] = n + 1
+        if isinstance(value, torch.Tensor):
+            v: Any = value.detach().clone()
+            dt = dtype_str(value.dtype)
+        else:
+            v = value
+            dt = type(value).__name__
+        self.metrics.append((self.step, self.next_seq(), self.microbatch, name, n, v, dt))
+
+    def event(
+        self, type_: str, name: str = "", module: str = "", count: int | None = None, detail: str | None = None
+    ) -> None:
+        self.events.append((self.step, self.next_seq(), type_, name, module, count, detail))
+
+    def drain_foreign(self) -> None:
+        """Move records produced on other threads into the stream (training thread only)."""
+        while self.foreign:
+            fn = self.foreign.popleft()
+            fn()
+
+    # ----------------------------------------------------------------------------- flush
+    def flush(self) -> None:
+        """Resolve pending digests (one resolve) and hand one window to the writer."""
+        self.need_flush = False
+        self.drain_foreign()
+        records, metrics, events, kernels, dumps = self.records, self.metrics, self.events, self.kernels, self.dumps
+        self.records, self.metrics, self.events, self.kernels, self.dumps = [], [], [], [], []
+        if not (records or metrics or events or kernels or dumps):
+            return
+        self.busy = True
+        try:
+            slots = []
+            seen = set()
+            for r in records:
+                s = r[7]
+                if s is not None and s.fp is None and id(s) not in seen:
+                    seen.add(id(s))
+                    slots.append(s)
+            if slots:
+                fps = digest.resolve([s.pending for s in slots])
+                for s, fp in zip(slots, fps, strict=True):
+                    s.fp = fp
+                    s.pending = None
+            tables: dict[str, dict[str, list]] = {}
+            tables["records"] = self._record_columns(records)
+            tables["metrics"] = self._metric_columns(metrics)
+            tables["events"] = self._event_columns(events)
+            if kernels:
+                tables["kernels"] = self._kernel_columns(kernels)
+            if dumps:
+                tables["dumps"] = self._dump_columns(dumps)
+        finally:
+            self.busy = False
+        self.flushes += 1
+        self.writer.write_window(tables)
+
+    def _record_columns(self, records: list[tuple]) -> dict[str, list]:
+        names = [
+            c.name for c in contract.columns("records") if c.name not in ("rank", "segment", "call_hash", "key_hash")
+        ]
+        cols: dict[str, list] = {n: [] for n in names}
+        adcache: dict[int, str | None] = {}
+        check = self.recompute_checks
+        fwd = self.forward_outputs
+        for call, seq, role, arg, dt, shape, numel, s, hz in records:
+            step, mb, phase, module, kind, name, occ, src, compiled = call
+            cols["step"].append(step)
+            cols["seq"].append(seq)
+            cols["microbatch"].append(mb)
+            cols["phase"].append(phase)
+            cols["module"].append(module)
+            cols["kind"].append(kind)
+            cols["name"].append(name)
+            cols["occurrence"].append(occ)
+            cols["role"].append(role)
+            cols["arg"].append(arg)
+            cols["dtype"].append(dt)
+            cols["shape"].append(list(shape))
+            cols["numel"].append(numel)
+            if src is None:
+                ad = None
+            else:
+                ad = adcache.get(id(call), 0)
+                if ad == 0:
+                    ad = adcache[id(call)] = args_text(src)
+            cols["args_digest"].append(ad)
+            cols["compiled"].append(bool(compiled))
+            fp = None if s is None else s.fp
+            hazards = list(hz)
+            if fp is None:
+                cols["status"].append("skipped")
+                for k in ("digest_hi", "digest_lo", "error", "rows", "m_sum", "m_absmax", "m_nan", "m_inf"):
+                    cols[k].append(None)
+            elif fp.error is not None:
+                cols["status"].append("error")
+                cols["digest_hi"].append(None)
+                cols["digest_lo"].append(None)
+                cols["error"].append(fp.error)
+                cols["rows"].append(None)
+                for k in ("m_sum", "m_absmax", "m_nan", "m_inf"):
+                    cols[k].append(None)
+            else:
+                cols["status"].append("ok")
+                cols["digest_hi"].append(fp.hi)
+                cols["digest_lo"].append(fp.lo)
+                cols["error"].append(None)
+                cols["rows"].append(list(fp.rows) if fp.rows is not None else None)
+                m = fp.moments
+                cols["m_sum"].append(None if m is None else m.sum)
+                cols["m_absmax"].append(None if m is None else m.absmax)
+                cols["m_nan"].append(None if m is None else m.nan)
+                cols["m_inf"].append(None if m is None else m.inf)
+                if getattr(fp, "pointer_like", False) and "pointer_like" not in hazards:
+                    hazards.append("pointer_like")
+                    self.events.append(
+                        (
+                            step,
+                            self.next_seq(),
+                            "hazard",
+                            "pointer_like",
+                            module,
+                            None,
+                            f"{kind} {name} {arg}: int64 values look like device pointers",
+                        )
+                    )
+                if kind == "module_output" and role == "output":
+                    if phase == "forward":
+                        fwd.setdefault((mb, module, arg), set()).add(fp.digest)
+                    elif phase == "recompute":
+                        check.append((step, mb, module, name, arg, fp.digest))
+            cols["hazards"].append(hazards)
+        self._check_recompute()
+        return cols
+
+    def _check_recompute(self) -> None:
+        checks, self.recompute_checks = self.recompute_checks, []
+        for step, mb, module, name, arg, d in checks:
+            seen = self.forward_outputs.get((mb, module, arg))
+            if seen is None:
+                continue  # forward output not captured (selector, or a different step window)
+            if d not in seen:
+                self.events.append(
+                    (
+                        step,
+                        self.next_seq(),
+                        "recompute_mismatch",
+                        name,
+                        module,
+                        None,
+                        f"microbatch {mb} {arg}: recomputed output differs from the original forward output",
+                    )
+                )
+
+    def _metric_columns(self, metrics: list[tuple]) -> dict[str, list]:
+        cols: dict[str, list] = {
+            n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
+        }
+        tensors = [m[5] for m in metrics if isinstance(m[5], torch.Tensor)]
+        values: dict[int, float] = {}
+        if tensors:
+            flat = torch.stack([t.reshape(-1)[0].to(torch.float64) for t in tensors]).cpu().tolist()
+            values = {id(t): v for t, v in zip(tensors, flat, strict=True)}
+        for step, seq, mb, name, occ, v, dt in metrics:
+            val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
+            cols["step"].append(step)
+            cols["seq"].append(seq)
+            cols["microbatch"].append(mb)
+            cols["name"].append(name)
+            cols["occurrence"].append(occ)
+            cols["value"].append(val)
+            cols["bits"].append(struct.unpack("<Q", struct.pack("<d", val))[0])
+            cols["dtype"].append(dt)
+        return cols
+
+    def _event_columns(self, events: list[tuple]) -> dict[str, list]:
+        cols: dict[str, list] = {n: [] for n in ("step", "seq", "type", "name", "module", "count", "detail")}
+        for row in sorted(events, key=lambda e: e[1]):
+            for k, v in zip(cols, row, strict=True):
+                cols[k].append(v)
+        return cols
+
+    def _kernel_columns(self, kernels: list[tuple]) -> dict[str, list]:
+        names = (
+            "step",
+            "seq",
+            "microbatch",
+            "phase",
+            "module",
+            "kind",
+            "name",
+            "occurrence",
+            "index",
+            "kernel",
+            "device_type",
+        )
+        cols: dict[str, list] = {n: [] for n in names}
+        for call, index, kernel, device_type in kernels:
+            step, mb, phase, module, kind, name, occ = call[:7]
+            for k, v in zip(
+                names,
+                (step, self.next_seq(), mb, phase, module, kind, name, occ, index, kernel, device_type),
+                strict=True,
+            ):
+                cols[k].append(v)
+        return cols
+
+    def _dump_columns(self, dumps: list[tuple]) -> dict[str, list]:
+        names = (
+            "step",
+            "seq",
+            "microbatch",
+            "phase",
+            "module",
+            "kind",
+            "name",
+            "occurrence",
+            "role",
+            "arg",
+            "dtype",
+            "shape",
+            "data",
+        )
+        cols: dict[str, list] = {n: [] for n in names}
+        for call, seq, role, arg, t in dumps:
+            step, mb, phase, module, kind, name, occ = call[:7]
+            c = t.detach().cpu().contiguous().reshape(-1)
+            data = bytes(c.view(torch.uint8).numpy()) if c.numel() else b""
+            row = (step, seq, mb, phase, module, kind, name, occ, role, arg, dtype_str(t.dtype), list(t.shape), data)
+            for k, v in zip(names, row, strict=True):
+                cols[k].append(v)
+        return cols
+
+    # ----------------------------------------------------------------------------- failure
+    def fail(self, exc: BaseException, where: str) -> None:
+        """Record a capture_error event, warn once, and disable capture (training continues)."""
+        if self.failed:
+            return
+        self.failed = True
+        detail = f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]
+        warnings.warn(
+            f"detfp capture disabled on rank {self.rank} after an internal error ({detail})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
+        self.records, self.dumps, self.kernels = [], [], []
+        self.event("capture_error", type(exc).__name__, "", None, detail)
+        self.event(
+            "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"
+        )
+        with contextlib.suppress(Exception):
+            self.flush()
+        if self._on_fail is not None:
+            with contextlib.suppress(Exception):
+                self._on_fail()

@@ -1,0 +1,642 @@
+"""``Session``: the capture layer that runs inside the user's training job, on every rank.
+
+    session = Session("traces/a", level="ops")
+    session.watch(model); session.watch_optimizer(optimizer)
+    for step in range(start, n):
+        with session.step(step):
+            ... session.metric("loss", loss) ...
+    session.close()
+
+Levels: ``metrics`` (metric scalars, RNG states at step start, parameters at step end),
+``boundaries`` (+ module inputs/outputs in forward, backward and recompute, torch.distributed
+calls, DDP buckets and reduced gradients, the optimizer's params/grads/state), ``ops`` (+
+every ATen op). The parts live in private modules: _config (options), _state (the record
+stream and flushes), _hooks (modules), _collectives, _dispatch (ops), _hazards, _kernels.
+Every hook catches its own exceptions: an error inside capture becomes a ``capture_error``
+event and one warning, capture switches itself off, and the training step carries on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import warnings
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detfp_capture import contract
+from detfp_capture._config import check_mapping, make_config
+from detfp_capture._hazards import HazardTracker
+from detfp_capture._hooks import NODE_KEY, ModuleHooks
+from detfp_capture._state import Recorder
+from detfp_capture.errors import ConfigError
+
+__all__ = ["Session"]
+
+
+def _rank_world() -> tuple[int, int]:
+    """Rank and world size: torch.distributed when initialized, else RANK/WORLD_SIZE, else 0/1."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ConfigError(
+            f"RANK={os.environ.get('RANK')!r} WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}: not integers; fix the launcher environment"
+        ) from None
+
+
+class Session:
+    """Per-rank fingerprint capture of a training run (see docs/capture.md).
+
+    Args:
+        out_dir: run directory (shared by all ranks; each writes its own ``rank=R`` partitions).
+        level: ``"metrics"``, ``"boundaries"`` or ``"ops"``.
+        steps: steps to capture, e.g. ``"3-5,9"`` or ``"10-"`` (default all).
+        ranks: ranks that capture, e.g. ``"0,4-7"`` (default all); other ranks write nothing.
+        modules: regex of module paths whose boundaries and ops are recorded (default all).
+        rows: row digests: True (dim-0 rows of every record), an int chunk size, or a regex
+            of record names/modules.
+        moments: float64 sum/absmax/NaN/Inf counts: True or a regex of record names/modules.
+        dumps: regex of record names/modules whose tensors are also stored as raw bytes.
+        kernels: steps whose device kernels (CPU: innermost profiler events) are recorded per op.
+        poison: fill tensors born from ``empty*`` with a per-run byte pattern (level ops).
+        append: continue an existing run directory as a new segment (a resumed run).
+        parallel: this rank's parallel coordinates for the manifest, e.g. ``{"dp": 1, "tp": 0}``.
+        group_names: logical name -> ProcessGroup, used to name collectives (``"tp"``, ``"dp"``).
+        flush_records: resolve digests and write a window every this many records (bounds memory).
+        views: also digest view and metadata-only ops (default: counted, not digested).
+        start_step: first step of this launch for the manifest (default: the first ``step(n)``).
+    """
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        level: str = "metrics",
+        *,
+        steps: Any = None,
+        ranks: Any = None,
+        modules: Any = None,
+        rows: Any = False,
+        moments: Any = False,
+        dumps: Any = None,
+        kernels: Any = None,
+        poison: bool = False,
+        append: bool = False,
+        parallel: dict[str, Any] | None = None,
+        group_names: dict[str, Any] | None = None,
+        flush_records: int = 65536,
+        views: bool = False,
+        start_step: int | None = None,
+    ) -> None:
+        self._cfg = cfg = make_config(
+            level,
+            steps=steps,
+            ranks=ranks,
+            modules=modules,
+            rows=rows,
+            moments=moments,
+            dumps=dumps,
+            kernels=kernels,
+            poison=poison,
+            append=append,
+            flush_records=flush_records,
+            views=views,
+            start_step=start_step,
+        )
+        self._parallel = check_mapping(parallel, "parallel")
+        self._group_names = check_mapping(group_names, "group_names")
+        self._depth = cfg.depth
+        self.out_dir = Path(out_dir)
+        self.rank, self.world_size = _rank_world()
+        self._closed = False
+        self._inert = cfg.ranks is not None and self.rank not in cfg.ranks
+        self._compiled_depth = 0
+        self._kernel_range: Any = None
+        self._kernels: Any = None
+        self._hazard: HazardTracker | None = None
+        self._collectives: Any = None
+        self._mode: Any = None
+        self._mode_entered = False
+        self._models: list[Any] = []
+        self._param_names: dict[int, str] = {}
+        self._opt_handles: list[Any] = []
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._groups_changed = False
+        self._first_step: int | None = start_step
+        self._step_selected = False
+        self._primary_opt: Any = None
+        self._warned_writer = False
+        if self._inert:
+            return
+        from detfp_capture import writer as _writer
+        from detfp_capture.manifest import collect_manifest
+
+        self.segment = _writer.prepare_run_dir(self.out_dir, self.rank, append=append)
+        self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, on_error=self._writer_failed)
+        self._writer_error: str | None = None
+        self._rec = Recorder(cfg, self._writer, rank=self.rank, on_fail=self._on_fail)
+        self._hooks = ModuleHooks(self)
+        if cfg.depth >= 1 or cfg.poison:
+            poison_byte = None
+            if cfg.poison:
+                # Per run (the directory differs between the two runs), never zero.
+                d = hashlib.blake2b(str(self.out_dir.resolve()).encode(), digest_size=1).digest()[0]
+                poison_byte = d or 0xA5
+            self._hazard = HazardTracker(self._rec, poison_byte)
+        self._manifest = collect_manifest(
+            rank=self.rank,
+            world_size=self.world_size,
+            segment=self.segment,
+            start_step=start_step,
+            parallel=self._parallel,
+            groups={},
+            capture=cfg.describe(),
+        )
+        self._write_manifest()
+        if cfg.depth >= 1:
+            from detfp_capture._collectives import CollectiveTracer
+
+            self._collectives = CollectiveTracer(self)
+            self._collectives.install()
+            for name in self._group_names:
+                self._collectives.name_of(self._group_names[name])
+        if cfg.depth >= 2:
+            from detfp_capture._dispatch import CaptureMode
+
+            self._mode = CaptureMode(self)
+            self._patch_syncs()
+
+    # ================================================================== public API
+    def watch(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Record ``model``'s boundaries (level boundaries+) and parameters; returns the model."""
+        if self._inert or self._closed:
+            return model
+        try:
+            self._name_params(model)
+            self._models.append(weakref.ref(model))
+            if self._depth >= 1:
+                self._hooks.watch(model)
+                self._maybe_hook_ddp(model)
+        except Exception as exc:
+            self._rec.fail(exc, "watch()")
+        return model
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Record params and grads before ``optimizer.step()`` and params and state after it."""
+        if self._inert or self._closed:
+            return optimizer
+        if self._depth >= 1:
+            self._opt_handles.append(optimizer.register_step_pre_hook(lambda opt, a, k: self._opt_pre(opt)))
+            self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: self._opt_post(opt)))
+        return optimizer
+
+    @contextlib.contextmanager
+    def step(self, n: int) -> Iterator[None]:
+        """Everything inside belongs to absolute step ``n`` (a resumed run keeps the numbering)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"step({n!r}): expected a non-negative int, the absolute training step")
+        self._begin_step(n)
+        try:
+            yield
+        finally:
+            self._end_step()
+
+    @contextlib.contextmanager
+    def microbatch(self, i: int) -> Iterator[None]:
+        """Records inside carry microbatch ``i`` (gradient accumulation, pipeline microbatches)."""
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ConfigError(f"microbatch({i!r}): expected a non-negative int")
+        if self._inert or self._closed:
+            yield
+            return
+        prev = self._rec.microbatch
+        self._rec.microbatch = i
+        try:
+            yield
+        finally:
+            self._rec.microbatch = prev
+
+    def metric(self, name: str, value: Any) -> None:
+        """Record a scalar (tensor or number) exactly: float64 value plus raw bits, no host sync now."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"metric name {name!r}: expected a non-empty string")
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigError(
+                    f"metric {name!r}: expected a scalar, got a tensor of shape {tuple(value.shape)}; use probe() for tensors"
+                )
+        elif not isinstance(value, (int, float)):
+            raise ConfigError(f"metric {name!r}: expected a number or a one-element tensor, got {type(value).__name__}")
+        if not self._live_value():
+            return
+        rec = self._rec
+        rec.busy = True
+        try:
+            rec.metric(name, value)
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, f"metric({name!r})")
+        finally:
+            rec.busy = False
+
+    def probe(self, name: str, tensor: torch.Tensor, rows: bool | int = False) -> None:
+        """Fingerprint ``tensor`` here as kind ``probe`` (calls the dispatcher cannot see: fused kernels, MoE maps)."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"probe name {name!r}: expected a non-empty string")
+        if not isinstance(tensor, torch.Tensor):
+            raise ConfigError(f"probe {name!r}: expected a tensor, got {type(tensor).__name__}")
+        if not self._live_value() or torch.compiler.is_compiling():
+            return
+        rec = self._rec
+        rec.busy = True
+        try:
+            module, phase = self._context()
+            hz = self._hazard.flag_all([tensor]) if self._hazard is not None and self._hazard.active else None
+            rec.record_call("probe", name, module, phase, [("value", "value", tensor)], hazards=hz, rows=rows or None)
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, f"probe({name!r})")
+        finally:
+            rec.busy = False
+        if rec.need_flush:
+            self._flush_safely()
+
+    def close(self) -> None:
+        """Finish the current step, flush, restore everything patched, and write the manifest."""
+        if self._closed:
+            return
+        if self._inert:
+            self._closed = True
+            return
+        try:
+            if self._rec.in_step:
+                self._end_step()
+            self._flush_safely()
+        finally:
+            self._closed = True
+            self._teardown()
+            with contextlib.suppress(Exception):
+                self._write_manifest()
+            self._writer.close()
+            if self._writer.error and not self._warned_writer:
+                warnings.warn(f"detfp: trace writer failed: {self._writer.error}", RuntimeWarning, stacklevel=2)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ================================================================== steps
+    def _begin_step(self, n: int) -> None:
+        if self._inert or self._closed:
+            return
+        rec = self._rec
+        if rec.in_step:
+            self._end_step()
+        if self._writer_error is not None:
+            self._disable_for_writer()
+        sel = not rec.failed and (self._cfg.steps is None or n in self._cfg.steps)
+        rec.begin_step(n, sel)
+        self._step_selected = sel
+        if self._first_step is None:
+            self._first_step = n
+            self._manifest["start_step"] = n
+            self._write_manifest_safely()
+        if not sel:
+            return
+        rec.busy = True
+        try:
+            rec.drain_foreign()
+            rec.event("step_begin")
+            rec.phase = "step"
+            self._record_rng()
+            rec.phase = "forward"
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, "step begin")
+            return
+        finally:
+            rec.busy = False
+        if self._cfg.kernels is not None and n in self._cfg.kernels and self._depth >= 2:
+            try:
+                from detfp_capture._kernels import KernelCapture
+
+                self._kernels = KernelCapture(rec)
+                self._kernels.start()
+                self._kernel_range = self._kernels.range
+            except Exception as exc:
+                self._kernels = self._kernel_range = None
+                rec.fail(exc, "starting the profiler")
+        if self._mode is not None and not rec.failed:
+            self._mode.__enter__()
+            self._mode_entered = True
+
+    def _end_step(self) -> None:
+        rec = self._rec
+        if not rec.in_step:
+            return
+        if self._mode_entered:
+            self._mode_entered = False
+            with contextlib.suppress(Exception):
+                self._mode.__exit__(None, None, None)
+        if rec.selected and not rec.failed:
+            rec.busy = True
+            try:
+                if self._kernels is not None:
+                    ks, self._kernels, self._kernel_range = self._kernels, None, None
+                    ks.stop()
+                rec.drain_foreign()
+                rec.phase = "step"
+                rec.microbatch = contract.NO_MICROBATCH
+                self._record_params()
+                if self._collectives is not None:
+                    self._collectives.step_end()
+                rec.event("step_end", "", "", rec.records_in_step)
+            except Exception as exc:
+                rec.busy = False
+                rec.fail(exc, "step end")
+            finally:
+                rec.busy = False
+        if self._hazard is not None:
+            self._hazard.step_end()
+        rec.in_step = False
+        rec.selected = False
+        self._flush_safely()
+        if self._groups_changed:
+            self._groups_changed = False
+            self._write_manifest_safely()
+
+    def _record_rng(self) -> None:
+        rec = self._rec
+        rec.record_call("rng_state", "cpu", "", "step", [("value", "state", torch.get_rng_state())])
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i in range(torch.cuda.device_count()):
+                rec.record_call("rng_state", f"cuda:{i}", "", "step", [("value", "state", torch.cuda.get_rng_state(i))])
+
+    def _record_params(self) -> None:
+        rec = self._rec
+        seen: set[int] = set()
+        for ref in self._models:
+            m = ref()
+            if m is None:
+                continue
+            for p in m.parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                rec.record_call(
+                    "param", self._param_names.get(id(p), "?"), "", "step", [("value", "param", p.detach())]
+                )
+
+    # ================================================================== optimizer
+    def _opt_pre(self, opt: Any) -> None:
+        rec = self._rec
+        if rec.failed or not rec.selected or rec.busy:
+            rec.phase = "optimizer" if rec.in_step else rec.phase
+            return
+        rec.busy = True
+        try:
+            rec.drain_foreign()
+            rec.phase = "optimizer"
+            mb = rec.microbatch
+            rec.microbatch = contract.NO_MICROBATCH
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    name = self._pname(p, gi, pi)
+                    c = rec.record_call("param", name, "", "optimizer", [("input", f"group[{gi}]", p.detach())])
+                    if p.grad is not None:
+                        rec.record_call(
+                            "grad", name, "", "optimizer", [("input", f"group[{gi}]", p.grad)], occurrence=c[6]
+                        )
+            rec.microbatch = mb
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, "optimizer pre-step hook")
+        finally:
+            rec.busy = False
+
+    def _opt_post(self, opt: Any) -> None:
+        rec = self._rec
+        if rec.failed or not rec.selected or rec.busy:
+            rec.phase = "forward" if rec.in_step else rec.phase
+            return
+        rec.busy = True
+        try:
+            mb = rec.microbatch
+            rec.microbatch = contract.NO_MICROBATCH
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    name = self._pname(p, gi, pi)
+                    # The "after" side of the param call opened before the step (same occurrence).
+                    key = (rec.microbatch, "optimizer", "", "param", name)
+                    occ = max(0, rec.occ.get(key, 1) - 1)
+                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
+                    rec.append_records(call, [("output", f"group[{gi}]", p.detach())])
+                    state = opt.state.get(p, {})
+                    for sname in sorted(state, key=str):
+                        v = state[sname]
+                        if isinstance(v, torch.Tensor):
+                            rec.record_call(
+                                "optimizer_state",
+                                f"{name}.{sname}",
+                                "",
+                                "optimizer",
+                                [("output", f"group[{gi}].state[{sname}]", v)],
+                            )
+            rec.microbatch = mb
+            rec.phase = "forward"
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, "optimizer post-step hook")
+        finally:
+            rec.busy = False
+        if rec.need_flush:
+            self._flush_safely()
+
+    def _pname(self, p: torch.Tensor, gi: int, pi: int) -> str:
+        return self._param_names.get(id(p)) or f"group[{gi}].params[{pi}]"
+
+    # ================================================================== helpers used by the parts
+    def _name_params(self, model: torch.nn.Module) -> None:
+        base = (
+            model.module
+            if isinstance(getattr(model, "module", None), torch.nn.Module)
+            and type(model).__name__ == "DistributedDataParallel"
+            else model
+        )
+        for name, p in base.named_parameters(remove_duplicate=True):
+            self._param_names.setdefault(id(p), name)
+
+    def _maybe_hook_ddp(self, model: Any) -> None:
+        if self._collectives is None:
+            return
+        try:
+            from torch.nn.parallel import DistributedDataParallel
+        except Exception:
+            return
+        if isinstance(model, DistributedDataParallel):
+            self._collectives.hook_ddp(model, self._param_names)
+
+    def _on_root(self, module: torch.nn.Module) -> None:
+        """Launcher mode: a module ran forward as a root for the first time."""
+        if module in [r() for r in self._models]:
+            return
+        self._name_params(module)
+        self._models.append(weakref.ref(module))
+        self._maybe_hook_ddp(module)
+
+    def _context(self) -> tuple[str, str]:
+        """(module path, phase) of a record made now."""
+        stack = self._hooks.stack
+        if stack and stack[-1][2] == "recompute":
+            return stack[-1][1], "recompute"
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return node.metadata.get(NODE_KEY, ""), "backward"
+        if stack:
+            return stack[-1][1], stack[-1][2]
+        return "", self._rec.phase
+
+    def _hazards_for(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
+        return self._hazard.flag_all(tensors) if self._hazard is not None else None
+
+    @property
+    def _hazards_on(self) -> bool:
+        return self._hazard is not None and self._hazard.active
+
+    def _live(self) -> bool:
+        return not self._inert and not self._closed and not self._rec.failed and self._rec.selected
+
+    def _live_value(self) -> bool:
+        # Metrics and probes right after a step block still belong to that step.
+        return not self._inert and not self._closed and not self._rec.failed and self._step_selected
+
+    def _flush_safely(self) -> None:
+        rec = self._rec
+        if rec.failed:
+            return
+        try:
+            rec.flush()
+        except Exception as exc:
+            rec.busy = False
+            rec.fail(exc, "flush")
+
+    def _on_fail(self) -> None:
+        if self._mode_entered:
+            # Leaving the mode from inside one of its own callbacks is unsafe; it passes ops through from now on.
+            pass
+        if self._kernels is not None:
+            with contextlib.suppress(Exception):
+                self._kernels.stop(discard=True)
+            self._kernels = self._kernel_range = None
+
+    def _writer_failed(self, msg: str) -> None:
+        self._writer_error = msg  # called on the writer thread; acted upon at the next step boundary
+
+    def _disable_for_writer(self) -> None:
+        if not self._rec.failed:
+            self._rec.failed = True
+            self._warned_writer = True
+            warnings.warn(
+                f"detfp capture disabled on rank {self.rank}: {self._writer_error}", RuntimeWarning, stacklevel=3
+            )
+
+    def _write_manifest(self) -> None:
+        from detfp_capture import writer as _writer
+
+        groups = dict(self._collectives.groups) if self._collectives is not None else {}
+        self._manifest["groups"] = {k: list(v) for k, v in sorted(groups.items())}
+        _writer.write_manifest(self.out_dir, self._manifest)
+
+    def _write_manifest_safely(self) -> None:
+        try:
+            self._write_manifest()
+        except Exception as exc:
+            self._rec.fail(exc, "writing the manifest")
+
+    def _patch(self, owner: Any, name: str, make: Any) -> None:
+        orig = getattr(owner, name, None)
+        if orig is None:
+            return
+        self._patched.append((owner, name, orig))
+        setattr(owner, name, make(orig))
+
+    def _patch_syncs(self) -> None:
+        """Observe explicit synchronizations: they end the nonblocking_pending hazard."""
+        hz = self._hazard
+
+        def wrap(orig: Any) -> Any:
+            def synced(*a: Any, **k: Any) -> Any:
+                r = orig(*a, **k)
+                if hz is not None:
+                    hz.synchronized()
+                return r
+
+            synced.__wrapped__ = orig  # type: ignore[attr-defined]
+            return synced
+
+        self._patch(torch.cuda, "synchronize", wrap)
+        if hasattr(torch.cuda, "Stream"):
+            self._patch(torch.cuda.Stream, "synchronize", wrap)
+        if hasattr(torch.cuda, "Event"):
+            self._patch(torch.cuda.Event, "synchronize", wrap)
+
+    def _teardown(self) -> None:
+        if self._mode_entered:
+            self._mode_entered = False
+            with contextlib.suppress(Exception):
+                self._mode.__exit__(None, None, None)
+        if self._kernels is not None:
+            with contextlib.suppress(Exception):
+                self._kernels.stop(discard=True)
+            self._kernels = self._kernel_range = None
+        if self._collectives is not None:
+            self._collectives.uninstall()
+        self._hooks.remove()
+        for h in self._opt_handles:
+            h.remove()
+        self._opt_handles.clear()
+        for owner, name, orig in reversed(self._patched):
+            setattr(owner, name, orig)
+        self._patched.clear()
+
+    # ================================================================== launcher mode
+    def _install_auto(self) -> None:
+        """No-code-change mode: global module hooks; steps counted by optimizer.step() calls."""
+        if self._inert:
+            return
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        if self._depth >= 1:
+            self._hooks.install_global()
+        self._opt_handles.append(register_optimizer_step_pre_hook(lambda opt, a, k: self._auto_pre(opt)))
+        self._opt_handles.append(register_optimizer_step_post_hook(lambda opt, a, k: self._auto_post(opt)))
+        start = self._cfg.start_step or 0
+        self._begin_step(start)
+
+    def _auto_pre(self, opt: Any) -> None:
+        if self._primary_opt is None:
+            self._primary_opt = weakref.ref(opt)
+        if self._depth >= 1:
+            self._opt_pre(opt)
+
+    def _auto_post(self, opt: Any) -> None:
+        if self._depth >= 1:
+            self._opt_post(opt)
+        if self._closed or self._primary_opt is None or self._primary_opt() is not opt:
+            return
+        n = self._rec.step + 1
+        self._end_step()
+        self._begin_step(n)
