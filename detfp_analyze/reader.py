@@ -86,7 +86,8 @@ class ShardInfo:
     step_max: int | None
 
 
-@dataclass(frozen=True)
+# eq=False: identity equality and hashing, so a Run can key caches (its mappings are unhashable).
+@dataclass(frozen=True, eq=False)
 class Run:
     """A validated run directory. Build it with ``open_run``; all data access is lazy."""
 

@@ -230,8 +230,9 @@ class ShardWriter:
     def write_window(self, tables: Mapping[str, Mapping[str, Sequence[Any]]]) -> int | None:
         """Queue one flush window (table -> column name -> list); returns its window number.
 
-        Returns None (and drops the window) once the writer has failed. Raises SchemaError
-        on an unknown table or column or ragged columns: those are bugs in the caller.
+        The writer takes ownership of the lists: do not mutate them after the call. Returns
+        None (and drops the window) once the writer has failed. Raises SchemaError on an
+        unknown table or column or ragged columns: those are bugs in the caller.
         """
         for table, cols in tables.items():
             if table not in contract.TABLES:
