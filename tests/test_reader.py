@@ -11,6 +11,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from detfp_analyze.errors import (
     DuplicateRankError,
@@ -344,3 +346,40 @@ def test_segment_without_start_step_supersedes_nothing(tmp_path):
     write_run(p, {0: {"records": [dict(step=0)]}})
     write_run(p, {0: {"records": [dict(step=0)]}}, segment=1)
     assert open_run(p).scan("records").collect().height == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(0, 6)), st.sets(st.integers(0, 6), min_size=1, max_size=4)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_supersession_matches_a_reference_model(tmp_path_factory, segments):
+    """Each (start_step, steps) is one launch of rank 0; a row survives unless a later launch starts at or before it."""
+    p = tmp_path_factory.mktemp("seg")
+    for seg, (start, steps) in enumerate(segments):
+        write_run(p, {0: {"metrics": [dict(step=s) for s in sorted(steps)]}}, segment=seg, start_step=start)
+    expected = sorted(
+        (seg, s)
+        for seg, (_, steps) in enumerate(segments)
+        for s in steps
+        if not any(st_ is not None and st_ <= s for st_, _ in segments[seg + 1 :])
+    )
+    got = sorted(open_run(p).scan("metrics").select("segment", "step").collect().rows())
+    assert got == expected
+    for lo, hi in ((0, 2), (3, 6)):
+        sub = sorted(open_run(p).scan("metrics", steps=range(lo, hi + 1)).select("segment", "step").collect().rows())
+        assert sub == [r for r in expected if lo <= r[1] <= hi]
+
+
+def test_open_run_reads_footers_only(run, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("open_run must not read shard data")
+
+    monkeypatch.setattr(pq, "read_table", refuse)
+    monkeypatch.setattr(pq.ParquetFile, "read", refuse)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", refuse)
+    r = open_run(run)
+    assert sum(s.num_rows for s in r.shards["records"]) == 6
