@@ -1,10 +1,126 @@
-"""`detfp-analyze sql` (placeholder until its implementation lands)."""
+"""`detfp-analyze sql A [B] "QUERY"`: run one SQL query over the documented views (docs/sql.md).
+
+Output as an aligned text table (default), CSV, JSON (an array of objects; uint64 digests
+stay exact integers) or Parquet (needs --output). Byte-stable for a given result: no
+timestamps, no terminal-width dependent truncation. Exit 0 on success, 2 with one line on
+stderr for a bad run directory or a failing query (DuckDB's reason).
+"""
 
 from __future__ import annotations
 
-from detfp_analyze._cli.common import fail
+import csv
+import io
+import json
+import math
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import typer
+
+from detfp_analyze._cli.common import fail, handle_errors
+from detfp_analyze.sql import connect, query
+
+__all__ = ["command", "format_table"]
 
 
-def command() -> None:
-    """Not implemented yet."""
-    fail("sql is not implemented yet")
+class Format(str, Enum):
+    """Output formats."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _cell(v: Any) -> Any:
+    """A JSON-able value: bytes as hex, non-finite floats as strings, nested values recursively."""
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if isinstance(v, list):
+        return [_cell(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _cell(x) for k, x in v.items()}
+    return v
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        return repr(v)  # shortest exact round-trip form: never hides a 1-ULP difference
+    if isinstance(v, (list, dict)):
+        return json.dumps(_cell(v))
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
+
+
+def format_table(t: pa.Table) -> str:
+    """An aligned plain-text rendering of ``t`` (header, rule, one line per row, row count)."""
+    names = t.column_names
+    rows = [[_text(v) for v in row.values()] for row in t.to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in t.schema]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
+
+    out = [line(names), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    out.append(f"({t.num_rows} row{'s' if t.num_rows != 1 else ''})")
+    return "\n".join(out) + "\n"
+
+
+def _csv(t: pa.Table) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(t.column_names)
+    for row in t.to_pylist():
+        w.writerow(["" if v is None else _text(v) for v in row.values()])
+    return buf.getvalue()
+
+
+def _json(t: pa.Table) -> str:
+    return json.dumps([_cell(r) for r in t.to_pylist()], indent=1) + "\n"
+
+
+@handle_errors
+def command(
+    args: Annotated[
+        list[str],
+        typer.Argument(help="Run A, optionally run B, then the query (views: docs/sql.md).", show_default=False),
+    ],
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the result to this file instead of stdout.")
+    ] = None,
+    allow_missing_ranks: Annotated[
+        bool, typer.Option("--allow-missing-ranks", help="Open runs even if some ranks are missing.")
+    ] = False,
+) -> None:
+    """Run a SQL query over one or two runs' views: a_records, pairs, first_divergence, step_summary, ..."""
+    if len(args) not in (2, 3):
+        fail(f'sql takes RUN_A [RUN_B] "QUERY", got {len(args)} argument(s); quote the query as one argument')
+    *runs, sql = args
+    con = connect(runs[0], runs[1] if len(runs) == 2 else None, allow_missing_ranks=allow_missing_ranks)
+    try:
+        result = query(con, sql)
+    finally:
+        con.close()
+    if fmt is Format.parquet:
+        if output is None:
+            fail("--format parquet writes binary data; pass --output FILE.parquet")
+        pq.write_table(result, output)
+        return
+    text = {Format.table: format_table, Format.csv: _csv, Format.json: _json}[fmt](result)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")

@@ -1,0 +1,223 @@
+"""DuckDB views over one or two detfp runs: ``connect(a, b=None)``.
+
+Pipeline: open and validate each run (``reader.open_run``) -> one private source view per
+table (``_a_records_src``: ``read_parquet`` over exactly the run's validated shard list, the
+rank column coming from the files, rows superseded by a later segment filtered out with the
+reader's rule, an empty typed view when a table has no shard) -> the documented views of the
+``.sql`` files next to this module (``run.sql`` per run, then ``union_*.sql``, then
+``compare.sql`` for two runs). Everything stays lazy: DuckDB reads Parquet only when a query
+runs, with projection and filter pushdown.
+
+The SQL files are the API. Each view has a header comment and an ``-- @column name doc`` line
+per column it adds; connect() copies them into DuckDB (``COMMENT ON``), filling contract
+columns from ``detfp_capture.contract``, so ``duckdb_views()`` and ``duckdb_columns()``
+document every view and column. Views prefixed ``_`` are private helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+import duckdb
+import pyarrow as pa
+
+from detfp_analyze.errors import QueryError
+from detfp_analyze.reader import Run, open_run
+from detfp_capture import contract
+
+__all__ = ["ViewDoc", "connect", "query", "view_docs"]
+
+_DUCKDB_TYPES = {
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "uint64": "UBIGINT",
+    "float64": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "VARCHAR",
+    "large_binary": "BLOB",
+    "list<int64>": "BIGINT[]",
+    "list<string>": "VARCHAR[]",
+}
+_SHARD_DOC = "Path of the Parquet shard the row was read from (provenance)."
+_VIEW_RE = re.compile(r"CREATE\s+VIEW\s+(\w+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ViewDoc:
+    """The documentation of one view, parsed from its ``.sql`` file."""
+
+    #: View name (with ``${run}`` substituted).
+    name: str
+    #: Header comment, one paragraph.
+    doc: str
+    #: (column, doc) for the columns the file documents explicitly, in file order.
+    columns: tuple[tuple[str, str], ...]
+    #: The CREATE VIEW statement.
+    sql: str
+
+
+def _sql_text(name: str) -> str:
+    # Next to this module (package data): importlib.resources trips over editable installs here.
+    return (Path(__file__).parent / "sql" / name).read_text(encoding="utf-8")
+
+
+def view_docs(file: str, run: str = "a") -> tuple[ViewDoc, ...]:
+    """Parse one ``.sql`` file of this package into its documented views (``${run}`` set to ``run``).
+
+    A statement ends with ``;`` at the end of a line; the comment lines right above its
+    CREATE VIEW are its doc, ``-- @column name doc`` lines its column docs.
+    """
+    text = Template(_sql_text(file)).substitute(run=run)
+    views = []
+    for chunk in re.split(r";[ \t]*$", text, flags=re.MULTILINE):
+        lines = chunk.strip("\n").splitlines()
+        m = next((i for i, line in enumerate(lines) if _VIEW_RE.match(line.strip())), None)
+        if m is None:
+            continue
+        # The doc is the contiguous comment block immediately above CREATE VIEW.
+        k = m
+        while k > 0 and lines[k - 1].startswith("--"):
+            k -= 1
+        doc_lines, cols = [], []
+        for line in lines[k:m]:
+            body = line[2:].strip()
+            if body.startswith("@column"):
+                _, col, *rest = body.split(None, 2)
+                cols.append((col, rest[0] if rest else ""))
+            elif body:
+                doc_lines.append(body)
+        view = _VIEW_RE.match(lines[m].strip()).group(1)  # type: ignore[union-attr]
+        views.append(ViewDoc(view, " ".join(doc_lines), tuple(cols), "\n".join(lines[m:])))
+    return tuple(views)
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _source_sql(run: Run, table: str) -> str:
+    """SELECT of one table's rows: contract columns + shard, superseded rows dropped."""
+    cols = contract.columns(table)
+    files = run.files(table)
+    if not files:
+        typed = ", ".join(f"CAST(NULL AS {_DUCKDB_TYPES[c.type]}) AS {c.name}" for c in cols)
+        return f"SELECT {typed}, CAST(NULL AS VARCHAR) AS shard WHERE false"
+    names = ", ".join(c.name for c in cols)
+    paths = ", ".join(_lit(str(f)) for f in files)
+    # hive_partitioning off: the rank column is in every file (the reader checked it equals the
+    # rank=R partition), and a hive column would be inferred as BIGINT instead of INTEGER.
+    sql = f"SELECT {names}, filename AS shard FROM read_parquet([{paths}], hive_partitioning = false, filename = true)"
+    drop = _superseded(run)
+    return f"{sql} WHERE NOT ({drop})" if drop else sql
+
+
+def _superseded(run: Run) -> str:
+    """SQL predicate true on rows a later segment captured again (mirrors Run.scan)."""
+    by_cut: dict[tuple[int, int], list[int]] = {}
+    for rank, segment, first_step in run.supersession():
+        by_cut.setdefault((segment, first_step), []).append(rank)
+    terms = []
+    for (segment, first_step), ranks in sorted(by_cut.items()):
+        in_ranks = ", ".join(str(r) for r in sorted(ranks))
+        terms.append(f"(segment = {segment} AND step >= {first_step} AND rank IN ({in_ranks}))")
+    return " OR ".join(terms)
+
+
+def _table_docs(table: str) -> dict[str, str]:
+    return {c.name: c.doc for c in contract.columns(table)} | {"shard": _SHARD_DOC}
+
+
+class _Views:
+    """Creates views on a connection and documents every column (COMMENT ON).
+
+    A column's doc is, in order: the view's own ``@column`` line, the contract doc when the
+    view is named after a contract table (``a_records``, ``records``, ...), or the doc the same
+    column had in a view created earlier (derived views inherit their sources' docs).
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection):
+        self.con = con
+        self.known: dict[str, str] = {}
+
+    def create(self, name: str, sql: str, doc: str, explicit: dict[str, str]) -> None:
+        con = self.con
+        con.execute(sql)
+        table = name.strip("_").removesuffix("_src").split("_", 1)[-1] if "_" in name.strip("_") else name
+        seed = _table_docs(table) if table in contract.TABLES else {}
+        con.execute(f"COMMENT ON VIEW {name} IS {_lit(doc)}")
+        for (col,) in con.execute(f"SELECT column_name FROM (DESCRIBE {name})").fetchall():
+            cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
+            self.known.setdefault(col, cdoc)
+            if cdoc:
+                con.execute(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+
+    def create_file(self, file: str, run: str) -> None:
+        for v in view_docs(file, run):
+            self.create(v.name, v.sql, v.doc, dict(v.columns))
+
+
+def _as_run(x: str | os.PathLike[str] | Run, allow_missing_ranks: bool) -> Run:
+    return x if isinstance(x, Run) else open_run(x, allow_missing_ranks=allow_missing_ranks)
+
+
+def connect(
+    a: str | os.PathLike[str] | Run,
+    b: str | os.PathLike[str] | Run | None = None,
+    *,
+    allow_missing_ranks: bool = False,
+    database: str = ":memory:",
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the documented views over run ``a`` (and ``b``); see docs/sql.md.
+
+    ``a``/``b`` are run directories or ``Run`` objects. Views of one run: ``a_records``,
+    ``a_metrics``, ``a_events``, ``a_kernels``, ``a_dumps`` (and ``b_*``), unions ``records``,
+    ``metrics``, ``events`` with a ``run`` column; with two runs also ``pairs``,
+    ``first_divergence``, ``metric_pairs`` and ``step_summary``. Raises the reader's typed
+    errors for unusable runs.
+    """
+    runs = {"a": _as_run(a, allow_missing_ranks)}
+    if b is not None:
+        runs["b"] = _as_run(b, allow_missing_ranks)
+    con = duckdb.connect(database)
+    try:
+        # Byte-stable output in the CLI and notebooks: no progress bar on stderr/stdout.
+        con.execute("SET enable_progress_bar = false")
+        views = _Views(con)
+        for tag, run in runs.items():
+            for table in contract.TABLES:
+                views.create(
+                    f"_{tag}_{table}_src",
+                    f"CREATE VIEW _{tag}_{table}_src AS {_source_sql(run, table)}",
+                    f"Private: rows of table {table} of run {tag} ({run.label}), superseded rows dropped.",
+                    {},
+                )
+            views.create_file("run.sql", tag)
+        views.create_file("union_ab.sql" if b is not None else "union_a.sql", "a")
+        if b is not None:
+            views.create_file("compare.sql", "a")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql`` on a connection from ``connect`` and return an Arrow table.
+
+    A failing query raises QueryError carrying DuckDB's reason on one line.
+    """
+    try:
+        rel = con.sql(sql)
+        if rel is None:  # a statement without a result (CREATE, SET, ...)
+            return pa.table({})
+        return rel.to_arrow_table()
+    except duckdb.Error as exc:
+        reason = " ".join(str(exc).split("\n\n")[0].split())
+        raise QueryError(
+            f"query failed: {reason}; list the views with: SELECT view_name FROM duckdb_views() "
+            "WHERE NOT internal (docs/sql.md)"
+        ) from None
