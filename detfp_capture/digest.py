@@ -257,34 +257,29 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
     ``rows=True``: also digest each ``t[i]``; ``rows=N``: each N-element chunk of the flattened
     tensor. ``moments``: float64 sum/absmax and NaN/Inf counts. ``pointer_check``: for int64
     tensors, flag tables of device pointers (Fingerprint.pointer_like). Runs without autograd
-    recording; safe under no_grad and inference mode. Raises DigestError only for a bad ``rows``.
+    recording (a tensor that requires grad is detached); safe under no_grad and inference mode.
+    Raises DigestError only for a bad ``rows``.
     """
     if rows is not False:
         _check_rows(rows)
-    prev = torch.is_grad_enabled()
-    if prev:
-        torch._C._set_grad_enabled(False)
     try:
         if type(t) in _PLAIN:
-            return _start_plain(t, rows, moments, pointer_check)
+            # Detaching (only when needed) is cheaper than toggling grad mode on every call,
+            # and every later op then sees a tensor autograd does not track.
+            return _start_plain(t.detach() if t.requires_grad else t, rows, moments, pointer_check)
         return _start(t, rows, moments, pointer_check)
     except Exception as e:  # a tensor we cannot digest must never break training
         return _error(t, f"{type(e).__name__}: {e}".splitlines()[0][:300])
-    finally:
-        if prev:
-            torch._C._set_grad_enabled(True)
 
 
 def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
     tp = type(t)
-    if tp in _PLAIN:
-        return _start_plain(t, rows, moments, pointer_check)
     if not isinstance(t, torch.Tensor):
         return _error(t, f"not a tensor: {tp.__name__}")
-    if hasattr(tp, "__tensor_flatten__"):
+    if hasattr(tp, "__tensor_flatten__"):  # the inner tensors are detached one by one
         return _start_subclass(t, rows, moments)
     with torch._C.DisableTorchFunctionSubclass():
-        return _start_plain(t, rows, moments, pointer_check)
+        return _start_plain(t.detach() if t.requires_grad else t, rows, moments, pointer_check)
 
 
 def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending:
@@ -492,9 +487,14 @@ def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
     return [_build(p, batches, results, failed) for p in pendings]
 
 
+_DTYPE_STR: dict[torch.dtype | None, str] = {}
+
+
 def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprint:
-    dtype = str(p.dtype) if p.dtype is not None else ""
-    shape = tuple(int(s) for s in p.shape)
+    dtype = _DTYPE_STR.get(p.dtype)
+    if dtype is None:
+        dtype = _DTYPE_STR[p.dtype] = str(p.dtype) if p.dtype is not None else ""
+    shape = tuple(p.shape)  # torch.Size holds Python ints
     if p.error is not None:
         return Fingerprint(dtype, shape, p.numel, "", error=p.error)
     if p.components is not None:
