@@ -139,7 +139,7 @@ def chunks(t: torch.Tensor, limit: int):
         return
     rowbytes = nbytes // t.shape[0]
     q = K // math.gcd(rowbytes, K)  # dim-0 rows per whole number of 1024-byte rows
-    if q * rowbytes > 4 * limit or t.dim() == 1:
+    if q * rowbytes > 4 * limit:
         yield bytes_view(t.contiguous())
         return
     step = max(q, (limit // rowbytes) // q * q)

@@ -95,6 +95,12 @@ def test_weights_match_the_spec():
     assert not np.array_equal(weights(0), weights(1))
 
 
+def test_weight_rows_are_pairwise_distinct():
+    # so swapping two different bytes inside one 1024-byte row always changes that row's output
+    for level in range(6):
+        assert len({tuple(r) for r in weights(level).tolist()}) == 1024
+
+
 @pytest.mark.parametrize("n", [0, 1, 7, 256, 257, 1024, 4095, 17000, 70000, 300000])
 def test_matches_reference_across_levels(n):
     # 70000 bytes -> 3 levels, 300000 -> 4 levels; 256 float32 = exactly one 1024-byte row

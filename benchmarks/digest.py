@@ -1,0 +1,111 @@
+"""Throughput and per-call cost of the detfp digest next to the alternatives, measured side by side.
+
+Prints one table: GB/s on 1 MiB and 64 MiB float32 and bfloat16 tensors for the detfp digest
+(``fingerprint``: start + resolve, one sync), ``torch.hash_tensor`` (XOR reduce, order-blind),
+xxh3-128 and sha256 over the raw bytes (host hashes, CPU only), and ``clone()`` (a memory-bandwidth
+reference); then the ratio detfp / hash_tensor, and the per-call cost for a tiny tensor (16
+floats) through ``start`` alone (what capture pays per tensor), ``start`` + a share of a batched
+``resolve``, and ``fingerprint``. Each number is the median of several repeats.
+
+    .venv/bin/python benchmarks/digest.py [--device cuda] [--repeats 7] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import time
+
+import torch
+
+from detfp_capture.digest import fingerprint, resolve, start
+
+try:
+    import xxhash
+except ImportError:  # optional: the table says n/a
+    xxhash = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn, repeats: int, device: torch.device, inner: int = 1) -> float:
+    fn()  # warm-up (weights, caches, allocator)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def methods(t: torch.Tensor) -> dict[str, object]:
+    out: dict[str, object] = {
+        "detfp": lambda: fingerprint(t),
+        "hash_tensor": lambda: torch.hash_tensor(t),
+        "clone": lambda: t.clone(),
+    }
+    if t.device.type == "cpu":
+        raw = memoryview(t.view(torch.uint8).numpy())
+        out["xxh3_128"] = (lambda: xxhash.xxh3_128(raw).digest()) if xxhash is not None else None
+        out["sha256"] = lambda: hashlib.sha256(raw).digest()
+    else:
+        out["xxh3_128"] = out["sha256"] = None
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}")
+    names = ["detfp", "hash_tensor", "xxh3_128", "sha256", "clone"]
+    print(f"{'tensor':<16}" + "".join(f"{n + ' GB/s':>17}" for n in names) + f"{'detfp/hash_tensor':>19}")
+    for mib in (1, 64):
+        for dtype in (torch.float32, torch.bfloat16):
+            numel = mib * (1 << 20) // dtype.itemsize
+            t = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
+            nbytes = numel * dtype.itemsize
+            inner = 20 if mib == 1 else 1
+            gbps = {}
+            for name, fn in methods(t).items():
+                gbps[name] = None if fn is None else nbytes / median_seconds(fn, args.repeats, device, inner) / 1e9
+            cells = "".join(f"{'n/a' if gbps[n] is None else f'{gbps[n]:.2f}':>17}" for n in names)
+            label = f"{mib} MiB {str(dtype).removeprefix('torch.')}"
+            print(f"{label:<16}{cells}{gbps['detfp'] / gbps['hash_tensor']:>18.2f}x")
+
+    tiny = torch.randn(16, device=device)
+    batch = 2000
+    pendings: list = []
+
+    def start_only() -> None:
+        pendings.append(start(tiny))
+
+    def start_resolve() -> None:
+        resolve([start(tiny) for _ in range(batch)])
+
+    per_start = median_seconds(start_only, args.repeats, device, inner=batch)
+    resolve(pendings)
+    per_batched = median_seconds(start_resolve, args.repeats, device) / batch
+    per_fp = median_seconds(lambda: fingerprint(tiny), args.repeats, device, inner=200)
+    per_hash = median_seconds(lambda: torch.hash_tensor(tiny), args.repeats, device, inner=batch)
+    print("tiny tensor (16 float32), microseconds per call:")
+    print(f"  start()                         {per_start * 1e6:8.1f}")
+    print(f"  start() + batched resolve ({batch})  {per_batched * 1e6:8.1f}")
+    print(f"  fingerprint() (one sync)        {per_fp * 1e6:8.1f}")
+    print(f"  torch.hash_tensor (no fetch)    {per_hash * 1e6:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
