@@ -1,0 +1,199 @@
+"""Scale benchmark: bisect vs the naive full-join baseline on synthetic run pairs.
+
+For each size (ranks x steps x records per rank-step, one planted origin) it writes a run
+pair with ``detfp_analyze.synth``, then measures, each in its own child process (so peak
+memory is that child's own ``ru_maxrss``, read with ``os.wait4``):
+
+* ``bisect``: ``open_run`` both runs + ``bisect(..., level="op")``, as the CLI does;
+* ``naive``: read both runs' records fully into pandas (the columns a first-divergence
+  search needs), merge on (rank, step, key_hash), and take the first mismatch per rank in
+  A's order: what one does without detfp.
+
+It also writes an early and a late divergence at 256 ranks to show that bisect's time
+follows the divergent part. Correctness is checked against the plant (origin ranks and the
+origin record's key) and printed next to the timings. Usage::
+
+    .venv/bin/python benchmarks/bisect_scale.py                 # 64, 256, 1024 ranks + early/late
+    .venv/bin/python benchmarks/bisect_scale.py --sizes 64,256 --no-early-late
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = 4
+RECORDS = int(os.environ.get("DETFP_SCALE_RECORDS", "20000"))
+#: Naive baseline memory per record pair, measured (~130 B/record per run in pandas incl. merge);
+#: skip it above this many records per run so the machine does not swap.
+NAIVE_MAX_RECORDS = 25_000_000
+
+
+def _child(kind: str, a: str, b: str) -> None:
+    """Run one measurement in this process and print one JSON line."""
+    t0 = time.perf_counter()
+    if kind == "bisect":
+        from detfp_analyze.bisect import bisect
+        from detfp_analyze.reader import open_run
+
+        res = bisect(open_run(a), open_run(b), level="op")
+        out = {
+            "seconds": time.perf_counter() - t0,
+            "origin_ranks": list(res.diagnosis.origin_ranks),
+            "pattern": res.diagnosis.pattern,
+            "first": {
+                str(r.rank): [r.first.step, r.first.seq_a, r.first.verdict] for r in res.ranks if r.first is not None
+            },
+        }
+    else:
+        import pandas as pd
+
+        cols = ["rank", "step", "seq", "key_hash", "digest_hi", "digest_lo", "name"]
+        da = pd.read_parquet(Path(a) / "records", columns=cols, partitioning=None)
+        db = pd.read_parquet(Path(b) / "records", columns=cols, partitioning=None)
+        m = da.merge(db, on=["rank", "step", "key_hash"], how="outer", suffixes=("_a", "_b"))
+        bad = m[
+            m["seq_a"].isna()
+            | m["seq_b"].isna()
+            | (m["digest_hi_a"] != m["digest_hi_b"])
+            | (m["digest_lo_a"] != m["digest_lo_b"])
+        ]
+        # Rows present in both with both digests null (skipped records) compare unequal in pandas: drop them.
+        bad = bad[
+            ~(bad["digest_hi_a"].isna() & bad["digest_hi_b"].isna() & bad["seq_a"].notna() & bad["seq_b"].notna())
+        ]
+        first = bad.sort_values(["rank", "step", "seq_a"]).groupby("rank").head(1)
+        out = {
+            "seconds": time.perf_counter() - t0,
+            "first": {str(int(r.rank)): [int(r.step), int(r.seq_a), "?"] for r in first.itertuples()},
+        }
+    print(json.dumps(out))
+
+
+def measure(kind: str, a: Path, b: Path) -> dict:
+    """Run ``kind`` in a child process; add its wall time and peak RSS (MiB)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", kind, str(a), str(b)], stdout=subprocess.PIPE, text=True
+    )
+    # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    out = proc.stdout.read() if proc.stdout else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        return {"error": f"exit {os.waitstatus_to_exitcode(status)}", "wall": wall, "peak_mib": usage.ru_maxrss / 1024}
+    res = json.loads(out.strip().splitlines()[-1])
+    res["wall"] = wall
+    res["peak_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    return res
+
+
+def check(planted, res: dict) -> str:
+    """'ok' when bisect named the planted origin ranks and each rank's first divergent step and seq."""
+    if "error" in res:
+        return res["error"]
+    exp = {str(e.rank): [e.step, e.seq] for e in planted.expected}
+    got = {r: v[:2] for r, v in res.get("first", {}).items()}
+    if got != exp:
+        wrong = sorted(set(exp) ^ set(got)) or [r for r in exp if exp[r] != got.get(r)]
+        return f"MISMATCH ranks {wrong[:5]}"
+    if "origin_ranks" in res and sorted(res["origin_ranks"]) != sorted(planted.origin_ranks):
+        return f"origin ranks {res['origin_ranks'][:5]} != {list(planted.origin_ranks)[:5]}"
+    return "ok"
+
+
+def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool) -> dict:
+    from detfp_analyze.synth import SynthSpec, write_pair
+
+    spec = SynthSpec(ranks=ranks, steps=STEPS, records=RECORDS)
+    a, b = work / f"{label}-a", work / f"{label}-b"
+    t0 = time.perf_counter()
+    planted = write_pair(a, b, spec, plant)
+    gen = time.perf_counter() - t0
+    row = {"case": label, "ranks": ranks, "records": ranks * STEPS * RECORDS, "gen_s": gen}
+    bis = measure("bisect", a, b)
+    row |= {"bisect_s": bis.get("seconds", float("nan")), "bisect_wall": bis["wall"], "bisect_mib": bis["peak_mib"]}
+    row["bisect_check"] = check(planted, bis)
+    row["pattern"] = bis.get("pattern", "?")
+    if naive and row["records"] <= NAIVE_MAX_RECORDS:
+        nv = measure("naive", a, b)
+        row |= {
+            "naive_s": nv.get("seconds", float("nan")),
+            "naive_mib": nv["peak_mib"],
+            "naive_check": check(planted, nv),
+        }
+    if not keep:
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+    return row
+
+
+def fmt(rows: list[dict]) -> str:
+    head = (
+        f"{'case':<10} {'ranks':>5} {'records/run':>12} {'gen s':>6} {'bisect s':>9} {'peak MiB':>9} "
+        f"{'naive s':>8} {'peak MiB':>9} {'time x':>7} {'mem x':>6}  check (bisect / naive)"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "naive_s" in r:
+            naive = f"{r['naive_s']:8.1f} {r['naive_mib']:9.0f} {r['naive_s'] / r['bisect_s']:7.1f} {r['naive_mib'] / r['bisect_mib']:6.1f}"
+            nchk = r["naive_check"]
+        else:
+            naive, nchk = f"{'skipped':>8} {'':>9} {'':>7} {'':>6}", "-"
+        lines.append(
+            f"{r['case']:<10} {r['ranks']:>5} {r['records']:>12,} {r['gen_s']:6.1f} {r['bisect_s']:9.2f} "
+            f"{r['bisect_mib']:9.0f} {naive}  {r['bisect_check']} / {nchk}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="64,256,1024", help="comma-separated rank counts (default 64,256,1024)")
+    ap.add_argument("--no-naive", action="store_true", help="skip the pandas baseline")
+    ap.add_argument("--no-early-late", action="store_true", help="skip the early/late divergence pair at 256 ranks")
+    ap.add_argument("--workdir", type=Path, default=None, help="where to write runs (default: a temporary directory)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated runs")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "A", "B"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(*args.child)
+        return
+    from detfp_analyze.synth import Plant
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{os.cpu_count()} CPUs; {STEPS} steps x {RECORDS:,} records per rank-step; runs under {work}", flush=True)
+    rows = []
+    for n in [int(s) for s in args.sizes.split(",") if s]:
+        plant = Plant(rank=n // 3, step=1, index=RECORDS // 4)
+        rows.append(run_case(work, f"mid-{n}", n, plant, not args.no_naive, args.keep))
+        print(fmt(rows[-1:]).splitlines()[-1], flush=True)
+    if not args.no_early_late:
+        n = 256
+        for label, plant in (
+            ("early-256", Plant(rank=5, step=0, index=200)),
+            ("late-256", Plant(rank=5, step=STEPS - 1, index=RECORDS * 3 // 4)),
+        ):
+            rows.append(run_case(work, label, n, plant, False, args.keep))
+            print(fmt(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(fmt(rows))
+    print(
+        "\nbisect s: open_run both + bisect(level='op') inside the child; peak MiB: the child's ru_maxrss."
+        "\nnaive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
+        "\ntime x / mem x: naive / bisect."
+    )
+    if args.workdir is None and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
