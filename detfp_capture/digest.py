@@ -53,6 +53,7 @@ _BYTE_DTYPES = frozenset(
     )
     if hasattr(torch, n)
 )
+_STRIDED = torch.strided
 #: Plain tensor types digested without touching __torch_function__.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -264,12 +265,56 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
         _check_rows(rows)
     try:
         if type(t) in _PLAIN:
-            # Detaching (only when needed) is cheaper than toggling grad mode on every call,
-            # and every later op then sees a tensor autograd does not track.
-            return _start_plain(t.detach() if t.requires_grad else t, rows, moments, pointer_check)
+            if t.requires_grad:
+                # Detaching (only when needed) is cheaper than toggling grad mode on every call,
+                # and every later op then sees a tensor autograd does not track.
+                t = t.detach()
+            dtype = t.dtype
+            numel = t.numel()
+            if (
+                rows is False
+                and numel * dtype.itemsize <= _SMALL
+                and t.layout is _STRIDED
+                and not t.is_nested
+                and not t.is_meta
+                and dtype not in _BYTE_DTYPES
+            ):
+                # The hot path (most tensors of most ops): inlined, one view + one copy.
+                shape = t.shape
+                dev = t.device
+                p = Pending(dtype, shape, numel, dev)
+                _arena_put(p, t, dev, shape, numel)
+                if moments:
+                    p.moments = core.moments_of(t)
+                if pointer_check and dtype is torch.int64:
+                    p.pointer = core.pointer_like(t)
+                return p
+            return _start_plain(t, rows, moments, pointer_check)
         return _start(t, rows, moments, pointer_check)
     except Exception as e:  # a tensor we cannot digest must never break training
         return _error(t, f"{type(e).__name__}: {e}".splitlines()[0][:300])
+
+
+def _arena_put(p: Pending, x: torch.Tensor, dev: torch.device, shape: torch.Size, numel: int) -> None:
+    """Copy small ``x`` into the next free row of ``dev``'s arena (rest of the row stays zero)."""
+    with _ARENA_LOCK:
+        a = _ARENAS.get(dev)
+        if a is None or a.lanes is not None:
+            a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN)
+        elif a.used == a.cap:  # full: a bigger one (the full one is sealed at resolve)
+            a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX))
+        if numel:
+            xd = x.dtype
+            typed = a.typed.get(xd)
+            if typed is None:
+                typed = a.typed[xd] = a.flat.view(xd)
+            st = _STRIDES.get(shape)
+            if st is None:
+                st = _contiguous_strides(shape)
+            typed.as_strided(shape, st, a.used * _SMALL // xd.itemsize).copy_(x)
+        p.arena = a
+        p.row = a.used
+        a.used += 1
 
 
 def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
@@ -303,23 +348,7 @@ def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check
     p = Pending(dtype, shape, numel, dev)
     x = t.view(torch.int8) if dtype in _BYTE_DTYPES else t
     if numel * dtype.itemsize <= _SMALL and rows is False:
-        # Small: one copy into a zeroed arena row; resolve hashes the whole arena at once.
-        with _ARENA_LOCK:
-            a = _ARENAS.get(dev)
-            if a is None or a.lanes is not None:
-                a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN)
-            elif a.used == a.cap:  # full: a bigger one (the full one is sealed at resolve)
-                a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX))
-            if numel:
-                xd = x.dtype
-                typed = a.typed.get(xd)
-                if typed is None:
-                    typed = a.typed[xd] = a.flat.view(xd)
-                off = a.used * core.K // xd.itemsize
-                typed.as_strided(shape, _contiguous_strides(shape), off).copy_(x)
-            p.arena = a
-            p.row = a.used
-            a.used += 1
+        _arena_put(p, x, dev, shape, numel)
     else:
         p.lanes = core.lanes_of(x)
         if rows is not False:
