@@ -54,7 +54,7 @@ Progress = Callable[[str, int, int], None]
 #: Ranks per rollup scan and per exact walk (memory bound: one walk batch holds
 #: WALK_BATCH rank-steps of records from each run).
 ROLLUP_BATCH = 64
-WALK_BATCH = 16
+WALK_BATCH = 32
 #: Origin ranks the discriminator view looks at.
 DISCRIMINATOR_RANKS = 8
 _DETAIL_COLUMNS = (
@@ -148,18 +148,40 @@ def _label(row: Mapping[str, Any]) -> str:
     return f"{row['name']} ({row['kind']}) in {row['module'] or '<root>'}"
 
 
-def _extract(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
-    """The first divergent row plus what its verdict needs: call rows, hazards, upstream call."""
+#: Call-site and tensor columns joined onto the narrow alignment for the calls a verdict needs.
+_CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape")
+
+
+def _pick(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
+    """From one rank's narrow alignment: the divergent row, its call's hazards, the upstream call."""
     call = al.filter(pl.col("call_hash") == row["call_hash"])
-    call_rows = call.to_dicts()
     hazards: set[str] = set()
-    for r in call_rows:
-        hazards.update(r.get("hazards_a") or ())
-        hazards.update(r.get("hazards_b") or ())
+    for col in ("hazards_a", "hazards_b"):
+        for hz in call[col].to_list():
+            hazards.update(hz or ())
     start = call["o1"].min()
     prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
-    upstream = _label(prev.row(-1, named=True)) if prev.height else None
-    return {"row": row, "call_rows": call_rows, "hazards": tuple(sorted(hazards)), "upstream": upstream}
+    upstream = int(prev["call_hash"][-1]) if prev.height else None
+    return {"row": row, "hazards": tuple(sorted(hazards)), "upstream_call": upstream}
+
+
+def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int, int]]) -> pl.DataFrame:
+    """Aligned rows of ``calls`` (rank, step, call_hash) with the call-site columns of both sides."""
+    key = pl.DataFrame(
+        {"rank": [c[0] for c in calls], "step": [c[1] for c in calls], "call_hash": [c[2] for c in calls]},
+        schema={"rank": pl.Int32, "step": pl.Int64, "call_hash": pl.UInt64},
+    )
+    sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
+    ranks, steps = sorted({c[0] for c in calls}), sorted({c[1] for c in calls})
+    hashes = key["call_hash"].unique().to_list()
+    for run, sfx in ((run_a, "a"), (run_b, "b")):
+        lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *_CALL_DETAIL)
+        det = _collect(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+        det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
+        sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
+    shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape")]
+    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared])
 
 
 def _walk(
@@ -169,46 +191,98 @@ def _walk(
     boundary: Sequence[int],
     progress: Progress | None,
 ) -> dict[int, dict[str, Any]]:
-    """rank -> {"first": extract, "next": extract|None} for ranks with a real divergence."""
+    """rank -> {"first": extract, "next": extract|None} for ranks with a real divergence.
+
+    Each batch is aligned on the narrow columns first; only the calls a verdict needs (the
+    divergent call, the next clean one, the call one hop upstream) are then read in full.
+    """
     found: dict[int, dict[str, Any]] = {}
     todo = {r: list(s) for r, s in cands.items() if s}
     total = len(todo)
     while todo:
         for batch in _chunks(sorted(todo), WALK_BATCH):
             pairs = {r: todo[r][0] for r in batch}
-            a = _align.prepare(_read_pairs(run_a, pairs, _align.ALIGN_COLUMNS))
-            b = _align.prepare(_read_pairs(run_b, pairs, _align.ALIGN_COLUMNS))
+            a = _align.prepare(_read_pairs(run_a, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
+            b = _align.prepare(_read_pairs(run_b, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
             al = _align.align(a, b)
+            # Steps with records on one side only: re-align with the call-site columns, so a
+            # shifted occurrence counter reads as structural, not as a value mismatch.
+            one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
+            if one_sided:
+                sub = {r: pairs[r] for r in one_sided}
+                fa = _align.prepare(_read_pairs(run_a, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
+                fb = _align.prepare(_read_pairs(run_b, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
+                full = _align.align(fa, fb).select(al.columns)
+                al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full]).sort("rank", "o1", "o2", "key_hash")
             firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
             by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
-            parts = al.partition_by("rank", as_dict=True) if by_rank else {}
+            parts = {int(k[0]): v for k, v in al.partition_by("rank", as_dict=True).items()} if by_rank else {}
+            picks: dict[int, dict[str, Any]] = {}
             for r in batch:
                 if r not in by_rank:
                     todo[r].pop(0)  # only no-evidence differences (skipped records) in that step
                     if not todo[r]:
                         del todo[r]
                     continue
-                al_r = parts[(r,)] if (r,) in parts else parts[r]  # type: ignore[index]
-                first = _extract(al_r, by_rank[r])
+                first = _pick(parts[r], by_rank[r])
                 nxt = None
                 if first["hazards"]:
-                    clean = _align.first_divergences(al_r, exclude_hazard_calls=True)
+                    clean = _align.first_divergences(parts[r], exclude_hazard_calls=True)
                     if clean.height:
-                        nxt = _extract(al_r, clean.row(0, named=True))
-                found[r] = {"first": first, "next": nxt}
+                        nxt = _pick(parts[r], clean.row(0, named=True))
+                picks[r] = {"first": first, "next": nxt}
                 del todo[r]
+            calls: set[tuple[int, int, int]] = set()
+            for r, p in picks.items():
+                for ex in (p["first"], p["next"]):
+                    if ex is None:
+                        continue
+                    step = int(ex["row"]["step"])
+                    calls.add((r, step, int(ex["row"]["call_hash"])))
+                    if ex["upstream_call"] is not None:
+                        calls.add((r, step, ex["upstream_call"]))
+            rich = _enrich(run_a, run_b, al, calls) if calls else al.clear()
+            rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
+            for r, p in picks.items():
+                out = {}
+                for which in ("first", "next"):
+                    ex = p[which]
+                    if ex is None:
+                        out[which] = None
+                        continue
+                    rr = rparts[r]
+                    h = int(ex["row"]["call_hash"])
+                    call_rows = rr.filter(pl.col("call_hash") == h).to_dicts()
+                    row = next(
+                        c for c in call_rows if c["key_hash"] == ex["row"]["key_hash"] and c["dup"] == ex["row"]["dup"]
+                    )
+                    upstream = None
+                    if ex["upstream_call"] is not None:
+                        up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
+                        if up.height:
+                            upstream = _label(up.row(0, named=True))
+                    out[which] = {"row": row, "call_rows": call_rows, "hazards": ex["hazards"], "upstream": upstream}
+                found[r] = out
             if progress:
                 progress("walk", len(found), total)
     return found
 
 
 # ----------------------------------------------------------------------------- group-wide test
-def _groups(run: Any, rank: int) -> dict[str, list[int]]:
+def _all_groups(run: Any) -> dict[str, list[int]]:
+    """Every logical group any rank's latest manifest names (first definition wins, by rank)."""
     groups: dict[str, list[int]] = {}
-    for segs in run.manifests.values():
+    for r in sorted(run.manifests):
+        segs = run.manifests[r]
         if segs:
             for k, v in (segs[-1].get("groups") or {}).items():
                 groups.setdefault(k, list(v))
+    return groups
+
+
+def _groups(run: Any, rank: int, every: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """Groups as ``rank`` sees them: its own manifest first, then any rank's."""
+    groups = dict(every)
     own = run.manifests.get(rank)
     if own:
         groups.update({k: list(v) for k, v in (own[-1].get("groups") or {}).items()})
@@ -267,7 +341,8 @@ def _details(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, 
         schema={"rank": pl.Int32, "step": pl.Int64, "key_hash": pl.UInt64},
     )
     lf = run.scan("records", ranks=sorted({k[0] for k in keys}), steps=sorted({k[1] for k in keys}))
-    df = _collect(lf.select(list(_DETAIL_COLUMNS)).join(key.lazy(), on=["rank", "step", "key_hash"], how="semi"))
+    lf = lf.filter(pl.col("key_hash").is_in(key["key_hash"].unique().to_list())).select(list(_DETAIL_COLUMNS))
+    df = _collect(lf.join(key.lazy(), on=["rank", "step", "key_hash"], how="semi"))
     return {(int(r["rank"]), int(r["step"]), int(r["key_hash"])): r for r in df.to_dicts()}
 
 
@@ -279,6 +354,7 @@ def _dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, in
         schema={"rank": pl.Int32, "step": pl.Int64, "key_hash": pl.UInt64},
     )
     lf = run.scan("dumps", ranks=sorted({k[0] for k in keys}), steps=sorted({k[1] for k in keys}))
+    lf = lf.filter(pl.col("key_hash").is_in(key["key_hash"].unique().to_list()))
     df = _collect(
         lf.select("rank", "step", "key_hash", "data").join(key.lazy(), on=["rank", "step", "key_hash"], how="semi")
     )
@@ -293,6 +369,7 @@ def _kernels(run: Any, calls: Sequence[tuple[int, int, int]]) -> dict[tuple[int,
         schema={"rank": pl.Int32, "step": pl.Int64, "call_hash": pl.UInt64},
     )
     lf = run.scan("kernels", ranks=sorted({k[0] for k in calls}), steps=sorted({k[1] for k in calls}))
+    lf = lf.filter(pl.col("call_hash").is_in(key["call_hash"].unique().to_list()))
     df = _collect(
         lf.select("rank", "step", "call_hash", "index", "kernel").join(
             key.lazy(), on=["rank", "step", "call_hash"], how="semi"
@@ -330,7 +407,7 @@ def _divergence(
         occurrence=int(row["occurrence"]),
         role=row["role"],
         arg=row["arg"],
-        presence={"a_only": "a_only", "b_only": "b_only"}.get(row["state"], "both"),
+        presence="a_only" if row.get("pos_b") is None else ("b_only" if row.get("pos_a") is None else "both"),
         verdict=verdict,
         diff_kind=diff.kind,
         hazards=ex["hazards"],
@@ -478,6 +555,7 @@ def bisect(
     locals_: dict[tuple[int, str], _verdict.LocalVerdict] = {}
     groups: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
     asks: list[tuple[int, int, int, tuple[int, ...]]] = []
+    every = _all_groups(run_a)
     for r, f in found.items():
         for which in ("first", "next"):
             ex = f[which]
@@ -488,7 +566,7 @@ def bisect(
             if lv.verdict == "collective":
                 row = ex["row"]
                 world = sorted(set(run_a.ranks) | set(run_b.ranks))
-                g = _verdict.group_of(row["name"], row["kind"], _groups(run_a, r), world)
+                g = _verdict.group_of(row["name"], row["kind"], _groups(run_a, r, every), world)
                 groups[(r, which)] = g
                 asks.append((r, int(row["step"]), int(row["call_hash"]), tuple(p for p in g[1] if p != r)))
     peer_states = _peer_inputs(run_a, run_b, asks) if asks else {}

@@ -58,29 +58,27 @@ def compare_dumps(data_a: bytes, data_b: bytes, dtype: str | None) -> dict[str, 
     """
     equal = data_a == data_b
     spec = _BITS.get(dtype or "")
-    if spec is None or len(data_a) != len(data_b):
+    if spec is not None and len(data_a) != len(data_b):
+        spec = None  # different lengths: compare bytes, no element decoding
+    if spec is None:
         code, floating, width = "B", False, 8
     else:
         code, floating, width = spec
     a, b = _decode(data_a, code), _decode(data_b, code)
     n = min(len(a), len(b))
     a, b = a[:n], b[:n]
-    if floating:
-        sign = 1 << (width - 1)
-
-        # Map IEEE bits to a monotonic integer line: ULP distance is then a plain difference.
+    differs = a != b
+    dist: pl.Series | None = None
+    if spec is not None and width < 64:
+        # Map IEEE bits to a monotonic integer line: a ULP distance is then a plain difference.
         def ordered(s: pl.Series) -> pl.Series:
-            x = s.cast(pl.Int128)
-            return pl.select(pl.when(x >= sign).then(-(x - sign)).otherwise(x)).to_series()
+            x = s.cast(pl.Int64)
+            if not floating:
+                return x
+            sign = 1 << (width - 1)
+            return pl.select(pl.when(x >= sign).then(sign - x).otherwise(x)).to_series()
 
         dist = (ordered(a) - ordered(b)).abs()
-        differs = a != b
-    elif spec is not None:
-        dist = (a.cast(pl.Int128) - b.cast(pl.Int128)).abs()
-        differs = a != b
-    else:
-        dist = None
-        differs = a != b
     idx = differs.arg_true()
     n_diff = len(idx) + abs(len(data_a) - len(data_b)) // (array(code).itemsize or 1)
     out: dict[str, Any] = {
@@ -91,11 +89,21 @@ def compare_dumps(data_a: bytes, data_b: bytes, dtype: str | None) -> dict[str, 
         "max_ulp": None,
         "all_one_ulp": None,
     }
-    if dist is not None and spec is not None and len(idx):
-        d = dist.gather(idx)
-        out["max_ulp"] = int(d.max())  # type: ignore[arg-type]
-        out["all_one_ulp"] = bool(floating and (d <= 1).all())
+    if spec is not None and len(idx):
+        if dist is not None:
+            d = dist.gather(idx).to_list()
+        else:  # 64-bit: Python ints on the differing elements only (no overflow)
+            d = [abs(_ordered64(x, floating) - _ordered64(y, floating)) for x, y in zip(a.gather(idx), b.gather(idx))]
+        out["max_ulp"] = int(max(d))
+        out["all_one_ulp"] = bool(floating and max(d) <= 1)
     return out
+
+
+def _ordered64(x: int, floating: bool) -> int:
+    if not floating:
+        return x
+    sign = 1 << 63
+    return sign - x if x >= sign else x
 
 
 def _f(x: Any) -> float | None:
@@ -121,8 +129,12 @@ def classify(
     ``a``/``b``: the record's columns on each side (status, digest_hi/lo, args_digest, dtype,
     rows, m_sum, m_absmax), None for the missing side; ``dumps``: raw bytes of both sides.
     """
-    if state in ("a_only", "b_only", "reordered") or a is None or b is None:
-        side = {"a_only": "run A only", "b_only": "run B only"}.get(state, "both runs, in a different order")
+    if state in ("a_only", "b_only", "reordered", "shifted") or a is None or b is None:
+        side = {
+            "a_only": "run A only",
+            "b_only": "run B only",
+            "shifted": "both runs, but its call sequence has a different number of calls",
+        }.get(state, "both runs, in a different order")
         return ValueDiff("structure", detail=f"record present in {side}")
     sums = (_f(a.get("m_sum")), _f(b.get("m_sum")))
     maxs = (_f(a.get("m_absmax")), _f(b.get("m_absmax")))

@@ -73,8 +73,8 @@ VIEW_OPS = frozenset(
 #: Pure data movement: deterministic copies, typical first consumers of an unseen producer.
 COPY_OPS = frozenset({"aten::cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"})
 
-_STRUCTURAL = ("a_only", "b_only", "reordered")
-_DIVERGENT = ("differ", "a_only", "b_only", "reordered")
+_STRUCTURAL = ("a_only", "b_only", "reordered", "shifted")
+_DIVERGENT = ("differ", "a_only", "b_only", "reordered", "shifted")
 
 
 def is_view_op(name: str) -> bool:
@@ -107,7 +107,12 @@ def local_verdict(rec: Mapping[str, Any], call_rows: Sequence[Mapping[str, Any]]
     state, kind, role = rec["state"], rec["kind"], rec["role"]
     label = _call_label(rec)
     if state in _STRUCTURAL:
-        where = {"a_only": "only in run A", "b_only": "only in run B", "reordered": "in a different order"}[state]
+        where = {
+            "a_only": "only in run A",
+            "b_only": "only in run B",
+            "reordered": "in a different order",
+            "shifted": "in a call sequence whose number of calls differs (occurrence counters shifted)",
+        }[state]
         return LocalVerdict(
             "structural",
             None,
