@@ -441,7 +441,7 @@ class _Batch:
             self.pointers.append(p.pointer)
 
     def run(self, device: torch.device) -> tuple[list[int], dict[_Arena, int], list[float], list[int]]:
-        """Finalize, fetch once; returns (digest words hi,lo,..., arena offsets, moments, pointers)."""
+        """Finalize, fetch once; returns (all digests as one hex string, arena offsets, moments, pointers)."""
         parts = list(self.direct)
         metas = list(self.direct_meta)
         offsets: dict[_Arena, int] = {}
@@ -468,16 +468,17 @@ class _Batch:
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
         nd = pack[0].numel()
         nm = 4 * len(self.moments)
-        head = host[:nd].tolist()
         if on_host:
+            head = host[:nd].tolist()
             words = []
             for i in range(n):
                 words += core.finalize_host(head[16 * i : 16 * i + 16], metas[i])
-        else:
-            words = head
+            hexes = "".join(f"{w:016x}" for w in words)
+        else:  # big-endian bytes of each 64-bit word, hex-encoded in one call
+            hexes = host[:nd].view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if self.pointers else []
-        return words, offsets, moms, ptrs
+        return hexes, offsets, moms, ptrs
 
 
 def _leaves(p: Pending, out: list[Pending]) -> None:
@@ -488,10 +489,6 @@ def _leaves(p: Pending, out: list[Pending]) -> None:
             _leaves(c, out)
     else:
         out.append(p)
-
-
-def _hex(hi: int, lo: int) -> str:
-    return f"{hi & _MASK64:016x}{lo & _MASK64:016x}"
 
 
 def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
@@ -537,23 +534,49 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
     b = batches[p.device]
-    words, offsets, moms, ptrs = results[p.device]
+    hexes, offsets, moms, ptrs = results[p.device]
     key = id(p)
     group, i = b.slots[key]
     if group is not None:
         i += offsets[group]
-    digest = _hex(words[2 * i], words[2 * i + 1])
+    digest = hexes[32 * i : 32 * i + 32]
     rows = None
     if key in b.row_slots:
         r0 = b.row_slots[key]
         n = sum(c for c, _ in p.rows_meta)
-        rows = tuple(_hex(words[2 * j], words[2 * j + 1]) for j in range(r0, r0 + n))
+        rows = tuple(hexes[32 * j : 32 * j + 32] for j in range(r0, r0 + n))
     m = None
     if key in b.mom_slots:
         j = 4 * b.mom_slots[key]
         m = Moments(moms[j], moms[j + 1], int(moms[j + 2]), int(moms[j + 3]))
     ptr = bool(ptrs[b.ptr_slots[key]]) if key in b.ptr_slots else False
-    return Fingerprint(dtype, shape, p.numel, digest, rows, _NO_COMPONENTS, m, None, ptr)
+    return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
+
+
+def _fingerprint_fast(
+    dtype: str, shape: tuple[int, ...], numel: int, digest: str, rows: Any, moments: Any, ptr: bool
+) -> Fingerprint:
+    """Fingerprint(...) without the frozen dataclass's per-field object.__setattr__ calls.
+
+    resolve builds one per record (tens of thousands per flush); this is 2-3x cheaper and a test
+    checks it equals the regular constructor field by field.
+    """
+    f = _NEW(Fingerprint)
+    f.__dict__.update(
+        dtype=dtype,
+        shape=shape,
+        numel=numel,
+        digest=digest,
+        rows=rows,
+        components=_NO_COMPONENTS,
+        moments=moments,
+        error=None,
+        pointer_like=ptr,
+    )
+    return f
+
+
+_NEW = object.__new__
 
 
 def fingerprint(

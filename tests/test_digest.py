@@ -386,3 +386,13 @@ def test_hi_lo_and_parquet_round_trip(tmp_path):
     back = pq.read_table(tmp_path / "d.parquet")
     assert back.column("hi").to_pylist() == [f.hi for f in fps]
     assert back.column("lo").to_pylist() == [f.lo for f in fps]
+
+
+def test_fast_fingerprint_constructor_equals_the_dataclass():
+    m = Moments(1.0, 2.0, 0, 0)
+    fast = D._fingerprint_fast("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), m, True)
+    slow = Fingerprint("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), D._NO_COMPONENTS, m, None, True)
+    assert repr(fast) == repr(slow) and fast == slow and hash(fast) == hash(slow)
+    assert vars(fast) == vars(slow)
+    with pytest.raises(AttributeError):
+        fast.digest = "x"  # type: ignore[misc]
