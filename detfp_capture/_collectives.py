@@ -227,7 +227,8 @@ class CollectiveTracer:
             return
         rec.busy = True
         try:
-            rec.append_records(call, [("output", p, t) for p, t in outs])
+            # c10d writes outputs from C++ without moving version counters: always digest afresh.
+            rec.append_records(call, [("output", p, t) for p, t in outs], fresh=True)
         except Exception as exc:
             rec.busy = False
             rec.fail(exc, f"{call[5]} completion")
@@ -335,9 +336,18 @@ class CollectiveTracer:
 
             return fut.then(done)
 
+        # DDP validates annotations against real types; postponed (string) annotations would fail.
+        hook.__annotations__ = {}
         try:
             model.register_comm_hook(pg, hook)
-        except Exception:
+        except Exception as exc:
+            self.rec.event(
+                "capture_error",
+                type(exc).__name__,
+                "",
+                None,
+                f"DDP comm hook not registered ({' '.join(str(exc).split())[:300]}); only module and optimizer boundaries see its gradients",
+            )
             return False
         self.ddp_hooked.add(id(model))
         self._param_names = param_names

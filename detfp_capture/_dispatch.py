@@ -259,6 +259,14 @@ class CaptureMode(TorchDispatchMode):
                     if f:
                         flags[i] = f
                 flags = flags or None
+        # Inside the dispatcher an in-place op has not bumped the version counter yet (that happens
+        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused.
+        fresh = bool(info.writes or info.out_kwargs)
+        if fresh:
+            vc = rec.vcache
+            for i in info.writes:
+                if i < len(args):
+                    vc.pop(id(args[i]), None)
         if outs:
-            rec.append_records(call, outs, hazards=flags, digest_it=not (info.skip or info.empty))
+            rec.append_records(call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh)
         rec.busy = False

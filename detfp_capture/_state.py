@@ -137,6 +137,8 @@ class Recorder:
         self.occ = {}
         self.records_in_step = 0
         self.forward_outputs = {}
+        # Parameters may have been updated through .data (no version bump): never reuse across steps.
+        self.vcache.clear()
 
     def next_seq(self) -> int:
         s = self.seq
@@ -150,13 +152,22 @@ class Recorder:
         return n
 
     # ----------------------------------------------------------------------------- digests
-    def slot(self, t: torch.Tensor, rows: bool | int = False, moments: bool = False) -> Slot:
-        """Start (or reuse) the digest of ``t``'s current contents."""
+    def slot(self, t: torch.Tensor, rows: bool | int = False, moments: bool = False, fresh: bool = False) -> Slot:
+        """Start (or reuse) the digest of ``t``'s current contents.
+
+        ``fresh``: the tensor may have changed without its version counter moving yet (an in-place
+        op seen from inside the dispatcher, a collective writing from C++, ``.data`` updates):
+        digest it again and forget any cached digest.
+        """
         key = id(t)
-        try:
-            version = t._version
-        except Exception:  # inference tensors have no version counter
+        if fresh:
+            self.vcache.pop(key, None)
             version = None
+        else:
+            try:
+                version = t._version
+            except Exception:  # inference tensors have no version counter
+                version = None
         if version is not None:
             hit = self.vcache.get(key)
             if hit is not None and hit[1] == version and hit[0]() is t and hit[3] == rows and hit[4] == moments:
@@ -184,13 +195,14 @@ class Recorder:
         hazards: dict[int, tuple[str, ...]] | None = None,
         digest_it: bool = True,
         rows: bool | int | None = None,
+        fresh: bool = False,
     ) -> tuple:
         """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call tuple."""
         if occurrence is None:
             occurrence = self.occurrence(phase, module, kind, name)
         call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
         if tensors:
-            self.append_records(call, tensors, hazards=hazards, digest_it=digest_it, rows=rows)
+            self.append_records(call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh)
         return call
 
     def append_records(
@@ -201,6 +213,7 @@ class Recorder:
         hazards: dict[int, tuple[str, ...]] | None = None,
         digest_it: bool = True,
         rows: bool | int | None = None,
+        fresh: bool = False,
     ) -> None:
         cfg = self.cfg
         name, module = call[5], call[3]
@@ -211,7 +224,7 @@ class Recorder:
         out = self.records
         for i, (role, arg, t) in enumerate(tensors):
             hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
-            s = self.slot(t, rows, mom) if digest_it else None
+            s = self.slot(t, rows, mom, fresh) if digest_it else None
             out.append((call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz))
             if dump:
                 self.dumps.append((call, out[-1][1], role, arg, t.detach().clone()))

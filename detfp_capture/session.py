@@ -263,7 +263,9 @@ class Session:
         try:
             module, phase = self._context()
             hz = self._hazard.flag_all([tensor]) if self._hazard is not None and self._hazard.active else None
-            rec.record_call("probe", name, module, phase, [("value", "value", tensor)], hazards=hz, rows=rows or None)
+            rec.record_call(
+                "probe", name, module, phase, [("value", "value", tensor)], hazards=hz, rows=rows or None, fresh=True
+            )
         except Exception as exc:
             rec.busy = False
             rec.fail(exc, f"probe({name!r})")
@@ -344,6 +346,8 @@ class Session:
             self._mode_entered = True
 
     def _end_step(self) -> None:
+        if self._inert:
+            return
         rec = self._rec
         if not rec.in_step:
             return
@@ -380,10 +384,12 @@ class Session:
 
     def _record_rng(self) -> None:
         rec = self._rec
-        rec.record_call("rng_state", "cpu", "", "step", [("value", "state", torch.get_rng_state())])
+        rec.record_call("rng_state", "cpu", "", "step", [("value", "state", torch.get_rng_state())], fresh=True)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for i in range(torch.cuda.device_count()):
-                rec.record_call("rng_state", f"cuda:{i}", "", "step", [("value", "state", torch.cuda.get_rng_state(i))])
+                rec.record_call(
+                    "rng_state", f"cuda:{i}", "", "step", [("value", "state", torch.cuda.get_rng_state(i))], fresh=True
+                )
 
     def _record_params(self) -> None:
         rec = self._rec
@@ -415,7 +421,9 @@ class Session:
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
-                    c = rec.record_call("param", name, "", "optimizer", [("input", f"group[{gi}]", p.detach())])
+                    c = rec.record_call(
+                        "param", name, "", "optimizer", [("input", f"group[{gi}]", p.detach())], fresh=True
+                    )
                     if p.grad is not None:
                         rec.record_call(
                             "grad", name, "", "optimizer", [("input", f"group[{gi}]", p.grad)], occurrence=c[6]
@@ -443,7 +451,7 @@ class Session:
                     key = (rec.microbatch, "optimizer", "", "param", name)
                     occ = max(0, rec.occ.get(key, 1) - 1)
                     call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
-                    rec.append_records(call, [("output", f"group[{gi}]", p.detach())])
+                    rec.append_records(call, [("output", f"group[{gi}]", p.detach())], fresh=True)
                     state = opt.state.get(p, {})
                     for sname in sorted(state, key=str):
                         v = state[sname]
@@ -457,6 +465,7 @@ class Session:
                             )
             rec.microbatch = mb
             rec.phase = "forward"
+            rec.vcache.clear()  # parameters changed, possibly through .data (no version bump)
         except Exception as exc:
             rec.busy = False
             rec.fail(exc, "optimizer post-step hook")

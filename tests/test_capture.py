@@ -1,0 +1,279 @@
+"""Session: no perturbation, record order and keys, recompute, selectors, errors, kernels."""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+
+import polars as pl
+import pytest
+import torch
+
+from detfp_capture import Session
+from detfp_capture.errors import ConfigError, RunExistsError
+from tests.test_capture_models import Net, read, train
+
+LEVELS = ("metrics", "boundaries", "ops")
+
+
+@pytest.fixture(scope="module")
+def baseline() -> tuple[list[int], list[bytes]]:
+    return train(steps=3)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_no_perturbation_every_level(tmp_path, baseline, level):
+    # Losses and parameters bitwise equal with capture on, checkpointing and dropout included.
+    with Session(tmp_path / "r", level) as s:
+        got = train(s, steps=3)
+    assert got[0] == baseline[0]
+    assert got[1] == baseline[1]
+    recs = read(tmp_path / "r")
+    assert recs.height > 0
+    assert (recs["status"] != "error").all()
+
+
+def test_no_perturbation_with_rows_moments_dumps_kernels(tmp_path, baseline):
+    with Session(tmp_path / "r", "ops", rows="head", moments=True, dumps="head", kernels="1") as s:
+        got = train(s, steps=3)
+    assert got == baseline
+
+
+def test_metrics_level_records(tmp_path):
+    with Session(tmp_path / "r", "metrics") as s:
+        losses, _ = train(s, steps=2)
+    m = read(tmp_path / "r", "metrics")
+    assert m["name"].to_list() == ["loss", "loss"]
+    assert m["bits"].to_list() == losses
+    assert [struct.unpack("<Q", struct.pack("<d", v))[0] for v in m["value"]] == losses
+    recs = read(tmp_path / "r")
+    assert set(recs["kind"]) == {"rng_state", "param"}
+    params = recs.filter(pl.col("kind") == "param")
+    assert (params["phase"] == "step").all()
+    assert params.filter(pl.col("step") == 0)["name"].to_list() == [n for n, _ in Net().named_parameters()]
+    rng = recs.filter(pl.col("kind") == "rng_state")
+    assert rng["name"].to_list() == ["cpu", "cpu"] and (rng["phase"] == "step").all()
+    ev = read(tmp_path / "r", "events")
+    assert ev["type"].to_list() == ["step_begin", "step_end", "step_begin", "step_end"]
+    man = json.loads((tmp_path / "r/manifest/rank=0/segment-00000.json").read_text())
+    assert man["start_step"] == 0 and man["capture"]["level"] == "metrics"
+
+
+def test_boundaries_order_phases_and_recompute(tmp_path):
+    with Session(tmp_path / "r", "boundaries") as s:
+        train(s, steps=1)
+    r = read(tmp_path / "r")
+    seqs = r["seq"].to_list()
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    fwd = r.filter((pl.col("phase") == "forward") & pl.col("kind").is_in(["module_input", "module_output", "batch"]))
+    assert fwd.select("kind", "module").rows()[:4] == [
+        ("batch", ""),
+        ("module_input", "emb"),
+        ("module_output", "emb"),
+        ("module_input", "b0"),
+    ]
+    # The checkpointed block is re-run in backward and labelled as recompute; the original forward ran once.
+    rec = r.filter(pl.col("phase") == "recompute")
+    assert set(rec["module"]) >= {"b1", "b1.fc1"}
+    assert r.filter((pl.col("phase") == "forward") & (pl.col("module") == "b1.fc1")).height == 2
+    # Backward records come from tensor hooks: gradients in and out of modules.
+    bwd = r.filter(pl.col("phase") == "backward")
+    assert {"grad_out[0]", "grad_in[0]"} <= set(bwd["arg"])
+    # Optimizer boundary: param before and after share one call; grads and states with stable keys.
+    opt = r.filter(pl.col("phase") == "optimizer")
+    p = opt.filter((pl.col("kind") == "param") & (pl.col("name") == "head.weight"))
+    assert p["role"].to_list() == ["input", "output"] and p["occurrence"].to_list() == [0, 0]
+    assert "head.weight.exp_avg" in set(opt.filter(pl.col("kind") == "optimizer_state")["name"])
+    assert "recompute_mismatch" not in set(read(tmp_path / "r", "events")["type"])
+
+
+class _Drifting(torch.nn.Module):
+    """Adds a call counter: a recompute differs from the original forward (a planted mismatch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x) + self.calls
+
+
+def test_recompute_mismatch_detected(tmp_path):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(_Drifting(), torch.nn.Linear(4, 4))
+    with Session(tmp_path / "r", "boundaries") as s:
+        s.watch(m)
+        with s.step(0):
+            x = torch.randn(2, 4, requires_grad=True)
+            checkpoint(m, x, use_reentrant=False).sum().backward()
+    ev = read(tmp_path / "r", "events").filter(pl.col("type") == "recompute_mismatch")
+    assert ev.height == 1 and ev["module"][0] == "0"
+    assert "recomputed output differs" in ev["detail"][0]
+
+
+def test_ops_level_records(tmp_path):
+    with Session(tmp_path / "r", "ops") as s:
+        train(s, steps=1)
+    r = read(tmp_path / "r")
+    ops = r.filter(pl.col("kind") == "op")
+    names = set(ops["name"])
+    assert {"aten::addmm.default", "aten::embedding.default", "aten::gelu.default"} <= names
+    # Views are counted, not digested; everything else is digested.
+    views = ops.filter(pl.col("name") == "aten::t.default")
+    assert views.height > 0 and (views["status"] == "skipped").all()
+    assert (ops.filter(pl.col("name") == "aten::addmm.default")["status"] == "ok").all()
+    # Inputs precede outputs within a call, and occurrence counts calls per key.
+    mm = ops.filter((pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward"))
+    assert mm["role"].to_list() == ["input", "input", "input", "output"]
+    assert set(mm["occurrence"]) == {0}
+    # Phases: backward ops are attributed to their module through the autograd graph; recompute ops too.
+    assert "b0.fc1" in set(ops.filter(pl.col("phase") == "backward")["module"])
+    assert "b1.fc1" in set(ops.filter(pl.col("phase") == "recompute")["module"])
+    assert "optimizer" in set(ops["phase"])
+    # An input already digested at the same version reuses the digest of the op that produced it.
+    out = ops.filter((pl.col("module") == "b0.fc1") & (pl.col("role") == "output") & (pl.col("phase") == "forward"))
+    nxt = ops.filter((pl.col("seq") > out["seq"][0]) & (pl.col("role") == "input")).head(1)
+    assert nxt["digest_hi"][0] == out["digest_hi"][0]
+    # The tracer's own digest ops never appear (e.g. _int_mm or the arena copies).
+    assert not any("int_mm" in n for n in names)
+    assert ops.filter(pl.col("args_digest").is_not_null()).height > 0
+
+
+def test_ops_records_identical_across_runs(tmp_path):
+    # Two identical runs give identical streams (keys, digests): nothing process-specific leaks in.
+    for name in ("a", "b"):
+        with Session(tmp_path / name, "ops") as s:
+            train(s, steps=1)
+    cols = ["step", "seq", "phase", "module", "kind", "name", "occurrence", "role", "arg", "digest_hi", "digest_lo", "args_digest"]
+    a, b = read(tmp_path / "a"), read(tmp_path / "b")
+    assert a.select(cols[:9]).equals(b.select(cols[:9]))
+    same = (a["digest_hi"] == b["digest_hi"]).fill_null(True) & (a["digest_lo"] == b["digest_lo"]).fill_null(True)
+    # The only records allowed to differ read uninitialized memory (dropout's empty_like mask
+    # buffer seen as bernoulli_'s input) and are flagged as such.
+    differ = a.filter(~same)
+    assert differ.height > 0
+    assert all("uninitialized" in h for h in differ["hazards"])
+    assert a.filter(same).select(cols).equals(b.filter(same).select(cols))
+
+
+def test_step_rank_module_selectors(tmp_path, monkeypatch):
+    with Session(tmp_path / "s", "boundaries", steps="1-2", modules=r"^b0") as s:
+        train(s, steps=4)
+    r = read(tmp_path / "s")
+    assert sorted(set(r["step"])) == [1, 2]
+    mods = set(r.filter(pl.col("kind").is_in(["module_input", "module_output"]))["module"])
+    assert mods and all(m.startswith("b0") for m in mods)
+    assert "batch" not in set(r["kind"])
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with Session(tmp_path / "k", "ops", ranks="0-2") as s:
+        train(s, steps=1)
+    assert not (tmp_path / "k" / "records").exists()
+
+
+def test_microbatches_and_probe(tmp_path):
+    with Session(tmp_path / "r", "metrics") as s:
+        train(s, steps=1, microbatches=2)
+        with s.step(5):
+            s.probe("router.map", torch.arange(12).reshape(3, 4), rows=True)
+    m = read(tmp_path / "r", "metrics")
+    assert m["microbatch"].to_list() == [0, 1]
+    p = read(tmp_path / "r").filter(pl.col("kind") == "probe")
+    assert p["name"].to_list() == ["router.map"] and p["step"].to_list() == [5]
+    assert len(p["rows"][0]) == 3
+
+
+def test_dumps_and_moments(tmp_path):
+    with Session(tmp_path / "r", "boundaries", dumps=r"^head$", moments=True) as s:
+        train(s, steps=1)
+    d = read(tmp_path / "r", "dumps")
+    assert d.height > 0 and set(d["module"]) == {"head"}
+    row = d.filter(pl.col("role") == "output").row(0, named=True)
+    assert len(row["data"]) == 4 * 4 * 6 * 16
+    r = read(tmp_path / "r")
+    assert r["m_sum"].is_not_null().all()
+
+
+def test_capture_error_disables_and_training_continues(tmp_path, baseline, monkeypatch):
+    from detfp_capture import _state
+
+    def broken(*a, **k):
+        raise RuntimeError("planted failure")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Session(tmp_path / "r", "ops") as s:
+            monkeypatch.setattr(_state.digest, "start", broken)
+            got = train(s, steps=3)
+    assert got == baseline
+    assert sum("capture disabled" in str(w.message) for w in caught) == 1
+    ev = read(tmp_path / "r", "events")
+    err = ev.filter(pl.col("type") == "capture_error")
+    assert err.height == 1 and "planted failure" in err["detail"][0]
+    assert "capture_disabled" in set(ev["type"])
+
+
+def test_kernels_table_on_cpu(tmp_path):
+    with Session(tmp_path / "r", "ops", kernels="1") as s:
+        train(s, steps=2)
+    k = read(tmp_path / "r", "kernels")
+    assert set(k["step"]) == {1}
+    assert set(k["device_type"]) == {"cpu"}
+    mm = k.filter((pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward"))
+    assert mm.height >= 1 and mm["index"].to_list() == list(range(mm.height))
+    # Each kernel row carries the call_hash of an op record of the same step.
+    calls = set(read(tmp_path / "r").filter(pl.col("step") == 1)["call_hash"])
+    assert set(k["call_hash"]) <= calls
+
+
+def test_append_and_start_step(tmp_path):
+    with Session(tmp_path / "r", "metrics") as s:
+        train(s, steps=1)
+    with pytest.raises(RunExistsError, match="append"):
+        Session(tmp_path / "r", "metrics")
+    with Session(tmp_path / "r", "metrics", append=True) as s, s.step(7):
+        s.metric("loss", 1.5)
+    man = json.loads((tmp_path / "r/manifest/rank=0/segment-00001.json").read_text())
+    assert man["segment"] == 1 and man["start_step"] == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"level": "everything"}, "unknown capture level"),
+        ({"steps": "3-1"}, "range '3-1' is empty"),
+        ({"ranks": "a"}, "cannot parse 'a'"),
+        ({"modules": "("}, "not a valid regular expression"),
+        ({"rows": 0}, "positive number"),
+        ({"flush_records": 0}, "flush_records"),
+        ({"dumps": True}, "regex"),
+        ({"parallel": [1]}, "parallel"),
+    ],
+)
+def test_config_errors(tmp_path, kwargs, match):
+    kwargs = {"level": "metrics", **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        Session(tmp_path / "r", **kwargs)
+    assert not (tmp_path / "r").exists()
+
+
+def test_metric_and_probe_argument_errors(tmp_path):
+    with Session(tmp_path / "r", "metrics") as s, s.step(0):
+        with pytest.raises(ConfigError, match="expected a scalar"):
+            s.metric("loss", torch.ones(3))
+        with pytest.raises(ConfigError, match="expected a tensor"):
+            s.probe("x", 3)
+
+
+def test_flush_every_n_records_bounds_windows(tmp_path):
+    with Session(tmp_path / "r", "ops", flush_records=64) as s:
+        train(s, steps=1)
+    files = sorted((tmp_path / "r/records/rank=0").glob("*.parquet"))
+    assert len(files) > 5
+    r = read(tmp_path / "r")
+    assert r["seq"].is_unique().all()
