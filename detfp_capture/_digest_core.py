@@ -271,6 +271,8 @@ _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -
 def moments_of(t: torch.Tensor) -> torch.Tensor:
     """(4,) float64 [sum, absmax, nan, inf] of a strided tensor, chunked to bound scratch."""
     dev = t.device
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     acc = torch.zeros(4, dtype=torch.float64, device=dev)
     if t.numel() == 0:
         return acc

@@ -346,6 +346,8 @@ def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check
     numel = t.numel()
     dev = t.device
     p = Pending(dtype, shape, numel, dev)
+    if t.is_conj() or t.is_neg():  # lazy conjugate/negative views: digest the logical values
+        t = t.resolve_conj().resolve_neg()
     x = t.view(torch.int8) if dtype in _BYTE_DTYPES else t
     if numel * dtype.itemsize <= _SMALL and rows is False:
         _arena_put(p, x, dev, shape, numel)

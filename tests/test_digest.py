@@ -396,3 +396,14 @@ def test_fast_fingerprint_constructor_equals_the_dataclass():
     assert vars(fast) == vars(slow)
     with pytest.raises(AttributeError):
         fast.digest = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("n", [10, 1000])
+def test_lazy_conjugate_and_negative_views(n):
+    z = torch.randn(n, dtype=torch.complex64)
+    c = z.conj()
+    assert c.is_conj() and fp(c) == fp(c.resolve_conj()) and fp(c) != fp(z)
+    im = c.imag  # a real tensor with the negative bit set
+    assert im.is_neg() and fp(im) == fp(im.resolve_neg()) and fp(im) != fp(z.imag)
+    assert fp(c, rows=3).rows == fp(c.resolve_conj(), rows=3).rows
+    assert fp(c, moments=True).moments == fp(c.resolve_conj(), moments=True).moments
