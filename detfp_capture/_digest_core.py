@@ -134,8 +134,8 @@ def chunks(t: torch.Tensor, limit: int):
     is a whole number of 1024-byte rows. A non-contiguous tensor is copied piecewise along
     dim 0 so the scratch stays near ``limit`` bytes."""
     nbytes = t.numel() * t.element_size()
-    if t.is_contiguous():
-        yield bytes_view(t)
+    if t.is_contiguous() or nbytes == 0:
+        yield bytes_view(t.contiguous())
         return
     rowbytes = nbytes // t.shape[0]
     q = K // math.gcd(rowbytes, K)  # dim-0 rows per whole number of 1024-byte rows

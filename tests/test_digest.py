@@ -407,3 +407,15 @@ def test_lazy_conjugate_and_negative_views(n):
     assert im.is_neg() and fp(im) == fp(im.resolve_neg()) and fp(im) != fp(z.imag)
     assert fp(c, rows=3).rows == fp(c.resolve_conj(), rows=3).rows
     assert fp(c, moments=True).moments == fp(c.resolve_conj(), moments=True).moments
+
+
+def test_zero_size_dims_in_every_layout():
+    for shape in [(0,), (0, 5), (5, 0), (3, 0, 2), (300, 0)]:
+        t = torch.empty(shape)
+        views = [t, t.transpose(0, -1), t.unsqueeze(0).expand(2, *shape)]
+        for v in views:
+            f = fp(v, rows=True, moments=True)
+            assert f == fp(v.contiguous()) and f.numel == 0
+            assert f.rows == tuple(fingerprint(v[i]).digest for i in range(v.shape[0]))
+            assert f.moments == Moments(0.0, 0.0, 0, 0)
+    assert len({fp(torch.empty(s)).digest for s in [(0,), (0, 5), (5, 0), (3, 0, 2)]}) == 4
