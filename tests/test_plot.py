@@ -1,0 +1,78 @@
+"""Heatmap frames and figures: right counts, right shape, readable at thousands of ranks."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from detfp_analyze.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
+from detfp_analyze.sql import connect
+from detfp_analyze.synth import Plant, SynthSpec, write_pair
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plot")
+    return write_pair(root / "a", root / "b", SynthSpec(ranks=3, steps=3, records=300), Plant(rank=1, step=1, index=50))
+
+
+def test_divergence_frame_matches_step_summary_view(planted):
+    frame = divergence_frame(planted.a, planted.b)
+    with connect(planted.a, planted.b) as con:
+        view = con.sql("SELECT * FROM step_summary").pl()
+    assert_frame_equal(frame, view, check_dtypes=False)
+    # Step 0 is clean everywhere; step 1 differs on every rank (the all-reduce carried it).
+    clean = frame.filter(pl.col("step") == 0)
+    assert clean["differing"].to_list() == [0, 0, 0]
+    assert frame.filter(pl.col("step") == 1)["differing"].min() > 0
+
+
+def test_heatmap_of_counts_has_rank_by_step_cells(planted):
+    fig = divergence_heatmap(divergence_frame(planted.a, planted.b), title="t")
+    img = fig.axes[0].images[0].get_array()
+    assert img.shape == (3, 3)
+    assert img[0, 0] == 0.0 and 0 < img[1, 1] <= 1.0
+    assert fig.axes[0].get_title() == "t"
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0", "1", "2"]
+
+
+def test_bins_thousands_of_ranks_and_keeps_a_lone_origin_visible():
+    n, steps = 4096, 3
+    frame = pl.DataFrame(
+        {"rank": [r for r in range(n) for _ in range(steps)], "step": [s for _ in range(n) for s in range(steps)]}
+    ).with_columns(
+        state=pl.when((pl.col("rank") == 3001) & (pl.col("step") == 1))
+        .then(pl.lit("origin"))
+        .otherwise(pl.lit("identical"))
+    )
+    fig = divergence_heatmap(frame, max_rows=128)
+    img = fig.axes[0].images[0].get_array()
+    assert img.shape == (128, 3)
+    origin = STATES.index("origin")
+    assert img[3001 // 32, 1] == origin and (img == origin).sum() == 1
+    assert fig.axes[0].get_ylabel() == "rank (32 per row, worst shown)"
+    w, h = fig.get_size_inches()
+    assert (w, h) == (8.0, 5.0)
+
+
+def test_bisect_frame_states():
+    class R:  # the attributes bisect_frame reads from a BisectResult
+        def __init__(self, rank, status, step, verdict):
+            self.rank, self.status, self.step, self.metric_step = rank, status, step, None
+            self.first = None if verdict is None else type("D", (), {"verdict": verdict})()
+
+    res = type("Res", (), {})()
+    res.window = type("W", (), {"steps": (0, 2)})()
+    res.ranks = (R(0, "identical", None, None), R(1, "diverged", 1, "origin"), R(2, "diverged", 2, "receiver"))
+    got = bisect_frame(res)
+    assert got.filter(pl.col("rank") == 1)["state"].to_list() == ["identical", "origin", "after"]
+    assert got.filter(pl.col("rank") == 2)["state"].to_list() == ["identical", "identical", "receiver"]
+    assert set(got.filter(pl.col("rank") == 0)["state"]) == {"identical"}
+
+
+def test_empty_frame_is_an_error():
+    with pytest.raises(ValueError, match="no rows"):
+        divergence_heatmap(pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "state": pl.String}))
