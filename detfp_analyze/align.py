@@ -3,8 +3,8 @@
 Input: the records of a set of (rank, step) pairs from each run (one step per rank),
 with the ``ALIGN_COLUMNS``. Pipeline:
 
-1. ``prepare``: order each rank's records by (segment, seq) and number them: ``pos`` is
-   the record's index in that rank's stream for the step. Positions are only ever compared
+1. ``prepare``: number each rank's records by (segment, seq): ``pos`` is the record's
+   index in that rank's stream for the step (rows are not moved). Positions are only ever compared
    between the two runs of the same rank, never across ranks.
 2. ``align``: full outer join on (rank, step, key_hash, dup) where ``dup`` numbers repeated
    keys (a capture bug, but it must not explode the join). Each row gets a ``state``:
@@ -90,31 +90,43 @@ STRUCTURAL_STATES = ("a_only", "b_only", "reordered", "shifted")
 
 
 def prepare(records: pl.DataFrame, *, one_step_per_rank: bool = False) -> pl.DataFrame:
-    """Order one side's records per rank by (segment, seq); add pos and dup.
+    """Number one side's records per (rank, step) by (segment, seq): adds ``pos``.
 
-    ``one_step_per_rank``: the caller guarantees each rank holds a single step (the walk),
-    which allows one composite integer sort key (about 4x faster than four sort columns).
+    Rows are not moved (gathering string and list columns is the expensive part); ``pos``
+    alone carries the order. ``one_step_per_rank``: the caller guarantees each rank holds a
+    single step (the walk), which allows one composite integer key instead of four columns.
     """
     if not records.height:
-        return records.with_columns(pl.lit(0, dtype=pl.Int64).alias("pos"), pl.lit(0, dtype=pl.UInt32).alias("dup"))
+        return records.with_columns(pl.lit(0, dtype=pl.Int64).alias("pos"))
     r, g, q = records.select(pl.col("rank").max(), pl.col("segment").max(), pl.col("seq").max()).row(0)
-    if one_step_per_rank and r < (1 << 20) and g < (1 << 4) and q < (1 << 40):
-        key = (
-            pl.col("rank").cast(pl.UInt64) * (1 << 44)
-            + pl.col("segment").cast(pl.UInt64) * (1 << 40)
-            + pl.col("seq").cast(pl.UInt64)
+    if not (one_step_per_rank and r < (1 << 20) and g < (1 << 4) and q < (1 << 40)):
+        return records.sort("rank", "step", "segment", "seq").with_columns(
+            pl.int_range(pl.len()).over("rank", "step").cast(pl.Int64).alias("pos")
         )
-        k = records.select(key.alias("k"))["k"]
-        if not k.is_sorted():  # scans may return ranks in path order (rank=10 before rank=2)
-            records = records[k.arg_sort()]
-    else:
-        records = records.sort("rank", "step", "segment", "seq")
-    out = records.with_columns(pl.int_range(pl.len()).over("rank", "step").alias("pos"))
-    # A repeated key within one rank-step is a capture bug; number repeats so the join stays 1:1.
-    dups = out.group_by("rank", "step").agg((pl.len() - pl.col("key_hash").n_unique()).alias("d"))["d"].sum()
+    key = (
+        pl.col("rank").cast(pl.UInt64) * (1 << 44)
+        + pl.col("segment").cast(pl.UInt64) * (1 << 40)
+        + pl.col("seq").cast(pl.UInt64)
+    )
+    k = records.select(key.alias("k"))["k"]
+    order = None if k.is_sorted() else k.arg_sort()  # scans may return ranks in path order
+    ranks = records["rank"] if order is None else records["rank"].gather(order)
+    # In key order, pos = index - index of the rank's first row: O(n), no hashing.
+    idx = pl.int_range(records.height, eager=True, dtype=pl.Int64)
+    start = (ranks != ranks.shift(1)).fill_null(True)
+    first = pl.select(pl.when(start).then(idx).otherwise(None).forward_fill()).to_series()
+    pos = idx - first
+    if order is not None:
+        pos = pos.gather(order.arg_sort())  # back to the rows' own order
+    return records.with_columns(pos.alias("pos"))
+
+
+def _with_dup(df: pl.DataFrame) -> pl.DataFrame:
+    """Add ``dup``: numbers repeated keys within a rank-step (a capture bug) so joins stay 1:1."""
+    dups = df.group_by("rank", "step").agg((pl.len() - pl.col("key_hash").n_unique()).alias("d"))["d"].sum()
     if dups:
-        return out.with_columns((pl.col("key_hash").cum_count().over("rank", "step", "key_hash") - 1).alias("dup"))
-    return out.with_columns(pl.lit(0, dtype=pl.UInt32).alias("dup"))
+        return df.with_columns((pl.col("key_hash").cum_count().over("rank", "step", "key_hash") - 1).alias("dup"))
+    return df.with_columns(pl.lit(0, dtype=pl.UInt32).alias("dup"))
 
 
 def _suffix(df: pl.DataFrame, s: str) -> pl.DataFrame:
@@ -133,10 +145,16 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     keys = list(KEY_COLUMNS)
     # Fast path: the same keys in the same order on both sides (values-only divergence, the
     # common case) align by position, no hash join and no order check needed.
-    same_keys = a.height == b.height and a.select(keys).equals(b.select(keys))
+    pk = ["rank", "step", "key_hash", "pos"]
+    same_keys = a.height == b.height and a.select(pk).equals(b.select(pk))
     if same_keys:
+        a, b = (
+            a.with_columns(pl.lit(0, dtype=pl.UInt32).alias("dup")),
+            b.with_columns(pl.lit(0, dtype=pl.UInt32).alias("dup")),
+        )
         j = pl.concat([_suffix(a, "a"), _suffix(b, "b").drop(keys)], how="horizontal")
     else:
+        a, b = _with_dup(a), _with_dup(b)
         j = _suffix(a, "a").join(_suffix(b, "b"), on=keys, how="full", coalesce=True)
     j = j.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in _SHARED if c in a.columns])
     both = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()

@@ -161,7 +161,7 @@ def _pick(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
             hazards.update(hz or ())
     start = call["o1"].min()
     prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
-    upstream = int(prev["call_hash"][-1]) if prev.height else None
+    upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
     return {"row": row, "hazards": tuple(sorted(hazards)), "upstream_call": upstream}
 
 
@@ -213,7 +213,7 @@ def _walk(
                 fa = _align.prepare(_read_pairs(run_a, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
                 fb = _align.prepare(_read_pairs(run_b, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
                 full = _align.align(fa, fb).select(al.columns)
-                al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full]).sort("rank", "o1", "o2", "key_hash")
+                al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
             firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
             by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
             parts = {int(k[0]): v for k, v in al.partition_by("rank", as_dict=True).items()} if by_rank else {}
@@ -260,7 +260,7 @@ def _walk(
                     if ex["upstream_call"] is not None:
                         up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
                         if up.height:
-                            upstream = _label(up.row(0, named=True))
+                            upstream = _label(up.sort("o1").row(0, named=True))
                     out[which] = {"row": row, "call_rows": call_rows, "hazards": ex["hazards"], "upstream": upstream}
                 found[r] = out
             if progress:
@@ -443,7 +443,7 @@ def _discriminator(run_a: Any, run_b: Any, results: Sequence[RankResult], diag: 
             {"rank": list(pairs), "step": list(pairs.values())}, schema={"rank": pl.Int32, "step": pl.Int64}
         )
         lf = lf.filter((pl.col("name") == op) & (pl.col("kind") == kind)).select(cols)
-        return _align.prepare(_collect(lf.join(key.lazy(), on=["rank", "step"], how="semi")))
+        return _align.prepare(_collect(lf.join(key.lazy(), on=["rank", "step"], how="semi")), one_step_per_rank=True)
 
     al = _align.align(side(run_a), side(run_b))
     if not al.height:

@@ -93,7 +93,10 @@ def compare_dumps(data_a: bytes, data_b: bytes, dtype: str | None) -> dict[str, 
         if dist is not None:
             d = dist.gather(idx).to_list()
         else:  # 64-bit: Python ints on the differing elements only (no overflow)
-            d = [abs(_ordered64(x, floating) - _ordered64(y, floating)) for x, y in zip(a.gather(idx), b.gather(idx))]
+            d = [
+                abs(_ordered64(x, floating) - _ordered64(y, floating))
+                for x, y in zip(a.gather(idx), b.gather(idx), strict=True)
+            ]
         out["max_ulp"] = int(max(d))
         out["all_one_ulp"] = bool(floating and max(d) <= 1)
     return out
