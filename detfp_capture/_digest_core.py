@@ -74,7 +74,8 @@ def weights(device: torch.device, level: int, as_float: bool) -> torch.Tensor:
                 _CPU_WEIGHTS[level] = base
             w = base.to(torch.float32) if as_float else base
             with torch.inference_mode(False):
-                w = w.to(device).clone() if device.type != "cpu" else w.clone()
+                # cuBLASLt's int8 GEMM is several times faster with a column-major right operand.
+                w = w.clone() if device.type == "cpu" else w.to(device).t().contiguous().t()
             _DEV_WEIGHTS[key] = w
     return w
 
