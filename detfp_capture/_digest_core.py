@@ -58,6 +58,8 @@ def level_weights(level: int) -> list[int]:
 
 _CPU_WEIGHTS: dict[int, torch.Tensor] = {}
 _DEV_WEIGHTS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
+#: Device types whose _int_mm takes any M; elsewhere rows are zero-padded to a multiple of 8, >= 32.
+ANY_M_DEVICES = frozenset({"cpu"})
 #: device type -> True when torch._int_mm works there, False for the float32 fallback.
 _INT_MM: dict[str, bool] = {}
 _STATE_LOCK = threading.Lock()
@@ -98,7 +100,7 @@ def mm(x: torch.Tensor, level: int) -> torch.Tensor:
     if use_int_mm(dev):
         w = weights(dev, level, False)
         m = x.shape[0]
-        if dev.type == "cpu":
+        if dev.type in ANY_M_DEVICES:
             return torch._int_mm(x, w)
         # CUDA's kernel wants M > 16 and a multiple of 8: zero rows contribute zero outputs.
         mp = max(32, -(-m // 8) * 8)

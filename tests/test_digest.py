@@ -189,6 +189,16 @@ def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch):
     assert [fp(t) for t in ts] == want
 
 
+def test_row_padding_for_accelerator_kernels_is_exact(monkeypatch):
+    x = torch.randint(-128, 128, (40, 1024), dtype=torch.int8)
+    ts = [torch.randn(5000), torch.ones(3)]
+    want = [core.mm(x[:m], 2) for m in (1, 16, 17, 32, 33, 40)]
+    want_fps = [fp(t) for t in ts]
+    monkeypatch.setattr(core, "ANY_M_DEVICES", frozenset())  # take the CUDA path's zero-row padding
+    assert all(torch.equal(core.mm(x[:m], 2), w) for m, w in zip((1, 16, 17, 32, 33, 40), want, strict=True))
+    assert [fp(t) for t in ts] == want_fps
+
+
 def test_no_autograd_and_inference_mode():
     w = torch.randn(300, requires_grad=True)
     small = torch.randn(5, requires_grad=True)
