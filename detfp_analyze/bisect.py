@@ -45,6 +45,7 @@ from detfp_analyze.result import (
     ValueDiff,
     Window,
 )
+from detfp_capture.contract import INPUTLESS_KINDS
 
 __all__ = ["BisectResult", "Progress", "bisect"]
 
@@ -433,6 +434,8 @@ def _discriminator(run_a: Any, run_b: Any, results: Sequence[RankResult], diag: 
         return None
     eff = origin[0].effective
     op, kind = eff.op, eff.kind
+    if kind in INPUTLESS_KINDS:
+        return None  # a source (batch, RNG, restored state) is not an op with instances to compare
     chosen = [r for r in origin if r.effective and r.effective.op == op][:DISCRIMINATOR_RANKS]
     pairs = {r.rank: r.effective.step for r in chosen if r.effective}
     cols = list(_align.ALIGN_COLUMNS)
@@ -655,6 +658,12 @@ def bisect(
     ordered = tuple(results[r] for r in sorted(results))
     parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in compared}
     diag = diagnose(ordered, parallel)
+    if level == "step" and diag.pattern != "identical":
+        diag = Diagnosis(
+            "undetermined",
+            (),
+            "level step narrows to the step only, without verdicts; rerun with --level op for verdicts and a pattern",
+        )
     disc = _discriminator(run_a, run_b, ordered, diag) if diag.origin_ranks and level in ("op", "kernel") else None
     rep = None
     for rr in ordered:

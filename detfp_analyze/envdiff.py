@@ -57,7 +57,7 @@ class EnvDiff:
 
 
 def _is_blocking(key: str) -> bool:
-    return key in _BLOCKING_EXACT or key.startswith(_BLOCKING_PREFIX)
+    return key in _BLOCKING_EXACT or key.startswith(_BLOCKING_PREFIX) or f"{key}." in _BLOCKING_PREFIX
 
 
 def flatten_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,8 @@ def flatten_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, Mapping) and value:
+        # An empty object contributes no fact: {} vs {"tp_size": 2} is one key, not two.
+        if isinstance(value, Mapping):
             for k in value:
                 walk(f"{prefix}.{k}" if prefix else str(k), value[k])
         else:

@@ -131,7 +131,7 @@ def render_text(result: BisectResult) -> str:
             metric = f"; {rr.metric_name} differs from step {rr.metric_step}"
         if rr.first is None:
             step = rr.record_step if rr.record_step is not None else rr.step
-            verdict = rr.verdict or "diverged"
+            verdict = rr.verdict or "records differ"
             lines.append(f"  {who}: step {step} {verdict}{metric}")
             if rr.verdict == "metric_only":
                 lines.append("    metrics differ but no captured record does: widen the capture")

@@ -37,7 +37,15 @@ REPORT_VERSION = 1
 #: Verdicts for a rank's first divergent record (docs/report.md explains each).
 VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural", "metric_only")
 #: Cross-rank patterns.
-PATTERNS = ("identical", "all_ranks_same_op", "all_ranks_different_ops", "rank_subset", "single_rank", "no_origin")
+PATTERNS = (
+    "identical",
+    "all_ranks_same_op",
+    "all_ranks_different_ops",
+    "rank_subset",
+    "single_rank",
+    "no_origin",
+    "undetermined",
+)
 #: Kinds of difference.
 DIFF_KINDS = ("values", "permutation", "arguments", "structure", "error")
 #: How deep the narrowing goes (each level includes the ones before).
@@ -227,7 +235,8 @@ class RankResult:
         """The verdict of ``first``, or metric_only, or None when identical."""
         if self.first is not None:
             return self.first.verdict
-        return "metric_only" if self.status == "diverged" else None
+        # A differing record step without a walked record (level "step") has no verdict yet.
+        return "metric_only" if self.status == "diverged" and self.record_step is None else None
 
     @property
     def effective(self) -> Divergence | None:
