@@ -16,6 +16,7 @@ document every view and column. Views prefixed ``_`` are private helpers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -184,8 +185,10 @@ def connect(
         runs["b"] = _as_run(b, allow_missing_ranks)
     con = duckdb.connect(database)
     try:
-        # Byte-stable output in the CLI and notebooks: no progress bar on stderr/stdout.
-        con.execute("SET enable_progress_bar = false")
+        # Byte-stable output in the CLI: no progress bar. Inside Jupyter without ipywidgets DuckDB
+        # refuses to change the setting at all (and draws no bar there anyway), so that error is moot.
+        with contextlib.suppress(duckdb.Error):
+            con.execute("SET enable_progress_bar = false")
         views = _Views(con)
         for tag, run in runs.items():
             for table in contract.TABLES:
