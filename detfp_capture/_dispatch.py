@@ -211,7 +211,8 @@ class CaptureMode(TorchDispatchMode):
                 if not f:
                     continue
                 # The destination of an overwrite is not read: only its record is flagged.
-                really_read = not (info.overwrite and (arg in written or arg.startswith("kwargs.")))
+                # Views and metadata ops do not read contents either: flagged, no event.
+                really_read = not info.skip and not (info.overwrite and (arg in written or arg.startswith("kwargs.")))
                 flags[i] = f
                 if really_read:
                     for h in f:
