@@ -82,9 +82,17 @@ def _c(name: str, type_: str, doc: str, nullable: bool = False) -> Column:
 # Columns every table shares: where the row came from and its place in that rank's stream.
 _PROVENANCE = (
     _c("rank", "int32", "Global rank that wrote the row (equals the rank=N partition)."),
-    _c("segment", "int32", "Process launch that wrote the row: 0 for the first, +1 per resume appended to the same run directory."),
+    _c(
+        "segment",
+        "int32",
+        "Process launch that wrote the row: 0 for the first, +1 per resume appended to the same run directory.",
+    ),
     _c("step", "int64", "Absolute training step (a resumed run keeps the original numbering)."),
-    _c("seq", "int64", "Per-rank execution sequence number, strictly increasing within (rank, segment); never compared across ranks or runs."),
+    _c(
+        "seq",
+        "int64",
+        "Per-rank execution sequence number, strictly increasing within (rank, segment); never compared across ranks or runs.",
+    ),
 )
 
 # The call-site key: how a record in run A is matched to its twin in run B.
@@ -93,31 +101,57 @@ _CALL_KEY = (
     _c("phase", "string", "Phase of the step: one of PHASES."),
     _c("module", "string", "Module path (FQN) innermost at the call, '' outside any module."),
     _c("kind", "string", "What was fingerprinted: one of KINDS."),
-    _c("name", "string", "Op overload (aten::mm.default), collective (all_reduce), parameter FQN, probe or metric name."),
-    _c("occurrence", "int32", "How many calls with the same (step, microbatch, phase, module, kind, name) came before this one on this rank."),
+    _c(
+        "name",
+        "string",
+        "Op overload (aten::mm.default), collective (all_reduce), parameter FQN, probe or metric name.",
+    ),
+    _c(
+        "occurrence",
+        "int32",
+        "How many calls with the same (step, microbatch, phase, module, kind, name) came before this one on this rank.",
+    ),
 )
 
 _RECORDS = (
     *_PROVENANCE,
     *_CALL_KEY,
     _c("role", "string", "input | output | value: which side of the call the tensor is on."),
-    _c("arg", "string", "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a component of a flattened tensor subclass."),
+    _c(
+        "arg",
+        "string",
+        "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a component of a flattened tensor subclass.",
+    ),
     _c("call_hash", "uint64", "key_hash of call_key(...): equal for all records of one call, the join key for calls."),
     _c("key_hash", "uint64", "key_hash of record_key(...): the join key for records."),
     _c("dtype", "string", "torch dtype as str(), e.g. torch.bfloat16."),
     _c("shape", "list<int64>", "Logical shape."),
     _c("numel", "int64", "Number of elements."),
-    _c("status", "string", "ok | skipped | error: whether digest_hi/lo hold a digest (skipped: not digested by policy, e.g. a view)."),
+    _c(
+        "status",
+        "string",
+        "ok | skipped | error: whether digest_hi/lo hold a digest (skipped: not digested by policy, e.g. a view).",
+    ),
     _c("digest_hi", "uint64", "High 64 bits of the 128-bit content digest (null unless status = ok).", True),
     _c("digest_lo", "uint64", "Low 64 bits of the 128-bit content digest (null unless status = ok).", True),
     _c("error", "string", "Why digesting failed (status = error); two errors never compare equal.", True),
     _c("rows", "list<string>", "Ordered row (dim 0) or chunk digests as 32-hex strings, when requested.", True),
-    _c("m_sum", "float64", "float64 sum of the values (floating and complex real part only), when moments are on.", True),
+    _c(
+        "m_sum",
+        "float64",
+        "float64 sum of the values (floating and complex real part only), when moments are on.",
+        True,
+    ),
     _c("m_absmax", "float64", "float64 max |value|, when moments are on.", True),
     _c("m_nan", "int64", "Number of NaN elements, when moments are on.", True),
     _c("m_inf", "int64", "Number of +-Inf elements, when moments are on.", True),
     _c("hazards", "list<string>", "Hazard flags (HAZARDS) that make this record a likely false root; empty when none."),
-    _c("args_digest", "string", "16-hex digest of the call's non-tensor arguments (same on every record of a call), null when the call has none.", True),
+    _c(
+        "args_digest",
+        "string",
+        "16-hex digest of the call's non-tensor arguments (same on every record of a call), null when the call has none.",
+        True,
+    ),
     _c("compiled", "bool", "True when the record is the boundary of a torch.compile region rather than an eager op."),
 )
 
@@ -134,7 +168,11 @@ _METRICS = (
 _EVENTS = (
     *_PROVENANCE,
     _c("type", "string", "One of EVENT_TYPES."),
-    _c("name", "string", "What the event is about: a hazard name, a collective, a module, an exception type; '' when none."),
+    _c(
+        "name",
+        "string",
+        "What the event is about: a hazard name, a collective, a module, an exception type; '' when none.",
+    ),
     _c("module", "string", "Module path at the time of the event, '' when none."),
     _c("count", "int64", "A count the event carries (records in a step, pending collectives, ...).", True),
     _c("detail", "string", "One line of detail for humans; never parsed.", True),
@@ -272,4 +310,3 @@ MANIFEST_KEYS: dict[str, str] = {
     "command": "list[str]: sys.argv of the training process.",
     "capture": "object: the capture configuration (level, steps, ranks, modules, rows, moments, dumps, kernels, poison, ...).",
 }
-
