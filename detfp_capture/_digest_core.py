@@ -268,6 +268,8 @@ def combine(type_name: str, dtype: str, shape: Sequence[int], components: Sequen
 # ---------------------------------------------------------------------------------------------
 # Moments and the pointer check (device side).
 
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
 _FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
@@ -288,7 +290,7 @@ def moments_of(t: torch.Tensor) -> torch.Tensor:
         pieces = [t[i : i + step].reshape(-1) for i in range(0, t.shape[0], step)]
     parts = []
     for p in pieces:
-        if p.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        if p.dtype == _FP4:
             lut = torch.tensor(_FP4_VALUES, dtype=torch.float64, device=dev)
             u = p.view(torch.uint8).to(torch.int64)
             re = torch.cat([lut[u & 15], lut[u >> 4]])
@@ -312,6 +314,47 @@ def moments_of(t: torch.Tensor) -> torch.Tensor:
         return parts[0]
     s = torch.stack(parts)
     return torch.stack([s[:, 0].sum(), s[:, 1].max(), s[:, 2].sum(), s[:, 3].sum()])
+
+
+def moments_rows(rows: torch.Tensor, dtype: torch.dtype, numels: Sequence[int]) -> torch.Tensor:
+    """(k, 4) float64 moments of k small tensors of ``dtype`` held zero-padded in int8 rows (k, 1024).
+
+    Zero padding adds zeros, which change no moment, except for float8_e8m0fnu (byte 0 is
+    2**-127): its padding is masked. Same definitions as ``moments_of``."""
+    if dtype == _FP4:
+        lut = torch.tensor(_FP4_VALUES, dtype=torch.float64, device=rows.device)
+        u = rows.view(torch.uint8).to(torch.int64)
+        re = torch.cat([lut[u & 15], lut[u >> 4]], dim=1)
+        mag = re.abs()
+    elif dtype in _COMPLEX:
+        r = torch.view_as_real(rows.view(dtype)).to(torch.float64)
+        re = r[..., 0]
+        mag = r.square().sum(-1).sqrt()
+    else:
+        re = rows.view(dtype).to(torch.float64)
+        mag = re.abs()
+    if dtype == _E8M0:
+        n = torch.tensor(numels, dtype=torch.int64, device=rows.device)
+        pad = torch.arange(re.shape[1], device=rows.device) >= n[:, None]
+        re = re.masked_fill(pad, 0.0)
+        mag = mag.masked_fill(pad, 0.0)
+    return torch.stack(
+        [re.sum(1), mag.amax(1), torch.isnan(mag).sum(1).to(torch.float64), torch.isinf(mag).sum(1).to(torch.float64)],
+        dim=1,
+    )
+
+
+def pointer_rows(rows: torch.Tensor, numels: Sequence[int]) -> torch.Tensor:
+    """(k,) bool ``pointer_like`` of k small int64 tensors held zero-padded in int8 rows (k, 1024)."""
+    x = rows.view(torch.int64)
+    n = torch.tensor(numels, dtype=torch.int64, device=rows.device)
+    ok = ((x & _POINTER_MASK) == 0) & (x >= (1 << 32))
+    ok |= torch.arange(x.shape[1], device=rows.device) >= n[:, None]  # padding does not count
+    return ok.all(1) & (n > 0)
+
+
+#: Bits that must be clear in a pointer-like value: the top 16 and the low 4.
+_POINTER_MASK = -(1 << 48) | 15
 
 
 def pointer_like(t: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,14 @@ class _Arena:
         self.used = 0
         self.typed: dict[torch.dtype, torch.Tensor] = {torch.int8: self.flat}
         self.lanes: torch.Tensor | None = None
+        # Rows whose moments / pointer check were asked for: computed for all of them at seal,
+        # vectorized over rows (a few ops per dtype instead of ~10 per tensor).
+        self.want_moments: dict[torch.dtype, list[tuple[int, int]]] = {}  # dtype -> [(row, numel)]
+        self.want_pointer: list[tuple[int, int]] = []  # [(row, numel)] of int64 rows
+        self.mom_out: torch.Tensor | None = None  # (rows asked, 4) float64
+        self.mom_pos: dict[int, int] = {}  # row -> index in mom_out
+        self.ptr_out: torch.Tensor | None = None  # (rows asked,) bool
+        self.ptr_pos: dict[int, int] = {}
 
     def seal(self) -> torch.Tensor:
         """Hash every used row (once) and hand the buffer on for reuse by the next arena."""
@@ -162,12 +170,34 @@ class _Arena:
             if self.lanes is None:
                 buf = self.buf
                 self.lanes = core.mm(buf[: max(1, self.used)], 0)
+                if self.want_moments:
+                    self._moments(buf)
+                if self.want_pointer:
+                    rows, numels = zip(*self.want_pointer, strict=True)
+                    self.ptr_pos = {r: i for i, r in enumerate(rows)}
+                    self.ptr_out = core.pointer_rows(_take(buf, rows), numels)
                 spare = _SPARE.get(buf.device)
                 if spare is None or spare[0].shape[0] < buf.shape[0]:
                     _SPARE[buf.device] = (buf, self.used)
                 self.buf = self.flat = None  # type: ignore[assignment]
                 self.typed = {}
             return self.lanes
+
+    def _moments(self, buf: torch.Tensor) -> None:
+        parts = []
+        for dtype, asked in self.want_moments.items():
+            rows, numels = zip(*asked, strict=True)
+            for r in rows:
+                self.mom_pos[r] = len(self.mom_pos)
+            parts.append(core.moments_rows(_take(buf, rows), dtype, numels))
+        self.mom_out = parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _take(buf: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Rows of an arena buffer (a slice when they are 0..k-1, else one gather)."""
+    if rows[0] == 0 and rows[-1] == len(rows) - 1:
+        return buf[: len(rows)]
+    return buf[torch.tensor(rows, dtype=torch.int64, device=buf.device)]
 
 
 def _new_arena(device: torch.device, cap: int) -> _Arena:
@@ -217,6 +247,8 @@ class Pending:
     rows_meta: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (count, shape) segments of rows_lanes
     moments: torch.Tensor | None = None  # (4,) float64
     pointer: torch.Tensor | None = None  # 0-dim bool
+    arena_moments: bool = False  # moments / pointer flag come from the arena at seal
+    arena_pointer: bool = False
     components: dict[str, Pending] | None = None  # flattened subclasses
     type_name: str = ""
     error: str | None = None
@@ -283,11 +315,7 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
                 shape = t.shape
                 dev = t.device
                 p = Pending(dtype, shape, numel, dev)
-                _arena_put(p, t, dev, shape, numel)
-                if moments:
-                    p.moments = core.moments_of(t)
-                if pointer_check and dtype is torch.int64:
-                    p.pointer = core.pointer_like(t)
+                _arena_put(p, t, dev, shape, numel, dtype if moments else None, pointer_check and dtype is torch.int64)
                 return p
             return _start_plain(t, rows, moments, pointer_check)
         return _start(t, rows, moments, pointer_check)
@@ -295,8 +323,17 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
         return _error(t, f"{type(e).__name__}: {e}".splitlines()[0][:300])
 
 
-def _arena_put(p: Pending, x: torch.Tensor, dev: torch.device, shape: torch.Size, numel: int) -> None:
-    """Copy small ``x`` into the next free row of ``dev``'s arena (rest of the row stays zero)."""
+def _arena_put(
+    p: Pending,
+    x: torch.Tensor,
+    dev: torch.device,
+    shape: torch.Size,
+    numel: int,
+    moments: torch.dtype | None = None,
+    pointer: bool = False,
+) -> None:
+    """Copy small ``x`` into the next free row of ``dev``'s arena (rest of the row stays zero);
+    ``moments`` (the tensor's dtype) / ``pointer`` ask for those statistics of the row at seal."""
     with _ARENA_LOCK:
         a = _ARENAS.get(dev)
         if a is None or a.lanes is not None:
@@ -314,6 +351,12 @@ def _arena_put(p: Pending, x: torch.Tensor, dev: torch.device, shape: torch.Size
             typed.as_strided(shape, st, a.used * _SMALL // xd.itemsize).copy_(x)
         p.arena = a
         p.row = a.used
+        if moments is not None:
+            a.want_moments.setdefault(moments, []).append((a.used, numel))
+            p.arena_moments = True
+        if pointer:
+            a.want_pointer.append((a.used, numel))
+            p.arena_pointer = True
         a.used += 1
 
 
@@ -350,11 +393,11 @@ def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check
         t = t.resolve_conj().resolve_neg()
     x = t.view(torch.int8) if dtype in _BYTE_DTYPES else t
     if numel * dtype.itemsize <= _SMALL and rows is False:
-        _arena_put(p, x, dev, shape, numel)
-    else:
-        p.lanes = core.lanes_of(x)
-        if rows is not False:
-            _start_rows(p, x, rows)
+        _arena_put(p, x, dev, shape, numel, dtype if moments else None, pointer_check and dtype is torch.int64)
+        return p
+    p.lanes = core.lanes_of(x)
+    if rows is not False:
+        _start_rows(p, x, rows)
     if moments:
         p.moments = core.moments_of(t)
     if pointer_check and dtype is torch.int64:
@@ -411,10 +454,8 @@ class _Batch:
         self.arenas: dict[_Arena, tuple[list[int], list[tuple[int, int]]]] = {}
         self.slots: dict[int, tuple[_Arena | None, int]] = {}  # id(pending) -> (group, index)
         self.row_slots: dict[int, int] = {}  # id(pending) -> first direct index of its rows
-        self.moments: list[torch.Tensor] = []
-        self.mom_slots: dict[int, int] = {}
-        self.pointers: list[torch.Tensor] = []
-        self.ptr_slots: dict[int, int] = {}
+        self.moments = _Column()  # (4,) float64 per pending
+        self.pointers = _Column()  # 0-dim bool per pending
 
     def add(self, p: Pending) -> None:
         key = id(p)
@@ -436,11 +477,13 @@ class _Batch:
             for count, shape in p.rows_meta:
                 self.direct_meta += [core.meta_words(p.dtype, shape)] * count
         if p.moments is not None:
-            self.mom_slots[key] = len(self.moments)
-            self.moments.append(p.moments)
+            self.moments.add(key, p.moments)
+        elif p.arena_moments:
+            self.moments.add_row(key, p.arena, p.row)
         if p.pointer is not None:
-            self.ptr_slots[key] = len(self.pointers)
-            self.pointers.append(p.pointer)
+            self.pointers.add(key, p.pointer)
+        elif p.arena_pointer:
+            self.pointers.add_row(key, p.arena, p.row)
 
     def run(self, device: torch.device) -> tuple[list[int], dict[_Arena, int], list[float], list[int]]:
         """Finalize, fetch once; returns (all digests as one hex string, arena offsets, moments, pointers)."""
@@ -463,13 +506,15 @@ class _Batch:
         else:
             meta = torch.tensor(metas, dtype=torch.int64).to(device)
             pack = [core.finalize(lanes_all, meta).reshape(-1)]
-        if self.moments:
-            pack.append(torch.stack(self.moments).view(torch.int64).reshape(-1))
-        if self.pointers:
-            pack.append(torch.stack(self.pointers).to(torch.int64))
+        moments = self.moments.gather(lambda a: (a.mom_out, a.mom_pos))
+        pointers = self.pointers.gather(lambda a: (a.ptr_out, a.ptr_pos))
+        if moments is not None:
+            pack.append(moments.view(torch.int64).reshape(-1))
+        if pointers is not None:
+            pack.append(pointers.to(torch.int64))
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
         nd = pack[0].numel()
-        nm = 4 * len(self.moments)
+        nm = 0 if moments is None else moments.numel()
         if on_host:
             head = host[:nd].tolist()
             words = []
@@ -479,8 +524,49 @@ class _Batch:
         else:  # big-endian bytes of each 64-bit word, hex-encoded in one call
             hexes = host[:nd].view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
-        ptrs = host[nd + nm :].tolist() if self.pointers else []
+        ptrs = host[nd + nm :].tolist() if pointers is not None else []
         return hexes, offsets, moms, ptrs
+
+
+class _Column:
+    """Per-pending device values (moments, pointer flags) from two sources, gathered in one order:
+    tensors computed at start, and rows of arenas computed at seal."""
+
+    def __init__(self) -> None:
+        self.direct: list[torch.Tensor] = []
+        self.rows: dict[_Arena, list[int]] = {}
+        self.slots: dict[int, tuple[_Arena | None, int]] = {}  # id(pending) -> (source, index)
+        self.offsets: dict[_Arena | None, int] = {}
+
+    def add(self, key: int, value: torch.Tensor) -> None:
+        self.slots[key] = (None, len(self.direct))
+        self.direct.append(value)
+
+    def add_row(self, key: int, arena: _Arena, row: int) -> None:
+        rows = self.rows.setdefault(arena, [])
+        self.slots[key] = (arena, len(rows))
+        rows.append(row)
+
+    def gather(self, source) -> torch.Tensor | None:
+        """One tensor: the direct values, then each arena's rows (arenas already sealed)."""
+        parts = []
+        at = 0
+        if self.direct:
+            parts.append(torch.stack(self.direct))
+            self.offsets[None] = 0
+            at = len(self.direct)
+        for arena, rows in self.rows.items():
+            out, pos = source(arena)
+            parts.append(out[torch.tensor([pos[r] for r in rows], dtype=torch.int64, device=out.device)])
+            self.offsets[arena] = at
+            at += len(rows)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def index(self, key: int) -> int | None:
+        slot = self.slots.get(key)
+        return None if slot is None else self.offsets[slot[0]] + slot[1]
 
 
 def _leaves(p: Pending, out: list[Pending]) -> None:
@@ -548,10 +634,12 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         n = sum(c for c, _ in p.rows_meta)
         rows = tuple(hexes[32 * j : 32 * j + 32] for j in range(r0, r0 + n))
     m = None
-    if key in b.mom_slots:
-        j = 4 * b.mom_slots[key]
+    j = b.moments.index(key)
+    if j is not None:
+        j *= 4
         m = Moments(moms[j], moms[j + 1], int(moms[j + 2]), int(moms[j + 3]))
-    ptr = bool(ptrs[b.ptr_slots[key]]) if key in b.ptr_slots else False
+    j = b.pointers.index(key)
+    ptr = bool(ptrs[j]) if j is not None else False
     return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
 
 

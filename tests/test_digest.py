@@ -429,3 +429,29 @@ def test_zero_size_dims_in_every_layout():
             assert f.rows == tuple(fingerprint(v[i]).digest for i in range(v.shape[0]))
             assert f.moments == Moments(0.0, 0.0, 0, 0)
     assert len({fp(torch.empty(s)).digest for s in [(0,), (0, 5), (5, 0), (3, 0, 2)]}) == 4
+
+
+MOMENT_DTYPES = [torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64, torch.uint64, torch.float16]
+MOMENT_DTYPES += [torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.float8_e4m3fn]
+MOMENT_DTYPES += [torch.float8_e5m2fnuz, torch.float8_e8m0fnu, torch.float4_e2m1fn_x2]
+
+
+@pytest.mark.parametrize("dtype", MOMENT_DTYPES, ids=str)
+def test_arena_moments_and_pointer_flags_equal_the_per_tensor_path(dtype):
+    g = torch.Generator().manual_seed(1)
+    ts = []
+    for n in (0, 1, 5, 1024 // dtype.itemsize):
+        raw = torch.randint(0, 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=g)
+        ts.append((raw & 1 if dtype is torch.bool else raw).view(dtype))
+    if dtype is torch.int64:
+        ts += [torch.tensor([0x7F00_0000_1000, 0x7F00_0000_2040]), torch.tensor([0x7F00_0000_1000, 3])]
+    ps = [start(t, moments=True, pointer_check=True) for t in ts]
+    assert all(p.arena is not None and p.moments is None for p in ps)  # the arena path
+    for t, f in zip(ts, resolve(ps), strict=True):
+        want = core.moments_of(t).tolist()
+        got = [f.moments.sum, f.moments.absmax, f.moments.nan, f.moments.inf]
+        assert got[1:] == pytest.approx(want[1:], nan_ok=True) and got[2:] == want[2:]
+        assert got[0] == pytest.approx(want[0], rel=1e-12, nan_ok=True)
+        assert f.pointer_like == (dtype is torch.int64 and bool(core.pointer_like(t)))
+    if dtype is torch.int64:
+        assert [f.pointer_like for f in resolve(ps)][-2:] == [True, False]
