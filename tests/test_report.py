@@ -146,3 +146,19 @@ def test_render_text_is_pure_and_stable(tmp_path):
     res = bisect(a, b)
     assert render_text(res) == render_text(bisect(a, b))
     assert "ranks 0-2: step 0 origin at forward l2 op:aten::relu.default output out[0]" in render_text(res)
+
+
+def test_allow_missing_ranks_is_counted_in_notes(tmp_path, monkeypatch):
+    from tests.shards import write_run
+    from tests.test_bisect_helpers import records_for
+
+    full = {r: {"records": records_for(r, range(2))} for r in range(2)}
+    write_run(tmp_path / "a", full, world_size=2)
+    write_run(tmp_path / "b", {0: full[0]}, world_size=2)
+    monkeypatch.chdir(tmp_path)
+    assert _invoke("bisect", "a", "b").exit_code == 2
+    out = _invoke("bisect", "a", "b", "--allow-missing-ranks")
+    assert out.exit_code == 0
+    assert "  missing ranks tolerated: A none, B 1\n" in out.output
+    assert "  ranks 1 exist in one run only and were not compared\n" in out.output
+    assert "window: steps 0-1 (A 0-1, B 0-1), ranks 0, level op\n" in out.output
