@@ -112,16 +112,33 @@ def mm(x: torch.Tensor, level: int) -> torch.Tensor:
     return (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
 
 
+def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:
+    """(n, L) int8 with L <= 1024, zero-padded to 1024 columns, @ W_level -> (n, 16) int32.
+
+    The padding columns meet zero weights' partners, so X_pad @ W == X @ W[:L]: on CPU that
+    skips materializing the padding (a 16-byte row would otherwise cost a 1024-byte GEMM row).
+    """
+    n, length = x.shape
+    dev = x.device
+    if dev.type in ANY_M_DEVICES and use_int_mm(dev):
+        if length == 0:
+            return torch.zeros(n, LANES, dtype=torch.int32, device=dev)
+        return torch._int_mm(x.contiguous(), weights(dev, level, False)[:length])
+    if length != K:
+        x = torch.nn.functional.pad(x, (0, K - length))
+    return mm(x, level)
+
+
 def tree(x: torch.Tensor, level: int) -> torch.Tensor:
     """Run levels ``level``.. on a batch of byte rows (n, L) int8 -> (n, 16) int32 lanes."""
     n, length = x.shape
     while True:
         m = max(1, -(-length // K))
+        if m == 1:
+            return mm_short(x, level)
         if length != m * K:
             x = torch.nn.functional.pad(x, (0, m * K - length))
         y = mm(x.reshape(n * m, K), level)
-        if m == 1:
-            return y
         x = y.view(n, m * LANES).view(torch.int8)
         length = m * LANES * 4
         level += 1
@@ -161,10 +178,7 @@ def lanes_of(t: torch.Tensor) -> torch.Tensor:
             parts.append(mm(b[: full * K].view(full, K), 0))
         tail = b.numel() - full * K
         if tail or not parts:
-            pad = b.new_zeros(1, K)
-            if tail:
-                pad[0, :tail].copy_(b[full * K :])
-            parts.append(mm(pad, 0))
+            parts.append(mm_short(b[full * K :].view(1, tail), 0))
     lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
     if lanes.shape[0] == 1:
         return lanes
