@@ -45,7 +45,7 @@ from detfp_analyze.result import (
     ValueDiff,
     Window,
 )
-from detfp_capture.contract import INPUTLESS_KINDS
+from detfp_capture.contract import INPUTLESS_KINDS, call_key, key_hash
 
 __all__ = ["BisectResult", "Progress", "bisect"]
 
@@ -264,9 +264,40 @@ def _walk(
                             upstream = _label(up.sort("o1").row(0, named=True))
                     out[which] = {"row": row, "call_rows": call_rows, "hazards": ex["hazards"], "upstream": upstream}
                 found[r] = out
+            _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
             if progress:
                 progress("walk", len(found), total)
     return found
+
+
+def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mapping[int, dict[str, Any]]) -> None:
+    """A module boundary is two calls: module_input (or batch, at the root) before the module
+    runs, module_output after. For a divergent module output, the inputs that decide origin
+    vs. receiver are the records of its module_input twin: same microbatch, phase, module,
+    name and occurrence. Their rows are appended to the output's call rows (in place)."""
+    twins: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for r, f in found.items():
+        for ex in (f["first"], f["next"]):
+            if ex is None or ex["row"]["kind"] != "module_output":
+                continue
+            if any(c["role"] == "input" for c in ex["call_rows"]):
+                continue
+            row = ex["row"]
+            for kind in ("module_input", "batch"):
+                ck = call_key(row["microbatch"], row["phase"], row["module"], kind, row["name"], row["occurrence"])
+                twins.setdefault((r, int(row["step"]), key_hash(ck)), []).append(ex)
+    if not twins:
+        return
+    rich = _enrich(run_a, run_b, al, set(twins))
+    for (r, step, h), exs in twins.items():
+        rows = rich.filter((pl.col("rank") == r) & (pl.col("step") == step) & (pl.col("call_hash") == h)).to_dicts()
+        for ex in exs:
+            ex["call_rows"] = ex["call_rows"] + rows
+            hz = set(ex["hazards"])
+            for c in rows:
+                hz.update(c.get("hazards_a") or ())
+                hz.update(c.get("hazards_b") or ())
+            ex["hazards"] = tuple(sorted(hz))
 
 
 # ----------------------------------------------------------------------------- group-wide test

@@ -298,3 +298,26 @@ def test_layout_difference_is_incomparable_unless_forced(tmp_path):
     with pytest.raises(IncomparableError, match=r"parallel\.tp_size differs \(null vs 2\)"):
         bisect(a, b)
     assert bisect(a, b, force=True).status == "identical"
+
+
+def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
+    from detfp_analyze.reader import open_run
+    from tests.shards import write_run
+
+    def recs(out_label: str, in_label: str) -> list[dict]:
+        out_digest, in_digest = hexdigest(out_label), hexdigest(in_label)
+        return [
+            dict(
+                step=0, kind="module_input", module="blk", name="Block", role="input", arg="args[0]", digest=in_digest
+            ),
+            dict(step=0, kind="module_output", module="blk", name="Block", role="output", arg="out", digest=out_digest),
+        ]
+
+    a = open_run(str(write_run(tmp_path / "a", {0: {"records": recs("o", "i")}})))
+    b = open_run(str(write_run(tmp_path / "b", {0: {"records": recs("o2", "i")}})))
+    f = bisect(a, b).rank(0).first
+    assert (f.kind, f.verdict) == ("module_output", "origin")
+    assert "all 1 input(s) of Block in blk matched" in f.explanation
+    c = open_run(str(write_run(tmp_path / "c", {0: {"records": recs("o2", "i2")}})))
+    f = bisect(a, c).rank(0).first
+    assert (f.kind, f.role, f.verdict, f.consumer) == ("module_input", "input", "unobserved_producer", "Block in blk")
