@@ -108,15 +108,16 @@ def mm(x: torch.Tensor, level: int) -> torch.Tensor:
             x = torch.cat([x, x.new_zeros(mp - m, K)])
             return torch._int_mm(x, w)[:m]
         return torch._int_mm(x, w)
-    # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24.
+    # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24, and
+    # the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
     return (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
 
 
 def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:
     """(n, L) int8 with L <= 1024, zero-padded to 1024 columns, @ W_level -> (n, 16) int32.
 
-    The padding columns meet zero weights' partners, so X_pad @ W == X @ W[:L]: on CPU that
-    skips materializing the padding (a 16-byte row would otherwise cost a 1024-byte GEMM row).
+    Zero padding columns contribute nothing, so X_pad @ W == X @ W[:L]: on CPU that skips
+    materializing the padding (a 16-byte row would otherwise cost a 1024-byte GEMM row).
     """
     n, length = x.shape
     dev = x.device
