@@ -1,0 +1,229 @@
+"""The exact walk: from candidate steps to each rank's first divergent record.
+
+Pipeline: ``rollup_candidates`` (per-(rank, step) rollups of both runs, ranks in batches,
+streaming; ``narrow.py``) -> ``walk``: each rank's first candidate step is read on the
+narrow columns (``align.NARROW_COLUMNS``) for a batch of ranks, aligned, and the first
+divergent row picked per rank (resume boundary state first); steps with records on one
+side only are re-aligned with the call-site columns (shifted occurrence counters); then
+only the calls a verdict needs (the divergent call, the next clean one when the first has
+hazards, the call one hop upstream, a module output's module_input twin) are read in full
+(``enrich``). A candidate whose differences carry no evidence (skipped records) moves on
+to the rank's next candidate step. Memory: one batch of WALK_BATCH rank-steps per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import polars as pl
+
+from detfp_analyze import align as _align
+from detfp_analyze import narrow as _narrow
+from detfp_analyze import resume as _resume
+from detfp_capture.contract import call_key, key_hash
+
+__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "Progress", "chunks", "collect", "rollup_candidates", "walk"]
+
+#: progress(stage, done, total): called between batches; the CLI draws a bar with it.
+Progress = Callable[[str, int, int], None]
+#: Ranks per rollup scan and per exact walk batch (memory bound: one walk batch holds
+#: WALK_BATCH rank-steps of records from each run).
+ROLLUP_BATCH = 64
+WALK_BATCH = 32
+
+
+def chunks(xs: Sequence[int], n: int) -> list[list[int]]:
+    """``xs`` in consecutive lists of at most ``n``."""
+    return [list(xs[i : i + n]) for i in range(0, len(xs), n)]
+
+
+def collect(lf: pl.LazyFrame) -> pl.DataFrame:
+    """Collect with the streaming engine (bounded memory on large scans)."""
+    return lf.collect(engine="streaming")
+
+
+def scan(run: Any, table: str, ranks: Sequence[int], lo: int, hi: int) -> pl.LazyFrame:
+    """``run.scan`` of ``ranks`` over the inclusive step range [lo, hi] (files pruned by the reader)."""
+    return run.scan(table, ranks=list(ranks), steps=range(lo, hi + 1))
+
+
+def rollup_candidates(
+    run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str
+) -> dict[int, list[int]]:
+    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]."""
+    out: dict[int, list[int]] = {}
+    batches = chunks(ranks, ROLLUP_BATCH)
+    for i, batch in enumerate(batches):
+        ra = collect(_narrow.step_rollup(scan(run_a, "records", batch, lo, hi)))
+        rb = collect(_narrow.step_rollup(scan(run_b, "records", batch, lo, hi)))
+        d = _narrow.divergent_steps(ra, rb)
+        for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
+            out.setdefault(int(rank), []).append(int(step))
+        if progress:
+            progress(stage, i + 1, len(batches))
+    return out
+
+
+def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.DataFrame:
+    steps = sorted(set(pairs.values()))
+    key = pl.DataFrame(
+        {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
+    )
+    lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(list(columns))
+    return collect(lf.join(key.lazy(), on=["rank", "step"], how="semi"))
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    return f"{row['name']} ({row['kind']}) in {row['module'] or '<root>'}"
+
+
+#: Call-site and tensor columns joined onto the narrow alignment for the calls a verdict needs.
+_CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape")
+
+
+def _pick(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
+    """From one rank's narrow alignment: the divergent row, its call's hazards, the upstream call."""
+    call = al.filter(pl.col("call_hash") == row["call_hash"])
+    hazards: set[str] = set()
+    for col in ("hazards_a", "hazards_b"):
+        for hz in call[col].to_list():
+            hazards.update(hz or ())
+    start = call["o1"].min()
+    prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
+    upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
+    return {"row": row, "hazards": tuple(sorted(hazards)), "upstream_call": upstream}
+
+
+def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int, int]]) -> pl.DataFrame:
+    """Aligned rows of ``calls`` (rank, step, call_hash) with the call-site columns of both sides."""
+    key = pl.DataFrame(
+        {"rank": [c[0] for c in calls], "step": [c[1] for c in calls], "call_hash": [c[2] for c in calls]},
+        schema={"rank": pl.Int32, "step": pl.Int64, "call_hash": pl.UInt64},
+    )
+    sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
+    ranks, steps = sorted({c[0] for c in calls}), sorted({c[1] for c in calls})
+    hashes = key["call_hash"].unique().to_list()
+    for run, sfx in ((run_a, "a"), (run_b, "b")):
+        lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *_CALL_DETAIL)
+        det = collect(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+        det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
+        sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
+    shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape")]
+    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared])
+
+
+def walk(
+    run_a: Any,
+    run_b: Any,
+    cands: Mapping[int, list[int]],
+    boundary: Sequence[int],
+    progress: Progress | None,
+) -> dict[int, dict[str, Any]]:
+    """rank -> {"first": extract, "next": extract|None} for ranks with a real divergence.
+
+    Each batch is aligned on the narrow columns first; only the calls a verdict needs (the
+    divergent call, the next clean one, the call one hop upstream) are then read in full.
+    """
+    found: dict[int, dict[str, Any]] = {}
+    todo = {r: list(s) for r, s in cands.items() if s}
+    total = len(todo)
+    while todo:
+        for batch in chunks(sorted(todo), WALK_BATCH):
+            pairs = {r: todo[r][0] for r in batch}
+            a = _align.prepare(_read_pairs(run_a, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
+            b = _align.prepare(_read_pairs(run_b, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
+            al = _align.align(a, b)
+            # Steps with records on one side only: re-align with the call-site columns, so a
+            # shifted occurrence counter reads as structural, not as a value mismatch.
+            one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
+            if one_sided:
+                sub = {r: pairs[r] for r in one_sided}
+                fa = _align.prepare(_read_pairs(run_a, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
+                fb = _align.prepare(_read_pairs(run_b, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
+                full = _align.align(fa, fb).select(al.columns)
+                al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
+            firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
+            by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
+            parts = {int(k[0]): v for k, v in al.partition_by("rank", as_dict=True).items()} if by_rank else {}
+            picks: dict[int, dict[str, Any]] = {}
+            for r in batch:
+                if r not in by_rank:
+                    todo[r].pop(0)  # only no-evidence differences (skipped records) in that step
+                    if not todo[r]:
+                        del todo[r]
+                    continue
+                first = _pick(parts[r], by_rank[r])
+                nxt = None
+                if first["hazards"]:
+                    clean = _align.first_divergences(parts[r], exclude_hazard_calls=True)
+                    if clean.height:
+                        nxt = _pick(parts[r], clean.row(0, named=True))
+                picks[r] = {"first": first, "next": nxt}
+                del todo[r]
+            calls: set[tuple[int, int, int]] = set()
+            for r, p in picks.items():
+                for ex in (p["first"], p["next"]):
+                    if ex is None:
+                        continue
+                    step = int(ex["row"]["step"])
+                    calls.add((r, step, int(ex["row"]["call_hash"])))
+                    if ex["upstream_call"] is not None:
+                        calls.add((r, step, ex["upstream_call"]))
+            rich = _enrich(run_a, run_b, al, calls) if calls else al.clear()
+            rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
+            for r, p in picks.items():
+                out = {}
+                for which in ("first", "next"):
+                    ex = p[which]
+                    if ex is None:
+                        out[which] = None
+                        continue
+                    rr = rparts[r]
+                    h = int(ex["row"]["call_hash"])
+                    call_rows = rr.filter(pl.col("call_hash") == h).to_dicts()
+                    row = next(
+                        c for c in call_rows if c["key_hash"] == ex["row"]["key_hash"] and c["dup"] == ex["row"]["dup"]
+                    )
+                    upstream = None
+                    if ex["upstream_call"] is not None:
+                        up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
+                        if up.height:
+                            upstream = _label(up.sort("o1").row(0, named=True))
+                    out[which] = {"row": row, "call_rows": call_rows, "hazards": ex["hazards"], "upstream": upstream}
+                found[r] = out
+            _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
+            if progress:
+                progress("walk", len(found), total)
+    return found
+
+
+def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mapping[int, dict[str, Any]]) -> None:
+    """A module boundary is two calls: module_input (or batch, at the root) before the module
+    runs, module_output after. For a divergent module output, the inputs that decide origin
+    vs. receiver are the records of its module_input twin: same microbatch, phase, module,
+    name and occurrence. Their rows are appended to the output's call rows (in place)."""
+    twins: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for r, f in found.items():
+        for ex in (f["first"], f["next"]):
+            if ex is None or ex["row"]["kind"] != "module_output":
+                continue
+            if any(c["role"] == "input" for c in ex["call_rows"]):
+                continue
+            row = ex["row"]
+            for kind in ("module_input", "batch"):
+                ck = call_key(row["microbatch"], row["phase"], row["module"], kind, row["name"], row["occurrence"])
+                twins.setdefault((r, int(row["step"]), key_hash(ck)), []).append(ex)
+    if not twins:
+        return
+    rich = _enrich(run_a, run_b, al, set(twins))
+    for (r, step, h), exs in twins.items():
+        rows = rich.filter((pl.col("rank") == r) & (pl.col("step") == step) & (pl.col("call_hash") == h)).to_dicts()
+        for ex in exs:
+            ex["call_rows"] = ex["call_rows"] + rows
+            hz = set(ex["hazards"])
+            for c in rows:
+                hz.update(c.get("hazards_a") or ())
+                hz.update(c.get("hazards_b") or ())
+            ex["hazards"] = tuple(sorted(hz))
