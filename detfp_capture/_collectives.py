@@ -187,15 +187,14 @@ class CollectiveTracer:
                     for k, v in a.items()
                     if k not in in_params and k not in out_params and k not in ("group", "async_op")
                 }
-                rec.busy = True
+                rec.enter()
                 hz = self.s._hazard
                 flags = hz.flag_all([t for _, t in ins]) if hz is not None and hz.active else None
                 call = rec.record_call(
                     kind, name, module, phase, [("input", p, t) for p, t in ins], args_src=((), other), hazards=flags
                 )
-                rec.busy = False
+                rec.leave()
             except Exception as exc:
-                rec.busy = False
                 rec.fail(exc, f"torch.distributed.{fname} wrapper")
                 call = None
             result = orig(*args, **kwargs)
@@ -225,15 +224,14 @@ class CollectiveTracer:
             hz.async_done(tensors)
         if rec.failed or not outs or call[0] != rec.step:
             return
-        rec.busy = True
+        rec.enter()
         try:
             # c10d writes outputs from C++ without moving version counters: always digest afresh.
             rec.append_records(call, [("output", p, t) for p, t in outs], fresh=True)
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, f"{call[5]} completion")
         finally:
-            rec.busy = False
+            rec.leave()
 
     def _make_batch(self, orig: Callable) -> Callable:
         def wrapper(p2p_op_list: list) -> Any:
@@ -248,7 +246,7 @@ class CollectiveTracer:
             try:
                 if not (rec.busy or not rec.selected or rec.failed):
                     try:
-                        rec.busy = True
+                        rec.enter()
                         module, phase = self.s._context()
                         for p in p2p_op_list:
                             fname = getattr(p.op, "__name__", "p2p")
@@ -265,11 +263,10 @@ class CollectiveTracer:
                             )
                             calls.append((c, fname, p.tensor))
                     except Exception as exc:
-                        rec.busy = False
                         rec.fail(exc, "torch.distributed.batch_isend_irecv wrapper")
                         calls = []
                     finally:
-                        rec.busy = False
+                        rec.leave()
                 self.in_batch = True
                 try:
                     works = orig(p2p_op_list)
@@ -357,7 +354,7 @@ class CollectiveTracer:
         rec = self.rec
         if rec.busy:
             return None
-        rec.busy = True
+        rec.enter()
         try:
             rec.drain_foreign()
             name = f"all_reduce@{self.name_of(group)}"
@@ -370,11 +367,10 @@ class CollectiveTracer:
                 args_src=((), {"bucket": bucket.index()}),
             )
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, "DDP comm hook")
             return None
         finally:
-            rec.busy = False
+            rec.leave()
 
     def _bucket_output(self, call: tuple, bucket: Any, out: torch.Tensor) -> None:
         # May run on a backend thread: start the digests now (values at completion), append later.

@@ -175,7 +175,7 @@ class ModuleHooks:
         if entry is None or entry[0] is None:
             return
         path = entry[0]
-        rec.busy = True
+        rec.enter()
         try:
             in_autograd = torch._C._current_autograd_node() is not None
             phase = "recompute" if in_autograd or (self.stack and self.stack[-1][2] == "recompute") else rec.phase
@@ -202,7 +202,7 @@ class ModuleHooks:
         except Exception as exc:
             rec.fail(exc, f"forward pre-hook of {path!r}")
         finally:
-            rec.busy = False
+            rec.leave()
         if rec.need_flush:
             self.s._flush_safely()
 
@@ -213,7 +213,7 @@ class ModuleHooks:
         _, path, phase, inputs = self.stack.pop()
         if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
             return
-        rec.busy = True
+        rec.enter()
         try:
             compiled = type(module).__name__ == "OptimizedModule"
             if compiled:
@@ -241,7 +241,7 @@ class ModuleHooks:
         except Exception as exc:
             rec.fail(exc, f"forward hook of {path!r}")
         finally:
-            rec.busy = False
+            rec.leave()
         if rec.need_flush:
             self.s._flush_safely()
 
@@ -282,7 +282,7 @@ class ModuleHooks:
         rec = self.rec
         if rec.busy or not rec.selected or rec.failed:
             return
-        rec.busy = True
+        rec.enter()
         try:
             # All gradients of one module boundary form one call, whatever order they arrive in.
             if state["call"] is None:
@@ -292,4 +292,4 @@ class ModuleHooks:
         except Exception as exc:
             rec.fail(exc, f"backward hook of {path!r}")
         finally:
-            rec.busy = False
+            rec.leave()

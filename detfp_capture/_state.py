@@ -33,6 +33,11 @@ from detfp_capture._config import CaptureConfig
 
 __all__ = ["Recorder", "Slot", "args_text"]
 
+_stack_len = torch._C._len_torch_dispatch_stack
+_stack_at = torch._C._get_dispatch_stack_at
+_stack_pop = torch._C._pop_torch_dispatch_stack
+_stack_push = torch._C._push_on_torch_dispatch_stack
+
 _NO_HAZARDS: tuple[str, ...] = ()
 _DTYPE_STR: dict[torch.dtype, str] = {}
 _VERSION_CACHE_LIMIT = 1 << 16
@@ -122,6 +127,9 @@ class Recorder:
         self.forward_outputs: dict[tuple, set[str]] = {}
         self.recompute_checks: list[tuple] = []
         self.busy = False  # re-entrancy guard: the tracer's own tensor work is never recorded
+        self.depth = 0
+        self.mode: Any = None  # the session's dispatch mode while it is entered
+        self._popped: Any = None
         self.failed = False
         self.flushes = 0
         self.records_in_step = 0
@@ -140,6 +148,28 @@ class Recorder:
         # Parameters may have been updated through .data (no version bump): never reuse across steps.
         self.vcache.clear()
 
+    def enter(self) -> None:
+        """Start the tracer's own work: set ``busy`` and take the dispatch mode off the stack
+        (so digest ops neither get recorded nor pay for a trip through the mode)."""
+        if self.depth == 0:
+            self.busy = True
+            m = self.mode
+            if m is not None:
+                n = _stack_len()
+                if n and _stack_at(n - 1) is m:
+                    self._popped = _stack_pop(None)
+        self.depth += 1
+
+    def leave(self) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            if self._popped is not None:
+                _stack_push(self._popped)
+                self._popped = None
+            self.busy = False
+
     def next_seq(self) -> int:
         s = self.seq
         self.seq = s + 1
@@ -157,18 +187,15 @@ class Recorder:
 
         ``fresh``: the tensor may have changed without its version counter moving yet (an in-place
         op seen from inside the dispatcher, a collective writing from C++, ``.data`` updates):
-        digest it again and forget any cached digest.
+        digest it again. The new digest is still cached under the current version: if the version
+        then moves (the in-place case), the entry simply never matches again.
         """
         key = id(t)
-        if fresh:
-            self.vcache.pop(key, None)
+        try:
+            version = t._version
+        except Exception:  # inference tensors have no version counter
             version = None
-        else:
-            try:
-                version = t._version
-            except Exception:  # inference tensors have no version counter
-                version = None
-        if version is not None:
+        if version is not None and not fresh:
             hit = self.vcache.get(key)
             if hit is not None and hit[1] == version and hit[0]() is t and hit[3] == rows and hit[4] == moments:
                 return hit[2]
@@ -277,7 +304,7 @@ class Recorder:
         self.records, self.metrics, self.events, self.kernels, self.dumps = [], [], [], [], []
         if not (records or metrics or events or kernels or dumps):
             return
-        self.busy = True
+        self.enter()
         try:
             slots = []
             seen = set()
@@ -300,7 +327,7 @@ class Recorder:
             if dumps:
                 tables["dumps"] = self._dump_columns(dumps)
         finally:
-            self.busy = False
+            self.leave()
         self.flushes += 1
         self.writer.write_window(tables)
 

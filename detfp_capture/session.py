@@ -136,6 +136,7 @@ class Session:
         self._first_step: int | None = start_step
         self._step_selected = False
         self._primary_opt: Any = None
+        self._opt_stepped = False
         self._warned_writer = False
         if self._inert:
             return
@@ -241,14 +242,13 @@ class Session:
         if not self._live_value():
             return
         rec = self._rec
-        rec.busy = True
+        rec.enter()
         try:
             rec.metric(name, value)
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, f"metric({name!r})")
         finally:
-            rec.busy = False
+            rec.leave()
 
     def probe(self, name: str, tensor: torch.Tensor, rows: bool | int = False) -> None:
         """Fingerprint ``tensor`` here as kind ``probe`` (calls the dispatcher cannot see: fused kernels, MoE maps)."""
@@ -259,7 +259,7 @@ class Session:
         if not self._live_value() or torch.compiler.is_compiling():
             return
         rec = self._rec
-        rec.busy = True
+        rec.enter()
         try:
             module, phase = self._context()
             hz = self._hazard.flag_all([tensor]) if self._hazard is not None and self._hazard.active else None
@@ -267,10 +267,9 @@ class Session:
                 "probe", name, module, phase, [("value", "value", tensor)], hazards=hz, rows=rows or None, fresh=True
             )
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, f"probe({name!r})")
         finally:
-            rec.busy = False
+            rec.leave()
         if rec.need_flush:
             self._flush_safely()
 
@@ -318,7 +317,7 @@ class Session:
             self._write_manifest_safely()
         if not sel:
             return
-        rec.busy = True
+        rec.enter()
         try:
             rec.drain_foreign()
             rec.event("step_begin")
@@ -326,11 +325,10 @@ class Session:
             self._record_rng()
             rec.phase = "forward"
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, "step begin")
             return
         finally:
-            rec.busy = False
+            rec.leave()
         if self._cfg.kernels is not None and n in self._cfg.kernels and self._depth >= 2:
             try:
                 from detfp_capture._kernels import KernelCapture
@@ -344,6 +342,7 @@ class Session:
         if self._mode is not None and not rec.failed:
             self._mode.__enter__()
             self._mode_entered = True
+            rec.mode = self._mode
 
     def _end_step(self) -> None:
         if self._inert:
@@ -353,10 +352,11 @@ class Session:
             return
         if self._mode_entered:
             self._mode_entered = False
+            rec.mode = None
             with contextlib.suppress(Exception):
                 self._mode.__exit__(None, None, None)
         if rec.selected and not rec.failed:
-            rec.busy = True
+            rec.enter()
             try:
                 if self._kernels is not None:
                     ks, self._kernels, self._kernel_range = self._kernels, None, None
@@ -369,10 +369,9 @@ class Session:
                     self._collectives.step_end()
                 rec.event("step_end", "", "", rec.records_in_step)
             except Exception as exc:
-                rec.busy = False
                 rec.fail(exc, "step end")
             finally:
-                rec.busy = False
+                rec.leave()
         if self._hazard is not None:
             self._hazard.step_end()
         rec.in_step = False
@@ -393,6 +392,10 @@ class Session:
 
     def _record_params(self) -> None:
         rec = self._rec
+        # Right after a watched optimizer step the cached digests are the updated parameters;
+        # otherwise parameters may have changed through .data (no version bump): digest afresh.
+        fresh = not self._opt_stepped
+        self._opt_stepped = False
         seen: set[int] = set()
         for ref in self._models:
             m = ref()
@@ -403,7 +406,7 @@ class Session:
                     continue
                 seen.add(id(p))
                 rec.record_call(
-                    "param", self._param_names.get(id(p), "?"), "", "step", [("value", "param", p.detach())]
+                    "param", self._param_names.get(id(p), "?"), "", "step", [("value", "param", p)], fresh=fresh
                 )
 
     # ================================================================== optimizer
@@ -412,7 +415,7 @@ class Session:
         if rec.failed or not rec.selected or rec.busy:
             rec.phase = "optimizer" if rec.in_step else rec.phase
             return
-        rec.busy = True
+        rec.enter()
         try:
             rec.drain_foreign()
             rec.phase = "optimizer"
@@ -421,26 +424,23 @@ class Session:
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
-                    c = rec.record_call(
-                        "param", name, "", "optimizer", [("input", f"group[{gi}]", p.detach())], fresh=True
-                    )
+                    c = rec.record_call("param", name, "", "optimizer", [("input", f"group[{gi}]", p)], fresh=True)
                     if p.grad is not None:
                         rec.record_call(
                             "grad", name, "", "optimizer", [("input", f"group[{gi}]", p.grad)], occurrence=c[6]
                         )
             rec.microbatch = mb
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, "optimizer pre-step hook")
         finally:
-            rec.busy = False
+            rec.leave()
 
     def _opt_post(self, opt: Any) -> None:
         rec = self._rec
         if rec.failed or not rec.selected or rec.busy:
             rec.phase = "forward" if rec.in_step else rec.phase
             return
-        rec.busy = True
+        rec.enter()
         try:
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
@@ -451,7 +451,7 @@ class Session:
                     key = (rec.microbatch, "optimizer", "", "param", name)
                     occ = max(0, rec.occ.get(key, 1) - 1)
                     call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
-                    rec.append_records(call, [("output", f"group[{gi}]", p.detach())], fresh=True)
+                    rec.append_records(call, [("output", f"group[{gi}]", p)], fresh=True)
                     state = opt.state.get(p, {})
                     for sname in sorted(state, key=str):
                         v = state[sname]
@@ -465,12 +465,11 @@ class Session:
                             )
             rec.microbatch = mb
             rec.phase = "forward"
-            rec.vcache.clear()  # parameters changed, possibly through .data (no version bump)
+            self._opt_stepped = True  # step-end parameter records may reuse these digests
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, "optimizer post-step hook")
         finally:
-            rec.busy = False
+            rec.leave()
         if rec.need_flush:
             self._flush_safely()
 
@@ -539,7 +538,6 @@ class Session:
         try:
             rec.flush()
         except Exception as exc:
-            rec.busy = False
             rec.fail(exc, "flush")
 
     def _on_fail(self) -> None:
@@ -605,6 +603,7 @@ class Session:
     def _teardown(self) -> None:
         if self._mode_entered:
             self._mode_entered = False
+            self._rec.mode = None
             with contextlib.suppress(Exception):
                 self._mode.__exit__(None, None, None)
         if self._kernels is not None:
