@@ -31,6 +31,7 @@ import polars as pl
 __all__ = [
     "ALIGN_COLUMNS",
     "DIVERGENT_STATES",
+    "HAZARD_FLAG",
     "KEY_COLUMNS",
     "NARROW_COLUMNS",
     "STRUCTURAL_STATES",
@@ -78,9 +79,10 @@ NARROW_COLUMNS = (
     "status",
     "digest_hi",
     "digest_lo",
-    "hazards",
     "args_digest",
 )
+#: Computed on the narrow read instead of materializing the hazards lists: any hazard flag.
+HAZARD_FLAG = (pl.col("hazards").list.len().fill_null(0) > 0).alias("hzf")
 #: Call-site columns that are equal on both sides of a match: coalesced into one column.
 _SHARED = ("microbatch", "phase", "module", "kind", "name", "occurrence", "role", "arg", "call_hash")
 #: States that are a divergence.
@@ -140,7 +142,8 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     (microbatch, phase, module, kind, name, occurrence, role, arg, call_hash; from whichever
     side has the record), every other input column of each side suffixed _a/_b,
     pos_a/pos_b, state (str), o1/o2 (the symmetric order keys), hz (bool: the record carries
-    a hazard on either side). Works on ALIGN_COLUMNS or on the NARROW_COLUMNS subset.
+    a hazard on either side). Works on ALIGN_COLUMNS or on the NARROW_COLUMNS subset plus
+    the ``hzf`` hazard flag (HAZARD_FLAG).
     """
     keys = list(KEY_COLUMNS)
     # Fast path: the same keys in the same order on both sides (values-only divergence, the
@@ -175,9 +178,12 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.lit("differ"))
     )
     j = j.with_columns(state.alias("state"))
-    hz = ((pl.col("hazards_a").list.len().fill_null(0) > 0) | (pl.col("hazards_b").list.len().fill_null(0) > 0)).alias(
-        "hz"
-    )
+    if "hzf" in a.columns:
+        hz = (pl.col("hzf_a").fill_null(False) | pl.col("hzf_b").fill_null(False)).alias("hz")
+    else:
+        hz = (
+            (pl.col("hazards_a").list.len().fill_null(0) > 0) | (pl.col("hazards_b").list.len().fill_null(0) > 0)
+        ).alias("hz")
     if same_keys:
         return j.with_columns(pl.col("pos_a").alias("o1"), pl.col("pos_a").alias("o2"), hz)
     if "name" in a.columns:

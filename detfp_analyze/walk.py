@@ -70,7 +70,7 @@ def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> p
     key = pl.DataFrame(
         {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
     )
-    lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(list(columns))
+    lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(*columns, _align.HAZARD_FLAG)
     return collect(lf.join(key.lazy(), on=["rank", "step"], how="semi"))
 
 
@@ -79,20 +79,25 @@ def _label(row: Mapping[str, Any]) -> str:
 
 
 #: Call-site and tensor columns joined onto the narrow alignment for the calls a verdict needs.
-_CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape")
+_CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape", "hazards")
 
 
 def _pick(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
-    """From one rank's narrow alignment: the divergent row, its call's hazards, the upstream call."""
+    """From one rank's narrow alignment: the divergent row, whether its call has a hazard,
+    and the call one hop upstream (hazard names come with the call's details)."""
     call = al.filter(pl.col("call_hash") == row["call_hash"])
-    hazards: set[str] = set()
-    for col in ("hazards_a", "hazards_b"):
-        for hz in call[col].to_list():
-            hazards.update(hz or ())
     start = call["o1"].min()
     prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
     upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
-    return {"row": row, "hazards": tuple(sorted(hazards)), "upstream_call": upstream}
+    return {"row": row, "hz": bool(call["hz"].any()), "upstream_call": upstream}
+
+
+def _hazard_names(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    names: set[str] = set()
+    for c in rows:
+        names.update(c.get("hazards_a") or ())
+        names.update(c.get("hazards_b") or ())
+    return tuple(sorted(names))
 
 
 def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int, int]]) -> pl.DataFrame:
@@ -110,7 +115,7 @@ def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int,
         det = collect(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
-    shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape")]
+    shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
     return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared])
 
 
@@ -156,7 +161,7 @@ def walk(
                     continue
                 first = _pick(parts[r], by_rank[r])
                 nxt = None
-                if first["hazards"]:
+                if first["hz"]:
                     clean = _align.first_divergences(parts[r], exclude_hazard_calls=True)
                     if clean.height:
                         nxt = _pick(parts[r], clean.row(0, named=True))
@@ -191,7 +196,8 @@ def walk(
                         up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
                         if up.height:
                             upstream = _label(up.sort("o1").row(0, named=True))
-                    out[which] = {"row": row, "call_rows": call_rows, "hazards": ex["hazards"], "upstream": upstream}
+                    hazards = _hazard_names(call_rows)
+                    out[which] = {"row": row, "call_rows": call_rows, "hazards": hazards, "upstream": upstream}
                 found[r] = out
             _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
             if progress:
@@ -222,8 +228,4 @@ def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mappi
         rows = rich.filter((pl.col("rank") == r) & (pl.col("step") == step) & (pl.col("call_hash") == h)).to_dicts()
         for ex in exs:
             ex["call_rows"] = ex["call_rows"] + rows
-            hz = set(ex["hazards"])
-            for c in rows:
-                hz.update(c.get("hazards_a") or ())
-                hz.update(c.get("hazards_b") or ())
-            ex["hazards"] = tuple(sorted(hz))
+            ex["hazards"] = tuple(sorted(set(ex["hazards"]) | set(_hazard_names(rows))))
