@@ -3,9 +3,10 @@
 Prints one table: GB/s on 1 MiB and 64 MiB float32 and bfloat16 tensors for the detfp digest
 (``fingerprint``: start + resolve, one sync), ``torch.hash_tensor`` (XOR reduce, order-blind),
 xxh3-128 and sha256 over the raw bytes (host hashes, CPU only), and ``clone()`` (a memory-bandwidth
-reference); then the ratio detfp / hash_tensor, and the per-call cost for a tiny tensor (16
+reference), timed round-robin (each round times every method once); then the ratio
+detfp / hash_tensor (median of per-round ratios), and the per-call cost for a tiny tensor (16
 floats) through ``start`` alone (what capture pays per tensor), ``start`` + a share of a batched
-``resolve``, and ``fingerprint``. Each number is the median of several repeats.
+``resolve``, and ``fingerprint``. Each number is the median of several rounds.
 
     .venv/bin/python benchmarks/digest.py [--device cuda] [--repeats 7] [--threads N]
 """
@@ -45,6 +46,22 @@ def median_seconds(fn, repeats: int, device: torch.device, inner: int = 1) -> fl
     return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict, repeats: int, device: torch.device, inner: int) -> dict[str, list[float]]:
+    """Per-call seconds of each function, timed round-robin so that load changes hit all alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    out: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            _sync(device)
+            out[name].append((time.perf_counter() - t0) / inner)
+    return out
+
+
 def methods(t: torch.Tensor) -> dict[str, object]:
     out: dict[str, object] = {
         "detfp": lambda: fingerprint(t),
@@ -78,12 +95,14 @@ def main() -> None:
             t = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
             nbytes = numel * dtype.itemsize
             inner = 20 if mib == 1 else 1
-            gbps = {}
-            for name, fn in methods(t).items():
-                gbps[name] = None if fn is None else nbytes / median_seconds(fn, args.repeats, device, inner) / 1e9
+            fns = {n: f for n, f in methods(t).items() if f is not None}
+            secs = interleaved_seconds(fns, args.repeats, device, inner)
+            gbps = {n: (nbytes / statistics.median(secs[n]) / 1e9 if n in secs else None) for n in names}
+            # the ratio is the median of per-round ratios: both timed back to back in each round
+            ratio = statistics.median(h / d for d, h in zip(secs["detfp"], secs["hash_tensor"], strict=True))
             cells = "".join(f"{'n/a' if gbps[n] is None else f'{gbps[n]:.2f}':>17}" for n in names)
             label = f"{mib} MiB {str(dtype).removeprefix('torch.')}"
-            print(f"{label:<16}{cells}{gbps['detfp'] / gbps['hash_tensor']:>18.2f}x")
+            print(f"{label:<16}{cells}{ratio:>18.2f}x")
 
     tiny = torch.randn(16, device=device)
     batch = 2000
