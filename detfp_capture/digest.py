@@ -343,8 +343,9 @@ def _arena_put(
         if numel:
             xd = x.dtype
             typed = a.typed.get(xd)
-            if typed is None:
-                typed = a.typed[xd] = a.flat.view(xd)
+            if typed is None:  # cached, so it must not be an inference-mode view
+                with torch.inference_mode(False):
+                    typed = a.typed[xd] = a.flat.view(xd)
             st = _STRIDES.get(shape)
             if st is None:
                 st = _contiguous_strides(shape)

@@ -455,3 +455,55 @@ def test_arena_moments_and_pointer_flags_equal_the_per_tensor_path(dtype):
         assert f.pointer_like == (dtype is torch.int64 and bool(core.pointer_like(t)))
     if dtype is torch.int64:
         assert [f.pointer_like for f in resolve(ps)][-2:] == [True, False]
+
+
+def test_arena_created_inside_inference_mode_serves_later_calls(monkeypatch):
+    monkeypatch.setattr(D, "_ARENAS", {})
+    monkeypatch.setattr(D, "_SPARE", {})
+    with torch.inference_mode():
+        a = torch.randn(6)
+        pa = start(a)
+    b = torch.randn(6, requires_grad=True)
+    pb = start(b)  # same arena, outside inference mode
+    assert pa.arena is pb.arena
+    assert resolve([pa, pb]) == [fp(a.clone()), fp(b.detach().clone())]
+
+
+def test_concurrent_starts_from_threads():
+    import threading
+
+    ts = [torch.randn(n) for n in range(1, 200)]
+    out: dict[int, list] = {}
+
+    def work(k: int) -> None:
+        out[k] = [start(t, moments=True) for t in ts]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    want = [fp(t) for t in ts]
+    for k in range(4):
+        assert resolve(out[k]) == want
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@CUDA
+def test_cpu_and_cuda_digests_are_identical(monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(n, generator=g) for n in (0, 1, 255, 256, 300, 70000, 3 << 20)]
+    ts += [torch.randn(300, 500, generator=g).t(), torch.randn(1, 4000, generator=g).expand(64, 4000)]
+    ts += [torch.randint(0, 256, (5000,), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)]
+    ts += [torch.arange(40, dtype=torch.int64) << 36, torch.randn(17, dtype=torch.bfloat16)]
+    cpu = resolve([start(t, rows=True, moments=True, pointer_check=True) for t in ts])
+    cuda = resolve([start(t.cuda(), rows=True, moments=True, pointer_check=True) for t in ts])
+    for a, b in zip(cpu, cuda, strict=True):
+        assert a == b and a.rows == b.rows and a.pointer_like == b.pointer_like
+        assert (a.moments.nan, a.moments.inf, a.moments.absmax) == (b.moments.nan, b.moments.inf, b.moments.absmax)
+    assert [fp(t.cuda(), rows=7).rows for t in ts[:5]] == [fp(t, rows=7).rows for t in ts[:5]]
+    monkeypatch.setitem(core._INT_MM, "cuda", False)  # the exact float32 fallback on the GPU
+    assert resolve([start(t.cuda()) for t in ts]) == [fingerprint(t) for t in ts]
