@@ -41,6 +41,7 @@ _stack_push = torch._C._push_on_torch_dispatch_stack
 _NO_HAZARDS: tuple[str, ...] = ()
 _DTYPE_STR: dict[torch.dtype, str] = {}
 _VERSION_CACHE_LIMIT = 1 << 16
+_INT64 = torch.int64
 
 
 def dtype_str(dt: torch.dtype) -> str:
@@ -134,6 +135,8 @@ class Recorder:
         self.flushes = 0
         self.records_in_step = 0
         self.need_flush = False
+        self._tensor_opts = cfg.rows.enabled or cfg.moments.enabled or cfg.dumps.enabled
+        self._flush_at = cfg.flush_records
 
     # ----------------------------------------------------------------------------- context
     def begin_step(self, step: int, selected: bool) -> None:
@@ -242,21 +245,52 @@ class Recorder:
         rows: bool | int | None = None,
         fresh: bool = False,
     ) -> None:
-        cfg = self.cfg
-        name, module = call[5], call[3]
-        if rows is None:
-            rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
-        mom = cfg.moments.enabled and cfg.moments.wants(name, module)
-        dump = cfg.dumps.enabled and cfg.dumps.wants(name, module)
         out = self.records
-        for i, (role, arg, t) in enumerate(tensors):
-            hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
-            s = self.slot(t, rows, mom, fresh) if digest_it else None
-            out.append((call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz))
-            if dump:
-                self.dumps.append((call, out[-1][1], role, arg, t.detach().clone()))
+        if rows is None and not hazards and digest_it and not self._tensor_opts:
+            # The hot path (every op at level ops): no per-record options, cache lookups inlined.
+            cache = self.vcache
+            start = digest.start
+            seq = self.seq
+            for role, arg, t in tensors:
+                key = id(t)
+                try:
+                    version = t._version
+                except Exception:  # inference tensors have no version counter
+                    version = None
+                s = None
+                if version is not None and not fresh:
+                    hit = cache.get(key)
+                    if hit is not None and hit[1] == version and hit[0]() is t and hit[3] is False and hit[4] is False:
+                        s = hit[2]
+                if s is None:
+                    s = Slot(start(t, pointer_check=t.dtype is _INT64))
+                    if version is not None:
+                        if len(cache) >= _VERSION_CACHE_LIMIT:
+                            cache.clear()
+                        try:  # noqa: SIM105 (a plain try is cheaper on this hot path)
+                            cache[key] = (weakref.ref(t), version, s, False, False)
+                        except TypeError:  # some tensor subclasses refuse weak references
+                            pass
+                dt = t.dtype
+                ds = _DTYPE_STR.get(dt) or dtype_str(dt)
+                out.append((call, seq, role, arg, ds, tuple(t.shape), t.numel(), s, _NO_HAZARDS))
+                seq += 1
+            self.seq = seq
+        else:
+            cfg = self.cfg
+            name, module = call[5], call[3]
+            if rows is None:
+                rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
+            mom = cfg.moments.enabled and cfg.moments.wants(name, module)
+            dump = cfg.dumps.enabled and cfg.dumps.wants(name, module)
+            for i, (role, arg, t) in enumerate(tensors):
+                hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
+                s = self.slot(t, rows, mom, fresh) if digest_it else None
+                out.append((call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz))
+                if dump:
+                    self.dumps.append((call, out[-1][1], role, arg, t.detach().clone()))
         self.records_in_step += len(tensors)
-        if len(out) >= cfg.flush_records:
+        if len(out) >= self._flush_at:
             self.need_flush = True
 
     def append_started(self, call: tuple, items: list[tuple]) -> None:
@@ -332,80 +366,78 @@ class Recorder:
         self.writer.write_window(tables)
 
     def _record_columns(self, records: list[tuple]) -> dict[str, list]:
-        names = [
-            c.name for c in contract.columns("records") if c.name not in ("rank", "segment", "call_hash", "key_hash")
-        ]
-        cols: dict[str, list] = {n: [] for n in names}
+        """Columns of the records table (one comprehension per column: this runs once per flush
+        over every record, so per-record Python work is kept to a minimum)."""
+        calls = [r[0] for r in records]
+        fps = [None if r[7] is None else r[7].fp for r in records]
+        cols: dict[str, list] = {
+            "step": [c[0] for c in calls],
+            "seq": [r[1] for r in records],
+            "microbatch": [c[1] for c in calls],
+            "phase": [c[2] for c in calls],
+            "module": [c[3] for c in calls],
+            "kind": [c[4] for c in calls],
+            "name": [c[5] for c in calls],
+            "occurrence": [c[6] for c in calls],
+            "role": [r[2] for r in records],
+            "arg": [r[3] for r in records],
+            "dtype": [r[4] for r in records],
+            "shape": [list(r[5]) for r in records],
+            "numel": [r[6] for r in records],
+            "compiled": [bool(c[8]) for c in calls],
+        }
         adcache: dict[int, str | None] = {}
-        check = self.recompute_checks
-        fwd = self.forward_outputs
-        for call, seq, role, arg, dt, shape, numel, s, hz in records:
-            step, mb, phase, module, kind, name, occ, src, compiled = call
-            cols["step"].append(step)
-            cols["seq"].append(seq)
-            cols["microbatch"].append(mb)
-            cols["phase"].append(phase)
-            cols["module"].append(module)
-            cols["kind"].append(kind)
-            cols["name"].append(name)
-            cols["occurrence"].append(occ)
-            cols["role"].append(role)
-            cols["arg"].append(arg)
-            cols["dtype"].append(dt)
-            cols["shape"].append(list(shape))
-            cols["numel"].append(numel)
+        ads = []
+        for c in calls:
+            src = c[7]
             if src is None:
-                ad = None
-            else:
-                ad = adcache.get(id(call), 0)
-                if ad == 0:
-                    ad = adcache[id(call)] = args_text(src)
-            cols["args_digest"].append(ad)
-            cols["compiled"].append(bool(compiled))
-            fp = None if s is None else s.fp
-            hazards = list(hz)
-            if fp is None:
-                cols["status"].append("skipped")
-                for k in ("digest_hi", "digest_lo", "error", "rows", "m_sum", "m_absmax", "m_nan", "m_inf"):
-                    cols[k].append(None)
-            elif fp.error is not None:
-                cols["status"].append("error")
-                cols["digest_hi"].append(None)
-                cols["digest_lo"].append(None)
-                cols["error"].append(fp.error)
-                cols["rows"].append(None)
-                for k in ("m_sum", "m_absmax", "m_nan", "m_inf"):
-                    cols[k].append(None)
-            else:
-                cols["status"].append("ok")
-                cols["digest_hi"].append(fp.hi)
-                cols["digest_lo"].append(fp.lo)
-                cols["error"].append(None)
-                cols["rows"].append(list(fp.rows) if fp.rows is not None else None)
-                m = fp.moments
-                cols["m_sum"].append(None if m is None else m.sum)
-                cols["m_absmax"].append(None if m is None else m.absmax)
-                cols["m_nan"].append(None if m is None else m.nan)
-                cols["m_inf"].append(None if m is None else m.inf)
-                if getattr(fp, "pointer_like", False) and "pointer_like" not in hazards:
-                    hazards.append("pointer_like")
-                    self.events.append(
-                        (
-                            step,
-                            self.next_seq(),
-                            "hazard",
-                            "pointer_like",
-                            module,
-                            None,
-                            f"{kind} {name} {arg}: int64 values look like device pointers",
-                        )
+                ads.append(None)
+                continue
+            k = id(c)
+            if k not in adcache:
+                adcache[k] = args_text(src)
+            ads.append(adcache[k])
+        cols["args_digest"] = ads
+        ok = [fp is not None and fp.error is None for fp in fps]
+        digests = [fp.digest if o else None for fp, o in zip(fps, ok, strict=True)]
+        cols["status"] = ["ok" if o else ("skipped" if fp is None else "error") for fp, o in zip(fps, ok, strict=True)]
+        cols["digest_hi"] = [None if d is None else int(d[:16], 16) for d in digests]
+        cols["digest_lo"] = [None if d is None else int(d[16:], 16) for d in digests]
+        cols["error"] = [None if fp is None or o else fp.error for fp, o in zip(fps, ok, strict=True)]
+        cols["rows"] = [list(fp.rows) if o and fp.rows is not None else None for fp, o in zip(fps, ok, strict=True)]
+        if any(o and fp.moments is not None for fp, o in zip(fps, ok, strict=True)):
+            ms = [fp.moments if o else None for fp, o in zip(fps, ok, strict=True)]
+            cols["m_sum"] = [None if m is None else m.sum for m in ms]
+            cols["m_absmax"] = [None if m is None else m.absmax for m in ms]
+            cols["m_nan"] = [None if m is None else m.nan for m in ms]
+            cols["m_inf"] = [None if m is None else m.inf for m in ms]
+        hazards = [list(r[8]) for r in records]
+        fwd = self.forward_outputs
+        check = self.recompute_checks
+        for i, fp in enumerate(fps):
+            if not ok[i]:
+                continue
+            c = calls[i]
+            kind = c[4]
+            if fp.pointer_like and "pointer_like" not in hazards[i]:
+                hazards[i].append("pointer_like")
+                self.events.append(
+                    (
+                        c[0],
+                        self.next_seq(),
+                        "hazard",
+                        "pointer_like",
+                        c[3],
+                        None,
+                        f"{kind} {c[5]} {records[i][3]}: int64 values look like device pointers",
                     )
-                if kind == "module_output" and role == "output":
-                    if phase == "forward":
-                        fwd.setdefault((mb, module, arg), set()).add(fp.digest)
-                    elif phase == "recompute":
-                        check.append((step, mb, module, name, arg, fp.digest))
-            cols["hazards"].append(hazards)
+                )
+            if kind == "module_output" and records[i][2] == "output":
+                if c[2] == "forward":
+                    fwd.setdefault((c[1], c[3], records[i][3]), set()).add(digests[i])
+                elif c[2] == "recompute":
+                    check.append((c[0], c[1], c[3], c[5], records[i][3], digests[i]))
+        cols["hazards"] = hazards
         self._check_recompute()
         return cols
 
