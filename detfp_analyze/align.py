@@ -159,7 +159,10 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     else:
         a, b = _with_dup(a), _with_dup(b)
         j = _suffix(a, "a").join(_suffix(b, "b"), on=keys, how="full", coalesce=True)
-    j = j.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in _SHARED if c in a.columns])
+    if same_keys:  # equal keys: the call-site columns are equal on both sides
+        j = j.with_columns([pl.col(f"{c}_a").alias(c) for c in _SHARED if c in a.columns])
+    else:
+        j = j.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in _SHARED if c in a.columns])
     both = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()
     ok = (pl.col("status_a") == "ok") & (pl.col("status_b") == "ok")
     same_digest = (pl.col("digest_hi_a") == pl.col("digest_hi_b")) & (pl.col("digest_lo_a") == pl.col("digest_lo_b"))
@@ -262,8 +265,12 @@ def first_divergences(
     else:
         div = div.with_columns(pl.lit(1).alias("prio"))
     if div.height and div["o2"].max() < (1 << 21):  # type: ignore[operator]
-        # One integer per row and a windowed min instead of sorting every divergent row
-        # (a receiver rank can have thousands after its first).
-        c = pl.col("prio").cast(pl.Int64) * (1 << 42) + pl.col("o1").cast(pl.Int64) * (1 << 21) + pl.col("o2")
-        div = div.filter(c == c.min().over("rank"))
+        # One integer per row, then per rank the rows holding its minimum: no sort of every
+        # divergent row (a receiver rank can have thousands after its first).
+        c = (pl.col("prio").cast(pl.Int64) * (1 << 42) + pl.col("o1").cast(pl.Int64) * (1 << 21) + pl.col("o2")).alias(
+            "c"
+        )
+        div = div.with_columns(c)
+        best = div.group_by("rank").agg(pl.col("c").min())
+        div = div.join(best, on=["rank", "c"], how="semi").drop("c")
     return div.sort("rank", "prio", "o1", "o2", "key_hash").group_by("rank", maintain_order=True).first()

@@ -21,7 +21,7 @@ import polars as pl
 from detfp_analyze import align as _align
 from detfp_analyze import narrow as _narrow
 from detfp_analyze import resume as _resume
-from detfp_capture.contract import call_key, key_hash
+from detfp_capture.contract import STATUSES, call_key, key_hash
 
 __all__ = ["ROLLUP_BATCH", "WALK_BATCH", "Progress", "chunks", "collect", "rollup_candidates", "walk"]
 
@@ -71,6 +71,8 @@ def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> p
         {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
     )
     lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(*columns, _align.HAZARD_FLAG)
+    # Status as an enum: the alignment compares it on every row, integers compare faster.
+    lf = lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
     return collect(lf.join(key.lazy(), on=["rank", "step"], how="semi"))
 
 
