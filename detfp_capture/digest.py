@@ -54,6 +54,8 @@ _BYTE_DTYPES = frozenset(
     if hasattr(torch, n)
 )
 _STRIDED = torch.strided
+#: Digest work issued during CUDA graph capture would be recorded into the graph, not run now.
+_GRAPH_CAPTURE = "CUDA graph capture in progress: the tensor has no value to digest yet"
 #: Plain tensor types digested without touching __torch_function__.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -314,6 +316,8 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
                 # The hot path (most tensors of most ops): inlined, one view + one copy.
                 shape = t.shape
                 dev = t.device
+                if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    return _error(t, _GRAPH_CAPTURE)
                 p = Pending(dtype, shape, numel, dev)
                 _arena_put(p, t, dev, shape, numel, dtype if moments else None, pointer_check and dtype is torch.int64)
                 return p
@@ -389,6 +393,8 @@ def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check
     shape = t.shape
     numel = t.numel()
     dev = t.device
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _error(t, _GRAPH_CAPTURE)
     p = Pending(dtype, shape, numel, dev)
     if t.is_conj() or t.is_neg():  # lazy conjugate/negative views: digest the logical values
         t = t.resolve_conj().resolve_neg()
