@@ -507,3 +507,17 @@ def test_cpu_and_cuda_digests_are_identical(monkeypatch):
     assert [fp(t.cuda(), rows=7).rows for t in ts[:5]] == [fp(t, rows=7).rows for t in ts[:5]]
     monkeypatch.setitem(core._INT_MM, "cuda", False)  # the exact float32 fallback on the GPU
     assert resolve([start(t.cuda()) for t in ts]) == [fingerprint(t) for t in ts]
+
+
+@pytest.mark.gpu
+@CUDA
+def test_cuda_graph_capture_gives_an_error_marker_not_a_recorded_digest():
+    x = torch.randn(8, device="cuda")
+    big = torch.randn(5000, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ps = [start(x), start(big)]
+        y = x * 2
+    assert all(p.error and "graph capture" in p.error for p in ps)
+    graph.replay()
+    assert fp(y) == fp(x * 2)
