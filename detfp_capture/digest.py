@@ -528,11 +528,19 @@ class _Batch:
             for i in range(n):
                 words += core.finalize_host(head[16 * i : 16 * i + 16], metas[i])
             hexes = "".join(f"{w:016x}" for w in words)
-        else:  # big-endian bytes of each 64-bit word, hex-encoded in one call
-            hexes = host[:nd].view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
+        else:
+            hexes = _hex_words(host[:nd])
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if pointers is not None else []
         return hexes, offsets, moms, ptrs
+
+
+def _hex_words(words: torch.Tensor) -> str:
+    """Concatenated 16-hex (big-endian) renderings of a 1-D CPU int64 tensor, in one call."""
+    try:
+        return words.view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
+    except RuntimeError:  # torch built without numpy
+        return "".join(f"{w & _MASK64:016x}" for w in words.tolist())
 
 
 class _Column:

@@ -521,3 +521,15 @@ def test_cuda_graph_capture_gives_an_error_marker_not_a_recorded_digest():
     assert all(p.error and "graph capture" in p.error for p in ps)
     graph.replay()
     assert fp(y) == fp(x * 2)
+
+
+def test_hex_rendering_with_and_without_numpy(monkeypatch):
+    words = torch.tensor([0, -1, 1, -(2**63), 2**63 - 1, 0x0123456789ABCDEF], dtype=torch.int64)
+    want = "".join(f"{w & (2**64 - 1):016x}" for w in words.tolist())
+    assert D._hex_words(words) == want
+
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    assert D._hex_words(words) == want
