@@ -33,6 +33,15 @@ from detfp_analyze.verdict import format_ranks
 __all__ = ["diagnose", "shared_coordinates"]
 
 _LOCAL = ("origin", "source")
+#: Where to look when a difference enters at a record without inputs, by its kind.
+_SOURCE_HINT = {
+    "batch": "the data pipeline (sample order, augmentation, loader position, that rank's shard)",
+    "rng_state": "the RNG state (seeding, or not restored on resume)",
+    "param": "the restored or initialized parameters (checkpoint save/load, init seed)",
+    "optimizer_state": "the restored optimizer state (checkpoint save/load of the inner state)",
+    "grad": "gradients produced outside the capture",
+    "probe": "the code feeding the probe, which the capture did not see",
+}
 _COORDS = ("tp", "pp", "dp", "cp", "ep")
 
 
@@ -89,13 +98,24 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
         )
     ops = {r.rank: (r.effective.kind, r.effective.op) for r in diverged if r.rank in origin and r.effective}
     first_op = ops[origin[0]][1]
+    first_kind = ops[origin[0]][0]
+    source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == "source"}
     if origin == compared:
         if len(set(ops.values())) == 1:
+            if source == set(origin):
+                why = (
+                    f"every compared rank ({len(compared)}) sees the difference enter from outside the captured "
+                    f"region at {first_kind} {first_op}: {_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
+                )
+            else:
+                why = (
+                    f"every compared rank ({len(compared)}) starts the difference at {first_op} with matching inputs: "
+                    "the op or its kernel is nondeterministic (float atomics, split-K, tile scheduling)"
+                )
             return Diagnosis(
                 "all_ranks_same_op",
                 tuple(origin),
-                f"every compared rank ({len(compared)}) starts the difference at {first_op} with matching inputs: "
-                "the op or its kernel is nondeterministic (float atomics, split-K, tile scheduling)",
+                why,
                 first_op,
                 {},
                 counts,
@@ -113,11 +133,20 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
     coord = ", ".join(f"{k}={v}" for k, v in sorted(shared.items()))
     share = f"; they share {coord}" if coord else ""
     if len(origin) == 1:
+        if origin[0] in source:
+            why = (
+                f"only rank {origin[0]} sees the difference enter from outside the captured region (at {first_kind} "
+                f"{first_op}){share}: {_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
+            )
+        else:
+            why = (
+                f"only rank {origin[0]} starts the difference (at {first_op}){share}: look at that rank's input data, "
+                "placement, topology or reduction order"
+            )
         return Diagnosis(
             "single_rank",
             tuple(origin),
-            f"only rank {origin[0]} starts the difference (at {first_op}){share}: look at that rank's input data, "
-            "placement, topology or reduction order",
+            why,
             first_op,
             shared,
             counts,
