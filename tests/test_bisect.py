@@ -321,3 +321,21 @@ def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
     c = open_run(str(write_run(tmp_path / "c", {0: {"records": recs("o2", "i2")}})))
     f = bisect(a, c).rank(0).first
     assert (f.kind, f.role, f.verdict, f.consumer) == ("module_input", "input", "unobserved_producer", "Block in blk")
+
+
+def test_metrics_only_capture(tmp_path):
+    from detfp_analyze.reader import open_run
+    from tests.shards import write_run
+
+    def run(path, loss2):
+        metrics = [dict(step=s, name="loss", value=v) for s, v in ((0, 1.0), (1, 0.5), (2, loss2))]
+        return open_run(str(write_run(path, {0: {"metrics": metrics}, 1: {"metrics": metrics}})))
+
+    a, b = run(tmp_path / "a", 0.25), run(tmp_path / "b", 0.25000000000000006)
+    res = bisect(a, b)
+    assert [(r.rank, r.verdict, r.step, r.metric_a, r.metric_b) for r in res.ranks] == [
+        (0, "metric_only", 2, 0.25, 0.25000000000000006),
+        (1, "metric_only", 2, 0.25, 0.25000000000000006),
+    ]
+    assert res.window.steps == (0, 2)
+    assert bisect(a, run(tmp_path / "c", 0.25)).status == "identical"
