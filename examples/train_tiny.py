@@ -454,7 +454,11 @@ def main(argv=None) -> int:
 
     session = make_session(args, start_step)
     ddp = world > 1 and dist.is_initialized()
-    net = nn.parallel.DistributedDataParallel(model) if ddp else model
+    # find_unused_parameters=True also keeps DDP from rebuilding its gradient buckets after the
+    # first iteration: a resumed job's first step would otherwise flatten gradients in a
+    # different bucket layout than the uninterrupted job had at that step (same values, other
+    # bytes), which a bitwise comparison of the bucket all-reduce rightly reports.
+    net = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if ddp else model
     session.watch(net)
     session.watch_optimizer(optimizer)
 
