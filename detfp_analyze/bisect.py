@@ -255,7 +255,17 @@ def bisect(
         lv = locals_[(r, which)]
         gtest = None
         group = groups.get((r, which))
-        if lv.verdict == "collective" and group is not None:
+        if lv.verdict == "collective" and row["kind"] == "p2p":
+            # A receive has no peer call with the same key (the peer ran a send): its output
+            # differing with matching local inputs means the sender's data differed.
+            gtest = _verdict.GroupTest(
+                "receiver",
+                (),
+                (),
+                f"{row['name']} in {row['module'] or '<root>'}: received over p2p"
+                f"{'' if group is None else ' in group ' + group[0]}; the difference started on the sending rank",
+            )
+        elif lv.verdict == "collective" and group is not None:
             step, h = int(row["step"]), int(row["call_hash"])
             own_inputs = [c for c in ex["call_rows"] if c["role"] == "input"]
             states = {}

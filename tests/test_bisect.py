@@ -339,3 +339,20 @@ def test_metrics_only_capture(tmp_path):
     ]
     assert res.window.steps == (0, 2)
     assert bisect(a, run(tmp_path / "c", 0.25)).status == "identical"
+
+
+def test_p2p_receive_is_a_receiver(tmp_path):
+    recv = {
+        "extra_before": {
+            "param": [
+                dict(kind="p2p", phase="forward", name="recv@pp", role="output", arg="out[0]", digest=hexdigest("r"))
+            ]
+        }
+    }
+    recv_b = {"extra_before": {"param": [{**recv["extra_before"]["param"][0], "digest": hexdigest("r2")}]}}
+    a, b = build_pair(
+        tmp_path, world=2, edits_a={(1, 0): recv}, edits_b={(1, 0): recv_b}, groups={"dp": [0, 1], "pp": [0, 1]}
+    )
+    f = bisect(a, b).rank(1).first
+    assert (f.kind, f.op, f.verdict, f.group) == ("p2p", "recv@pp", "receiver", "pp")
+    assert "sending rank" in f.explanation
