@@ -178,12 +178,14 @@ class CaptureMode(TorchDispatchMode):
             self.s._flush_safely()
         return out
 
-    def _where(self) -> tuple[str, str]:
+    def _where(self) -> tuple[str, str] | None:
         stack = self.hooks.stack
         if stack and stack[-1][2] == "recompute":
             return stack[-1][1], "recompute"
         node = torch._C._current_autograd_node()
         if node is not None:
+            if self.s._saw_compiled and "CompiledFunction" in node.name():
+                return None  # the backward of a compiled region: recorded at its boundary only
             return node.metadata.get(NODE_KEY, ""), "backward"
         if stack:
             return stack[-1][1], stack[-1][2]
@@ -193,7 +195,10 @@ class CaptureMode(TorchDispatchMode):
         info = self.info.get(func)
         if info is None:
             info = self.info[func] = OpInfo(func, self.views)
-        module, phase = self._where()
+        where = self._where()
+        if where is None:
+            return None
+        module, phase = where
         if self.hooks.rec.cfg.modules is not None and not self.hooks.module_selected(module):
             return None
         rec = self.rec

@@ -197,6 +197,7 @@ class ModuleHooks:
                 )
                 if compiled:
                     self.s._compiled_depth += 1
+                    self.s._saw_compiled = True
                 if phase != "recompute" and torch.is_grad_enabled():
                     self._hook_input_grads(module, path, tensors)
         except Exception as exc:

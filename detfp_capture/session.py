@@ -122,6 +122,7 @@ class Session:
         self._closed = False
         self._inert = cfg.ranks is not None and self.rank not in cfg.ranks
         self._compiled_depth = 0
+        self._saw_compiled = False
         self._kernel_range: Any = None
         self._kernels: Any = None
         self._hazard: HazardTracker | None = None

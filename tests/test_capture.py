@@ -128,7 +128,9 @@ def test_ops_level_records(tmp_path):
     assert views.height > 0 and (views["status"] == "skipped").all()
     assert (ops.filter(pl.col("name") == "aten::addmm.default")["status"] == "ok").all()
     # Inputs precede outputs within a call, and occurrence counts calls per key.
-    mm = ops.filter((pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward"))
+    mm = ops.filter(
+        (pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward")
+    )
     assert mm["role"].to_list() == ["input", "input", "input", "output"]
     assert set(mm["occurrence"]) == {0}
     # Phases: backward ops are attributed to their module through the autograd graph; recompute ops too.
@@ -149,7 +151,20 @@ def test_ops_records_identical_across_runs(tmp_path):
     for name in ("a", "b"):
         with Session(tmp_path / name, "ops") as s:
             train(s, steps=1)
-    cols = ["step", "seq", "phase", "module", "kind", "name", "occurrence", "role", "arg", "digest_hi", "digest_lo", "args_digest"]
+    cols = [
+        "step",
+        "seq",
+        "phase",
+        "module",
+        "kind",
+        "name",
+        "occurrence",
+        "role",
+        "arg",
+        "digest_hi",
+        "digest_lo",
+        "args_digest",
+    ]
     a, b = read(tmp_path / "a"), read(tmp_path / "b")
     assert a.select(cols[:9]).equals(b.select(cols[:9]))
     same = (a["digest_hi"] == b["digest_hi"]).fill_null(True) & (a["digest_lo"] == b["digest_lo"]).fill_null(True)
@@ -224,7 +239,9 @@ def test_kernels_table_on_cpu(tmp_path):
     k = read(tmp_path / "r", "kernels")
     assert set(k["step"]) == {1}
     assert set(k["device_type"]) == {"cpu"}
-    mm = k.filter((pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward"))
+    mm = k.filter(
+        (pl.col("name") == "aten::addmm.default") & (pl.col("module") == "b0.fc1") & (pl.col("phase") == "forward")
+    )
     assert mm.height >= 1 and mm["index"].to_list() == list(range(mm.height))
     # Each kernel row carries the call_hash of an op record of the same step.
     calls = set(read(tmp_path / "r").filter(pl.col("step") == 1)["call_hash"])
@@ -277,3 +294,30 @@ def test_flush_every_n_records_bounds_windows(tmp_path):
     assert len(files) > 5
     r = read(tmp_path / "r")
     assert r["seq"].is_unique().all()
+
+
+def test_compiled_module_recorded_at_its_boundary(tmp_path):
+    def run(session):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+        cm = torch.compile(m, backend="eager")
+        if session is not None:
+            session.watch(cm)
+        out = []
+        for step in range(2):
+            with session.step(step) if session is not None else torch.enable_grad():
+                loss = cm(torch.randn(4, 8)).square().mean()
+                loss.backward()
+                out.append(loss.item())
+        return out
+
+    base = run(None)
+    with Session(tmp_path / "r", "ops") as s:
+        assert run(s) == base
+    r = read(tmp_path / "r").filter(pl.col("step") == 1)
+    comp = r.filter(pl.col("kind") == "compiled")
+    assert comp["role"].to_list() == ["input", "output"] and comp["compiled"].all()
+    fwd_ops = r.filter((pl.col("kind") == "op") & (pl.col("phase") == "forward"))
+    # Inside the compiled region nothing is recorded; the loss ops after it are.
+    assert "aten::addmm.default" not in set(fwd_ops["name"])
+    assert "aten::mean.default" in set(fwd_ops["name"])
