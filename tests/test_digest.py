@@ -16,6 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from detfp_capture import _digest_core as core
+from detfp_capture import _digest_types as T
 from detfp_capture import digest as D
 from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint, resolve, start
 
@@ -400,8 +401,8 @@ def test_hi_lo_and_parquet_round_trip(tmp_path):
 
 def test_fast_fingerprint_constructor_equals_the_dataclass():
     m = Moments(1.0, 2.0, 0, 0)
-    fast = D._fingerprint_fast("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), m, True)
-    slow = Fingerprint("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), D._NO_COMPONENTS, m, None, True)
+    fast = T._fingerprint_fast("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), m, True)
+    slow = Fingerprint("torch.float32", (2, 3), 6, "ab" * 16, ("cd" * 16,), T._NO_COMPONENTS, m, None, True)
     assert repr(fast) == repr(slow) and fast == slow and hash(fast) == hash(slow)
     assert vars(fast) == vars(slow)
     with pytest.raises(AttributeError):
