@@ -65,6 +65,16 @@ class Fingerprint:
     #: For int64 tensors started with pointer_check=True: every value looks like a device pointer.
     pointer_like: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.components, MappingProxyType):  # always a read-only mapping
+            object.__setattr__(self, "components", MappingProxyType(dict(self.components)))
+
+    def __reduce__(self) -> tuple:
+        # mappingproxy does not pickle: rebuild from a plain dict (wrapped again by __post_init__)
+        comps = dict(self.components)
+        args = (self.dtype, self.shape, self.numel, self.digest, self.rows, comps, self.moments, self.error)
+        return (Fingerprint, (*args, self.pointer_like))
+
     @property
     def hi(self) -> int:
         """High 64 bits of the digest as an unsigned int."""

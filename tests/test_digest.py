@@ -534,3 +534,15 @@ def test_hex_rendering_with_and_without_numpy(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
     assert D._hex_words(words) == want
+
+
+def test_fingerprints_pickle_and_components_stay_read_only():
+    import pickle
+
+    fps = [fp(torch.randn(5), rows=True, moments=True), fp(mx()), fingerprint(torch.empty(2, device="meta"))]
+    back = pickle.loads(pickle.dumps(fps))
+    assert back[:2] == fps[:2] and back[0].rows == fps[0].rows and back[0].moments == fps[0].moments
+    assert back[2].error == fps[2].error and back[2] != fps[2]
+    built = Fingerprint("torch.float32", (1,), 1, "0" * 32, components={"a": fps[0]})
+    with pytest.raises(TypeError):
+        built.components["b"] = fps[0]  # type: ignore[index]
