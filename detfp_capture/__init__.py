@@ -10,18 +10,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["CaptureError", "DigestError", "Fingerprint", "Session", "fingerprint"]
+__all__ = ["CaptureError", "DigestError", "Fingerprint", "Moments", "Session", "fingerprint"]
 
 _LAZY = {
     "Session": "detfp_capture.session",
     "Fingerprint": "detfp_capture.digest",
     "fingerprint": "detfp_capture.digest",
+    "Moments": "detfp_capture.digest",
     "DigestError": "detfp_capture.digest",
     "CaptureError": "detfp_capture.errors",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from detfp_capture.digest import DigestError, Fingerprint, fingerprint
+    from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint
     from detfp_capture.errors import CaptureError
     from detfp_capture.session import Session
 
