@@ -103,15 +103,32 @@ def _missing_ranks(run: Run) -> list[Problem]:
     ]
 
 
-def _steps_seen(run: Run) -> pl.DataFrame:
-    """Distinct (rank, step) with any record, metric or event."""
-    frames = [run.scan(t).select("rank", "step").unique() for t in ("records", "metrics", "events")]
-    return pl.concat(frames).unique().collect()
+def _steps_seen(run: Run) -> set[tuple[int, int]]:
+    """Distinct (rank, step) with any record, metric or event (superseded rows excluded).
+
+    Shards holding one step (the usual one flush window per step) answer from their footer
+    statistics; a table with any multi-step or statistics-less shard is scanned instead.
+    """
+    cut = {(r, seg): first for r, seg, first in run.supersession()}
+    seen: set[tuple[int, int]] = set()
+    for table in ("records", "metrics", "events"):
+        shards = run.shards.get(table, ())
+        if all(sh.step_min is not None and sh.step_min == sh.step_max for sh in shards):
+            seen.update(
+                (sh.rank, sh.step_min)  # type: ignore[misc]
+                for sh in shards
+                if sh.num_rows and sh.step_min < cut.get((sh.rank, sh.segment), _INF)  # type: ignore[operator]
+            )
+        else:
+            seen.update(run.scan(table).select("rank", "step").unique().collect().iter_rows())
+    return seen
+
+
+_INF = float("inf")
 
 
 def _incomplete_steps(run: Run, events: pl.DataFrame) -> tuple[list[Problem], int]:
-    seen = _steps_seen(run)
-    steps = sorted(set(seen["step"].to_list()))
+    steps = sorted({step for _, step in _steps_seen(run)})
     be = (
         events.filter(pl.col("type").is_in(["step_begin", "step_end"]))
         .group_by("rank", "step")
@@ -140,11 +157,14 @@ def _incomplete_steps(run: Run, events: pl.DataFrame) -> tuple[list[Problem], in
 def _sequence(run: Run) -> list[Problem]:
     out = []
     for table in _SEQ_TABLES:
+        # Run.scan yields rows in file order (rank, then segment and window, then write order), so
+        # each (rank, segment) is one contiguous run of rows: compare every row with the previous.
+        same_stream = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("segment") == pl.col("segment").shift(1))
         bad = (
             run.scan(table)
             .select("rank", "segment", "step", "seq")
-            .with_columns(pl.col("seq").shift(1).over("rank", "segment").alias("prev"))
-            .filter(pl.col("seq") <= pl.col("prev"))
+            .with_columns(pl.col("seq").shift(1).alias("prev"), same_stream.alias("same"))
+            .filter(pl.col("same") & (pl.col("seq") <= pl.col("prev")))
             .group_by("rank", "segment")
             .agg(pl.len().alias("n"), pl.col("step").first(), pl.col("prev").first(), pl.col("seq").first())
             .collect()
