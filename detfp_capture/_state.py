@@ -147,7 +147,6 @@ class Recorder:
         self.microbatch = contract.NO_MICROBATCH
         self.occ = {}
         self.records_in_step = 0
-        self.forward_outputs = {}
         # Parameters may have been updated through .data (no version bump): never reuse across steps.
         self.vcache.clear()
 
@@ -293,6 +292,64 @@ class Recorder:
         if len(out) >= self._flush_at:
             self.need_flush = True
 
+    def record_many(self, specs: list[tuple], *, fresh: bool = False) -> list[tuple]:
+        """Many single-tensor records at once, digests started as one batch (step boundaries).
+
+        ``specs``: [(call or None, kind, name, module, phase, role, arg, tensor)]; a None call opens
+        a new call (next occurrence). Returns the call of each record.
+        """
+        if self._tensor_opts:  # per-record options (rows, moments, dumps): the general path
+            calls = []
+            for call, kind, name, module, phase, role, arg, t in specs:
+                if call is None:
+                    call = self.record_call(kind, name, module, phase, [(role, arg, t)], fresh=fresh)
+                else:
+                    self.append_records(call, [(role, arg, t)], fresh=fresh)
+                calls.append(call)
+            return calls
+        from detfp_capture._batchdigest import start_many
+
+        cache = self.vcache
+        slots: list[Slot | None] = [None] * len(specs)
+        versions: list[int | None] = []
+        missing = []
+        for i, sp in enumerate(specs):
+            t = sp[7]
+            try:
+                version = t._version
+            except Exception:
+                version = None
+            versions.append(version)
+            if version is not None and not fresh:
+                hit = cache.get(id(t))
+                if hit is not None and hit[1] == version and hit[0]() is t and hit[3] is False and hit[4] is False:
+                    slots[i] = hit[2]
+                    continue
+            missing.append(i)
+        if missing:
+            pendings = start_many([specs[i][7] for i in missing])
+            for i, p in zip(missing, pendings, strict=True):
+                s = slots[i] = Slot(p)
+                t = specs[i][7]
+                if versions[i] is not None:
+                    with contextlib.suppress(TypeError):
+                        cache[id(t)] = (weakref.ref(t), versions[i], s, False, False)
+        calls = []
+        out = self.records
+        for sp, s in zip(specs, slots, strict=True):
+            call, kind, name, module, phase, role, arg, t = sp
+            if call is None:
+                occ = self.occurrence(phase, module, kind, name)
+                call = (self.step, self.microbatch, phase, module, kind, name, occ, None, False)
+            out.append(
+                (call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+            )
+            calls.append(call)
+        self.records_in_step += len(specs)
+        if len(out) >= self._flush_at:
+            self.need_flush = True
+        return calls
+
     def append_started(self, call: tuple, items: list[tuple]) -> None:
         """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
         for role, arg, dt, shape, numel, s in items:
@@ -355,9 +412,11 @@ class Recorder:
             tables: dict[str, dict[str, list]] = {}
             tables["records"] = self._record_columns(records)
             tables["metrics"] = self._metric_columns(metrics)
-            tables["events"] = self._event_columns(events)
             if kernels:
                 tables["kernels"] = self._kernel_columns(kernels)
+            # Resolving records can add events (recompute mismatches, pointer-like tables): same window.
+            tables["events"] = self._event_columns(events + self.events)
+            self.events = []
             if dumps:
                 tables["dumps"] = self._dump_columns(dumps)
         finally:
@@ -434,7 +493,7 @@ class Recorder:
                 )
             if kind == "module_output" and records[i][2] == "output":
                 if c[2] == "forward":
-                    fwd.setdefault((c[1], c[3], records[i][3]), set()).add(digests[i])
+                    fwd.setdefault((c[0], c[1], c[3], records[i][3]), set()).add(digests[i])
                 elif c[2] == "recompute":
                     check.append((c[0], c[1], c[3], c[5], records[i][3], digests[i]))
         cols["hazards"] = hazards
@@ -444,7 +503,7 @@ class Recorder:
     def _check_recompute(self) -> None:
         checks, self.recompute_checks = self.recompute_checks, []
         for step, mb, module, name, arg, d in checks:
-            seen = self.forward_outputs.get((mb, module, arg))
+            seen = self.forward_outputs.get((step, mb, module, arg))
             if seen is None:
                 continue  # forward output not captured (selector, or a different step window)
             if d not in seen:
@@ -459,6 +518,8 @@ class Recorder:
                         f"microbatch {mb} {arg}: recomputed output differs from the original forward output",
                     )
                 )
+        # Forward outputs of the current step may still be recomputed after the next flush.
+        self.forward_outputs = {k: v for k, v in self.forward_outputs.items() if k[0] >= self.step}
 
     def _metric_columns(self, metrics: list[tuple]) -> dict[str, list]:
         cols: dict[str, list] = {

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -37,6 +38,9 @@ from detfp_capture._state import Recorder
 from detfp_capture.errors import ConfigError
 
 __all__ = ["Session"]
+
+#: A step end flushes at least this often (seconds), even when the window is not full.
+_FLUSH_SECONDS = 20.0
 
 
 def _rank_world() -> tuple[int, int]:
@@ -138,6 +142,7 @@ class Session:
         self._step_selected = False
         self._primary_opt: Any = None
         self._opt_stepped = False
+        self._last_flush = time.monotonic()
         self._warned_writer = False
         if self._inert:
             return
@@ -377,7 +382,12 @@ class Session:
             self._hazard.step_end()
         rec.in_step = False
         rec.selected = False
-        self._flush_safely()
+        # A step end flushes when the window is full or old: one resolve and one shard per
+        # window instead of per step keeps the cheap levels cheap; close() flushes the rest.
+        now = time.monotonic()
+        if rec.need_flush or rec.dumps or now - self._last_flush >= _FLUSH_SECONDS:
+            self._last_flush = now
+            self._flush_safely()
         if self._groups_changed:
             self._groups_changed = False
             self._write_manifest_safely()
@@ -398,6 +408,7 @@ class Session:
         fresh = not self._opt_stepped
         self._opt_stepped = False
         seen: set[int] = set()
+        specs = []
         for ref in self._models:
             m = ref()
             if m is None:
@@ -406,9 +417,8 @@ class Session:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                rec.record_call(
-                    "param", self._param_names.get(id(p), "?"), "", "step", [("value", "param", p)], fresh=fresh
-                )
+                specs.append((None, "param", self._param_names.get(id(p), "?"), "", "step", "value", "param", p))
+        rec.record_many(specs, fresh=fresh)
 
     # ================================================================== optimizer
     def _opt_pre(self, opt: Any) -> None:
@@ -422,14 +432,14 @@ class Session:
             rec.phase = "optimizer"
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
+            specs = []
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
-                    c = rec.record_call("param", name, "", "optimizer", [("input", f"group[{gi}]", p)], fresh=True)
+                    specs.append((None, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
                     if p.grad is not None:
-                        rec.record_call(
-                            "grad", name, "", "optimizer", [("input", f"group[{gi}]", p.grad)], occurrence=c[6]
-                        )
+                        specs.append((None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
+            rec.record_many(specs, fresh=True)
             rec.microbatch = mb
         except Exception as exc:
             rec.fail(exc, "optimizer pre-step hook")
@@ -445,6 +455,7 @@ class Session:
         try:
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
+            specs = []
             for gi, group in enumerate(opt.param_groups):
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
@@ -452,18 +463,24 @@ class Session:
                     key = (rec.microbatch, "optimizer", "", "param", name)
                     occ = max(0, rec.occ.get(key, 1) - 1)
                     call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
-                    rec.append_records(call, [("output", f"group[{gi}]", p)], fresh=True)
+                    specs.append((call, "param", name, "", "optimizer", "output", f"group[{gi}]", p))
                     state = opt.state.get(p, {})
                     for sname in sorted(state, key=str):
                         v = state[sname]
                         if isinstance(v, torch.Tensor):
-                            rec.record_call(
-                                "optimizer_state",
-                                f"{name}.{sname}",
-                                "",
-                                "optimizer",
-                                [("output", f"group[{gi}].state[{sname}]", v)],
+                            specs.append(
+                                (
+                                    None,
+                                    "optimizer_state",
+                                    f"{name}.{sname}",
+                                    "",
+                                    "optimizer",
+                                    "output",
+                                    f"group[{gi}].state[{sname}]",
+                                    v,
+                                )
                             )
+            rec.record_many(specs, fresh=True)
             rec.microbatch = mb
             rec.phase = "forward"
             self._opt_stepped = True  # step-end parameter records may reuse these digests
