@@ -11,7 +11,8 @@
 #   resume/full           boundaries, steps 0-3, checkpoint saved at the start of step 2
 #   resume/resumed        steps 2-3 resumed from it WITHOUT restoring RNG state -> rng_state source at step 2
 #   resume/restored       steps 2-3 resumed with every state restored -> identical over steps 2-3
-#   ops/{a,b}             ops level for step 1 only (metrics for step 0), nondet_op from step 1
+#   ops/{a,b}             ops level, only step 1 captured (--capture-steps 1), nondet_op from step 1
+#                         -> origin at detfp_example::index_add on every rank
 #
 # Deterministic apart from the planted nondeterminism (and host facts in the manifests).
 # Total size stays well under 3 MB; the script prints it. Usage: bash scripts/make_sample_traces.sh
@@ -60,4 +61,4 @@ CPU). Each pair has one planted cause of divergence; the header of the script li
     detfp-analyze bisect sample_traces/resume/full sample_traces/resume/restored
     detfp-analyze bisect sample_traces/ops/a sample_traces/ops/b
 EOF
-du -sh "$OUT"
+echo "$(du -sb "$OUT" | cut -f1) bytes in $OUT (keep under 3000000)"
