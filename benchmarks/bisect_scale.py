@@ -92,6 +92,8 @@ def measure(kind: str, a: Path, b: Path) -> dict:
     res = json.loads(out.strip().splitlines()[-1])
     res["wall"] = wall
     res["peak_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    # CPU seconds (all threads): less sensitive than wall time to other processes on a shared machine.
+    res["cpu"] = usage.ru_utime + usage.ru_stime
     return res
 
 
@@ -119,13 +121,18 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
     gen = time.perf_counter() - t0
     row = {"case": label, "ranks": ranks, "records": ranks * STEPS * RECORDS, "gen_s": gen}
     bis = measure("bisect", a, b)
-    row |= {"bisect_s": bis.get("seconds", float("nan")), "bisect_wall": bis["wall"], "bisect_mib": bis["peak_mib"]}
+    row |= {
+        "bisect_s": bis.get("seconds", float("nan")),
+        "bisect_cpu": bis.get("cpu", float("nan")),
+        "bisect_mib": bis["peak_mib"],
+    }
     row["bisect_check"] = check(planted, bis)
     row["pattern"] = bis.get("pattern", "?")
     if naive and row["records"] <= NAIVE_MAX_RECORDS:
         nv = measure("naive", a, b)
         row |= {
             "naive_s": nv.get("seconds", float("nan")),
+            "naive_cpu": nv.get("cpu", float("nan")),
             "naive_mib": nv["peak_mib"],
             "naive_check": check(planted, nv),
         }
@@ -137,21 +144,31 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
 
 def fmt(rows: list[dict]) -> str:
     head = (
-        f"{'case':<10} {'ranks':>5} {'records/run':>12} {'gen s':>6} {'bisect s':>9} {'peak MiB':>9} "
-        f"{'naive s':>8} {'peak MiB':>9} {'time x':>7} {'mem x':>6}  check (bisect / naive)"
+        f"{'case':<10} {'ranks':>5} {'records/run':>12} {'gen s':>6} | {'bisect s':>8} {'cpu s':>6} {'MiB':>6} | "
+        f"{'naive s':>7} {'cpu s':>6} {'MiB':>6} | {'time x':>6} {'mem x':>5} | check bisect / naive"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         if "naive_s" in r:
-            naive = f"{r['naive_s']:8.1f} {r['naive_mib']:9.0f} {r['naive_s'] / r['bisect_s']:7.1f} {r['naive_mib'] / r['bisect_mib']:6.1f}"
+            naive = (
+                f"{r['naive_s']:7.1f} {r['naive_cpu']:6.1f} {r['naive_mib']:6.0f} | "
+                f"{r['naive_s'] / r['bisect_s']:6.1f} {r['naive_mib'] / r['bisect_mib']:5.1f}"
+            )
             nchk = r["naive_check"]
         else:
-            naive, nchk = f"{'skipped':>8} {'':>9} {'':>7} {'':>6}", "-"
+            naive, nchk = f"{'skipped':>7} {'':>6} {'':>6} | {'':>6} {'':>5}", "-"
         lines.append(
-            f"{r['case']:<10} {r['ranks']:>5} {r['records']:>12,} {r['gen_s']:6.1f} {r['bisect_s']:9.2f} "
-            f"{r['bisect_mib']:9.0f} {naive}  {r['bisect_check']} / {nchk}"
+            f"{r['case']:<10} {r['ranks']:>5} {r['records']:>12,} {r['gen_s']:6.1f} | {r['bisect_s']:8.2f} "
+            f"{r['bisect_cpu']:6.1f} {r['bisect_mib']:6.0f} | {naive} | {r['bisect_check']} / {nchk}"
         )
     return "\n".join(lines)
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def main() -> None:
@@ -170,7 +187,11 @@ def main() -> None:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{os.cpu_count()} CPUs; {STEPS} steps x {RECORDS:,} records per rank-step; runs under {work}", flush=True)
+    print(
+        f"{os.cpu_count()} CPUs, load average {_load()}; {STEPS} steps x {RECORDS:,} records per rank-step; "
+        f"runs under {work}",
+        flush=True,
+    )
     rows = []
     for n in [int(s) for s in args.sizes.split(",") if s]:
         plant = Plant(rank=n // 3, step=1, index=RECORDS // 4)
@@ -184,10 +205,11 @@ def main() -> None:
         ):
             rows.append(run_case(work, label, n, plant, False, args.keep))
             print(fmt(rows[-1:]).splitlines()[-1], flush=True)
-    print()
+    print(f"\nload average at the end: {_load()}")
     print(fmt(rows))
     print(
-        "\nbisect s: open_run both + bisect(level='op') inside the child; peak MiB: the child's ru_maxrss."
+        "\nbisect s: open_run both + bisect(level='op') inside the child (wall); cpu s: the child's user+sys"
+        " CPU time (all threads); MiB: the child's peak RSS (ru_maxrss via os.wait4)."
         "\nnaive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
         "\ntime x / mem x: naive / bisect."
     )
