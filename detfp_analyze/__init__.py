@@ -1,11 +1,83 @@
 """detfp_analyze: narrow the first bitwise divergence between two detfp runs.
 
 Never imports torch (a subprocess test proves it). Pipeline, each stage a pure function:
-open/validate a run (``reader``) -> diff manifests (``envdiff``) -> align records by
-call-site key -> narrow step -> phase -> module -> op -> kernel -> verdicts and a
-cross-rank diagnosis (``bisect``) -> report (text/JSON, in the CLI).
+open/validate a run (``reader``) -> diff manifests (``envdiff``) -> bound the step from
+metrics and per-(rank, step) rollups (``narrow``) -> align records by call-site key in
+each rank's own order (``align``, ``walk``) -> verdicts (``verdict``) -> cross-rank
+diagnosis (``diagnose``) -> kind and size of the difference (``diffkind``, ``evidence``)
+-> report (``report``; printing happens only in the CLI). ``connect`` exposes the same
+traces to SQL through documented DuckDB views; ``certify`` checks a single run.
+
+Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for the CLI.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "REPORT_VERSION",
+    "BisectResult",
+    "CertifyResult",
+    "DetfpError",
+    "Diagnosis",
+    "Divergence",
+    "EnvDiff",
+    "Problem",
+    "RankResult",
+    "Run",
+    "RunSummary",
+    "bisect",
+    "certify",
+    "connect",
+    "divergence_heatmap",
+    "env_diff",
+    "open_run",
+    "summarize",
+]
+
+_LAZY = {
+    "REPORT_VERSION": "detfp_analyze.result",
+    "BisectResult": "detfp_analyze.result",
+    "Diagnosis": "detfp_analyze.result",
+    "Divergence": "detfp_analyze.result",
+    "RankResult": "detfp_analyze.result",
+    "bisect": "detfp_analyze.bisect",
+    "CertifyResult": "detfp_analyze.certify",
+    "Problem": "detfp_analyze.certify",
+    "certify": "detfp_analyze.certify",
+    "connect": "detfp_analyze.sql",
+    "divergence_heatmap": "detfp_analyze.plot",
+    "EnvDiff": "detfp_analyze.envdiff",
+    "env_diff": "detfp_analyze.envdiff",
+    "DetfpError": "detfp_analyze.errors",
+    "Run": "detfp_analyze.reader",
+    "open_run": "detfp_analyze.reader",
+    "RunSummary": "detfp_analyze.summary",
+    "summarize": "detfp_analyze.summary",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from detfp_analyze.bisect import bisect
+    from detfp_analyze.certify import CertifyResult, Problem, certify
+    from detfp_analyze.envdiff import EnvDiff, env_diff
+    from detfp_analyze.errors import DetfpError
+    from detfp_analyze.plot import divergence_heatmap
+    from detfp_analyze.reader import Run, open_run
+    from detfp_analyze.result import REPORT_VERSION, BisectResult, Diagnosis, Divergence, RankResult
+    from detfp_analyze.sql import connect
+    from detfp_analyze.summary import RunSummary, summarize
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'detfp_analyze' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
