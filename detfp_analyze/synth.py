@@ -66,8 +66,8 @@ class SynthSpec:
     bucket_layers: int = 4
     #: Write moments (m_sum, m_absmax, m_nan, m_inf) on every digested record.
     moments: bool = False
-    #: Parquet compression of the shards.
-    compression: str = "snappy"
+    #: Parquet compression of the shards (the capture writer's default).
+    compression: str = "zstd"
 
 
 @dataclass(frozen=True)
@@ -431,8 +431,9 @@ def _write(table: pa.Table, run: Path, name: str, rank: int, window: int, compre
     path = run / contract.shard_relpath(name, rank, 0, window)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name("." + path.name)
-    # Statistics only where readers prune on them; digests are random and never pruned on.
-    pq.write_table(table, tmp, compression=compression, write_statistics=["rank", "segment", "step", "seq"])
+    # Same encoding as detfp_capture.writer (zstd, default statistics), so benchmarks read
+    # files like the ones a capture writes.
+    pq.write_table(table, tmp, compression=compression)
     tmp.replace(path)
     return path
 
