@@ -197,6 +197,7 @@ class CollectiveTracer:
             except Exception as exc:
                 rec.fail(exc, f"torch.distributed.{fname} wrapper")
                 call = None
+            rec.settle()  # c10d writes outputs from C++, unseen by the dispatch mode
             result = orig(*args, **kwargs)
             if call is None:
                 return result
@@ -267,6 +268,7 @@ class CollectiveTracer:
                         calls = []
                     finally:
                         rec.leave()
+                rec.settle()
                 self.in_batch = True
                 try:
                     works = orig(p2p_op_list)
@@ -318,6 +320,7 @@ class CollectiveTracer:
             buf = bucket.buffer()
             live = tracer.s._live()
             call = None
+            tracer.rec.settle()
             if live:
                 call = tracer._bucket_input(group, bucket, buf)
             # The built-in path multiplies each gradient by 1/world_size while copying it into the

@@ -77,7 +77,7 @@ _OVERWRITE = frozenset(
 class OpInfo:
     """Cached facts about one op overload."""
 
-    __slots__ = ("empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes")
+    __slots__ = ("empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes", "writing")
 
     def __init__(self, func: Any, views: bool) -> None:
         schema = func._schema
@@ -94,6 +94,7 @@ class OpInfo:
                     writes.append(i)
         self.writes = tuple(writes)
         self.out_kwargs = tuple(outs)
+        self.writing = bool(writes or outs)
         self.empty = base in _EMPTY
         self.overwrite = base in _OVERWRITE or bool(outs)
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
@@ -232,7 +233,10 @@ class CaptureMode(TorchDispatchMode):
             args_src=other if other != ((), {}) else None,
             hazards=flags,
             digest_it=not info.skip,
+            defer=not info.writing,
         )
+        if info.writing and rec.deferred:
+            rec.run_deferred()  # digests waiting for a batch must see the values before this write
         rec.busy = False
         return call, info, phase
 
@@ -241,6 +245,18 @@ class CaptureMode(TorchDispatchMode):
         rec = self.rec
         rec.busy = True
         outs = _outputs(out)
+        if not outs and info.writes:
+            # In-place ops that return nothing (the _foreach_*_ family): their written arguments
+            # are the outputs.
+            for i in info.writes:
+                if i < len(args):
+                    a = args[i]
+                    if isinstance(a, torch.Tensor):
+                        outs.append(("output", f"args[{i}]", a))
+                    elif isinstance(a, (list, tuple)):
+                        outs.extend(
+                            ("output", f"args[{i}][{j}]", x) for j, x in enumerate(a) if isinstance(x, torch.Tensor)
+                        )
         hz = self.s._hazard
         flags = None
         if hz is not None:
@@ -267,12 +283,14 @@ class CaptureMode(TorchDispatchMode):
                 flags = flags or None
         # Inside the dispatcher an in-place op has not bumped the version counter yet (that happens
         # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused.
-        fresh = bool(info.writes or info.out_kwargs)
+        fresh = info.writing
         if fresh:
             vc = rec.vcache
             for i in info.writes:
                 if i < len(args):
                     vc.pop(id(args[i]), None)
         if outs:
-            rec.append_records(call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh)
+            rec.append_records(
+                call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh, defer=not fresh
+            )
         rec.busy = False

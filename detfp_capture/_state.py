@@ -42,6 +42,10 @@ _NO_HAZARDS: tuple[str, ...] = ()
 _DTYPE_STR: dict[torch.dtype, str] = {}
 _VERSION_CACHE_LIMIT = 1 << 16
 _INT64 = torch.int64
+_TENSOR = torch.Tensor
+_SMALL = 1024  # bytes; smaller tensors go to the digest arena right away
+_DEFER_MAX = 1024  # deferred digests per batch
+_DEFER_BYTES = 256 << 20  # bytes held by deferred digests before a batch runs
 
 
 def dtype_str(dt: torch.dtype) -> str:
@@ -123,6 +127,9 @@ class Recorder:
         self.vcache: dict[int, tuple] = {}
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training thread.
         self.foreign: deque[tuple] = deque()
+        # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
+        self.deferred: list[tuple] = []
+        self.deferred_bytes = 0
         self.lock = threading.Lock()
         # Forward module-output digests per (microbatch, module, arg) for the recompute check.
         self.forward_outputs: dict[tuple, set[str]] = {}
@@ -225,13 +232,16 @@ class Recorder:
         digest_it: bool = True,
         rows: bool | int | None = None,
         fresh: bool = False,
+        defer: bool = False,
     ) -> tuple:
         """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call tuple."""
         if occurrence is None:
             occurrence = self.occurrence(phase, module, kind, name)
         call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
         if tensors:
-            self.append_records(call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh)
+            self.append_records(
+                call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh, defer=defer
+            )
         return call
 
     def append_records(
@@ -243,12 +253,14 @@ class Recorder:
         digest_it: bool = True,
         rows: bool | int | None = None,
         fresh: bool = False,
+        defer: bool = False,
     ) -> None:
         out = self.records
         if rows is None and not hazards and digest_it and not self._tensor_opts:
             # The hot path (every op at level ops): no per-record options, cache lookups inlined.
             cache = self.vcache
             start = digest.start
+            deferred = self.deferred
             seq = self.seq
             for role, arg, t in tensors:
                 key = id(t)
@@ -262,7 +274,16 @@ class Recorder:
                     if hit is not None and hit[1] == version and hit[0]() is t and hit[3] is False and hit[4] is False:
                         s = hit[2]
                 if s is None:
-                    s = Slot(start(t, pointer_check=t.dtype is _INT64))
+                    dt = t.dtype
+                    nb = t.numel() * dt.itemsize
+                    if defer and version is not None and nb > _SMALL and dt is not _INT64 and type(t) is _TENSOR:
+                        # Level ops sees every write, so the digest can wait for a batch (run
+                        # before the next writing op, collective or flush): one GEMM for many.
+                        s = Slot(None)
+                        deferred.append((s, t, version))
+                        self.deferred_bytes += nb
+                    else:
+                        s = Slot(start(t, pointer_check=dt is _INT64))
                     if version is not None:
                         if len(cache) >= _VERSION_CACHE_LIMIT:
                             cache.clear()
@@ -275,6 +296,8 @@ class Recorder:
                 out.append((call, seq, role, arg, ds, tuple(t.shape), t.numel(), s, _NO_HAZARDS))
                 seq += 1
             self.seq = seq
+            if len(deferred) >= _DEFER_MAX or self.deferred_bytes >= _DEFER_BYTES:
+                self.run_deferred()
         else:
             cfg = self.cfg
             name, module = call[5], call[3]
@@ -291,6 +314,37 @@ class Recorder:
         self.records_in_step += len(tensors)
         if len(out) >= self._flush_at:
             self.need_flush = True
+
+    def run_deferred(self) -> None:
+        """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy)."""
+        items = self.deferred
+        if not items:
+            return
+        self.deferred = []
+        self.deferred_bytes = 0
+        from detfp_capture._batchdigest import start_many
+
+        live_s, live_t = [], []
+        for s, t, v in items:
+            if t._version != v:  # cannot happen when every write goes through the dispatcher
+                p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
+                p.error = "modified in place before its deferred digest ran"
+                s.pending = p
+            else:
+                live_s.append(s)
+                live_t.append(t)
+        if live_t:
+            for s, p in zip(live_s, start_many(live_t), strict=True):
+                s.pending = p
+
+    def settle(self) -> None:
+        """Run deferred digests now (before a write the dispatch mode cannot see)."""
+        if self.deferred:
+            self.enter()
+            try:
+                self.run_deferred()
+            finally:
+                self.leave()
 
     def record_many(self, specs: list[tuple], *, fresh: bool = False) -> list[tuple]:
         """Many single-tensor records at once, digests started as one batch (step boundaries).
@@ -397,6 +451,7 @@ class Recorder:
             return
         self.enter()
         try:
+            self.run_deferred()
             slots = []
             seen = set()
             for r in records:
@@ -614,6 +669,7 @@ class Recorder:
         )
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
         self.records, self.dumps, self.kernels = [], [], []
+        self.deferred, self.deferred_bytes = [], 0
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"

@@ -321,3 +321,26 @@ def test_compiled_module_recorded_at_its_boundary(tmp_path):
     # Inside the compiled region nothing is recorded; the loss ops after it are.
     assert "aten::addmm.default" not in set(fwd_ops["name"])
     assert "aten::mean.default" in set(fwd_ops["name"])
+
+
+def test_batched_step_boundary_digests_equal_single_digests():
+    from detfp_capture import digest
+    from detfp_capture._batchdigest import start_many
+
+    g = torch.Generator().manual_seed(3)
+    ts = [
+        torch.randn(300, generator=g),
+        torch.randn(257, generator=g),  # 1028 bytes: two level-0 rows
+        torch.randn(64, 64, generator=g),
+        torch.randn(100, 70, generator=g).t(),  # non-contiguous
+        torch.randn(5, generator=g),  # small: the digest arena path
+        torch.zeros(0),
+        torch.randn(70000, generator=g),  # three levels
+        torch.randn(33, 9, dtype=torch.float64, generator=g),
+        torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        torch.arange(500),  # int64: pointer check, single path
+        torch.randn(4, 4, generator=g, requires_grad=True) * 2,
+    ]
+    batched = digest.resolve(start_many(ts))
+    single = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
+    assert [a.digest for a in batched] == [b.digest for b in single]
