@@ -132,6 +132,15 @@ def _table_docs(table: str) -> dict[str, str]:
     return {c.name: c.doc for c in contract.columns(table)} | {"shard": _SHARD_DOC}
 
 
+def _contract_table(view: str) -> str | None:
+    """The contract table a view is named after: records for records, a_records, _b_records_src."""
+    base = view.lstrip("_").removesuffix("_src")
+    for name in (base, base[2:] if base[1:2] == "_" else ""):
+        if name in contract.TABLES:
+            return name
+    return None
+
+
 class _Views:
     """Creates views on a connection and documents every column (COMMENT ON).
 
@@ -147,8 +156,8 @@ class _Views:
     def create(self, name: str, sql: str, doc: str, explicit: dict[str, str]) -> None:
         con = self.con
         con.execute(sql)
-        table = name.strip("_").removesuffix("_src").split("_", 1)[-1] if "_" in name.strip("_") else name
-        seed = _table_docs(table) if table in contract.TABLES else {}
+        table = _contract_table(name)
+        seed = _table_docs(table) if table else {}
         con.execute(f"COMMENT ON VIEW {name} IS {_lit(doc)}")
         for (col,) in con.execute(f"SELECT column_name FROM (DESCRIBE {name})").fetchall():
             cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
