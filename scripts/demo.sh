@@ -41,8 +41,8 @@ say "2. what a run holds"
 
 say "3. where they stop being bitwise identical"
 bisect "$DEMO_DIR/a" "$DEMO_DIR/b"
-STEP=$("$CLI" bisect "$DEMO_DIR/a" "$DEMO_DIR/b" --json 2>/dev/null \
-       | "$PY" -c 'import json,sys; s=json.load(sys.stdin).get("first_step"); print(1 if s is None else s)' || echo 1)
+REPORT=$("$CLI" bisect "$DEMO_DIR/a" "$DEMO_DIR/b" --json 2>/dev/null || true)  # exit 1 = diverged
+STEP=$(printf '%s' "$REPORT" | "$PY" -c 'import json,sys; s=json.load(sys.stdin).get("first_step"); print(1 if s is None else s)')
 
 say "4. the same runs again, every ATen op recorded for step $STEP only"
 train "$DEMO_DIR/a-ops" --level ops --capture-steps "$STEP" --steps $((STEP + 1)) --plant nondet_op
