@@ -2,6 +2,7 @@
 # GPU check for detfp (needs one CUDA machine; about 3-4 minutes). Run from anywhere:
 #
 #     bash scripts/gpu_check.sh            # NPROC=1|2, BACKEND=nccl|gloo, ROUNDS=10 to override
+#     DEVICE=cpu bash scripts/gpu_check.sh # smoke-test this script itself on a machine without a GPU
 #
 # 1. the example at every capture level on the GPU (torchrun, single node), traces validated,
 #    including kernel identities from the profiler carrying real CUDA kernel names;
@@ -17,6 +18,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 ROUNDS=${ROUNDS:-10}
+DEVICE=${DEVICE:-cuda}
+export DEVICE
 WORK=$(mktemp -d -t detfp-gpu-check-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -25,36 +28,41 @@ die() { printf 'gpu_check: FAILED: %s\n' "$*" >&2; exit 1; }
 
 step "environment"
 "$PY" - <<'EOF' || die "CUDA is not available to $PY (need a CUDA build of torch and a visible GPU)"
-import sys, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda)
-if not torch.cuda.is_available():
+import os, sys, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", os.environ["DEVICE"])
+if os.environ["DEVICE"] == "cuda" and not torch.cuda.is_available():
     sys.exit(1)
 for i in range(torch.cuda.device_count()):
     print(f"cuda:{i}", torch.cuda.get_device_name(i))
 EOF
-NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-NPROC=${NPROC:-$(( NGPU >= 2 ? 2 : 1 ))}
-if [ "$NPROC" -gt "$NGPU" ]; then
-  die "NPROC=$NPROC ranks but only $NGPU GPU(s): NCCL needs one GPU per rank (set NPROC=$NGPU)"
+if [ "$DEVICE" = cuda ]; then
+  NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  NPROC=${NPROC:-$(( NGPU >= 2 ? 2 : 1 ))}
+  BACKEND=${BACKEND:-nccl}
+  if [ "$BACKEND" = nccl ] && [ "$NPROC" -gt "$NGPU" ]; then
+    die "NPROC=$NPROC ranks but only $NGPU GPU(s): NCCL needs one GPU per rank (set NPROC=$NGPU or BACKEND=gloo)"
+  fi
+else
+  NPROC=${NPROC:-2}
+  BACKEND=${BACKEND:-gloo}
 fi
-BACKEND=${BACKEND:-nccl}
 echo "ranks $NPROC, backend $BACKEND"
 
-step "1/5 example at every level on cuda (torchrun --nproc_per_node $NPROC)"
+step "1/5 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
 for level in metrics boundaries ops; do
   steps=3; extra=""
   if [ "$level" = ops ]; then steps=2; extra="--capture-steps 1 --kernels 1"; fi
   # shellcheck disable=SC2086
   timeout 240 "$PY" -m torch.distributed.run --nproc_per_node "$NPROC" examples/train_tiny.py \
-      --device cuda --backend "$BACKEND" --out "$WORK/$level" --level "$level" --steps "$steps" --quiet $extra \
+      --device "$DEVICE" --backend "$BACKEND" --out "$WORK/$level" --level "$level" --steps "$steps" --quiet $extra \
       > "$WORK/$level.log" 2>&1 || { tail -n 30 "$WORK/$level.log" >&2; die "example at level $level (log above)"; }
   echo "level $level: ok"
 done
 "$PY" - "$WORK" "$NPROC" <<'EOF' || die "trace validation (see the message above)"
-import sys
+import os, sys
 import polars as pl
-from detfp_analyze import open_run
-work, nproc = sys.argv[1], int(sys.argv[2])
+from detfp_analyze.reader import open_run
+work, nproc, device = sys.argv[1], int(sys.argv[2]), os.environ["DEVICE"]
 want = {"metrics": {"rng_state", "param"}, "boundaries": {"module_output", "optimizer_state"},
         "ops": {"op", "module_output"}}
 if nproc > 1:  # DDP's gradient reduction only exists with several ranks
@@ -66,18 +74,18 @@ for level, kinds in want.items():
     missing = kinds - got
     assert not missing, f"{level}: record kinds {sorted(missing)} missing (have {sorted(got)})"
     errors = run.scan("records").filter(pl.col("status") == "error").select(pl.len()).collect().item()
-    assert errors == 0, f"{level}: {errors} records failed to digest on cuda"
+    assert errors == 0, f"{level}: {errors} records failed to digest on {device}"
     print(f"{level}: ranks {run.ranks}, kinds {sorted(got)}")
 k = open_run(f"{work}/ops").scan("kernels").collect()
 assert k.height > 0, "ops: no kernel identities recorded for --kernels 1"
-cuda = k.filter(pl.col("device_type") == "cuda")
-assert cuda.height > 0, f"ops: kernels table has no cuda kernels (device types {k['device_type'].unique().to_list()})"
-print("kernels: e.g.", ", ".join(sorted(set(cuda["kernel"].head(200).to_list()))[:4]))
+dev = k.filter(pl.col("device_type") == device)
+assert dev.height > 0, f"ops: kernels table has no {device} kernels (device types {k['device_type'].unique().to_list()})"
+print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
 step "2/5 device digests == CPU reference digests"
-"$PY" - <<'EOF' || die "a cuda digest differs from the CPU reference (see above)"
-import torch
+"$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
+import os, torch
 from detfp_capture import fingerprint
 g = torch.Generator().manual_seed(0)
 cases = {
@@ -101,7 +109,7 @@ if hasattr(torch, "float8_e4m3fn"):
 bad = 0
 for name, t in cases.items():
     cpu = fingerprint(t, rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
-    dev = fingerprint(t.cuda(), rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
+    dev = fingerprint(t.to(os.environ["DEVICE"]), rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
     same = cpu.digest == dev.digest and cpu.rows == dev.rows and not cpu.error and not dev.error
     bad += not same
     print(f"{'ok  ' if same else 'DIFF'} {name:<16} {cpu.digest or cpu.error}  {dev.digest or dev.error}")
@@ -110,21 +118,23 @@ EOF
 
 step "3/5 host synchronizations in one ops-level step (profiler count)"
 "$PY" - "$WORK" <<'EOF' || die "capture at ops level synchronizes with the host per op (see counts above)"
-import importlib.util, sys, types
+import importlib.util, os, sys, types
 from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
-from detfp_analyze import open_run
+from detfp_analyze.reader import open_run
 spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/capture_overhead.py")
 bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
 tt = bench.load_example()
-args = types.SimpleNamespace(device="cuda", seed=1234, seq=32, batch=8)
+device = os.environ["DEVICE"]
+args = types.SimpleNamespace(device=device, seed=1234, seq=32, batch=8)
+activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 def syncs(config):
     out = Path(sys.argv[1]) / f"sync-{config}"
     r = bench.Runner(tt, config, args, out.parent if config == "none" else Path(str(out)))
     r.step(); r.step()  # warm-up: allocator, cuBLAS handles, arenas
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=activities) as prof:
         r.step()
     r.close()
     # cudaMemcpy (the synchronous one) blocks; cudaMemcpyAsync counts only if followed by a sync.
@@ -143,14 +153,18 @@ raise SystemExit(0 if extra <= max(16, n_ops // 20) else 1)
 EOF
 
 step "4/5 GPU-marked tests"
-set +e
-"$PY" -m pytest -q -m gpu -p no:cacheprovider
-rc=$?
-set -e
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then die "pytest -m gpu (exit $rc)"; fi  # 5: no gpu tests collected
+if [ "$DEVICE" = cuda ]; then
+  set +e
+  "$PY" -m pytest -q -m gpu -p no:cacheprovider
+  rc=$?
+  set -e
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then die "pytest -m gpu (exit $rc)"; fi  # 5: no gpu tests collected
+else
+  echo "skipped on $DEVICE"
+fi
 
-step "5/5 capture overhead on cuda"
-timeout 150 "$PY" benchmarks/capture_overhead.py --device cuda --rounds "$ROUNDS" \
-  || die "benchmarks/capture_overhead.py --device cuda"
+step "5/5 capture overhead on $DEVICE"
+timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" --rounds "$ROUNDS" \
+  || die "benchmarks/capture_overhead.py --device $DEVICE"
 
 printf '\ngpu_check: all checks passed\n'
