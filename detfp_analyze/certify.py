@@ -40,6 +40,9 @@ _EVENT_KINDS = ("pending_collective", "recompute_mismatch", "capture_error", "ca
 #: dumps are excluded: several kernel rows (or a dump and its record) may share one op's seq.
 _SEQ_TABLES = ("records", "metrics", "events")
 _CUBLAS_OK = (":4096:8", ":16:8")
+#: In-place ops that overwrite every element of args[0] without reading it: a hazard flag on that
+#: input (e.g. dropout's empty_like buffer handed to bernoulli_) describes memory nobody reads.
+_OVERWRITING = r"^aten::(bernoulli|fill|zero|copy|uniform|normal|random|exponential|geometric|log_normal|cauchy)_\."
 
 
 @dataclass(frozen=True)
@@ -197,8 +200,13 @@ def _event_problems(events: pl.DataFrame) -> list[Problem]:
 def _hazards(run: Run, events: pl.DataFrame) -> list[Problem]:
     flagged = (
         run.scan("records")
-        .select("rank", "step", "seq", "module", "kind", "name", "arg", "hazards")
+        .select("rank", "step", "seq", "module", "kind", "name", "role", "arg", "status", "hazards")
         .filter(pl.col("hazards").list.len() > 0)
+        # Only digested records can be compared, hence be a false root; an overwritten input is never read.
+        .filter(pl.col("status") == "ok")
+        .filter(
+            ~((pl.col("role") == "input") & (pl.col("arg") == "args[0]") & pl.col("name").str.contains(_OVERWRITING))
+        )
         .explode("hazards")
         .group_by("hazards", "rank", "step", "module")
         .agg(pl.len().alias("n"), pl.all().sort_by("seq").first())

@@ -215,3 +215,18 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert r.exit_code == 1 and "  pending_collective: rank 0 step 0: 2 async collective(s)" in r.output
     r = runner.invoke(app, ["certify", str(tmp_path / "nope")])
     assert r.exit_code == 2
+
+
+def test_hazards_nobody_reads_are_not_problems(tmp_path):
+    # Dropout: empty_like's output is not digested (skipped), bernoulli_ overwrites its args[0]
+    # without reading it. Neither can be a false root; a consumer reading the buffer can.
+    recs = [
+        dict(step=0, name="aten::empty_like.default", status="skipped", hazards=["uninitialized"]),
+        dict(step=0, name="aten::bernoulli_.float", role="input", hazards=["uninitialized"]),
+        dict(step=0, name="aten::bernoulli_.float"),
+        dict(step=0, name="aten::add.Tensor", role="input", hazards=["uninitialized"]),
+        dict(step=0, name="aten::add.Tensor"),
+    ]
+    write_run(tmp_path / "r", {0: step(0, 0, recs)})
+    (p,) = problems(tmp_path / "r")
+    assert p["kind"] == "uninitialized" and "aten::add.Tensor args[0]" in p["detail"]
