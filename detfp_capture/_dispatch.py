@@ -77,7 +77,7 @@ _OVERWRITE = frozenset(
 class OpInfo:
     """Cached facts about one op overload."""
 
-    __slots__ = ("empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes", "writing")
+    __slots__ = ("batch_inputs", "empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes", "writing")
 
     def __init__(self, func: Any, views: bool) -> None:
         schema = func._schema
@@ -95,6 +95,7 @@ class OpInfo:
         self.writes = tuple(writes)
         self.out_kwargs = tuple(outs)
         self.writing = bool(writes or outs)
+        self.batch_inputs = not self.writing or base.startswith("aten::_foreach_")
         self.empty = base in _EMPTY
         self.overwrite = base in _OVERWRITE or bool(outs)
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
@@ -233,7 +234,9 @@ class CaptureMode(TorchDispatchMode):
             args_src=other if other != ((), {}) else None,
             hazards=flags,
             digest_it=not info.skip,
-            defer=not info.writing,
+            # A writing op runs the batch right below, before the write: worth it for the many
+            # tensors of a _foreach_ op, not for a single in-place tensor.
+            defer=info.batch_inputs,
         )
         if info.writing and rec.deferred:
             rec.run_deferred()  # digests waiting for a batch must see the values before this write
@@ -291,6 +294,6 @@ class CaptureMode(TorchDispatchMode):
                     vc.pop(id(args[i]), None)
         if outs:
             rec.append_records(
-                call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh, defer=not fresh
+                call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh, defer=True
             )
         rec.busy = False
