@@ -41,6 +41,8 @@ __all__ = ["Session"]
 
 #: A step end flushes at least this often (seconds), even when the window is not full.
 _FLUSH_SECONDS = 20.0
+#: How long close() waits for the writer thread to drain its queue.
+_CLOSE_TIMEOUT_S = 300.0
 
 
 def _rank_world() -> tuple[int, int]:
@@ -295,7 +297,14 @@ class Session:
             self._teardown()
             with contextlib.suppress(Exception):
                 self._write_manifest()
-            self._writer.close()
+            # Bounded: a hung filesystem must not hang the end of training.
+            if not self._writer.close(timeout=_CLOSE_TIMEOUT_S):
+                warnings.warn(
+                    f"detfp: trace writer of rank {self.rank} did not finish within {_CLOSE_TIMEOUT_S:.0f} s; "
+                    "the last windows may be missing",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             if self._writer.error and not self._warned_writer:
                 warnings.warn(f"detfp: trace writer failed: {self._writer.error}", RuntimeWarning, stacklevel=2)
 

@@ -344,3 +344,33 @@ def test_batched_step_boundary_digests_equal_single_digests():
     batched = digest.resolve(start_many(ts))
     single = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
     assert [a.digest for a in batched] == [b.digest for b in single]
+
+
+def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
+    a = [torch.ones(300), torch.ones(400)]
+    b = torch.ones(500)
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        torch._foreach_add_(a, 1.0)  # returns nothing: the written list is the output
+        c = b * 3  # deferred digest (large enough for the batch path)
+        b.add_(1.0)  # a write: the batch runs first, so c's and b's old values are kept
+        _ = c + b
+    r = read(tmp_path / "r").filter(pl.col("kind") == "op")
+    fe = r.filter(pl.col("name") == "aten::_foreach_add_.Scalar")
+    assert fe.select("role", "arg").rows() == [
+        ("input", "args[0][0]"),
+        ("input", "args[0][1]"),
+        ("output", "args[0][0]"),
+        ("output", "args[0][1]"),
+    ]
+    assert fe["digest_hi"][0] != fe["digest_hi"][2]
+    add_ = r.filter(pl.col("name") == "aten::add_.Tensor")
+    add_ = add_ if add_.height else r.filter(pl.col("name") == "aten::add_.Scalar")
+    before, after = (
+        add_.filter(pl.col("role") == "input")["digest_hi"][0],
+        add_.filter(pl.col("role") == "output")["digest_hi"][0],
+    )
+    assert before != after
+    last = r.filter(pl.col("name") == "aten::add.Tensor").filter(pl.col("role") == "input")
+    mul_out = r.filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))["digest_hi"][0]
+    assert last["digest_hi"].to_list() == [mul_out, after]
+    assert (r["status"] != "error").all()
