@@ -59,7 +59,7 @@ class Runner:
             self.session = Session(str(out_root / config), level=config)
         session = self.session
         torch.manual_seed(args.seed)
-        self.model = tt.TinyGPT(seq=args.seq, probe=lambda name, t: session.probe(name, t)).to(self.device)
+        self.model = tt.TinyGPT(d=args.width, hidden=args.hidden, seq=args.seq, probe=lambda name, t: session.probe(name, t)).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.data = tt.TokenStream(args.seed, 0, args.batch, args.seq, 256, self.device)
         self.session.watch(self.model)
@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--width", type=int, default=64, help="model width d (the example's default: 64)")
+    p.add_argument("--hidden", type=int, default=128, help="expert hidden size (the example's default: 128)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
     p.add_argument("--profile", choices=CONFIGS, help="cProfile this configuration instead of the table")
@@ -198,7 +200,8 @@ def main(argv=None) -> int:
             return 0
         times = measure(args, tt, Path(tmp))
     print(f"device {args.device}, threads {args.threads}, {args.rounds} interleaved steps per config "
-          f"after {args.warmup} warm-up, model examples/train_tiny.py (batch {args.batch} x seq {args.seq})")
+          f"after {args.warmup} warm-up, model examples/train_tiny.py (batch {args.batch} x seq {args.seq}, "
+          f"width {args.width}, expert hidden {args.hidden})")
     result = report(times)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
