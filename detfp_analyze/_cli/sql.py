@@ -95,7 +95,11 @@ def _json(t: pa.Table) -> str:
 def command(
     args: Annotated[
         list[str],
-        typer.Argument(help="Run A, optionally run B, then the query (views: docs/sql.md).", show_default=False),
+        typer.Argument(
+            help="Run A, optionally run B, then the query (views: docs/sql.md).",
+            metavar="RUN_A [RUN_B] QUERY",
+            show_default=False,
+        ),
     ],
     fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
     output: Annotated[
