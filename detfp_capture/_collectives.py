@@ -138,13 +138,15 @@ class CollectiveTracer:
             orig = getattr(dist, name, None)
             if orig is None or isinstance(orig, _Wrapper):
                 continue
-            self.saved[name] = orig
             fn = self._make_batch(orig) if name == "batch_isend_irecv" else self._make(name, orig)
-            setattr(dist, name, _Wrapper(orig, fn))
+            w = _Wrapper(orig, fn)
+            self.saved[name] = (orig, w)
+            setattr(dist, name, w)
 
     def uninstall(self) -> None:
-        for name, orig in self.saved.items():
-            setattr(dist, name, orig)
+        for name, (orig, w) in self.saved.items():
+            if getattr(dist, name, None) is w:
+                setattr(dist, name, orig)
         self.saved.clear()
 
     def name_of(self, group: Any) -> str:

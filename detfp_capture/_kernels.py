@@ -28,7 +28,7 @@ class KernelCapture:
         self.rec = rec
         self.calls: list[tuple] = []
         self.prof: Any = None
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda = torch.cuda.is_available()
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile

@@ -604,8 +604,9 @@ class Session:
         orig = getattr(owner, name, None)
         if orig is None:
             return
-        self._patched.append((owner, name, orig))
-        setattr(owner, name, make(orig))
+        new = make(orig)
+        self._patched.append((owner, name, orig, new))
+        setattr(owner, name, new)
 
     def _patch_syncs(self) -> None:
         """Observe explicit synchronizations: they end the nonblocking_pending hazard."""
@@ -643,8 +644,9 @@ class Session:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()
-        for owner, name, orig in reversed(self._patched):
-            setattr(owner, name, orig)
+        for owner, name, orig, new in reversed(self._patched):
+            if getattr(owner, name, None) is new:  # another session may have wrapped it since
+                setattr(owner, name, orig)
         self._patched.clear()
 
     # ================================================================== launcher mode
