@@ -279,8 +279,10 @@ class Recorder:
                     if defer and version is not None and nb > _SMALL and dt is not _INT64 and type(t) is _TENSOR:
                         # Level ops sees every write, so the digest can wait for a batch (run
                         # before the next writing op, collective or flush): one GEMM for many.
+                        # The version check is a safety net; a just-written tensor's version is
+                        # bumped after we return (above the dispatcher), so it is not checked.
                         s = Slot(None)
-                        deferred.append((s, t, version))
+                        deferred.append((s, t, None if fresh else version))
                         self.deferred_bytes += nb
                     else:
                         s = Slot(start(t, pointer_check=dt is _INT64))
@@ -326,7 +328,7 @@ class Recorder:
 
         live_s, live_t = [], []
         for s, t, v in items:
-            if t._version != v:  # cannot happen when every write goes through the dispatcher
+            if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
                 p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
                 p.error = "modified in place before its deferred digest ran"
                 s.pending = p
