@@ -59,7 +59,8 @@ class Runner:
             self.session = Session(str(out_root / config), level=config)
         session = self.session
         torch.manual_seed(args.seed)
-        self.model = tt.TinyGPT(d=args.width, hidden=args.hidden, seq=args.seq, probe=lambda name, t: session.probe(name, t)).to(self.device)
+        probe = None if getattr(args, "no_probes", False) else (lambda name, t: session.probe(name, t))
+        self.model = tt.TinyGPT(d=args.width, hidden=args.hidden, seq=args.seq, probe=probe).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.data = tt.TokenStream(args.seed, 0, args.batch, args.seq, 256, self.device)
         self.session.watch(self.model)
@@ -184,6 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=64, help="model width d (the example's default: 64)")
     p.add_argument("--hidden", type=int, default=128, help="expert hidden size (the example's default: 128)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-probes", action="store_true", help="leave out the example's two MoE probes per block")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
     p.add_argument("--profile", choices=CONFIGS, help="cProfile this configuration instead of the table")
     p.add_argument("--json", help="also write the results to this JSON file")

@@ -357,8 +357,6 @@ def test_resume_without_rng_restore_is_an_rng_source_and_with_it_identical(jobs)
 
 def test_cli_exit_codes(jobs):
     same = subprocess.run([*CLI, "bisect", str(jobs["a"][0]), str(jobs["b"][0])], capture_output=True, text=True)
-    if "not implemented" in same.stderr:
-        pytest.skip("detfp-analyze bisect CLI not wired yet")
     assert same.returncode == 0, same.stderr
     diff = subprocess.run([*CLI, "bisect", "--json", str(jobs["nondet_a"][0]), str(jobs["nondet_b"][0])],
                           capture_output=True, text=True)
