@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from detfp_capture import contract, digest
+from detfp_capture._batchdigest import Staging
 from detfp_capture._config import CaptureConfig
 
 __all__ = ["Recorder", "Slot", "args_text"]
@@ -130,6 +131,8 @@ class Recorder:
         # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
         self.deferred: list[tuple] = []
         self.deferred_bytes = 0
+        # Snapshots of boundary tensors waiting for their batch digest, per device.
+        self.staging: dict[torch.device, Staging] = {}
         self.lock = threading.Lock()
         # Forward module-output digests per (microbatch, module, arg) for the recompute check.
         self.forward_outputs: dict[tuple, set[str]] = {}
@@ -208,7 +211,11 @@ class Recorder:
             hit = self.vcache.get(key)
             if hit is not None and hit[1] == version and hit[0]() is t and hit[3] == rows and hit[4] == moments:
                 return hit[2]
-        s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
+        s = None
+        if rows is False and not moments and Staging.fits(t):
+            s = self._stage(t)
+        if s is None:
+            s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
         if version is not None:
             if len(self.vcache) >= _VERSION_CACHE_LIMIT:
                 self.vcache.clear()
@@ -285,7 +292,11 @@ class Recorder:
                         deferred.append((s, t, None if fresh else version))
                         self.deferred_bytes += nb
                     else:
-                        s = Slot(start(t, pointer_check=dt is _INT64))
+                        # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch.
+                        if nb > _SMALL and Staging.fits(t):
+                            s = self._stage(t)
+                        if s is None:
+                            s = Slot(start(t, pointer_check=dt is _INT64))
                     if version is not None:
                         if len(cache) >= _VERSION_CACHE_LIMIT:
                             cache.clear()
@@ -319,6 +330,7 @@ class Recorder:
 
     def run_deferred(self) -> None:
         """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy)."""
+        self.run_staging()
         items = self.deferred
         if not items:
             return
@@ -337,6 +349,26 @@ class Recorder:
                 live_t.append(t)
         if live_t:
             for s, p in zip(live_s, start_many(live_t), strict=True):
+                s.pending = p
+
+    def _stage(self, t: torch.Tensor) -> Slot | None:
+        """Snapshot ``t`` into the device's staging buffer; None when it cannot be staged."""
+        st = self.staging.get(t.device)
+        if st is None:
+            st = self.staging[t.device] = Staging(t.device)
+        s = Slot(None)
+        try:
+            if not st.put(t, s):
+                self.run_staging()
+                if not st.put(t, s):
+                    return None
+        except Exception:
+            return None
+        return s
+
+    def run_staging(self) -> None:
+        for st in self.staging.values():
+            for s, p in st.run():
                 s.pending = p
 
     def settle(self) -> None:
