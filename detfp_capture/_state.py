@@ -83,6 +83,9 @@ def _arg_repr(v: Any) -> str:
         return str(v)
     if isinstance(v, complex):
         return repr(v)
+    name = getattr(v, "name", None)  # enums such as ReduceOp.SUM: the member, not just the type
+    if isinstance(name, str):
+        return f"{type(v).__name__}.{name}"
     return type(v).__name__
 
 
