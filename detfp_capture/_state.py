@@ -266,7 +266,27 @@ class Recorder:
         defer: bool = False,
     ) -> None:
         out = self.records
-        if rows is None and not hazards and digest_it and not self._tensor_opts:
+        if not digest_it and not hazards:
+            # Views and metadata ops: counted, not digested (and never dumped).
+            seq = self.seq
+            for role, arg, t in tensors:
+                dt = t.dtype
+                out.append(
+                    (
+                        call,
+                        seq,
+                        role,
+                        arg,
+                        _DTYPE_STR.get(dt) or dtype_str(dt),
+                        tuple(t.shape),
+                        t.numel(),
+                        None,
+                        _NO_HAZARDS,
+                    )
+                )
+                seq += 1
+            self.seq = seq
+        elif rows is None and not hazards and not self._tensor_opts:
             # The hot path (every op at level ops): no per-record options, cache lookups inlined.
             cache = self.vcache
             start = digest.start
