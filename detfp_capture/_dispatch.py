@@ -135,6 +135,22 @@ def _outputs(out: Any) -> list[tuple[str, str, torch.Tensor]]:
     return []
 
 
+def _writes_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: set[int]) -> bool:
+    """Whether the op writes into the storage of a tensor whose digest is still deferred."""
+    written: list[Any] = [args[i] for i in info.writes if i < len(args)]
+    written += [kwargs[k] for k in info.out_kwargs if k in kwargs]
+    for w in written:
+        items = w if isinstance(w, (list, tuple)) else (w,)
+        for t in items:
+            if isinstance(t, torch.Tensor):
+                try:
+                    if t.untyped_storage().data_ptr() in storages:
+                        return True
+                except Exception:  # no plain storage (subclass, sparse): be safe
+                    return True
+    return False
+
+
 class CaptureMode(TorchDispatchMode):
     """The op-level tracer; one per Session, entered for selected steps only."""
 
@@ -238,7 +254,7 @@ class CaptureMode(TorchDispatchMode):
             # tensors of a _foreach_ op, not for a single in-place tensor.
             defer=info.batch_inputs,
         )
-        if info.writing and rec.deferred:
+        if info.writing and rec.deferred and _writes_deferred(info, args, kwargs, rec.deferred_storages):
             rec.run_deferred()  # digests waiting for a batch must see the values before this write
         rec.busy = False
         return call, info, phase

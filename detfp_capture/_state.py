@@ -134,6 +134,8 @@ class Recorder:
         # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
         self.deferred: list[tuple] = []
         self.deferred_bytes = 0
+        # Storages (data pointers) of deferred tensors: only a write to one of them forces the batch.
+        self.deferred_storages: set[int] = set()
         # Snapshots of boundary tensors waiting for their batch digest, per device.
         self.staging: dict[torch.device, Staging] = {}
         self.lock = threading.Lock()
@@ -291,6 +293,7 @@ class Recorder:
             cache = self.vcache
             start = digest.start
             deferred = self.deferred
+            dstor = self.deferred_storages
             seq = self.seq
             for role, arg, t in tensors:
                 key = id(t)
@@ -314,6 +317,7 @@ class Recorder:
                         s = Slot(None)
                         deferred.append((s, t, None if fresh else version))
                         self.deferred_bytes += nb
+                        dstor.add(t.untyped_storage().data_ptr())
                     else:
                         # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch.
                         if nb > _SMALL and Staging.fits(t):
@@ -359,6 +363,7 @@ class Recorder:
             return
         self.deferred = []
         self.deferred_bytes = 0
+        self.deferred_storages = set()
         from detfp_capture._batchdigest import start_many
 
         live_s, live_t = [], []
@@ -727,6 +732,7 @@ class Recorder:
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
         self.records, self.dumps, self.kernels = [], [], []
         self.deferred, self.deferred_bytes = [], 0
+        self.deferred_storages = set()
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"
