@@ -74,10 +74,41 @@ _OVERWRITE = frozenset(
 )
 
 
+# Ops that read only their input's metadata (shape, dtype, device), never its contents.
+_META_READ = frozenset(
+    {
+        "aten::empty_like",
+        "aten::zeros_like",
+        "aten::ones_like",
+        "aten::full_like",
+        "aten::rand_like",
+        "aten::randn_like",
+        "aten::randint_like",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::new_zeros",
+        "aten::new_ones",
+        "aten::new_full",
+    }
+)
+
+
 class OpInfo:
     """Cached facts about one op overload."""
 
-    __slots__ = ("batch_inputs", "empty", "name", "nonblocking", "out_kwargs", "overwrite", "skip", "writes", "writing")
+    __slots__ = (
+        "async_out",
+        "batch_inputs",
+        "empty",
+        "meta_read",
+        "name",
+        "nonblocking",
+        "out_kwargs",
+        "overwrite",
+        "skip",
+        "writes",
+        "writing",
+    )
 
     def __init__(self, func: Any, views: bool) -> None:
         schema = func._schema
@@ -97,7 +128,13 @@ class OpInfo:
         self.writing = bool(writes or outs)
         self.batch_inputs = not self.writing or base.startswith("aten::_foreach_")
         self.empty = base in _EMPTY
-        self.overwrite = base in _OVERWRITE or bool(outs)
+        # c10d collectives write their outputs without reading them (on a broadcast's
+        # non-source ranks too): their written arguments count as overwrites.
+        self.overwrite = base in _OVERWRITE or bool(outs) or base.startswith("c10d::")
+        self.meta_read = base in _META_READ
+        # A c10d op returns before its (possibly asynchronous) write completes: its outputs are
+        # counted, not digested; the collective's own record (kind collective) is taken at wait().
+        self.async_out = base.startswith("c10d::")
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
 
 
@@ -135,19 +172,26 @@ def _outputs(out: Any) -> list[tuple[str, str, torch.Tensor]]:
     return []
 
 
+def _tensors_in(v: Any) -> list[torch.Tensor]:
+    """Tensors of an argument: a tensor, or (nested, as c10d's output lists) lists of them."""
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors_in(x)]
+    return []
+
+
 def _writes_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: set[int]) -> bool:
     """Whether the op writes into the storage of a tensor whose digest is still deferred."""
     written: list[Any] = [args[i] for i in info.writes if i < len(args)]
     written += [kwargs[k] for k in info.out_kwargs if k in kwargs]
     for w in written:
-        items = w if isinstance(w, (list, tuple)) else (w,)
-        for t in items:
-            if isinstance(t, torch.Tensor):
-                try:
-                    if t.untyped_storage().data_ptr() in storages:
-                        return True
-                except Exception:  # no plain storage (subclass, sparse): be safe
+        for t in _tensors_in(w):
+            try:
+                if t.untyped_storage().data_ptr() in storages:
                     return True
+            except Exception:  # no plain storage (subclass, sparse): be safe
+                return True
     return False
 
 
@@ -230,6 +274,8 @@ class CaptureMode(TorchDispatchMode):
             if info.writes:
                 written = {f"args[{i}]" for i in info.writes}
             for i, (_, arg, t) in enumerate(tensors):
+                if info.meta_read:
+                    break  # only the shape is read
                 f = hz.flags(t)
                 if not f:
                     continue
@@ -284,8 +330,9 @@ class CaptureMode(TorchDispatchMode):
                     hz.born_empty(t)
             elif hz.uninit and (info.writes or info.out_kwargs):
                 for i in info.writes:
-                    if i < len(args) and isinstance(args[i], torch.Tensor):
-                        hz.wrote(args[i])
+                    if i < len(args):
+                        for t in _tensors_in(args[i]):
+                            hz.wrote(t)
                 for k in info.out_kwargs:
                     v = kwargs.get(k)
                     if isinstance(v, torch.Tensor):
@@ -310,6 +357,11 @@ class CaptureMode(TorchDispatchMode):
                     vc.pop(id(args[i]), None)
         if outs:
             rec.append_records(
-                call, outs, hazards=flags, digest_it=not (info.skip or info.empty), fresh=fresh, defer=True
+                call,
+                outs,
+                hazards=flags,
+                digest_it=not (info.skip or info.empty or info.async_out),
+                fresh=fresh,
+                defer=True,
             )
         rec.busy = False
