@@ -438,6 +438,11 @@ def _write(table: pa.Table, run: Path, name: str, rank: int, window: int, compre
     return path
 
 
+def _mkparent(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _write_manifest(run: Path, m: dict) -> None:
     path = run / contract.manifest_relpath(m["rank"], m["segment"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -691,18 +696,26 @@ class _Writer:
                     ]
                 )
             if rec_b is None:
-                dst = self.b / contract.shard_relpath("records", rank, 0, w)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(pa_path, dst)
+                shutil.copyfile(pa_path, _mkparent(self.b / contract.shard_relpath("records", rank, 0, w)))
             else:
                 _write(rec_b, self.b, "records", rank, w, spec.compression)
+            small: dict[str, pa.Table] = {}
             for run, tag in ((self.a, "a"), (self.b, "b")):
                 seq0 = self._seq0(rank, step, tag)
                 nrec = self.n + (rec_b.num_rows - self.n if tag == "b" and rec_b is not None else 0)
-                _write(self._metrics(rank, step, seq0 + nrec, tag), run, "metrics", rank, w, spec.compression)
-                _write(
-                    self._events(rank, step, seq0 - 1, seq0 + nrec + 3, nrec), run, "events", rank, w, spec.compression
-                )
+                tables = {
+                    "metrics": self._metrics(rank, step, seq0 + nrec, tag),
+                    "events": self._events(rank, step, seq0 - 1, seq0 + nrec + 3, nrec),
+                }
+                for name, t in tables.items():
+                    if tag == "b" and t.equals(small[name]):  # copying beats re-encoding
+                        shutil.copyfile(
+                            self.a / contract.shard_relpath(name, rank, 0, w),
+                            _mkparent(self.b / contract.shard_relpath(name, rank, 0, w)),
+                        )
+                    else:
+                        _write(t, run, name, rank, w, spec.compression)
+                    small[name] = t
 
     def _metrics(self, rank: int, step: int, seq0: int, run: str) -> pa.Table:
         k = step - self.spec.first_step
