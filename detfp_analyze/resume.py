@@ -95,12 +95,23 @@ def boundary_steps(manifests_a: Any, manifests_b: Any, info: ResumeInfo) -> tupl
 
 
 def boundary_counts(records_a: pl.LazyFrame, records_b: pl.LazyFrame, step: int) -> tuple[int, int]:
-    """(compared, differing) boundary-state records at ``step``: matched by (rank, key_hash);
-    a record on one side only counts as differing, skipped ones are not counted."""
+    """(compared, differing) restored-state records at ``step``: matched by (rank, key_hash);
+    a record on one side only counts as differing, skipped ones are not counted.
+
+    Restored state is what a resume must bring back: ``rng_state`` records and ``param`` /
+    ``optimizer_state`` records with role ``input`` (as the optimizer received them)."""
     cols = ["rank", "key_hash", "status", "digest_hi", "digest_lo"]
 
+    # Only records that hold the restored state itself: RNG states at step start, and parameters
+    # (and optimizer state, where captured) as the optimizer received them, before its update.
+    # Post-update parameters and state already carry the step's own computation, so counting them
+    # would blame the restore for any difference that the step introduced.
+    restored = (pl.col("kind") == "rng_state") | (
+        pl.col("kind").is_in(["param", "optimizer_state"]) & (pl.col("role") == "input")
+    )
+
     def side(lf: pl.LazyFrame) -> pl.LazyFrame:
-        return lf.filter((pl.col("step") == step) & pl.col("kind").is_in(BOUNDARY_KINDS)).select(cols)
+        return lf.filter((pl.col("step") == step) & restored).select(cols)
 
     j = side(records_a).join(side(records_b), on=["rank", "key_hash"], how="full", coalesce=True, suffix="_b")
     j = j.filter((pl.col("status").fill_null("ok") != "skipped") & (pl.col("status_b").fill_null("ok") != "skipped"))

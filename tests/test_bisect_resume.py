@@ -18,8 +18,9 @@ def test_resume_that_lost_its_rng_state_is_a_source_at_the_boundary(tmp_path):
     assert (res.resume.start_a, res.resume.start_b, res.resume.first_common_step) == (0, 2, 2)
     assert res.window.steps == (2, 3)
     assert "resumed" in res.resume.note
-    # rng_state on both ranks, and the parameters downstream of the changed mm.
-    assert res.resume.boundary_differing == 4 and res.resume.boundary_compared == 4
+    # Restored state only: the rng_state record of each rank. The step-end parameters downstream
+    # of the changed mm differ too, but they carry the step's own computation, not the restore.
+    assert res.resume.boundary_differing == 2 and res.resume.boundary_compared == 2
     assert res.discriminator is None  # a source has no op to discriminate
     for r in res.ranks:
         f = r.first
