@@ -71,84 +71,133 @@ def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
 
 
 def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
+    # One flatten (a single C++ call) per dtype instead of a handful of Python-level ops per tensor.
     with torch.no_grad():
-        pieces: list[torch.Tensor] = []
+        order: list[int] = []
+        flats: list[torch.Tensor] = []
         rows: list[int] = []
-        zero = _zeros(dev)
-        for t in ts:
-            b = t.detach().contiguous().reshape(-1).view(torch.int8)
-            n = b.numel()
-            m = max(1, -(-n // _K))
-            pieces.append(b)
-            if m * _K != n:
-                pieces.append(zero[: m * _K - n])
-            rows.append(m)
-        lanes = core.mm(torch.cat(pieces).view(-1, _K), 0)
-        return _finish(lanes, rows, dev)
+        for dt_idx in _by_dtype(ts).values():
+            flat, r = _flat_rows([ts[i] for i in dt_idx], dev)
+            flats.append(flat)
+            rows += r
+            order += dt_idx
+        buf = flats[0] if len(flats) == 1 else torch.cat(flats)
+        final = _finish(core.mm(buf.view(-1, _K), 0), rows, dev)
+        out: list[torch.Tensor | None] = [None] * len(ts)
+        for i, row in zip(order, final.reshape(-1, 1, core.LANES).unbind(0), strict=True):
+            out[i] = row
+        return out  # type: ignore[return-value]
 
 
-_ZEROS: dict[torch.device, torch.Tensor] = {}
+def _by_dtype(ts: Sequence[torch.Tensor]) -> dict[torch.dtype, list[int]]:
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(ts):
+        groups.setdefault(t.dtype, []).append(i)
+    return groups
 
 
-def _zeros(dev: torch.device) -> torch.Tensor:
-    z = _ZEROS.get(dev)
-    if z is None:
-        z = _ZEROS[dev] = torch.zeros(_K, dtype=torch.int8, device=dev)
-    return z
+_PADS: dict[tuple, torch.Tensor] = {}
 
 
-def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> list[torch.Tensor]:
-    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> each tensor's final (1, 16) row."""
-    zero = _zeros(dev)
-    final: list[torch.Tensor | None] = [None] * len(rows)
-    rows = list(rows)
-    offsets = _offsets(rows)
-    live = list(range(len(rows)))
+def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """Bytes of same-dtype tensors, each zero-padded to whole 1024-byte rows, as one int8 tensor
+    (one ``flatten_dense_tensors`` call); returns it and each tensor's row count. ``copy``: never
+    a view of the input (a snapshot), even for a single contiguous tensor without padding."""
+    pieces: list[torch.Tensor] = []
+    rows: list[int] = []
+    item = ts[0].dtype.itemsize
+    for t in ts:
+        nb = t.numel() * item
+        m = -(-nb // _K) or 1
+        pieces.append(t)
+        pad = m * _K - nb  # a multiple of the item size: 1024 is
+        if pad:
+            key = (t.dtype, dev, pad)
+            z = _PADS.get(key)
+            if z is None:
+                z = _PADS[key] = torch.zeros(pad // item, dtype=t.dtype, device=dev)
+            pieces.append(z)
+        rows.append(m)
+    if len(pieces) == 1:  # flatten_dense_tensors would return a view of a contiguous input
+        t = pieces[0]
+        flat = t.clone(memory_format=torch.contiguous_format).view(-1) if copy else t.reshape(-1)
+    else:
+        flat = torch._C._nn.flatten_dense_tensors(pieces)  # contiguous logical elements, a copy
+    return flat.view(torch.int8), rows
+
+
+def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Tensor:
+    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
+    = tensor i. A constant number of device ops per level, whatever the number of tensors."""
+    n = len(rows)
+    done: list[torch.Tensor] = []
+    done_ids: list[int] = []
+    ids = list(range(n))
     level = 1
     while True:
-        nxt = []
-        pieces = []
-        new_rows = []
-        for j in live:
-            off, m = offsets[j], rows[j]
+        fin_pos: list[int] = []
+        cont: list[int] = []
+        shifts: list[int] = []
+        new_rows: list[int] = []
+        off = acc = 0
+        for j, m in zip(ids, rows, strict=True):
             if m == 1:
-                final[j] = lanes[off : off + 1]
-                continue
-            b = lanes[off : off + m].reshape(-1).view(torch.int8)
-            n = m * core.LANES * 4
-            m2 = -(-n // _K)
-            pieces.append(b)
-            if m2 * _K != n:
-                pieces.append(zero[: m2 * _K - n])
-            nxt.append(j)
-            new_rows.append(m2)
-        if not nxt:
-            return final  # type: ignore[return-value]
-        lanes = core.mm(torch.cat(pieces).view(-1, _K), level)
-        offs = _offsets(new_rows)
-        for k, j in enumerate(nxt):
-            offsets[j] = offs[k]
-            rows[j] = new_rows[k]
-        live = nxt
+                fin_pos.append(off)
+                done_ids.append(j)
+            else:
+                m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
+                cont.append(j)
+                new_rows.append(m2)
+                shifts.append(acc * 16 - off)
+                acc += m2
+            off += m
+        if fin_pos:
+            if len(fin_pos) == off:
+                done.append(lanes)
+            else:
+                done.append(lanes[torch.tensor(fin_pos, dtype=torch.int64, device=dev)])
+        if not cont:
+            break
+        total = acc * 16
+        if not fin_pos and all(m % 16 == 0 for m in rows):
+            nxt = lanes  # every tensor already fills whole rows: no padding to insert
+        else:
+            # A gather (deterministic, no duplicate writes): destination row r of a continuing
+            # tensor reads its source row, or an appended zero row in the padding.
+            bl = []
+            pos = 0
+            for m, sh in zip((m for m in rows if m != 1), shifts, strict=True):
+                bl.append((-sh, pos + m))  # (source - destination, end of its real rows)
+                pos += -(-m // 16) * 16
+            per = torch.repeat_interleave(
+                torch.tensor(bl, dtype=torch.int64, device=dev),
+                torch.tensor([m2 * 16 for m2 in new_rows], dtype=torch.int64, device=dev),
+                dim=0,
+                output_size=total,
+            )
+            r = torch.arange(total, dtype=torch.int64, device=dev)
+            gidx = torch.where(r < per[:, 1], r + per[:, 0], off)
+            nxt = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, gidx)
+        lanes = core.mm(nxt.view(torch.int8).reshape(-1, _K), level)
+        ids, rows = cont, new_rows
         level += 1
-
-
-def _offsets(rows: list[int]) -> list[int]:
-    out = []
-    acc = 0
-    for m in rows:
-        out.append(acc)
-        acc += m
-    return out
+    final = done[0] if len(done) == 1 else torch.cat(done)
+    if done_ids != list(range(n)):
+        inv = [0] * n
+        for k, j in enumerate(done_ids):
+            inv[j] = k
+        final = final[torch.tensor(inv, dtype=torch.int64, device=dev)]
+    return final
 
 
 class Staging:
-    """Snapshots of tensors, copied into whole 1024-byte rows of one device buffer, digested later
-    as a batch (one GEMM for level 0 of all of them).
+    """Snapshots of tensors in whole 1024-byte rows, digested later as a batch (one GEMM for
+    level 0 of all of them).
 
-    The copy preserves the values at record time whatever happens to the tensor afterwards, so
-    this is safe where capture cannot see writes (module boundaries, collectives); it costs one
-    copy per tensor instead of the handful of small ops of ``digest.start``.
+    A snapshot is taken at record time (one ``flatten_dense_tensors`` copy per call and dtype,
+    each tensor zero-padded to whole rows), so a later in-place write cannot change what was
+    recorded: safe where capture cannot see writes (module boundaries, collectives). Small
+    tensors are staged too: same bytes, same digest as the arena path of ``digest.start``.
     """
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
@@ -157,52 +206,69 @@ class Staging:
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
         self.cap_rows = cap_bytes // _K
-        self.buf: torch.Tensor | None = None
         self.used = 0
-        self.items: list[tuple[object, torch.Tensor, int]] = []  # (slot, template tensor meta, rows)
+        self.snaps: list[torch.Tensor] = []  # int8 snapshots, whole rows each
+        self.items: list[tuple] = []  # (slot, dtype, shape, numel, rows), in snapshot order
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
         nb = t.numel() * t.element_size()
         return (
-            _K < nb <= Staging.MAX_TENSOR
+            0 < nb <= Staging.MAX_TENSOR
             and type(t) in _PLAIN
             and t.layout is torch.strided
             and not t.is_nested
             and not t.is_meta
             and t.dtype is not torch.int64
+            and t.dtype not in _SPECIAL
+            and not t.is_conj()
+            and not t.is_neg()
             and not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
         )
 
     def put(self, t: torch.Tensor, slot: object) -> bool:
-        """Copy ``t`` in; False when the buffer is full (run() first)."""
-        nb = t.numel() * t.element_size()
-        m = -(-nb // _K)
-        if self.used + m > self.cap_rows:
+        """Snapshot ``t``; False when the buffer is full (run() first)."""
+        return self.put_many([t], [slot])
+
+    def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
+        """Snapshot tensors that ``fits`` (this device) together; False when they do not fit now."""
+        need = 0
+        for t in ts:
+            need += -(-(t.numel() * t.dtype.itemsize) // _K)
+        if self.used + need > self.cap_rows:
             return False
-        if self.buf is None:
-            self.buf = torch.zeros(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
-        start = self.used * _K
-        dst = self.buf[start : start + nb].view(t.dtype).view(t.shape)
-        with torch.no_grad():
-            dst.copy_(t)  # resolves conjugate/negative views: the logical values, as digest.start
-        self.items.append((slot, t.dtype, tuple(t.shape), t.numel(), m))
-        self.used += m
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            groups = list(_by_dtype(ts).values())
+            snaps, items = [], []
+            for idx in groups:
+                flat, rows = _flat_rows([ts[i] for i in idx], self.dev, copy=True)
+                snaps.append(flat)
+                for i, m in zip(idx, rows, strict=True):
+                    t = ts[i]
+                    items.append((slots[i], t.dtype, t.shape, t.numel(), m))
+        finally:
+            torch._C._set_grad_enabled(prev)
+        self.snaps += snaps
+        self.items += items
+        self.used += need
         return True
 
     def run(self) -> list[tuple[object, digest.Pending]]:
         """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
         if not self.items:
             return []
+        items, snaps = self.items, self.snaps
+        self.items, self.snaps, self.used = [], [], 0
         with torch.no_grad():
-            lanes = core.mm(self.buf[: self.used * _K].view(-1, _K), 0)
-            finals = _finish(lanes, [it[4] for it in self.items], self.dev)
+            buf = snaps[0] if len(snaps) == 1 else torch.cat(snaps)
+            final = _finish(core.mm(buf.view(-1, _K), 0), [it[4] for it in items], self.dev)
             out = []
-            for (slot, dtype, shape, numel, _), row in zip(self.items, finals, strict=True):
+            for (slot, dtype, shape, numel, _), row in zip(
+                items, final.reshape(-1, 1, core.LANES).unbind(0), strict=True
+            ):
                 p = digest.Pending(dtype, shape, numel, self.dev)
-                p.lanes = row  # a row of the lanes tensor, not of the (reused) buffer
+                p.lanes = row
                 out.append((slot, p))
-            self.buf[: self.used * _K].zero_()  # padding tails must be zero next time
-        self.items = []
-        self.used = 0
         return out

@@ -294,6 +294,9 @@ class Recorder:
             start = digest.start
             deferred = self.deferred
             dstor = self.deferred_storages
+            fits = Staging.fits
+            stage_t: list | None = None
+            stage_s: list = []
             seq = self.seq
             for role, arg, t in tensors:
                 key = id(t)
@@ -318,12 +321,17 @@ class Recorder:
                         deferred.append((s, t, None if fresh else version))
                         self.deferred_bytes += nb
                         dstor.add(t.untyped_storage().data_ptr())
+                    elif fits(t):
+                        # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a
+                        # batch; the call's tensors are snapshotted together below.
+                        s = Slot(None)
+                        if stage_t is None:
+                            stage_t, stage_s = [t], [s]
+                        else:
+                            stage_t.append(t)
+                            stage_s.append(s)
                     else:
-                        # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch.
-                        if nb > _SMALL and Staging.fits(t):
-                            s = self._stage(t)
-                        if s is None:
-                            s = Slot(start(t, pointer_check=dt is _INT64))
+                        s = Slot(start(t, pointer_check=dt is _INT64))
                     if version is not None:
                         if len(cache) >= _VERSION_CACHE_LIMIT:
                             cache.clear()
@@ -336,6 +344,8 @@ class Recorder:
                 out.append((call, seq, role, arg, ds, tuple(t.shape), t.numel(), s, _NO_HAZARDS))
                 seq += 1
             self.seq = seq
+            if stage_t is not None:
+                self._stage_many(stage_t, stage_s)
             if len(deferred) >= _DEFER_MAX or self.deferred_bytes >= _DEFER_BYTES:
                 self.run_deferred()
         else:
@@ -393,6 +403,27 @@ class Recorder:
         except Exception:
             return None
         return s
+
+    def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
+        """Snapshot a call's tensors together; any that cannot be staged are digested now."""
+        dev = ts[0].device
+        if any(t.device != dev for t in ts):
+            for t, s in zip(ts, slots, strict=True):
+                self._stage_many([t], [s])
+            return
+        st = self.staging.get(dev)
+        if st is None:
+            st = self.staging[dev] = Staging(dev)
+        try:
+            if st.put_many(ts, slots):
+                return
+            self.run_staging()
+            if st.put_many(ts, slots):
+                return
+        except Exception:
+            pass
+        for t, s in zip(ts, slots, strict=True):
+            s.pending = digest.start(t)
 
     def run_staging(self) -> None:
         for st in self.staging.values():

@@ -374,3 +374,25 @@ def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
     mul_out = r.filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))["digest_hi"][0]
     assert last["digest_hi"].to_list() == [mul_out, after]
     assert (r["status"] != "error").all()
+
+
+@pytest.mark.parametrize("numel", [1024, 300, 10])  # whole 1024-byte rows, padded, small
+def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
+    from detfp_capture import digest
+
+    lin = torch.nn.Linear(4, numel, bias=False)
+    x = torch.ones(1, 4)
+    with torch.no_grad():
+        want = digest.fingerprint(lin(x)).digest
+    with Session(tmp_path / "b", "boundaries") as s, s.step(0), torch.no_grad():
+        s.watch(lin)
+        lin(x).add_(1.0)  # written after the module-output record: the record keeps the old values
+    out = read(tmp_path / "b").filter(pl.col("kind") == "module_output")
+    assert out["digest_hi"].to_list() == [int(want[:16], 16)]
+    t = torch.ones(numel)
+    with Session(tmp_path / "o", "ops") as s, s.step(0):
+        t.mul_(2.0)  # the in-place op's input record is what it read
+    r = read(tmp_path / "o").filter(pl.col("name").str.starts_with("aten::mul_."))
+    got = dict(zip(r["role"].to_list(), r["digest_hi"].to_list(), strict=True))
+    assert got["input"] == int(digest.fingerprint(torch.ones(numel)).digest[:16], 16)
+    assert got["output"] == int(digest.fingerprint(torch.full((numel,), 2.0)).digest[:16], 16)
