@@ -23,6 +23,7 @@ Capture issues no collective of its own.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -129,6 +130,7 @@ class CollectiveTracer:
         self.pending: dict[int, tuple[str, str]] = {}  # id(proxy) -> (name, module) of works not yet waited
         self.in_batch = False
         self.ddp_hooked: set[int] = set()
+        self.ddp_futures: list[Any] = []  # bucket futures of the running backward
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -336,7 +338,10 @@ class CollectiveTracer:
                     tracer._bucket_output(call, bucket, out)
                 return out
 
-            return fut.then(done)
+            chained = fut.then(done)
+            if call is not None:
+                tracer._bucket_pending(chained)
+            return chained
 
         # DDP validates annotations against real types; postponed (string) annotations would fail.
         hook.__annotations__ = {}
@@ -361,7 +366,6 @@ class CollectiveTracer:
             return None
         rec.enter()
         try:
-            rec.drain_foreign()
             name = f"all_reduce@{self.name_of(group)}"
             return rec.record_call(
                 "collective",
@@ -377,9 +381,27 @@ class CollectiveTracer:
         finally:
             rec.leave()
 
+    def _bucket_pending(self, fut: Any) -> None:
+        """Track a bucket's future; at the end of the backward (an engine callback, on the thread
+        that ran it) the session waits for all of them and appends their records in bucket
+        order, so they land at the same place in every run whatever the completion timing."""
+        self.ddp_futures.append(fut)
+        self.s._note_backward()
+
+    def wait_buckets(self) -> None:
+        futs, self.ddp_futures = self.ddp_futures, []
+        for f in futs:
+            # DDP waits for the same futures right after (the values are unchanged) and
+            # reports a failure itself.
+            with contextlib.suppress(Exception):
+                f.wait()
+
     def _bucket_output(self, call: tuple, bucket: Any, out: torch.Tensor) -> None:
-        # May run on a backend thread: start the digests now (values at completion), append later.
+        # May run on a backend thread, or inline on the training thread (inside the dispatch
+        # mode) when the all-reduce had already finished: start the digests now (values at
+        # completion) with the mode hidden, append later in bucket order (key: the input's seq).
         rec = self.rec
+        key = (call[0], call[1], call[6])  # step, microbatch, occurrence: the bucket issue order
         try:
             from detfp_capture import digest
             from detfp_capture._state import Slot, dtype_str
@@ -387,12 +409,13 @@ class CollectiveTracer:
             def started(t: torch.Tensor) -> tuple:
                 return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
 
-            items = [("output", "bucket", *started(out))]
             grads = []
             names = getattr(self, "_param_names", {})
-            # gradients() are views of the bucket buffer, which the all-reduce updated in place.
-            for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                grads.append((names.get(id(p), f"bucket{bucket.index()}.param"), started(g)))
+            with rec.on_any_thread():
+                items = [("output", "bucket", *started(out))]
+                # gradients() are views of the bucket buffer, which the all-reduce updated in place.
+                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+                    grads.append((names.get(id(p), f"bucket{bucket.index()}.param"), started(g)))
 
             def append() -> None:
                 if rec.failed or call[0] != rec.step:
@@ -402,6 +425,6 @@ class CollectiveTracer:
                     c = rec.record_call("reduced_grad", pname, "", "backward", [], occurrence=None)
                     rec.append_started(c, [("value", "grad", dt, shape, numel, slot)])
 
-            rec.foreign.append(append)
+            rec.foreign.append((key, append))
         except Exception as exc:
-            rec.foreign.append(lambda e=exc: rec.fail(e, "DDP comm hook completion"))
+            rec.foreign.append((key, lambda e=exc: rec.fail(e, "DDP comm hook completion")))

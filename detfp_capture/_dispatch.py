@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from detfp_capture._hazards import UNINIT
 from detfp_capture._hooks import NODE_KEY
 
 __all__ = ["CaptureMode", "OpInfo"]
@@ -195,6 +196,13 @@ def _writes_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: set[int]
     return False
 
 
+def _on_accelerator(args: tuple, outs: list[tuple[str, str, torch.Tensor]]) -> bool:
+    """Whether a copy touches a non-CPU device: a non_blocking copy between CPU tensors is
+    synchronous, so its destination is never pending."""
+    tensors = [*args[:2], *(t for _, _, t in outs)]
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tensors)
+
+
 class CaptureMode(TorchDispatchMode):
     """The op-level tracer; one per Session, entered for selected steps only."""
 
@@ -268,6 +276,7 @@ class CaptureMode(TorchDispatchMode):
         tensors, other = _gather(args, kwargs)
         hz = self.s._hazard
         flags = None
+        blank: list[int] = []  # destinations of an overwrite still (partly) unwritten
         if hz is not None and hz.active and tensors:
             flags = {}
             written = set()
@@ -279,27 +288,48 @@ class CaptureMode(TorchDispatchMode):
                 f = hz.flags(t)
                 if not f:
                     continue
-                # The destination of an overwrite is not read: only its record is flagged.
+                # The destination of an overwrite (bernoulli_, fill_, copy_, out=...) is written,
+                # not read: its unwritten bytes are no hazard (an async or non-blocking one is).
                 # Views and metadata ops do not read contents either: flagged, no event.
-                really_read = not info.skip and not (info.overwrite and (arg in written or arg.startswith("kwargs.")))
+                dest = info.overwrite and (arg in written or arg.startswith("kwargs."))
+                if dest and UNINIT in f:
+                    blank.append(i)
+                    f = tuple(h for h in f if h != UNINIT)
+                    if not f:
+                        continue
+                really_read = not info.skip and not dest
                 flags[i] = f
                 if really_read:
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        call = rec.record_call(
-            "op",
-            info.name,
-            module,
-            phase,
-            tensors,
-            args_src=other if other != ((), {}) else None,
-            hazards=flags,
-            digest_it=not info.skip,
-            # A writing op runs the batch right below, before the write: worth it for the many
-            # tensors of a _foreach_ op, not for a single in-place tensor.
-            defer=info.batch_inputs,
-        )
+        if blank:
+            # Their bytes are garbage that differs between runs and that the op never reads:
+            # recorded (counted), not digested.
+            call = rec.record_call("op", info.name, module, phase, [], args_src=other if other != ((), {}) else None)
+            for i, item in enumerate(tensors):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=not info.skip and i not in blank,
+                    defer=info.batch_inputs,
+                )
+        else:
+            call = rec.record_call(
+                "op",
+                info.name,
+                module,
+                phase,
+                tensors,
+                args_src=other if other != ((), {}) else None,
+                hazards=flags,
+                digest_it=not info.skip,
+                # A writing op runs the batch right below, before the write: worth it for the many
+                # tensors of a _foreach_ op, not for a single in-place tensor.
+                defer=info.batch_inputs,
+            )
         if info.writing and rec.deferred and _writes_deferred(info, args, kwargs, rec.deferred_storages):
             rec.run_deferred()  # digests waiting for a batch must see the values before this write
         rec.busy = False
@@ -337,10 +367,15 @@ class CaptureMode(TorchDispatchMode):
                     v = kwargs.get(k)
                     if isinstance(v, torch.Tensor):
                         hz.wrote(v)
-            if info.nonblocking and (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True)):
+            if (
+                info.nonblocking
+                and (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True))
+                and _on_accelerator(args, outs)
+            ):
                 for _, _, t in outs:
                     hz.nonblocking_copy(t, info.name)
-            if hz.active and outs:
+            if hz.active and outs and not info.empty:
+                # A fresh empty* output is not a read of uninitialized memory (its readers are).
                 flags = {}
                 for i, (_, _, t) in enumerate(outs):
                     f = hz.flags(t)

@@ -129,7 +129,8 @@ class Recorder:
         self.dumps: list[tuple] = []
         # (weakref, version, Slot, rows, moments) keyed by id(tensor): reuse digests of unchanged tensors.
         self.vcache: dict[int, tuple] = {}
-        # Records produced on other threads (DDP comm-hook callbacks) wait here for the training thread.
+        # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
+        # thread: (order key, fn); drained sorted by key at points where all of them are complete.
         self.foreign: deque[tuple] = deque()
         # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
         self.deferred: list[tuple] = []
@@ -176,6 +177,25 @@ class Recorder:
                 if n and _stack_at(n - 1) is m:
                     self._popped = _stack_pop(None)
         self.depth += 1
+
+    def on_any_thread(self) -> contextlib.AbstractContextManager:
+        """Guard for tracer work that may run on any thread (a collective's completion callback
+        runs on a backend thread, or inline on the training thread when the work had already
+        finished): where the session's dispatch mode is on this thread's stack, take it off
+        (``enter``) so the tracer's own ops are never recorded; elsewhere nothing can record
+        them, and ``busy`` (read by the training thread) must not change."""
+        m = self.mode
+        if m is None or not any(_stack_at(i) is m for i in range(_stack_len())):
+            return contextlib.nullcontext()
+        return self._entered()
+
+    @contextlib.contextmanager
+    def _entered(self) -> Any:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
     def leave(self) -> None:
         if self.depth == 0:
@@ -529,15 +549,22 @@ class Recorder:
 
     def drain_foreign(self) -> None:
         """Move records produced on other threads into the stream (training thread only)."""
+        items = []
         while self.foreign:
-            fn = self.foreign.popleft()
+            items.append(self.foreign.popleft())
+        # Completion order varies between runs (backend threads): append in issue order.
+        items.sort(key=lambda kv: kv[0])
+        for _, fn in items:
             fn()
 
     # ----------------------------------------------------------------------------- flush
     def flush(self) -> None:
         """Resolve pending digests (one resolve) and hand one window to the writer."""
         self.need_flush = False
-        self.drain_foreign()
+        if not self.in_step:
+            # Inside a step, foreign records join the stream at deterministic points (end of
+            # backward, optimizer, step end), never wherever a flush happens to fall.
+            self.drain_foreign()
         records, metrics, events, kernels, dumps = self.records, self.metrics, self.events, self.kernels, self.dumps
         self.records, self.metrics, self.events, self.kernels, self.dumps = [], [], [], [], []
         if not (records or metrics or events or kernels or dumps):

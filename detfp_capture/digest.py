@@ -260,6 +260,10 @@ def _arena_put(
             a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN)
         elif a.used == a.cap:  # full: a bigger one (the full one is sealed at resolve)
             a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX))
+        # The row is taken before the copy: should anything run during it (a dispatch mode that
+        # failed to step aside), it gets the next row, never this one or one past the end.
+        row = a.used
+        a.used = row + 1
         if numel:
             xd = x.dtype
             typed = a.typed.get(xd)
@@ -269,16 +273,15 @@ def _arena_put(
             st = _STRIDES.get(shape)
             if st is None:
                 st = _contiguous_strides(shape)
-            typed.as_strided(shape, st, a.used * _SMALL // xd.itemsize).copy_(x)
+            typed.as_strided(shape, st, row * _SMALL // xd.itemsize).copy_(x)
         p.arena = a
-        p.row = a.used
+        p.row = row
         if moments is not None:
-            a.want_moments.setdefault(moments, []).append((a.used, numel))
+            a.want_moments.setdefault(moments, []).append((row, numel))
             p.arena_moments = True
         if pointer:
-            a.want_pointer.append((a.used, numel))
+            a.want_pointer.append((row, numel))
             p.arena_pointer = True
-        a.used += 1
 
 
 def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:

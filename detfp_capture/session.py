@@ -41,7 +41,8 @@ __all__ = ["Session"]
 
 #: A step end flushes at least this often (seconds), even when the window is not full.
 _FLUSH_SECONDS = 20.0
-#: How long close() waits for the writer thread to drain its queue.
+#: close() waits for the writer thread to drain its queue as long as it makes progress; it gives
+#: up only after this long without a single window written.
 _CLOSE_TIMEOUT_S = 300.0
 
 
@@ -129,6 +130,7 @@ class Session:
         self._inert = cfg.ranks is not None and self.rank not in cfg.ranks
         self._compiled_depth = 0
         self._saw_compiled = False
+        self._bwd_queued = False  # an end-of-backward callback is queued for the running backward
         self._kernel_range: Any = None
         self._kernels: Any = None
         self._hazard: HazardTracker | None = None
@@ -231,6 +233,8 @@ class Session:
             return
         prev = self._rec.microbatch
         self._rec.microbatch = i
+        if self._rec.in_step and self._rec.phase == "step":
+            self._rec.phase = "forward"  # the previous microbatch's backward has ended
         try:
             yield
         finally:
@@ -297,14 +301,7 @@ class Session:
             self._teardown()
             with contextlib.suppress(Exception):
                 self._write_manifest()
-            # Bounded: a hung filesystem must not hang the end of training.
-            if not self._writer.close(timeout=_CLOSE_TIMEOUT_S):
-                warnings.warn(
-                    f"detfp: trace writer of rank {self.rank} did not finish within {_CLOSE_TIMEOUT_S:.0f} s; "
-                    "the last windows may be missing",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            self._close_writer()
             if self._writer.error and not self._warned_writer:
                 warnings.warn(f"detfp: trace writer failed: {self._writer.error}", RuntimeWarning, stacklevel=2)
 
@@ -315,6 +312,27 @@ class Session:
         self.close()
 
     # ================================================================== steps
+    def _close_writer(self) -> None:
+        """Wait for the writer to write every flushed window: a slow disk under load only delays
+        close (data the user flushed is never dropped for time); a writer that makes no progress
+        for ``_CLOSE_TIMEOUT_S`` (a hung filesystem) must not hang the end of training: give up,
+        saying how many windows are missing (the writer thread, a daemon, dies with the process)."""
+        w = self._writer
+        last = None
+        while not w.close(timeout=_CLOSE_TIMEOUT_S):
+            progress = (w.windows_written, w.dropped_windows, w.files_written)
+            if progress == last:
+                missing = w.windows_queued - w.windows_written - w.dropped_windows
+                warnings.warn(
+                    f"detfp: trace writer of rank {self.rank} made no progress for {_CLOSE_TIMEOUT_S:.0f} s; "
+                    f"gave up with {missing} flushed window(s) not written: the trace of this rank is "
+                    "truncated (check the file system of the trace directory)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+            last = progress
+
     def _begin_step(self, n: int) -> None:
         if self._inert or self._closed:
             return
@@ -325,6 +343,7 @@ class Session:
             self._disable_for_writer()
         sel = not rec.failed and (self._cfg.steps is None or n in self._cfg.steps)
         rec.begin_step(n, sel)
+        self._bwd_queued = False
         self._step_selected = sel
         if self._first_step is None:
             self._first_step = n
@@ -376,6 +395,8 @@ class Session:
                 if self._kernels is not None:
                     ks, self._kernels, self._kernel_range = self._kernels, None, None
                     ks.stop()
+                if self._collectives is not None:
+                    self._collectives.wait_buckets()
                 rec.drain_foreign()
                 rec.phase = "step"
                 rec.microbatch = contract.NO_MICROBATCH
@@ -539,10 +560,45 @@ class Session:
             return stack[-1][1], "recompute"
         node = torch._C._current_autograd_node()
         if node is not None:
+            self._note_backward()
+            # Without module hooks (level metrics) a checkpoint re-forward is told by grad mode:
+            # autograd runs nodes with it off (no create_graph), checkpoint turns it on to recompute.
+            if torch.is_grad_enabled() or "CheckpointFunction" in node.name():
+                return node.metadata.get(NODE_KEY, ""), "recompute"
             return node.metadata.get(NODE_KEY, ""), "backward"
         if stack:
             return stack[-1][1], stack[-1][2]
         return "", self._rec.phase
+
+    def _note_backward(self) -> None:
+        """Inside a backward: have the phase leave ``backward``-time context when it ends."""
+        if self._bwd_queued:
+            return
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            self._bwd_queued = True
+        except Exception:  # not in a backward after all
+            pass
+
+    def _backward_ended(self) -> None:
+        """Engine callback at the end of a backward: DDP bucket records join the stream (in
+        bucket order), and records made after it (a loss all-reduce) get phase ``step``."""
+        self._bwd_queued = False
+        rec = self._rec
+        try:  # an exception here would surface in the user's backward()
+            if self._collectives is not None:
+                self._collectives.wait_buckets()
+            if rec.in_step and rec.phase == "forward":
+                rec.phase = "step"
+            if not self._live():
+                return
+            rec.enter()
+            try:
+                rec.drain_foreign()
+            finally:
+                rec.leave()
+        except Exception as exc:
+            rec.fail(exc, "end of backward")
 
     def _hazards_for(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
         return self._hazard.flag_all(tensors) if self._hazard is not None else None

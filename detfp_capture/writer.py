@@ -220,6 +220,7 @@ class ShardWriter:
         self._compression = compression
         self._next_window = 0
         self._closed = False
+        self._stop_queued = False
         self._lock = threading.Lock()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending_windows)
         # Daemon: a training process that exits without close() must not hang on its tracer.
@@ -253,13 +254,14 @@ class ShardWriter:
     def close(self, timeout: float | None = None) -> bool:
         """Drain the queue and stop the thread; True when everything queued was handled in time."""
         with self._lock:
-            already = self._closed
             self._closed = True
-        if not already:
+            need_stop = not self._stop_queued
+        if need_stop:  # a close() that timed out before queueing the stop retries it
             try:
                 self._queue.put(_STOP, timeout=timeout)
             except queue.Full:
                 return False
+            self._stop_queued = True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 

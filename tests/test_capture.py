@@ -167,13 +167,12 @@ def test_ops_records_identical_across_runs(tmp_path):
     ]
     a, b = read(tmp_path / "a"), read(tmp_path / "b")
     assert a.select(cols[:9]).equals(b.select(cols[:9]))
-    same = (a["digest_hi"] == b["digest_hi"]).fill_null(True) & (a["digest_lo"] == b["digest_lo"]).fill_null(True)
-    # The only records allowed to differ read uninitialized memory (dropout's empty_like mask
-    # buffer seen as bernoulli_'s input) and are flagged as such.
-    differ = a.filter(~same)
-    assert differ.height > 0
-    assert all("uninitialized" in h for h in differ["hazards"])
-    assert a.filter(same).select(cols).equals(b.filter(same).select(cols))
+    # Dropout's empty_like mask buffer is overwritten by bernoulli_, never read: that input is
+    # counted, not digested (its bytes are garbage that differs between runs), and not flagged.
+    bern = a.filter((pl.col("name") == "aten::bernoulli_.float") & (pl.col("arg") == "args[0]"))
+    assert bern.height > 0 and set(bern["status"]) == {"skipped"}
+    assert a.filter(pl.col("hazards").list.len() > 0).height == 0
+    assert a.select(cols).equals(b.select(cols))
 
 
 def test_step_rank_module_selectors(tmp_path, monkeypatch):
