@@ -153,7 +153,10 @@ def walk(
                 al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
             firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
             by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
-            parts = {int(k[0]): v for k, v in al.partition_by("rank", as_dict=True).items()} if by_rank else {}
+            # _pick only needs these columns: partitioning and filtering them per rank is far
+            # cheaper than the full aligned frame (same rows, same order, so the same picks).
+            slim = al.select("rank", "call_hash", "o1", "hz")
+            parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
             picks: dict[int, dict[str, Any]] = {}
             for r in batch:
                 if r not in by_rank:
@@ -164,7 +167,7 @@ def walk(
                 first = _pick(parts[r], by_rank[r])
                 nxt = None
                 if first["hz"]:
-                    clean = _align.first_divergences(parts[r], exclude_hazard_calls=True)
+                    clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
                     if clean.height:
                         nxt = _pick(parts[r], clean.row(0, named=True))
                 picks[r] = {"first": first, "next": nxt}
