@@ -111,9 +111,14 @@ def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int,
     sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
     ranks, steps = sorted({c[0] for c in calls}), sorted({c[1] for c in calls})
     hashes = key["call_hash"].unique().to_list()
+    # The hazards lists are only read when a row of these calls has a hazard flag (hz covers
+    # every record of the rank-step on both sides): decoding a list column is the costly part.
+    cols: list[Any] = list(_CALL_DETAIL)
+    if not sub["hz"].any():
+        cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
     for run, sfx in ((run_a, "a"), (run_b, "b")):
         lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
-        lf = lf.select("rank", "step", "call_hash", "key_hash", *_CALL_DETAIL)
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *cols)
         det = collect(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
