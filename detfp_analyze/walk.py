@@ -73,6 +73,8 @@ def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> p
     lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(*columns, _align.HAZARD_FLAG)
     # Status as an enum: the alignment compares it on every row, integers compare faster.
     lf = lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
+    if len(steps) == 1:
+        return collect(lf)  # the scan already selects exactly these (rank, step) pairs: no join
     return collect(lf.join(key.lazy(), on=["rank", "step"], how="semi"))
 
 
