@@ -25,9 +25,12 @@ __all__ = ["Staging", "start_many"]
 _K = core.K
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _SPECIAL = digest._BYTE_DTYPES
+_INT64 = torch.int64
+_STRIDED = torch.strided
 
 
 def _batchable(t: torch.Tensor) -> bool:
+    # Small tensors too: a one-row tensor's digest is its level-0 row, as in digest.start's arena.
     return (
         type(t) in _PLAIN
         and t.layout is torch.strided
@@ -35,10 +38,10 @@ def _batchable(t: torch.Tensor) -> bool:
         and not t.is_meta
         and t.dtype is not torch.int64
         and t.dtype not in _SPECIAL
-        and t.numel() * t.element_size() > _K
+        and t.numel() > 0
         and not t.is_conj()
         and not t.is_neg()
-        and not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
     )
 
 
@@ -212,18 +215,19 @@ class Staging:
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
-        nb = t.numel() * t.element_size()
+        # Cheapest tests first: this runs for every boundary tensor.
+        dt = t.dtype
         return (
-            0 < nb <= Staging.MAX_TENSOR
-            and type(t) in _PLAIN
-            and t.layout is torch.strided
+            type(t) in _PLAIN
+            and dt is not _INT64
+            and 0 < t.numel() * dt.itemsize <= Staging.MAX_TENSOR
+            and t.layout is _STRIDED
+            and dt not in _SPECIAL
             and not t.is_nested
             and not t.is_meta
-            and t.dtype is not torch.int64
-            and t.dtype not in _SPECIAL
             and not t.is_conj()
             and not t.is_neg()
-            and not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+            and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
         )
 
     def put(self, t: torch.Tensor, slot: object) -> bool:
@@ -232,24 +236,29 @@ class Staging:
 
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Snapshot tensors that ``fits`` (this device) together; False when they do not fit now."""
+        dt = ts[0].dtype
+        one = True
         need = 0
         for t in ts:
             need += -(-(t.numel() * t.dtype.itemsize) // _K)
+            one = one and t.dtype is dt
         if self.used + need > self.cap_rows:
             return False
+        groups = [range(len(ts))] if one else list(_by_dtype(ts).values())
         prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        if prev:
+            torch._C._set_grad_enabled(False)
         try:
-            groups = list(_by_dtype(ts).values())
             snaps, items = [], []
             for idx in groups:
-                flat, rows = _flat_rows([ts[i] for i in idx], self.dev, copy=True)
+                flat, rows = _flat_rows(ts if one else [ts[i] for i in idx], self.dev, copy=True)
                 snaps.append(flat)
                 for i, m in zip(idx, rows, strict=True):
                     t = ts[i]
                     items.append((slots[i], t.dtype, t.shape, t.numel(), m))
         finally:
-            torch._C._set_grad_enabled(prev)
+            if prev:
+                torch._C._set_grad_enabled(True)
         self.snaps += snaps
         self.items += items
         self.used += need
