@@ -256,6 +256,8 @@ class CaptureMode(TorchDispatchMode):
         if node is not None:
             if self.s._saw_compiled and "CompiledFunction" in node.name():
                 return None  # the backward of a compiled region: recorded at its boundary only
+            if not self.s._bwd_queued:
+                self.s._note_backward()
             return node.metadata.get(NODE_KEY, ""), "backward"
         if stack:
             return stack[-1][1], stack[-1][2]

@@ -298,6 +298,7 @@ class ModuleHooks:
         rec = self.rec
         if rec.busy or not rec.selected or rec.failed:
             return
+        self.s._note_backward()
         rec.enter()
         try:
             # All gradients of one module boundary form one call, whatever order they arrive in.
