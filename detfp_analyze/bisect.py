@@ -229,7 +229,7 @@ def bisect(
             if f[w]
         }
     )
-    det_a, det_b = _evidence.details(run_a, record_keys), _evidence.details(run_b, record_keys)
+    det_a, det_b = _evidence.details_pair(run_a, run_b, record_keys)
     dump_a, dump_b = _evidence.dumps(run_a, record_keys), _evidence.dumps(run_b, record_keys)
     kern_a: dict[tuple[int, int, int], tuple[str, ...]] = {}
     kern_b: dict[tuple[int, int, int], tuple[str, ...]] = {}

@@ -15,10 +15,10 @@ import polars as pl
 
 from detfp_analyze import align as _align
 from detfp_analyze.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
-from detfp_analyze.walk import collect
+from detfp_analyze.walk import collect, collect_pair
 from detfp_capture.contract import INPUTLESS_KINDS
 
-__all__ = ["all_groups", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
+__all__ = ["all_groups", "details", "details_pair", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
 
 #: Origin ranks the discriminator view looks at.
 DISCRIMINATOR_RANKS = 8
@@ -69,14 +69,13 @@ def peer_inputs(
     have = set(run_a.ranks) & set(run_b.ranks)
     sel = [p for p in peers if p in have]
 
-    def side(run: Any) -> pl.DataFrame:
+    def side(run: Any) -> pl.LazyFrame:
         if not sel:
-            return pl.DataFrame(schema={c: pl.Int64 for c in cols})
+            return pl.LazyFrame(schema={c: pl.Int64 for c in cols})
         lf = run.scan("records", ranks=sel, steps=steps)
-        lf = lf.filter(pl.col("call_hash").is_in(hashes) & (pl.col("role") == "input")).select(cols)
-        return collect(lf)
+        return lf.filter(pl.col("call_hash").is_in(hashes) & (pl.col("role") == "input")).select(cols)
 
-    a, b = side(run_a), side(run_b)
+    a, b = collect_pair(side(run_a), side(run_b))
     out: dict[tuple[int, int, int], str] = {}
     if a.height or b.height:
         j = a.join(b, on=["rank", "step", "call_hash", "key_hash"], how="full", coalesce=True, suffix="_b")
@@ -101,17 +100,35 @@ def peer_inputs(
     return out
 
 
-def details(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], dict[str, Any]]:
-    if not keys:
-        return {}
+def _details_scan(run: Any, keys: Sequence[tuple[int, int, int]]) -> pl.LazyFrame:
     key = pl.DataFrame(
         {"rank": [k[0] for k in keys], "step": [k[1] for k in keys], "key_hash": [k[2] for k in keys]},
         schema={"rank": pl.Int32, "step": pl.Int64, "key_hash": pl.UInt64},
     )
     lf = run.scan("records", ranks=sorted({k[0] for k in keys}), steps=sorted({k[1] for k in keys}))
     lf = lf.filter(pl.col("key_hash").is_in(key["key_hash"].unique().to_list())).select(list(_DETAIL_COLUMNS))
-    df = collect(lf.join(key.lazy(), on=["rank", "step", "key_hash"], how="semi"))
+    return lf.join(key.lazy(), on=["rank", "step", "key_hash"], how="semi")
+
+
+def _by_key(df: pl.DataFrame) -> dict[tuple[int, int, int], dict[str, Any]]:
     return {(int(r["rank"]), int(r["step"]), int(r["key_hash"])): r for r in df.to_dicts()}
+
+
+def details(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], dict[str, Any]]:
+    """(rank, step, key_hash) -> the record's detail columns (moments, rows, errors, digests)."""
+    if not keys:
+        return {}
+    return _by_key(collect(_details_scan(run, keys)))
+
+
+def details_pair(
+    run_a: Any, run_b: Any, keys: Sequence[tuple[int, int, int]]
+) -> tuple[dict[tuple[int, int, int], dict[str, Any]], dict[tuple[int, int, int], dict[str, Any]]]:
+    """``details`` of both runs, their scans run concurrently."""
+    if not keys:
+        return {}, {}
+    a, b = collect_pair(_details_scan(run_a, keys), _details_scan(run_b, keys))
+    return _by_key(a), _by_key(b)
 
 
 def dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:

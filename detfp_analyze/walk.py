@@ -23,7 +23,7 @@ from detfp_analyze import narrow as _narrow
 from detfp_analyze import resume as _resume
 from detfp_capture.contract import STATUSES, call_key, key_hash
 
-__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "Progress", "chunks", "collect", "rollup_candidates", "walk"]
+__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "Progress", "chunks", "collect", "collect_pair", "rollup_candidates", "walk"]
 
 #: progress(stage, done, total): called between batches; the CLI draws a bar with it.
 Progress = Callable[[str, int, int], None]
@@ -43,6 +43,13 @@ def collect(lf: pl.LazyFrame) -> pl.DataFrame:
     return lf.collect(engine="streaming")
 
 
+def collect_pair(lf_a: pl.LazyFrame, lf_b: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``collect`` of run A's and run B's side of a read, run concurrently (same frames as two
+    ``collect`` calls: the engine releases the GIL, so the two scans overlap on two cores)."""
+    a, b = pl.collect_all([lf_a, lf_b], engine="streaming")
+    return a, b
+
+
 def scan(run: Any, table: str, ranks: Sequence[int], lo: int, hi: int) -> pl.LazyFrame:
     """``run.scan`` of ``ranks`` over the inclusive step range [lo, hi] (files pruned by the reader)."""
     return run.scan(table, ranks=list(ranks), steps=range(lo, hi + 1))
@@ -55,8 +62,10 @@ def rollup_candidates(
     out: dict[int, list[int]] = {}
     batches = chunks(ranks, ROLLUP_BATCH)
     for i, batch in enumerate(batches):
-        ra = collect(_narrow.step_rollup(scan(run_a, "records", batch, lo, hi)))
-        rb = collect(_narrow.step_rollup(scan(run_b, "records", batch, lo, hi)))
+        ra, rb = collect_pair(
+            _narrow.step_rollup(scan(run_a, "records", batch, lo, hi)),
+            _narrow.step_rollup(scan(run_b, "records", batch, lo, hi)),
+        )
         d = _narrow.divergent_steps(ra, rb)
         for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
             out.setdefault(int(rank), []).append(int(step))
@@ -65,7 +74,7 @@ def rollup_candidates(
     return out
 
 
-def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.DataFrame:
+def _pairs_scan(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
     steps = sorted(set(pairs.values()))
     key = pl.DataFrame(
         {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
@@ -74,8 +83,16 @@ def _read_pairs(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> p
     # Status as an enum: the alignment compares it on every row, integers compare faster.
     lf = lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
     if len(steps) == 1:
-        return collect(lf)  # the scan already selects exactly these (rank, step) pairs: no join
-    return collect(lf.join(key.lazy(), on=["rank", "step"], how="semi"))
+        return lf  # the scan already selects exactly these (rank, step) pairs: no join
+    return lf.join(key.lazy(), on=["rank", "step"], how="semi")
+
+
+def _read_pairs(
+    run_a: Any, run_b: Any, pairs: Mapping[int, int], columns: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Both runs' records of the (rank, step) ``pairs``, prepared for the alignment."""
+    a, b = collect_pair(_pairs_scan(run_a, pairs, columns), _pairs_scan(run_b, pairs, columns))
+    return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
 
 
 def _label(row: Mapping[str, Any]) -> str:
@@ -118,10 +135,12 @@ def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int,
     cols: list[Any] = list(_CALL_DETAIL)
     if not sub["hz"].any():
         cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
-    for run, sfx in ((run_a, "a"), (run_b, "b")):
+    lfs = []
+    for run in (run_a, run_b):
         lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
         lf = lf.select("rank", "step", "call_hash", "key_hash", *cols)
-        det = collect(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+        lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+    for det, sfx in zip(collect_pair(*lfs), ("a", "b"), strict=True):
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
     shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
@@ -146,17 +165,13 @@ def walk(
     while todo:
         for batch in chunks(sorted(todo), WALK_BATCH):
             pairs = {r: todo[r][0] for r in batch}
-            a = _align.prepare(_read_pairs(run_a, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
-            b = _align.prepare(_read_pairs(run_b, pairs, _align.NARROW_COLUMNS), one_step_per_rank=True)
-            al = _align.align(a, b)
+            al = _align.align(*_read_pairs(run_a, run_b, pairs, _align.NARROW_COLUMNS))
             # Steps with records on one side only: re-align with the call-site columns, so a
             # shifted occurrence counter reads as structural, not as a value mismatch.
             one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
             if one_sided:
                 sub = {r: pairs[r] for r in one_sided}
-                fa = _align.prepare(_read_pairs(run_a, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
-                fb = _align.prepare(_read_pairs(run_b, sub, _align.ALIGN_COLUMNS), one_step_per_rank=True)
-                full = _align.align(fa, fb).select(al.columns)
+                full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
                 al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
             firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
             by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
