@@ -74,22 +74,50 @@ def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
 
 
 def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
-    # One flatten (a single C++ call) per dtype instead of a handful of Python-level ops per tensor.
+    # Tensors grouped by (dtype, rows): one flatten (a single C++ call) per dtype, one level-0
+    # GEMM, then per group of equal row counts a few ops per level, whatever the group's size
+    # (a model's parameters come in a handful of sizes). No index tensors to build.
     with torch.no_grad():
-        order: list[int] = []
+        groups: dict[tuple, list[int]] = {}
+        for i, t in enumerate(ts):
+            dt = t.dtype
+            groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // _K) or 1), []).append(i)
+        keys = sorted(groups, key=lambda k: (str(k[0]), k[1]))
         flats: list[torch.Tensor] = []
-        rows: list[int] = []
-        for dt_idx in _by_dtype(ts).values():
-            flat, r = _flat_rows([ts[i] for i in dt_idx], dev)
+        order: list[tuple[int, list[int]]] = []  # (rows per tensor, tensor indices) in flat order
+        for dt in dict.fromkeys(k[0] for k in keys):
+            idx: list[int] = []
+            for k in keys:
+                if k[0] is dt:
+                    idx += groups[k]
+                    order.append((k[1], groups[k]))
+            flat, _ = _flat_rows([ts[i] for i in idx], dev)
             flats.append(flat)
-            rows += r
-            order += dt_idx
         buf = flats[0] if len(flats) == 1 else torch.cat(flats)
-        final = _finish(core.mm(buf.view(-1, _K), 0), rows, dev)
+        lanes = core.mm(buf.view(-1, _K), 0)
         out: list[torch.Tensor | None] = [None] * len(ts)
-        for i, row in zip(order, final.reshape(-1, 1, core.LANES).unbind(0), strict=True):
-            out[i] = row
+        off = 0
+        for m, idx in order:
+            k = len(idx)
+            final = _finish_uniform(lanes[off : off + k * m], k, m)
+            off += k * m
+            for i, row in zip(idx, final.reshape(k, 1, core.LANES).unbind(0), strict=True):
+                out[i] = row
         return out  # type: ignore[return-value]
+
+
+def _finish_uniform(lanes: torch.Tensor, k: int, m: int) -> torch.Tensor:
+    """Level-0 lanes of ``k`` consecutive tensors of ``m`` rows each -> their (k, 16) final lanes."""
+    level = 1
+    while m > 1:
+        m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
+        x = lanes.reshape(k, m * core.LANES)
+        if m2 * 16 != m:
+            x = torch.nn.functional.pad(x, (0, (m2 * 16 - m) * core.LANES))
+        lanes = core.mm(x.view(torch.int8).reshape(k * m2, _K), level)
+        m = m2
+        level += 1
+    return lanes
 
 
 def _by_dtype(ts: Sequence[torch.Tensor]) -> dict[torch.dtype, list[int]]:
