@@ -229,7 +229,18 @@ def bisect(
             if f[w]
         }
     )
-    det_a, det_b = _evidence.details_pair(run_a, run_b, record_keys)
+    # Record details (moments, rows, errors) were read with the walk's call detail.
+    det_a: dict[tuple[int, int, int], dict[str, Any]] = {}
+    det_b: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for r, f in found.items():
+        for w in ("first", "next"):
+            if f[w]:
+                k = (r, int(f[w]["row"]["step"]), int(f[w]["row"]["key_hash"]))
+                da, db = f[w]["details"]
+                if da is not None:
+                    det_a[k] = da
+                if db is not None:
+                    det_b[k] = db
     dump_a, dump_b = _evidence.dumps(run_a, record_keys), _evidence.dumps(run_b, record_keys)
     kern_a: dict[tuple[int, int, int], tuple[str, ...]] = {}
     kern_b: dict[tuple[int, int, int], tuple[str, ...]] = {}

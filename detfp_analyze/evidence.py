@@ -15,27 +15,14 @@ import polars as pl
 
 from detfp_analyze import align as _align
 from detfp_analyze.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
+from detfp_analyze.walk import DETAIL_COLUMNS as _DETAIL_COLUMNS
 from detfp_analyze.walk import collect, collect_pair
 from detfp_capture.contract import INPUTLESS_KINDS
 
-__all__ = ["all_groups", "details", "details_pair", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
+__all__ = ["all_groups", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
 
 #: Origin ranks the discriminator view looks at.
 DISCRIMINATOR_RANKS = 8
-_DETAIL_COLUMNS = (
-    "rank",
-    "step",
-    "key_hash",
-    "status",
-    "error",
-    "digest_hi",
-    "digest_lo",
-    "args_digest",
-    "dtype",
-    "rows",
-    "m_sum",
-    "m_absmax",
-)
 
 
 def all_groups(run: Any) -> dict[str, list[int]]:
@@ -119,16 +106,6 @@ def details(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, i
     if not keys:
         return {}
     return _by_key(collect(_details_scan(run, keys)))
-
-
-def details_pair(
-    run_a: Any, run_b: Any, keys: Sequence[tuple[int, int, int]]
-) -> tuple[dict[tuple[int, int, int], dict[str, Any]], dict[tuple[int, int, int], dict[str, Any]]]:
-    """``details`` of both runs, their scans run concurrently."""
-    if not keys:
-        return {}, {}
-    a, b = collect_pair(_details_scan(run_a, keys), _details_scan(run_b, keys))
-    return _by_key(a), _by_key(b)
 
 
 def dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:

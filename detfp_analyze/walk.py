@@ -23,7 +23,17 @@ from detfp_analyze import narrow as _narrow
 from detfp_analyze import resume as _resume
 from detfp_capture.contract import STATUSES, call_key, key_hash
 
-__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "Progress", "chunks", "collect", "collect_pair", "rollup_candidates", "walk"]
+__all__ = [
+    "DETAIL_COLUMNS",
+    "ROLLUP_BATCH",
+    "WALK_BATCH",
+    "Progress",
+    "chunks",
+    "collect",
+    "collect_pair",
+    "rollup_candidates",
+    "walk",
+]
 
 #: progress(stage, done, total): called between batches; the CLI draws a bar with it.
 Progress = Callable[[str, int, int], None]
@@ -121,8 +131,38 @@ def _hazard_names(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int, int]]) -> pl.DataFrame:
-    """Aligned rows of ``calls`` (rank, step, call_hash) with the call-site columns of both sides."""
+#: Record detail columns (moments, rows, errors, digests) the verdict's difference kind needs.
+DETAIL_COLUMNS = (
+    "rank",
+    "step",
+    "key_hash",
+    "status",
+    "error",
+    "digest_hi",
+    "digest_lo",
+    "args_digest",
+    "dtype",
+    "rows",
+    "m_sum",
+    "m_absmax",
+)
+Details = dict[tuple[int, int, int], dict[str, Any]]
+
+
+def _enrich(
+    run_a: Any,
+    run_b: Any,
+    al: pl.DataFrame,
+    calls: set[tuple[int, int, int]],
+    detail_keys: set[tuple[int, int, int]] | None = None,
+) -> tuple[pl.DataFrame, Details, Details]:
+    """Aligned rows of ``calls`` (rank, step, call_hash) with the call-site columns of both sides,
+    and each side's DETAIL_COLUMNS of the records ``detail_keys`` (rank, step, key_hash).
+
+    The details come from the same read (a record's call hash is a function of its key, so
+    the records of ``detail_keys`` lie in ``calls``): per key the last record in file order,
+    as ``evidence.details`` gives.
+    """
     key = pl.DataFrame(
         {"rank": [c[0] for c in calls], "step": [c[1] for c in calls], "call_hash": [c[2] for c in calls]},
         schema={"rank": pl.Int32, "step": pl.Int64, "call_hash": pl.UInt64},
@@ -135,16 +175,30 @@ def _enrich(run_a: Any, run_b: Any, al: pl.DataFrame, calls: set[tuple[int, int,
     cols: list[Any] = list(_CALL_DETAIL)
     if not sub["hz"].any():
         cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
+    extra = [c for c in DETAIL_COLUMNS if c not in ("rank", "step", "key_hash", *_CALL_DETAIL)] if detail_keys else []
     lfs = []
     for run in (run_a, run_b):
         lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
-        lf = lf.select("rank", "step", "call_hash", "key_hash", *cols)
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *cols, *extra)
         lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+    dets: list[Details] = []
     for det, sfx in zip(collect_pair(*lfs), ("a", "b"), strict=True):
+        if detail_keys:
+            dk = pl.DataFrame(
+                [list(k) for k in sorted(detail_keys)],
+                schema={"rank": pl.Int32, "step": pl.Int64, "key_hash": pl.UInt64},
+                orient="row",
+            )
+            d = det.join(dk, on=["rank", "step", "key_hash"], how="semi", maintain_order="left")
+            d = d.unique(["rank", "step", "key_hash"], keep="last", maintain_order=True).select(DETAIL_COLUMNS)
+            dets.append({(int(r["rank"]), int(r["step"]), int(r["key_hash"])): r for r in d.to_dicts()})
+            det = det.drop(extra)
+        else:
+            dets.append({})
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
     shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
-    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared])
+    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1]
 
 
 def walk(
@@ -195,15 +249,17 @@ def walk(
                 picks[r] = {"first": first, "next": nxt}
                 del todo[r]
             calls: set[tuple[int, int, int]] = set()
+            keys: set[tuple[int, int, int]] = set()
             for r, p in picks.items():
                 for ex in (p["first"], p["next"]):
                     if ex is None:
                         continue
                     step = int(ex["row"]["step"])
                     calls.add((r, step, int(ex["row"]["call_hash"])))
+                    keys.add((r, step, int(ex["row"]["key_hash"])))
                     if ex["upstream_call"] is not None:
                         calls.add((r, step, ex["upstream_call"]))
-            rich = _enrich(run_a, run_b, al, calls) if calls else al.clear()
+            rich, det_a, det_b = _enrich(run_a, run_b, al, calls, keys) if calls else (al.clear(), {}, {})
             rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
             for r, p in picks.items():
                 out = {}
@@ -224,7 +280,14 @@ def walk(
                         if up.height:
                             upstream = _label(up.sort("o1").row(0, named=True))
                     hazards = _hazard_names(call_rows)
-                    out[which] = {"row": row, "call_rows": call_rows, "hazards": hazards, "upstream": upstream}
+                    k = (r, int(row["step"]), int(row["key_hash"]))
+                    out[which] = {
+                        "row": row,
+                        "call_rows": call_rows,
+                        "hazards": hazards,
+                        "upstream": upstream,
+                        "details": (det_a.get(k), det_b.get(k)),
+                    }
                 found[r] = out
             _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
             if progress:
@@ -250,7 +313,7 @@ def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mappi
                 twins.setdefault((r, int(row["step"]), key_hash(ck)), []).append(ex)
     if not twins:
         return
-    rich = _enrich(run_a, run_b, al, set(twins))
+    rich = _enrich(run_a, run_b, al, set(twins))[0]
     for (r, step, h), exs in twins.items():
         rows = rich.filter((pl.col("rank") == r) & (pl.col("step") == step) & (pl.col("call_hash") == h)).to_dicts()
         for ex in exs:
