@@ -222,13 +222,14 @@ def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Te
 
 
 class Staging:
-    """Snapshots of tensors in whole 1024-byte rows, digested later as a batch (one GEMM for
-    level 0 of all of them).
+    """Snapshots of tensors in whole 1024-byte rows of one device buffer, digested later as a
+    batch (one GEMM for level 0 of all of them).
 
-    A snapshot is taken at record time (one ``flatten_dense_tensors`` copy per call and dtype,
-    each tensor zero-padded to whole rows), so a later in-place write cannot change what was
-    recorded: safe where capture cannot see writes (module boundaries, collectives). Small
-    tensors are staged too: same bytes, same digest as the arena path of ``digest.start``.
+    A snapshot is copied in at record time (one strided view and one copy per tensor, straight
+    into the buffer: the bytes are moved once), so a later in-place write cannot change what
+    was recorded: safe where capture cannot see writes (module boundaries, collectives). A
+    tensor's padding tail is zeroed when it is put (its last row only). Small tensors are
+    staged too: same bytes, same digest as the arena path of ``digest.start``.
     """
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
@@ -238,8 +239,9 @@ class Staging:
         self.dev = dev
         self.cap_rows = cap_bytes // _K
         self.used = 0
-        self.snaps: list[torch.Tensor] = []  # int8 snapshots, whole rows each
-        self.items: list[tuple] = []  # (slot, dtype, shape, numel, rows), in snapshot order
+        self.buf: torch.Tensor | None = None
+        self.typed: dict[torch.dtype, torch.Tensor] = {}  # dtype views of the whole buffer
+        self.items: list[tuple] = []  # (slot, dtype, shape, numel, rows), in buffer order
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
@@ -262,50 +264,64 @@ class Staging:
         """Snapshot ``t``; False when the buffer is full (run() first)."""
         return self.put_many([t], [slot])
 
+    def _typed(self, dt: torch.dtype) -> torch.Tensor:
+        v = self.typed.get(dt)
+        if v is None:
+            with torch.inference_mode(False):  # cached: must not be an inference-mode view
+                if self.buf is None:
+                    self.buf = torch.zeros(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
+                    self.typed[torch.int8] = self.buf
+                v = self.typed[dt] = self.buf.view(dt)
+        return v
+
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
-        """Snapshot tensors that ``fits`` (this device) together; False when they do not fit now."""
-        dt = ts[0].dtype
-        one = True
+        """Snapshot tensors that ``fits`` (this device); False when they do not fit now."""
         need = 0
         for t in ts:
             need += -(-(t.numel() * t.dtype.itemsize) // _K)
-            one = one and t.dtype is dt
         if self.used + need > self.cap_rows:
             return False
-        groups = [range(len(ts))] if one else list(_by_dtype(ts).values())
+        items = []
+        row = self.used
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
         try:
-            snaps, items = [], []
-            for idx in groups:
-                flat, rows = _flat_rows(ts if one else [ts[i] for i in idx], self.dev, copy=True)
-                snaps.append(flat)
-                for i, m in zip(idx, rows, strict=True):
-                    t = ts[i]
-                    items.append((slots[i], t.dtype, t.shape, t.numel(), m))
+            for t, slot in zip(ts, slots, strict=True):
+                dt = t.dtype
+                typed = self.typed.get(dt)
+                if typed is None:
+                    typed = self._typed(dt)
+                numel = t.numel()
+                nb = numel * dt.itemsize
+                m = -(-nb // _K)
+                if m * _K != nb:  # the tail of the last row must be zero (the buffer is reused)
+                    self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
+                shape = t.shape
+                typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
+                items.append((slot, dt, shape, numel, m))
+                row += m
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
-        self.snaps += snaps
         self.items += items
-        self.used += need
+        self.used = row
         return True
 
     def run(self) -> list[tuple[object, digest.Pending]]:
         """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
         if not self.items:
             return []
-        items, snaps = self.items, self.snaps
-        self.items, self.snaps, self.used = [], [], 0
+        items, used = self.items, self.used
+        self.items, self.used = [], 0
         with torch.no_grad():
-            buf = snaps[0] if len(snaps) == 1 else torch.cat(snaps)
-            final = _finish(core.mm(buf.view(-1, _K), 0), [it[4] for it in items], self.dev)
+            lanes = core.mm(self.buf[: used * _K].view(-1, _K), 0)
+            final = _finish(lanes, [it[4] for it in items], self.dev)
             out = []
             for (slot, dtype, shape, numel, _), row in zip(
                 items, final.reshape(-1, 1, core.LANES).unbind(0), strict=True
             ):
                 p = digest.Pending(dtype, shape, numel, self.dev)
-                p.lanes = row
+                p.lanes = row  # a row of a new lanes tensor, not of the (reused) buffer
                 out.append((slot, p))
         return out
