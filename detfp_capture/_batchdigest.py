@@ -31,14 +31,16 @@ _STRIDED = torch.strided
 
 def _batchable(t: torch.Tensor) -> bool:
     # Small tensors too: a one-row tensor's digest is its level-0 row, as in digest.start's arena.
+    # Cheapest tests first: this runs for every parameter, gradient and state at a step boundary.
+    dt = t.dtype
     return (
         type(t) in _PLAIN
-        and t.layout is torch.strided
+        and dt is not _INT64
+        and t.layout is _STRIDED
+        and dt not in _SPECIAL
+        and t.numel() > 0
         and not t.is_nested
         and not t.is_meta
-        and t.dtype is not torch.int64
-        and t.dtype not in _SPECIAL
-        and t.numel() > 0
         and not t.is_conj()
         and not t.is_neg()
         and not (t.is_cuda and torch.cuda.is_current_stream_capturing())

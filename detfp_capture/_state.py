@@ -495,23 +495,35 @@ class Recorder:
             missing.append(i)
         if missing:
             pendings = start_many([specs[i][7] for i in missing])
+            ref = weakref.ref
             for i, p in zip(missing, pendings, strict=True):
                 s = slots[i] = Slot(p)
                 t = specs[i][7]
                 if versions[i] is not None:
-                    with contextlib.suppress(TypeError):
-                        cache[id(t)] = (weakref.ref(t), versions[i], s, False, False)
+                    try:  # noqa: SIM105 (a plain try is cheaper on this hot path)
+                        cache[id(t)] = (ref(t), versions[i], s, False, False)
+                    except TypeError:  # some tensor subclasses refuse weak references
+                        pass
+        # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
         calls = []
         out = self.records
+        occ_map = self.occ
+        step, mb = self.step, self.microbatch
+        seq = self.seq
         for sp, s in zip(specs, slots, strict=True):
             call, kind, name, module, phase, role, arg, t = sp
             if call is None:
-                occ = self.occurrence(phase, module, kind, name)
-                call = (self.step, self.microbatch, phase, module, kind, name, occ, None, False)
+                key = (mb, phase, module, kind, name)
+                occ = occ_map.get(key, 0)
+                occ_map[key] = occ + 1
+                call = (step, mb, phase, module, kind, name, occ, None, False)
+            dt = t.dtype
             out.append(
-                (call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+                (call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
             )
+            seq += 1
             calls.append(call)
+        self.seq = seq
         self.records_in_step += len(specs)
         if len(out) >= self._flush_at:
             self.need_flush = True
