@@ -14,6 +14,7 @@ to the rank's next candidate step. Memory: one batch of WALK_BATCH rank-steps pe
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import polars as pl
@@ -216,83 +217,109 @@ def walk(
     found: dict[int, dict[str, Any]] = {}
     todo = {r: list(s) for r, s in cands.items() if s}
     total = len(todo)
-    while todo:
-        for batch in chunks(sorted(todo), WALK_BATCH):
-            pairs = {r: todo[r][0] for r in batch}
-            al = _align.align(*_read_pairs(run_a, run_b, pairs, _align.NARROW_COLUMNS))
-            # Steps with records on one side only: re-align with the call-site columns, so a
-            # shifted occurrence counter reads as structural, not as a value mismatch.
-            one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
-            if one_sided:
-                sub = {r: pairs[r] for r in one_sided}
-                full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
-                al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
-            firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
-            by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
-            # _pick only needs these columns: partitioning and filtering them per rank is far
-            # cheaper than the full aligned frame (same rows, same order, so the same picks).
-            slim = al.select("rank", "call_hash", "o1", "hz")
-            parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
-            picks: dict[int, dict[str, Any]] = {}
-            for r in batch:
-                if r not in by_rank:
-                    todo[r].pop(0)  # only no-evidence differences (skipped records) in that step
-                    if not todo[r]:
-                        del todo[r]
-                    continue
-                first = _pick(parts[r], by_rank[r])
-                nxt = None
-                if first["hz"]:
-                    clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
-                    if clean.height:
-                        nxt = _pick(parts[r], clean.row(0, named=True))
-                picks[r] = {"first": first, "next": nxt}
-                del todo[r]
-            calls: set[tuple[int, int, int]] = set()
-            keys: set[tuple[int, int, int]] = set()
-            for r, p in picks.items():
-                for ex in (p["first"], p["next"]):
-                    if ex is None:
-                        continue
-                    step = int(ex["row"]["step"])
-                    calls.add((r, step, int(ex["row"]["call_hash"])))
-                    keys.add((r, step, int(ex["row"]["key_hash"])))
-                    if ex["upstream_call"] is not None:
-                        calls.add((r, step, ex["upstream_call"]))
-            rich, det_a, det_b = _enrich(run_a, run_b, al, calls, keys) if calls else (al.clear(), {}, {})
-            rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
-            for r, p in picks.items():
-                out = {}
-                for which in ("first", "next"):
-                    ex = p[which]
-                    if ex is None:
-                        out[which] = None
-                        continue
-                    rr = rparts[r]
-                    h = int(ex["row"]["call_hash"])
-                    call_rows = rr.filter(pl.col("call_hash") == h).to_dicts()
-                    row = next(
-                        c for c in call_rows if c["key_hash"] == ex["row"]["key_hash"] and c["dup"] == ex["row"]["dup"]
-                    )
-                    upstream = None
-                    if ex["upstream_call"] is not None:
-                        up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
-                        if up.height:
-                            upstream = _label(up.sort("o1").row(0, named=True))
-                    hazards = _hazard_names(call_rows)
-                    k = (r, int(row["step"]), int(row["key_hash"]))
-                    out[which] = {
-                        "row": row,
-                        "call_rows": call_rows,
-                        "hazards": hazards,
-                        "upstream": upstream,
-                        "details": (det_a.get(k), det_b.get(k)),
-                    }
-                found[r] = out
-            _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
-            if progress:
-                progress("walk", len(found), total)
+    # The next batch is read in a background thread while this one is aligned and enriched
+    # (the engine releases the GIL). Its (rank, step) pairs are fixed before this batch
+    # runs: a batch only ever changes the candidate lists of its own ranks.
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        while todo:
+            batches = chunks(sorted(todo), WALK_BATCH)
+            pending = pool.submit(_read_pairs, run_a, run_b, {r: todo[r][0] for r in batches[0]}, _align.NARROW_COLUMNS)
+            for i, batch in enumerate(batches):
+                pairs = {r: todo[r][0] for r in batch}
+                read = pending.result()
+                if i + 1 < len(batches):
+                    nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
+                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS)
+                _walk_batch(run_a, run_b, batch, pairs, read, todo, boundary, found)
+                if progress:
+                    progress("walk", len(found), total)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return found
+
+
+def _walk_batch(
+    run_a: Any,
+    run_b: Any,
+    batch: Sequence[int],
+    pairs: Mapping[int, int],
+    read: tuple[pl.DataFrame, pl.DataFrame],
+    todo: dict[int, list[int]],
+    boundary: Sequence[int],
+    found: dict[int, dict[str, Any]],
+) -> None:
+    """One walk batch: align ``read`` (the batch's prepared sides), pick, enrich; fills ``found``
+    and advances or drops the batch's ranks in ``todo`` (in place)."""
+    al = _align.align(*read)
+    # Steps with records on one side only: re-align with the call-site columns, so a
+    # shifted occurrence counter reads as structural, not as a value mismatch.
+    one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
+    if one_sided:
+        sub = {r: pairs[r] for r in one_sided}
+        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
+        al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
+    firsts = _align.first_divergences(al, priority_kinds=_resume.BOUNDARY_KINDS, priority_steps=boundary)
+    by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
+    # _pick only needs these columns: partitioning and filtering them per rank is far
+    # cheaper than the full aligned frame (same rows, same order, so the same picks).
+    slim = al.select("rank", "call_hash", "o1", "hz")
+    parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
+    picks: dict[int, dict[str, Any]] = {}
+    for r in batch:
+        if r not in by_rank:
+            todo[r].pop(0)  # only no-evidence differences (skipped records) in that step
+            if not todo[r]:
+                del todo[r]
+            continue
+        first = _pick(parts[r], by_rank[r])
+        nxt = None
+        if first["hz"]:
+            clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
+            if clean.height:
+                nxt = _pick(parts[r], clean.row(0, named=True))
+        picks[r] = {"first": first, "next": nxt}
+        del todo[r]
+    calls: set[tuple[int, int, int]] = set()
+    keys: set[tuple[int, int, int]] = set()
+    for r, p in picks.items():
+        for ex in (p["first"], p["next"]):
+            if ex is None:
+                continue
+            step = int(ex["row"]["step"])
+            calls.add((r, step, int(ex["row"]["call_hash"])))
+            keys.add((r, step, int(ex["row"]["key_hash"])))
+            if ex["upstream_call"] is not None:
+                calls.add((r, step, ex["upstream_call"]))
+    rich, det_a, det_b = _enrich(run_a, run_b, al, calls, keys) if calls else (al.clear(), {}, {})
+    rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
+    for r, p in picks.items():
+        out = {}
+        for which in ("first", "next"):
+            ex = p[which]
+            if ex is None:
+                out[which] = None
+                continue
+            rr = rparts[r]
+            h = int(ex["row"]["call_hash"])
+            call_rows = rr.filter(pl.col("call_hash") == h).to_dicts()
+            row = next(c for c in call_rows if c["key_hash"] == ex["row"]["key_hash"] and c["dup"] == ex["row"]["dup"])
+            upstream = None
+            if ex["upstream_call"] is not None:
+                up = rr.filter(pl.col("call_hash") == ex["upstream_call"])
+                if up.height:
+                    upstream = _label(up.sort("o1").row(0, named=True))
+            hazards = _hazard_names(call_rows)
+            k = (r, int(row["step"]), int(row["key_hash"]))
+            out[which] = {
+                "row": row,
+                "call_rows": call_rows,
+                "hazards": hazards,
+                "upstream": upstream,
+                "details": (det_a.get(k), det_b.get(k)),
+            }
+        found[r] = out
+    _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
 
 
 def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mapping[int, dict[str, Any]]) -> None:
