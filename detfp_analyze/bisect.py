@@ -13,7 +13,7 @@ Facade over pure stages (``walk`` and ``evidence`` do the reading):
    kernels (level "kernel"), kind and magnitude (``diffkind``, from moments, rows, dumps);
 6. cross-rank diagnosis (``diagnose``) and the discriminator view of the origin op.
 
-Memory stays bounded by one batch of rank-steps; time by the steps up to the first
+Memory stays bounded by two walk batches of rank-steps; time by the steps up to the first
 divergence (steps after every rank's metric divergence are never read when it is found).
 """
 

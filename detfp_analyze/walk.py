@@ -7,8 +7,10 @@ divergent row picked per rank (resume boundary state first); steps with records 
 side only are re-aligned with the call-site columns (shifted occurrence counters); then
 only the calls a verdict needs (the divergent call, the next clean one when the first has
 hazards, the call one hop upstream, a module output's module_input twin) are read in full
-(``enrich``). A candidate whose differences carry no evidence (skipped records) moves on
-to the rank's next candidate step. Memory: one batch of WALK_BATCH rank-steps per run.
+(``enrich``, which also brings the divergent records' details). A candidate whose
+differences carry no evidence (skipped records) moves on to the rank's next candidate step.
+Both runs' sides of a read are collected concurrently, and the next batch is read while the
+current one is processed. Memory: two batches of WALK_BATCH rank-steps per run.
 """
 
 from __future__ import annotations
