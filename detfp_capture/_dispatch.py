@@ -333,7 +333,7 @@ class CaptureMode(TorchDispatchMode):
                 defer=info.batch_inputs,
             )
         if info.writing and rec.deferred and _writes_deferred(info, args, kwargs, rec.deferred_storages):
-            rec.run_deferred()  # digests waiting for a batch must see the values before this write
+            rec.run_deferred(staging=False)  # digests waiting for a batch must see the values before this write
         rec.busy = False
         return call, info, phase
 

@@ -367,7 +367,7 @@ class Recorder:
             if stage_t is not None:
                 self._stage_many(stage_t, stage_s)
             if len(deferred) >= _DEFER_MAX or self.deferred_bytes >= _DEFER_BYTES:
-                self.run_deferred()
+                self.run_deferred(staging=False)
         else:
             cfg = self.cfg
             name, module = call[5], call[3]
@@ -385,9 +385,14 @@ class Recorder:
         if len(out) >= self._flush_at:
             self.need_flush = True
 
-    def run_deferred(self) -> None:
-        """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy)."""
-        self.run_staging()
+    def run_deferred(self, staging: bool = True) -> None:
+        """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy).
+
+        ``staging``: also digest the staged snapshots. Only a flush needs that: a snapshot is a
+        copy, so a write cannot change it, and before a write (the frequent trigger at level ops)
+        the staged batch is left to grow (one GEMM per 64 MiB or flush, not per write)."""
+        if staging:
+            self.run_staging()
         items = self.deferred
         if not items:
             return
@@ -455,7 +460,7 @@ class Recorder:
         if self.deferred:
             self.enter()
             try:
-                self.run_deferred()
+                self.run_deferred(staging=False)
             finally:
                 self.leave()
 
