@@ -93,10 +93,24 @@ def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor
                 if k[0] is dt:
                     idx += groups[k]
                     order.append((k[1], groups[k]))
-            flat, _ = _flat_rows([ts[i] for i in idx], dev)
-            flats.append(flat)
-        buf = flats[0] if len(flats) == 1 else torch.cat(flats)
-        lanes = core.mm(buf.view(-1, _K), 0)
+            # Large contiguous tensors of whole rows are hashed in place (no copy: at a step
+            # boundary that is most of the model's bytes); the rest is flattened in runs.
+            run: list[torch.Tensor] = []
+            for i in idx:
+                t = ts[i]
+                nb = t.numel() * dt.itemsize
+                if nb >= _DIRECT and nb % _K == 0 and t.is_contiguous():
+                    if run:
+                        flats.append(_flat_rows(run, dev)[0])
+                        run = []
+                    flats.append(t.reshape(-1).view(torch.int8))
+                else:
+                    run.append(t)
+            if run:
+                flats.append(_flat_rows(run, dev)[0])
+        # Level 0 of consecutive pieces = the concatenation of each piece's level-0 lanes.
+        parts = [core.mm(f.view(-1, _K), 0) for f in _merge_small(flats)]
+        lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
         out: list[torch.Tensor | None] = [None] * len(ts)
         off = 0
         for m, idx in order:
@@ -120,6 +134,28 @@ def _finish_uniform(lanes: torch.Tensor, k: int, m: int) -> torch.Tensor:
         m = m2
         level += 1
     return lanes
+
+
+#: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) skip the flatten copy.
+_DIRECT = 256 << 10
+
+
+def _merge_small(flats: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Concatenate runs of consecutive small byte pieces so that each GEMM call gets enough rows
+    (a GEMM call has a fixed cost); large pieces stay as they are (views, not copied)."""
+    out: list[torch.Tensor] = []
+    small: list[torch.Tensor] = []
+    for f in flats:
+        if f.numel() >= _DIRECT:
+            if small:
+                out.append(small[0] if len(small) == 1 else torch.cat(small))
+                small = []
+            out.append(f)
+        else:
+            small.append(f)
+    if small:
+        out.append(small[0] if len(small) == 1 else torch.cat(small))
+    return out
 
 
 def _by_dtype(ts: Sequence[torch.Tensor]) -> dict[torch.dtype, list[int]]:

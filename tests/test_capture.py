@@ -335,6 +335,8 @@ def test_batched_step_boundary_digests_equal_single_digests():
         torch.randn(5, generator=g),  # small: the digest arena path
         torch.zeros(0),
         torch.randn(70000, generator=g),  # three levels
+        torch.randn(128, 1024, generator=g),  # 512 KiB of whole rows: hashed in place, no copy
+        torch.randn(256, 300, generator=g)[:, :256],  # same size, not contiguous: copied
         torch.randn(33, 9, dtype=torch.float64, generator=g),
         torch.randn(64, 64, generator=g).to(torch.bfloat16),
         torch.arange(500),  # int64: pointer check, single path
