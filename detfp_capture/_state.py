@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import struct
 import threading
 import warnings
 import weakref
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-from detfp_capture import contract, digest
+from detfp_capture import _columns, contract, digest
 from detfp_capture._batchdigest import Staging
 from detfp_capture._config import CaptureConfig
 
@@ -603,14 +602,14 @@ class Recorder:
                     s.pending = None
             tables: dict[str, dict[str, list]] = {}
             tables["records"] = self._record_columns(records)
-            tables["metrics"] = self._metric_columns(metrics)
+            tables["metrics"] = _columns.metric_columns(metrics)
             if kernels:
-                tables["kernels"] = self._kernel_columns(kernels)
+                tables["kernels"] = _columns.kernel_columns(kernels, self.next_seq)
             # Resolving records can add events (recompute mismatches, pointer-like tables): same window.
-            tables["events"] = self._event_columns(events + self.events)
+            tables["events"] = _columns.event_columns(events + self.events)
             self.events = []
             if dumps:
-                tables["dumps"] = self._dump_columns(dumps)
+                tables["dumps"] = _columns.dump_columns(dumps)
         finally:
             self.leave()
         self.flushes += 1
@@ -712,85 +711,6 @@ class Recorder:
                 )
         # Forward outputs of the current step may still be recomputed after the next flush.
         self.forward_outputs = {k: v for k, v in self.forward_outputs.items() if k[0] >= self.step}
-
-    def _metric_columns(self, metrics: list[tuple]) -> dict[str, list]:
-        cols: dict[str, list] = {
-            n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
-        }
-        tensors = [m[5] for m in metrics if isinstance(m[5], torch.Tensor)]
-        values: dict[int, float] = {}
-        if tensors:
-            flat = torch.stack([t.reshape(-1)[0].to(torch.float64) for t in tensors]).cpu().tolist()
-            values = {id(t): v for t, v in zip(tensors, flat, strict=True)}
-        for step, seq, mb, name, occ, v, dt in metrics:
-            val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
-            cols["step"].append(step)
-            cols["seq"].append(seq)
-            cols["microbatch"].append(mb)
-            cols["name"].append(name)
-            cols["occurrence"].append(occ)
-            cols["value"].append(val)
-            cols["bits"].append(struct.unpack("<Q", struct.pack("<d", val))[0])
-            cols["dtype"].append(dt)
-        return cols
-
-    def _event_columns(self, events: list[tuple]) -> dict[str, list]:
-        cols: dict[str, list] = {n: [] for n in ("step", "seq", "type", "name", "module", "count", "detail")}
-        for row in sorted(events, key=lambda e: e[1]):
-            for k, v in zip(cols, row, strict=True):
-                cols[k].append(v)
-        return cols
-
-    def _kernel_columns(self, kernels: list[tuple]) -> dict[str, list]:
-        names = (
-            "step",
-            "seq",
-            "microbatch",
-            "phase",
-            "module",
-            "kind",
-            "name",
-            "occurrence",
-            "index",
-            "kernel",
-            "device_type",
-        )
-        cols: dict[str, list] = {n: [] for n in names}
-        for call, index, kernel, device_type in kernels:
-            step, mb, phase, module, kind, name, occ = call[:7]
-            for k, v in zip(
-                names,
-                (step, self.next_seq(), mb, phase, module, kind, name, occ, index, kernel, device_type),
-                strict=True,
-            ):
-                cols[k].append(v)
-        return cols
-
-    def _dump_columns(self, dumps: list[tuple]) -> dict[str, list]:
-        names = (
-            "step",
-            "seq",
-            "microbatch",
-            "phase",
-            "module",
-            "kind",
-            "name",
-            "occurrence",
-            "role",
-            "arg",
-            "dtype",
-            "shape",
-            "data",
-        )
-        cols: dict[str, list] = {n: [] for n in names}
-        for call, seq, role, arg, t in dumps:
-            step, mb, phase, module, kind, name, occ = call[:7]
-            c = t.detach().cpu().contiguous().reshape(-1)
-            data = bytes(c.view(torch.uint8).numpy()) if c.numel() else b""
-            row = (step, seq, mb, phase, module, kind, name, occ, role, arg, dtype_str(t.dtype), list(t.shape), data)
-            for k, v in zip(names, row, strict=True):
-                cols[k].append(v)
-        return cols
 
     # ----------------------------------------------------------------------------- failure
     def fail(self, exc: BaseException, where: str) -> None:

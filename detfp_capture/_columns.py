@@ -1,0 +1,98 @@
+"""Buffers to columns: the metrics, events, kernels and dumps tables of one flush window.
+
+Pure functions over the tuples the ``Recorder`` buffers (see ``_state.py`` for their layout);
+they run once per flush, off the per-op hot path. The records table stays in ``_state.py``
+because it also feeds the recompute check and the pointer-like hazard events.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["dump_columns", "event_columns", "kernel_columns", "metric_columns"]
+
+
+def metric_columns(metrics: list[tuple]) -> dict[str, list]:
+    cols: dict[str, list] = {
+        n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
+    }
+    tensors = [m[5] for m in metrics if isinstance(m[5], torch.Tensor)]
+    values: dict[int, float] = {}
+    if tensors:
+        flat = torch.stack([t.reshape(-1)[0].to(torch.float64) for t in tensors]).cpu().tolist()
+        values = {id(t): v for t, v in zip(tensors, flat, strict=True)}
+    for step, seq, mb, name, occ, v, dt in metrics:
+        val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
+        cols["step"].append(step)
+        cols["seq"].append(seq)
+        cols["microbatch"].append(mb)
+        cols["name"].append(name)
+        cols["occurrence"].append(occ)
+        cols["value"].append(val)
+        cols["bits"].append(struct.unpack("<Q", struct.pack("<d", val))[0])
+        cols["dtype"].append(dt)
+    return cols
+
+
+def event_columns(events: list[tuple]) -> dict[str, list]:
+    cols: dict[str, list] = {n: [] for n in ("step", "seq", "type", "name", "module", "count", "detail")}
+    for row in sorted(events, key=lambda e: e[1]):
+        for k, v in zip(cols, row, strict=True):
+            cols[k].append(v)
+    return cols
+
+
+def kernel_columns(kernels: list[tuple], next_seq: Callable[[], int]) -> dict[str, list]:
+    names = (
+        "step",
+        "seq",
+        "microbatch",
+        "phase",
+        "module",
+        "kind",
+        "name",
+        "occurrence",
+        "index",
+        "kernel",
+        "device_type",
+    )
+    cols: dict[str, list] = {n: [] for n in names}
+    for call, index, kernel, device_type in kernels:
+        step, mb, phase, module, kind, name, occ = call[:7]
+        for k, v in zip(
+            names,
+            (step, next_seq(), mb, phase, module, kind, name, occ, index, kernel, device_type),
+            strict=True,
+        ):
+            cols[k].append(v)
+    return cols
+
+
+def dump_columns(dumps: list[tuple]) -> dict[str, list]:
+    names = (
+        "step",
+        "seq",
+        "microbatch",
+        "phase",
+        "module",
+        "kind",
+        "name",
+        "occurrence",
+        "role",
+        "arg",
+        "dtype",
+        "shape",
+        "data",
+    )
+    cols: dict[str, list] = {n: [] for n in names}
+    for call, seq, role, arg, t in dumps:
+        step, mb, phase, module, kind, name, occ = call[:7]
+        c = t.detach().cpu().contiguous().reshape(-1)
+        data = bytes(c.view(torch.uint8).numpy()) if c.numel() else b""
+        row = (step, seq, mb, phase, module, kind, name, occ, role, arg, str(t.dtype), list(t.shape), data)
+        for k, v in zip(names, row, strict=True):
+            cols[k].append(v)
+    return cols
