@@ -11,7 +11,8 @@ Levels: ``metrics`` (metric scalars, RNG states at step start, parameters at ste
 ``boundaries`` (+ module inputs/outputs in forward, backward and recompute, torch.distributed
 calls, DDP buckets and reduced gradients, the optimizer's params/grads/state), ``ops`` (+
 every ATen op). The parts live in private modules: _config (options), _state (the record
-stream and flushes), _hooks (modules), _collectives, _dispatch (ops), _hazards, _kernels.
+stream and flushes), _steps (step and optimizer boundaries), _hooks (modules), _collectives,
+_dispatch (ops), _hazards, _kernels.
 Every hook catches its own exceptions: an error inside capture becomes a ``capture_error``
 event and one warning, capture switches itself off, and the training step carries on.
 """
@@ -30,17 +31,15 @@ from typing import Any
 
 import torch
 
-from detfp_capture import contract
 from detfp_capture._config import check_mapping, make_config
 from detfp_capture._hazards import HazardTracker
 from detfp_capture._hooks import NODE_KEY, ModuleHooks
 from detfp_capture._state import Recorder
+from detfp_capture._steps import StepRecording
 from detfp_capture.errors import ConfigError
 
 __all__ = ["Session"]
 
-#: A step end flushes at least this often (seconds), even when the window is not full.
-_FLUSH_SECONDS = 20.0
 #: close() waits for the writer thread to drain its queue as long as it makes progress; it gives
 #: up only after this long without a single window written.
 _CLOSE_TIMEOUT_S = 300.0
@@ -63,7 +62,7 @@ def _rank_world() -> tuple[int, int]:
         ) from None
 
 
-class Session:
+class Session(StepRecording):
     """Per-rank fingerprint capture of a training run (see docs/capture.md).
 
     Args:
@@ -332,197 +331,6 @@ class Session:
                 )
                 return
             last = progress
-
-    def _begin_step(self, n: int) -> None:
-        if self._inert or self._closed:
-            return
-        rec = self._rec
-        if rec.in_step:
-            self._end_step()
-        if self._writer_error is not None:
-            self._disable_for_writer()
-        sel = not rec.failed and (self._cfg.steps is None or n in self._cfg.steps)
-        rec.begin_step(n, sel)
-        self._bwd_queued = False
-        self._step_selected = sel
-        if self._first_step is None:
-            self._first_step = n
-            self._manifest["start_step"] = n
-            self._write_manifest_safely()
-        if not sel:
-            return
-        rec.enter()
-        try:
-            rec.drain_foreign()
-            rec.event("step_begin")
-            rec.phase = "step"
-            self._record_rng()
-            rec.phase = "forward"
-        except Exception as exc:
-            rec.fail(exc, "step begin")
-            return
-        finally:
-            rec.leave()
-        if self._cfg.kernels is not None and n in self._cfg.kernels and self._depth >= 2:
-            try:
-                from detfp_capture._kernels import KernelCapture
-
-                self._kernels = KernelCapture(rec)
-                self._kernels.start()
-                self._kernel_range = self._kernels.range
-            except Exception as exc:
-                self._kernels = self._kernel_range = None
-                rec.fail(exc, "starting the profiler")
-        if self._mode is not None and not rec.failed:
-            self._mode.__enter__()
-            self._mode_entered = True
-            rec.mode = self._mode
-
-    def _end_step(self) -> None:
-        if self._inert:
-            return
-        rec = self._rec
-        if not rec.in_step:
-            return
-        if self._mode_entered:
-            self._mode_entered = False
-            rec.mode = None
-            with contextlib.suppress(Exception):
-                self._mode.__exit__(None, None, None)
-        if rec.selected and not rec.failed:
-            rec.enter()
-            try:
-                if self._kernels is not None:
-                    ks, self._kernels, self._kernel_range = self._kernels, None, None
-                    ks.stop()
-                if self._collectives is not None:
-                    self._collectives.wait_buckets()
-                rec.drain_foreign()
-                rec.phase = "step"
-                rec.microbatch = contract.NO_MICROBATCH
-                self._record_params()
-                if self._collectives is not None:
-                    self._collectives.step_end()
-                rec.event("step_end", "", "", rec.records_in_step)
-            except Exception as exc:
-                rec.fail(exc, "step end")
-            finally:
-                rec.leave()
-        if self._hazard is not None:
-            self._hazard.step_end()
-        rec.in_step = False
-        rec.selected = False
-        # A step end flushes when the window is full or old: one resolve and one shard per
-        # window instead of per step keeps the cheap levels cheap; close() flushes the rest.
-        now = time.monotonic()
-        if rec.need_flush or rec.dumps or now - self._last_flush >= _FLUSH_SECONDS:
-            self._last_flush = now
-            self._flush_safely()
-        if self._groups_changed:
-            self._groups_changed = False
-            self._write_manifest_safely()
-
-    def _record_rng(self) -> None:
-        rec = self._rec
-        rec.record_call("rng_state", "cpu", "", "step", [("value", "state", torch.get_rng_state())], fresh=True)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            for i in range(torch.cuda.device_count()):
-                rec.record_call(
-                    "rng_state", f"cuda:{i}", "", "step", [("value", "state", torch.cuda.get_rng_state(i))], fresh=True
-                )
-
-    def _record_params(self) -> None:
-        rec = self._rec
-        # Right after a watched optimizer step the cached digests are the updated parameters;
-        # otherwise parameters may have changed through .data (no version bump): digest afresh.
-        fresh = not self._opt_stepped
-        self._opt_stepped = False
-        seen: set[int] = set()
-        specs = []
-        for ref in self._models:
-            m = ref()
-            if m is None:
-                continue
-            for p in m.parameters():
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                specs.append((None, "param", self._param_names.get(id(p), "?"), "", "step", "value", "param", p))
-        rec.record_many(specs, fresh=fresh)
-
-    # ================================================================== optimizer
-    def _opt_pre(self, opt: Any) -> None:
-        rec = self._rec
-        if rec.failed or not rec.selected or rec.busy:
-            rec.phase = "optimizer" if rec.in_step else rec.phase
-            return
-        rec.enter()
-        try:
-            rec.drain_foreign()
-            rec.phase = "optimizer"
-            mb = rec.microbatch
-            rec.microbatch = contract.NO_MICROBATCH
-            specs = []
-            for gi, group in enumerate(opt.param_groups):
-                for pi, p in enumerate(group["params"]):
-                    name = self._pname(p, gi, pi)
-                    specs.append((None, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
-                    if p.grad is not None:
-                        specs.append((None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
-            rec.record_many(specs, fresh=True)
-            rec.microbatch = mb
-        except Exception as exc:
-            rec.fail(exc, "optimizer pre-step hook")
-        finally:
-            rec.leave()
-
-    def _opt_post(self, opt: Any) -> None:
-        rec = self._rec
-        if rec.failed or not rec.selected or rec.busy:
-            rec.phase = "forward" if rec.in_step else rec.phase
-            return
-        rec.enter()
-        try:
-            mb = rec.microbatch
-            rec.microbatch = contract.NO_MICROBATCH
-            specs = []
-            for gi, group in enumerate(opt.param_groups):
-                for pi, p in enumerate(group["params"]):
-                    name = self._pname(p, gi, pi)
-                    # The "after" side of the param call opened before the step (same occurrence).
-                    key = (rec.microbatch, "optimizer", "", "param", name)
-                    occ = max(0, rec.occ.get(key, 1) - 1)
-                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
-                    specs.append((call, "param", name, "", "optimizer", "output", f"group[{gi}]", p))
-                    state = opt.state.get(p, {})
-                    for sname in sorted(state, key=str):
-                        v = state[sname]
-                        if isinstance(v, torch.Tensor):
-                            specs.append(
-                                (
-                                    None,
-                                    "optimizer_state",
-                                    f"{name}.{sname}",
-                                    "",
-                                    "optimizer",
-                                    "output",
-                                    f"group[{gi}].state[{sname}]",
-                                    v,
-                                )
-                            )
-            rec.record_many(specs, fresh=True)
-            rec.microbatch = mb
-            rec.phase = "forward"
-            self._opt_stepped = True  # step-end parameter records may reuse these digests
-        except Exception as exc:
-            rec.fail(exc, "optimizer post-step hook")
-        finally:
-            rec.leave()
-        if rec.need_flush:
-            self._flush_safely()
-
-    def _pname(self, p: torch.Tensor, gi: int, pi: int) -> str:
-        return self._param_names.get(id(p)) or f"group[{gi}].params[{pi}]"
 
     # ================================================================== helpers used by the parts
     def _name_params(self, model: torch.nn.Module) -> None:
