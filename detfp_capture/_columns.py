@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from detfp_capture import contract
+
 __all__ = ["dump_columns", "event_columns", "kernel_columns", "metric_columns"]
 
 
@@ -46,19 +48,7 @@ def event_columns(events: list[tuple]) -> dict[str, list]:
 
 
 def kernel_columns(kernels: list[tuple], next_seq: Callable[[], int]) -> dict[str, list]:
-    names = (
-        "step",
-        "seq",
-        "microbatch",
-        "phase",
-        "module",
-        "kind",
-        "name",
-        "occurrence",
-        "index",
-        "kernel",
-        "device_type",
-    )
+    names = ("step", "seq", *contract.CALL_KEY_COLUMNS, "index", "kernel", "device_type")
     cols: dict[str, list] = {n: [] for n in names}
     for call, index, kernel, device_type in kernels:
         step, mb, phase, module, kind, name, occ = call[:7]
@@ -72,21 +62,7 @@ def kernel_columns(kernels: list[tuple], next_seq: Callable[[], int]) -> dict[st
 
 
 def dump_columns(dumps: list[tuple]) -> dict[str, list]:
-    names = (
-        "step",
-        "seq",
-        "microbatch",
-        "phase",
-        "module",
-        "kind",
-        "name",
-        "occurrence",
-        "role",
-        "arg",
-        "dtype",
-        "shape",
-        "data",
-    )
+    names = ("step", "seq", *contract.CALL_KEY_COLUMNS, "role", "arg", "dtype", "shape", "data")
     cols: dict[str, list] = {n: [] for n in names}
     for call, seq, role, arg, t in dumps:
         step, mb, phase, module, kind, name, occ = call[:7]

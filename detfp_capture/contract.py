@@ -20,6 +20,7 @@ import hashlib
 from dataclasses import dataclass
 
 __all__ = [
+    "CALL_KEY_COLUMNS",
     "DIGEST_ALGORITHM",
     "DIGEST_VERSION",
     "EVENT_TYPES",
@@ -112,6 +113,9 @@ _CALL_KEY = (
         "How many calls with the same (step, microbatch, phase, module, kind, name) came before this one on this rank.",
     ),
 )
+
+#: Names of the call-site key columns, in key order (``call_key`` takes them in this order).
+CALL_KEY_COLUMNS: tuple[str, ...] = tuple(c.name for c in _CALL_KEY)
 
 _RECORDS = (
     *_PROVENANCE,
