@@ -20,7 +20,7 @@ import torch
 from detfp_capture import _digest_core as core
 from detfp_capture import digest
 
-__all__ = ["Staging", "start_many"]
+__all__ = ["BatchLanes", "Staging", "start_many"]
 
 _K = core.K
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -60,33 +60,101 @@ def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
             groups.setdefault(t.device, []).append(i)
         else:
             out[i] = digest.start(t, pointer_check=t.dtype is torch.int64)
+    pending = digest.Pending
     for dev, idx in groups.items():
         try:
-            lanes = _lanes_batch([tensors[i] for i in idx], dev)
+            final, pos = _lanes_batch([tensors[i] for i in idx], dev)
         except Exception:
             for i in idx:
                 out[i] = digest.start(tensors[i])
             continue
-        for i, row in zip(idx, lanes, strict=True):
+        # Each result is a row of one (n, 16) lanes tensor, the way an arena hands out rows:
+        # resolve gathers a whole batch at once instead of one (1, 16) view per tensor.
+        held = BatchLanes(final)
+        for i, row in zip(idx, pos, strict=True):
             t = tensors[i]
-            p = digest.Pending(t.dtype, t.shape, t.numel(), dev)
-            p.lanes = row
+            p = pending(t.dtype, t.shape, t.numel(), dev)
+            p.arena = held
+            p.row = row
             out[i] = p
     return out  # type: ignore[return-value]
 
 
-def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor]:
-    # Tensors grouped by (dtype, rows): one flatten (a single C++ call) per dtype, one level-0
-    # GEMM, then per group of equal row counts a few ops per level, whatever the group's size
-    # (a model's parameters come in a handful of sizes). No index tensors to build.
+class BatchLanes:
+    """Final-level lanes of a batch, one row per tensor. Stands where ``digest.resolve`` expects
+    an arena (``seal`` returns the lanes; no moments or pointer rows)."""
+
+    __slots__ = ("lanes",)
+
+    def __init__(self, lanes: torch.Tensor) -> None:
+        self.lanes = lanes
+
+    def seal(self) -> torch.Tensor:
+        return self.lanes
+
+
+class _Scratch:
+    """A reused device buffer that small and odd-sized tensors are concatenated into before the
+    level-0 GEMM. Reuse matters: a fresh allocation of tens of MiB per batch is paid in page
+    faults (5x the cost of the copy itself on CPU). Stream order (CUDA) or eager execution (CPU)
+    makes the next batch's writes land after this batch's GEMM has read the bytes."""
+
+    CAP = 64 << 20  # bytes; bigger batches are hashed in several regions
+
+    def __init__(self) -> None:
+        self.bufs: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, dev: torch.device, nbytes: int) -> torch.Tensor:
+        buf = self.bufs.get(dev)
+        if buf is None or buf.numel() < nbytes:
+            size = min(self.CAP, max(nbytes, 1 << 20, 0 if buf is None else 2 * buf.numel()))
+            with torch.inference_mode(False):  # reused in and out of inference mode
+                buf = self.bufs[dev] = torch.empty(size, dtype=torch.int8, device=dev)
+        return buf
+
+
+_SCRATCH = _Scratch()
+
+
+def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Final lanes of ``ts`` as one (n, 16) tensor and each tensor's row in it.
+
+    Tensors grouped by (dtype, rows): the copied ones are concatenated per dtype into the
+    scratch buffer (one C++ call per dtype), consecutive regions hashed by one level-0 GEMM, then
+    per group of equal row counts a few ops per level, whatever the group's size (a model's
+    parameters come in a handful of sizes). No index tensors to build."""
     with torch.no_grad():
         groups: dict[tuple, list[int]] = {}
         for i, t in enumerate(ts):
             dt = t.dtype
             groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // _K) or 1), []).append(i)
         keys = sorted(groups, key=lambda k: (str(k[0]), k[1]))
-        flats: list[torch.Tensor] = []
-        order: list[tuple[int, list[int]]] = []  # (rows per tensor, tensor indices) in flat order
+        order: list[tuple[int, list[int]]] = []  # (rows per tensor, tensor indices) in lanes order
+        parts: list[torch.Tensor] = []  # level-0 lanes, in order
+        direct = [_direct(t) for t in ts]
+        need = sum(k[1] * _K for k in keys for i in groups[k] if not direct[i])
+        buf = _SCRATCH.get(dev, need) if need else None
+        region = [0, 0]  # scratch bytes [start, end) written but not hashed yet
+
+        def hash_region() -> None:
+            a, b = region
+            if b > a:
+                parts.append(core.mm(buf[a:b].view(-1, _K), 0))
+            region[0] = b
+
+        def copy_run(run: list[torch.Tensor]) -> None:
+            nb = sum((-(-(t.numel() * t.dtype.itemsize) // _K) or 1) * _K for t in run)
+            if buf is None or nb > buf.numel():
+                hash_region()
+                parts.append(core.mm(_flat_rows(run, dev)[0].view(-1, _K), 0))
+                return
+            if region[1] + nb > buf.numel():
+                hash_region()
+                region[0] = region[1] = 0
+            a = region[1]
+            _cat_rows(run, buf[a : a + nb].view(run[0].dtype), dev)
+            region[1] = a + nb
+
         for dt in dict.fromkeys(k[0] for k in keys):
             idx: list[int] = []
             for k in keys:
@@ -94,32 +162,33 @@ def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> list[torch.Tensor
                     idx += groups[k]
                     order.append((k[1], groups[k]))
             # Large contiguous tensors of whole rows are hashed in place (no copy: at a step
-            # boundary that is most of the model's bytes); the rest is flattened in runs.
+            # boundary that is most of the model's bytes); the rest is copied in runs.
             run: list[torch.Tensor] = []
             for i in idx:
                 t = ts[i]
-                nb = t.numel() * dt.itemsize
-                if nb >= _DIRECT and nb % _K == 0 and t.is_contiguous():
+                if direct[i]:
                     if run:
-                        flats.append(_flat_rows(run, dev)[0])
+                        copy_run(run)
                         run = []
-                    flats.append(t.reshape(-1).view(torch.int8))
+                    hash_region()
+                    parts.append(core.mm(t.reshape(-1).view(torch.int8).view(-1, _K), 0))
                 else:
                     run.append(t)
             if run:
-                flats.append(_flat_rows(run, dev)[0])
-        # Level 0 of consecutive pieces = the concatenation of each piece's level-0 lanes.
-        parts = [core.mm(f.view(-1, _K), 0) for f in _merge_small(flats)]
+                copy_run(run)
+        hash_region()
         lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-        out: list[torch.Tensor | None] = [None] * len(ts)
-        off = 0
+        finals: list[torch.Tensor] = []
+        pos = [0] * len(ts)
+        off = row = 0
         for m, idx in order:
             k = len(idx)
-            final = _finish_uniform(lanes[off : off + k * m], k, m)
+            finals.append(_finish_uniform(lanes[off : off + k * m], k, m).reshape(k, core.LANES))
             off += k * m
-            for i, row in zip(idx, final.reshape(k, 1, core.LANES).unbind(0), strict=True):
-                out[i] = row
-        return out  # type: ignore[return-value]
+            for i in idx:
+                pos[i] = row
+                row += 1
+        return (finals[0] if len(finals) == 1 else torch.cat(finals)), pos
 
 
 def _finish_uniform(lanes: torch.Tensor, k: int, m: int) -> torch.Tensor:
@@ -140,38 +209,13 @@ def _finish_uniform(lanes: torch.Tensor, k: int, m: int) -> torch.Tensor:
 _DIRECT = 256 << 10
 
 
-def _merge_small(flats: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Concatenate runs of consecutive small byte pieces so that each GEMM call gets enough rows
-    (a GEMM call has a fixed cost); large pieces stay as they are (views, not copied)."""
-    out: list[torch.Tensor] = []
-    small: list[torch.Tensor] = []
-    for f in flats:
-        if f.numel() >= _DIRECT:
-            if small:
-                out.append(small[0] if len(small) == 1 else torch.cat(small))
-                small = []
-            out.append(f)
-        else:
-            small.append(f)
-    if small:
-        out.append(small[0] if len(small) == 1 else torch.cat(small))
-    return out
+def _direct(t: torch.Tensor) -> bool:
+    nb = t.numel() * t.dtype.itemsize
+    return nb >= _DIRECT and nb % _K == 0 and t.is_contiguous()
 
 
-def _by_dtype(ts: Sequence[torch.Tensor]) -> dict[torch.dtype, list[int]]:
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(ts):
-        groups.setdefault(t.dtype, []).append(i)
-    return groups
-
-
-_PADS: dict[tuple, torch.Tensor] = {}
-
-
-def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) -> tuple[torch.Tensor, list[int]]:
-    """Bytes of same-dtype tensors, each zero-padded to whole 1024-byte rows, as one int8 tensor
-    (one ``flatten_dense_tensors`` call); returns it and each tensor's row count. ``copy``: never
-    a view of the input (a snapshot), even for a single contiguous tensor without padding."""
+def _pieces(ts: list[torch.Tensor], dev: torch.device) -> tuple[list[torch.Tensor], list[int]]:
+    """Each tensor's elements followed by zeros up to whole 1024-byte rows; each row count."""
     pieces: list[torch.Tensor] = []
     rows: list[int] = []
     item = ts[0].dtype.itemsize
@@ -187,6 +231,23 @@ def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) ->
                 z = _PADS[key] = torch.zeros(pad // item, dtype=t.dtype, device=dev)
             pieces.append(z)
         rows.append(m)
+    return pieces, rows
+
+
+def _cat_rows(ts: list[torch.Tensor], out: torch.Tensor, dev: torch.device) -> None:
+    """``_flat_rows`` into ``out`` (1-D, the tensors' dtype, exactly the rows' size): one copy."""
+    pieces, _ = _pieces(ts, dev)
+    torch.cat([p.reshape(-1) for p in pieces], out=out)
+
+
+_PADS: dict[tuple, torch.Tensor] = {}
+
+
+def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """Bytes of same-dtype tensors, each zero-padded to whole 1024-byte rows, as one int8 tensor
+    (one ``flatten_dense_tensors`` call); returns it and each tensor's row count. ``copy``: never
+    a view of the input (a snapshot), even for a single contiguous tensor without padding."""
+    pieces, rows = _pieces(ts, dev)
     if len(pieces) == 1:  # flatten_dense_tensors would return a view of a contiguous input
         t = pieces[0]
         flat = t.clone(memory_format=torch.contiguous_format).view(-1) if copy else t.reshape(-1)
@@ -354,12 +415,13 @@ class Staging:
         self.items, self.used = [], 0
         with torch.no_grad():
             lanes = core.mm(self.buf[: used * _K].view(-1, _K), 0)
-            final = _finish(lanes, [it[4] for it in items], self.dev)
+            # Rows of a new lanes tensor, not of the (reused) buffer.
+            held = BatchLanes(_finish(lanes, [it[4] for it in items], self.dev))
             out = []
-            for (slot, dtype, shape, numel, _), row in zip(
-                items, final.reshape(-1, 1, core.LANES).unbind(0), strict=True
-            ):
-                p = digest.Pending(dtype, shape, numel, self.dev)
-                p.lanes = row  # a row of a new lanes tensor, not of the (reused) buffer
+            pending, dev = digest.Pending, self.dev
+            for row, (slot, dtype, shape, numel, _) in enumerate(items):
+                p = pending(dtype, shape, numel, dev)
+                p.arena = held
+                p.row = row
                 out.append((slot, p))
         return out

@@ -347,6 +347,24 @@ def test_batched_step_boundary_digests_equal_single_digests():
     assert [a.digest for a in batched] == [b.digest for b in single]
 
 
+def test_batched_digests_survive_scratch_reuse_and_small_scratch(monkeypatch):
+    # The copy buffer is reused by the next batch and split into regions when a batch is bigger
+    # than it: digests of earlier batches, resolved later, must be unaffected.
+    from detfp_capture import digest
+    from detfp_capture._batchdigest import _SCRATCH, start_many
+
+    monkeypatch.setattr(type(_SCRATCH), "CAP", 8 << 10)
+    monkeypatch.setattr(_SCRATCH, "bufs", {})
+    g = torch.Generator().manual_seed(5)
+    first = [torch.randn(n, generator=g) for n in (300, 700, 1500, 2100, 9000, 5)]
+    second = [torch.randn(n, generator=g) for n in (301, 699, 4000)]
+    pend = start_many(first)
+    pend2 = start_many(second)  # overwrites the scratch bytes of the first batch
+    batched = digest.resolve(pend + pend2)
+    single = digest.resolve([digest.start(t) for t in first + second])
+    assert [a.digest for a in batched] == [b.digest for b in single]
+
+
 def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
     a = [torch.ones(300), torch.ones(400)]
     b = torch.ones(500)
