@@ -92,6 +92,13 @@ class ModuleHooks:
         self.handles: list[RemovableHandle] = []
         self.selected_cache: dict[str, bool] = {}
         self.global_mode = False
+        self.node_boxes: list[list] = []  # autograd nodes referenced by this step's hooks
+
+    def release_nodes(self) -> None:
+        """Drop this step's references to autograd nodes (their graph is done with at step end)."""
+        for box in self.node_boxes:
+            box[0] = None
+        self.node_boxes.clear()
 
     # ------------------------------------------------------------------- registration
     def name_tree(self, root: torch.nn.Module) -> None:
@@ -126,6 +133,7 @@ class ModuleHooks:
         self.handles.append(nnmod.register_module_forward_hook(self._global_post, always_call=True))
 
     def remove(self) -> None:
+        self.release_nodes()
         for h in self.handles:
             h.remove()
         self.handles.clear()
@@ -283,11 +291,16 @@ class ModuleHooks:
             # One non-leaf input (most modules): what register_multi_grad_hook(mode="all") does
             # for a single tensor, at a fraction of its registration cost (~45 us per call): a
             # tensor hook that fires when the engine executes the tensor's node.
-            node = want[0][1].grad_fn
+            # The node is held in a box emptied at step end: a closure holding it directly would
+            # be a cycle through C++ (node -> hook -> node) that Python's collector cannot see,
+            # and every such node would leak.
+            box = [want[0][1].grad_fn]
+            self.node_boxes.append(box)
             will_run = torch._C._will_engine_execute_node
 
             def hook1(grad: torch.Tensor) -> None:
-                if will_run(node):
+                node = box[0]
+                if node is not None and will_run(node):
                     hook((grad,))
 
             want[0][1].register_hook(hook1)

@@ -108,6 +108,7 @@ class StepRecording:
             self._hazard.step_end()
         rec.in_step = False
         rec.selected = False
+        self._hooks.release_nodes()
         # A step end flushes when the window is full or old: one resolve and one shard per
         # window instead of per step keeps the cheap levels cheap; close() flushes the rest.
         now = time.monotonic()

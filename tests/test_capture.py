@@ -365,6 +365,43 @@ def test_batched_digests_survive_scratch_reuse_and_small_scratch(monkeypatch):
     assert [a.digest for a in batched] == [b.digest for b in single]
 
 
+class _LeakBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.g, self.b = torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(self.g(self.a(x)))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
+    # A hook that holds its own autograd node is a cycle through C++ that gc cannot collect:
+    # graphs of captured steps must be freed like those of uncaptured ones.
+    import gc
+
+    from torch.utils.checkpoint import checkpoint
+
+    def alive_nodes() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o).__name__.endswith("Backward0"))
+
+    torch.manual_seed(0)
+    emb, blocks = torch.nn.Linear(8, 8), torch.nn.ModuleList([_LeakBlock(), _LeakBlock()])
+    model = torch.nn.ModuleDict({"emb": emb, "blocks": blocks})
+    with Session(tmp_path / "r", "boundaries") as s:
+        s.watch(model)
+        counts = []
+        for step in range(4):
+            with s.step(step):
+                x = emb(torch.randn(4, 8))
+                for b in blocks:
+                    x = checkpoint(b, x, use_reentrant=False) if recompute else b(x)
+                x.sum().backward()
+            counts.append(alive_nodes())
+    assert counts == [counts[0]] * 4, counts  # nothing accumulates from step to step
+
+
 def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
     a = [torch.ones(300), torch.ones(400)]
     b = torch.ones(500)
