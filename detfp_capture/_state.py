@@ -17,8 +17,6 @@ The recorder never raises into training: callers wrap it, and any exception ends
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import math
 import threading
 import warnings
 import weakref
@@ -30,6 +28,7 @@ import torch
 from detfp_capture import _columns, contract, digest
 from detfp_capture._batchdigest import Staging
 from detfp_capture._config import CaptureConfig
+from detfp_capture._records import RecordBuffer, args_text, record_columns
 
 __all__ = ["Recorder", "Slot", "args_text"]
 
@@ -45,7 +44,7 @@ _INT64 = torch.int64
 _TENSOR = torch.Tensor
 _SMALL = 1024  # bytes; smaller tensors go to the digest arena right away
 _DEFER_MAX = 1024  # deferred digests per batch
-_DEFER_BYTES = 256 << 20  # bytes held by deferred digests before a batch runs
+_DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
 
 
 def dtype_str(dt: torch.dtype) -> str:
@@ -56,52 +55,24 @@ def dtype_str(dt: torch.dtype) -> str:
 
 
 class Slot:
-    """One digest: device-side ``Pending`` until the flush resolves it into a ``Fingerprint``."""
+    """One digest: device-side ``Pending`` until the flush resolves it into a ``Fingerprint``.
 
-    __slots__ = ("fp", "pending")
+    Also the version cache's entry for the tensor it digests (weak reference, version, options):
+    one object per digest rather than a slot plus a cache tuple (see _records on why the object
+    count matters)."""
+
+    __slots__ = ("fp", "moments", "pending", "ref", "rows", "version")
 
     def __init__(self, pending: Any) -> None:
         self.pending = pending
         self.fp: Any = None
+        self.ref: Any = None
+        self.version: int | None = None
+        self.rows: bool | int = False
+        self.moments = False
 
-
-def _arg_repr(v: Any) -> str:
-    # Only values whose text is identical in every process: no addresses, no salted hashes.
-    if v is None or isinstance(v, (bool, int, str)):
-        return repr(v)
-    if isinstance(v, float):
-        return repr(v) if not math.isnan(v) else "nan"
-    if isinstance(v, (list, tuple)):
-        inner = ",".join(_arg_repr(x) for x in v)
-        return f"[{inner}]" if isinstance(v, list) else f"({inner})"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_arg_repr(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))) + "}"
-    if isinstance(v, torch.Tensor):
-        return "T"
-    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
-        return str(v)
-    if isinstance(v, complex):
-        return repr(v)
-    name = getattr(v, "name", None)  # enums such as ReduceOp.SUM: the member, not just the type
-    if isinstance(name, str):
-        return f"{type(v).__name__}.{name}"
-    return type(v).__name__
-
-
-def args_text(src: Any) -> str | None:
-    """16-hex digest of a call's non-tensor arguments (``src`` = (args, kwargs)), None when none."""
-    args, kwargs = src
-    parts = []
-    for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor):
-            parts.append(f"{i}={_arg_repr(a)}")
-    for k in sorted(kwargs):
-        v = kwargs[k]
-        if not isinstance(v, torch.Tensor):
-            parts.append(f"{k}={_arg_repr(v)}")
-    if not parts:
-        return None
-    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
+    def matches(self, t: torch.Tensor, version: int, rows: bool | int, moments: bool) -> bool:
+        return self.version == version and self.ref() is t and self.rows == rows and self.moments == moments
 
 
 class Recorder:
@@ -121,21 +92,21 @@ class Recorder:
         self.seq = 0
         self.occ: dict[tuple, int] = {}
         # Buffers: calls are tuples shared by their records (cheaper than stamping each record).
-        self.records: list[tuple] = []
+        self.records = RecordBuffer()
         self.metrics: list[tuple] = []
         self.events: list[tuple] = []
         self.kernels: list[tuple] = []
         self.dumps: list[tuple] = []
-        # (weakref, version, Slot, rows, moments) keyed by id(tensor): reuse digests of unchanged tensors.
-        self.vcache: dict[int, tuple] = {}
+        # Slot keyed by id(tensor): reuse digests of unchanged tensors (Slot.matches).
+        self.vcache: dict[int, Slot] = {}
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
         self.foreign: deque[tuple] = deque()
         # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
-        self.deferred: list[tuple] = []
+        self.deferred: list[list] = []  # [Slot, tensor or None once evicted, version]
         self.deferred_bytes = 0
         # Storages (data pointers) of deferred tensors: only a write to one of them forces the batch.
-        self.deferred_storages: set[int] = set()
+        self.deferred_storages: dict[int, list[list]] = {}
         # Snapshots of boundary tensors waiting for their batch digest, per device.
         self.staging: dict[torch.device, Staging] = {}
         self.lock = threading.Lock()
@@ -163,6 +134,13 @@ class Recorder:
         self.occ = {}
         self.records_in_step = 0
         # Parameters may have been updated through .data (no version bump): never reuse across steps.
+        self._clear_vcache()
+
+    def _clear_vcache(self) -> None:
+        # The slots live on in the buffered records until the flush; their weak references
+        # (one object each) need not.
+        for s in self.vcache.values():
+            s.ref = None
         self.vcache.clear()
 
     def enter(self) -> None:
@@ -233,8 +211,8 @@ class Recorder:
             version = None
         if version is not None and not fresh:
             hit = self.vcache.get(key)
-            if hit is not None and hit[1] == version and hit[0]() is t and hit[3] == rows and hit[4] == moments:
-                return hit[2]
+            if hit is not None and hit.matches(t, version, rows, moments):
+                return hit
         s = None
         if rows is False and not moments and Staging.fits(t):
             s = self._stage(t)
@@ -242,9 +220,11 @@ class Recorder:
             s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
         if version is not None:
             if len(self.vcache) >= _VERSION_CACHE_LIMIT:
-                self.vcache.clear()
+                self._clear_vcache()
             with contextlib.suppress(TypeError):  # some tensor subclasses refuse weak references
-                self.vcache[key] = (weakref.ref(t), version, s, rows, moments)
+                s.ref = weakref.ref(t)
+                s.version, s.rows, s.moments = version, rows, moments
+                self.vcache[key] = s
         return s
 
     # ----------------------------------------------------------------------------- records
@@ -289,22 +269,11 @@ class Recorder:
         out = self.records
         if not digest_it and not hazards:
             # Views and metadata ops: counted, not digested (and never dumped).
+            add = out.add
             seq = self.seq
             for role, arg, t in tensors:
                 dt = t.dtype
-                out.append(
-                    (
-                        call,
-                        seq,
-                        role,
-                        arg,
-                        _DTYPE_STR.get(dt) or dtype_str(dt),
-                        tuple(t.shape),
-                        t.numel(),
-                        None,
-                        _NO_HAZARDS,
-                    )
-                )
+                add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), None, _NO_HAZARDS)
                 seq += 1
             self.seq = seq
         elif rows is None and not hazards and not self._tensor_opts:
@@ -316,6 +285,7 @@ class Recorder:
             fits = Staging.fits
             stage_t: list | None = None
             stage_s: list = []
+            add = out.add
             seq = self.seq
             for role, arg, t in tensors:
                 key = id(t)
@@ -326,20 +296,26 @@ class Recorder:
                 s = None
                 if version is not None and not fresh:
                     hit = cache.get(key)
-                    if hit is not None and hit[1] == version and hit[0]() is t and hit[3] is False and hit[4] is False:
-                        s = hit[2]
+                    if hit is not None and hit.version == version and hit.ref() is t and not (hit.rows or hit.moments):
+                        s = hit
                 if s is None:
                     dt = t.dtype
                     nb = t.numel() * dt.itemsize
-                    if defer and version is not None and nb > _SMALL and dt is not _INT64 and type(t) is _TENSOR:
+                    if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
                         # Level ops sees every write, so the digest can wait for a batch (run
                         # before the next writing op, collective or flush): one GEMM for many.
                         # The version check is a safety net; a just-written tensor's version is
                         # bumped after we return (above the dispatcher), so it is not checked.
                         s = Slot(None)
-                        deferred.append((s, t, None if fresh else version))
+                        entry = [s, t, None if fresh else version]
+                        deferred.append(entry)
                         self.deferred_bytes += nb
-                        dstor.add(t.untyped_storage().data_ptr())
+                        ptr = t.untyped_storage().data_ptr()
+                        same = dstor.get(ptr)
+                        if same is None:
+                            dstor[ptr] = [entry]
+                        else:
+                            same.append(entry)
                     elif fits(t):
                         # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a
                         # batch; the call's tensors are snapshotted together below.
@@ -353,14 +329,15 @@ class Recorder:
                         s = Slot(start(t, pointer_check=dt is _INT64))
                     if version is not None:
                         if len(cache) >= _VERSION_CACHE_LIMIT:
-                            cache.clear()
-                        try:  # noqa: SIM105 (a plain try is cheaper on this hot path)
-                            cache[key] = (weakref.ref(t), version, s, False, False)
+                            self._clear_vcache()
+                        try:  # a plain try: cheaper than contextlib.suppress on this hot path
+                            s.ref = weakref.ref(t)
+                            s.version = version
+                            cache[key] = s
                         except TypeError:  # some tensor subclasses refuse weak references
                             pass
                 dt = t.dtype
-                ds = _DTYPE_STR.get(dt) or dtype_str(dt)
-                out.append((call, seq, role, arg, ds, tuple(t.shape), t.numel(), s, _NO_HAZARDS))
+                add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
                 seq += 1
             self.seq = seq
             if stage_t is not None:
@@ -377,9 +354,10 @@ class Recorder:
             for i, (role, arg, t) in enumerate(tensors):
                 hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
                 s = self.slot(t, rows, mom, fresh) if digest_it else None
-                out.append((call, self.next_seq(), role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz))
+                seq = self.next_seq()
+                out.add(call, seq, role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz)
                 if dump:
-                    self.dumps.append((call, out[-1][1], role, arg, t.detach().clone()))
+                    self.dumps.append((call, seq, role, arg, t.detach().clone()))
         self.records_in_step += len(tensors)
         if len(out) >= self._flush_at:
             self.need_flush = True
@@ -397,11 +375,13 @@ class Recorder:
             return
         self.deferred = []
         self.deferred_bytes = 0
-        self.deferred_storages = set()
+        self.deferred_storages = {}
         from detfp_capture._batchdigest import start_many
 
         live_s, live_t = [], []
         for s, t, v in items:
+            if t is None:  # evicted: snapshotted before a write
+                continue
             if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
                 p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
                 p.error = "modified in place before its deferred digest ran"
@@ -412,6 +392,31 @@ class Recorder:
         if live_t:
             for s, p in zip(live_s, start_many(live_t), strict=True):
                 s.pending = p
+
+    def evict_deferred(self, ptrs: list[int]) -> None:
+        """Before an op writes into these storages: snapshot the deferred tensors that live in
+        them (a copy into the staging buffer; the rest of the batch keeps waiting). Cheaper than
+        running the whole batch at every write, which at level ops is dozens of times a step."""
+        ts: list[torch.Tensor] = []
+        ss: list[Slot] = []
+        dstor = self.deferred_storages
+        for ptr in ptrs:
+            for e in dstor.pop(ptr, ()):
+                s, t, v = e
+                if t is None:
+                    continue
+                e[1] = None
+                if v is not None and t._version != v:
+                    p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
+                    p.error = "modified in place before its deferred digest ran"
+                    s.pending = p
+                elif Staging.fits(t):
+                    ts.append(t)
+                    ss.append(s)
+                else:
+                    s.pending = digest.start(t)
+        if ts:
+            self._stage_many(ts, ss)
 
     def _stage(self, t: torch.Tensor) -> Slot | None:
         """Snapshot ``t`` into the device's staging buffer; None when it cannot be staged."""
@@ -493,8 +498,8 @@ class Recorder:
             versions.append(version)
             if version is not None and not fresh:
                 hit = cache.get(id(t))
-                if hit is not None and hit[1] == version and hit[0]() is t and hit[3] is False and hit[4] is False:
-                    slots[i] = hit[2]
+                if hit is not None and hit.version == version and hit.ref() is t and not (hit.rows or hit.moments):
+                    slots[i] = hit
                     continue
             missing.append(i)
         if missing:
@@ -504,13 +509,16 @@ class Recorder:
                 s = slots[i] = Slot(p)
                 t = specs[i][7]
                 if versions[i] is not None:
-                    try:  # noqa: SIM105 (a plain try is cheaper on this hot path)
-                        cache[id(t)] = (ref(t), versions[i], s, False, False)
+                    try:  # a plain try: cheaper than contextlib.suppress on this hot path
+                        s.ref = ref(t)
+                        s.version = versions[i]
+                        cache[id(t)] = s
                     except TypeError:  # some tensor subclasses refuse weak references
                         pass
         # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
         calls = []
         out = self.records
+        add = out.add
         occ_map = self.occ
         step, mb = self.step, self.microbatch
         seq = self.seq
@@ -522,9 +530,7 @@ class Recorder:
                 occ_map[key] = occ + 1
                 call = (step, mb, phase, module, kind, name, occ, None, False)
             dt = t.dtype
-            out.append(
-                (call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
-            )
+            add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
             seq += 1
             calls.append(call)
         self.seq = seq
@@ -536,7 +542,7 @@ class Recorder:
     def append_started(self, call: tuple, items: list[tuple]) -> None:
         """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
         for role, arg, dt, shape, numel, s in items:
-            self.records.append((call, self.next_seq(), role, arg, dt, shape, numel, s, _NO_HAZARDS))
+            self.records.add(call, self.next_seq(), role, arg, dt, shape, numel, s, _NO_HAZARDS)
         self.records_in_step += len(items)
 
     def record_values(
@@ -582,16 +588,15 @@ class Recorder:
             # backward, optimizer, step end), never wherever a flush happens to fall.
             self.drain_foreign()
         records, metrics, events, kernels, dumps = self.records, self.metrics, self.events, self.kernels, self.dumps
-        self.records, self.metrics, self.events, self.kernels, self.dumps = [], [], [], [], []
-        if not (records or metrics or events or kernels or dumps):
+        self.records, self.metrics, self.events, self.kernels, self.dumps = RecordBuffer(), [], [], [], []
+        if not (len(records) or metrics or events or kernels or dumps):
             return
         self.enter()
         try:
             self.run_deferred()
             slots = []
             seen = set()
-            for r in records:
-                s = r[7]
+            for s in records.slot:
                 if s is not None and s.fp is None and id(s) not in seen:
                     seen.add(id(s))
                     slots.append(s)
@@ -615,53 +620,12 @@ class Recorder:
         self.flushes += 1
         self.writer.write_window(tables)
 
-    def _record_columns(self, records: list[tuple]) -> dict[str, list]:
-        """Columns of the records table (one comprehension per column: this runs once per flush
-        over every record, so per-record Python work is kept to a minimum)."""
-        calls = [r[0] for r in records]
-        fps = [None if r[7] is None else r[7].fp for r in records]
-        cols: dict[str, list] = {
-            "step": [c[0] for c in calls],
-            "seq": [r[1] for r in records],
-            "microbatch": [c[1] for c in calls],
-            "phase": [c[2] for c in calls],
-            "module": [c[3] for c in calls],
-            "kind": [c[4] for c in calls],
-            "name": [c[5] for c in calls],
-            "occurrence": [c[6] for c in calls],
-            "role": [r[2] for r in records],
-            "arg": [r[3] for r in records],
-            "dtype": [r[4] for r in records],
-            "shape": [list(r[5]) for r in records],
-            "numel": [r[6] for r in records],
-            "compiled": [bool(c[8]) for c in calls],
-        }
-        adcache: dict[int, str | None] = {}
-        ads = []
-        for c in calls:
-            src = c[7]
-            if src is None:
-                ads.append(None)
-                continue
-            k = id(c)
-            if k not in adcache:
-                adcache[k] = args_text(src)
-            ads.append(adcache[k])
-        cols["args_digest"] = ads
-        ok = [fp is not None and fp.error is None for fp in fps]
-        digests = [fp.digest if o else None for fp, o in zip(fps, ok, strict=True)]
-        cols["status"] = ["ok" if o else ("skipped" if fp is None else "error") for fp, o in zip(fps, ok, strict=True)]
-        cols["digest_hi"] = [None if d is None else int(d[:16], 16) for d in digests]
-        cols["digest_lo"] = [None if d is None else int(d[16:], 16) for d in digests]
-        cols["error"] = [None if fp is None or o else fp.error for fp, o in zip(fps, ok, strict=True)]
-        cols["rows"] = [list(fp.rows) if o and fp.rows is not None else None for fp, o in zip(fps, ok, strict=True)]
-        if any(o and fp.moments is not None for fp, o in zip(fps, ok, strict=True)):
-            ms = [fp.moments if o else None for fp, o in zip(fps, ok, strict=True)]
-            cols["m_sum"] = [None if m is None else m.sum for m in ms]
-            cols["m_absmax"] = [None if m is None else m.absmax for m in ms]
-            cols["m_nan"] = [None if m is None else m.nan for m in ms]
-            cols["m_inf"] = [None if m is None else m.inf for m in ms]
-        hazards = [list(r[8]) for r in records]
+    def _record_columns(self, records: RecordBuffer) -> dict[str, list]:
+        """Columns of the records table, plus what the resolved digests say: pointer-like
+        hazards (flag and event) and the recompute check's inputs."""
+        cols, fps, ok, digests = record_columns(records)
+        calls, roles, args = records.call, records.role, records.arg
+        hazards: list = records.hazards
         fwd = self.forward_outputs
         check = self.recompute_checks
         for i, fp in enumerate(fps):
@@ -670,7 +634,7 @@ class Recorder:
             c = calls[i]
             kind = c[4]
             if fp.pointer_like and "pointer_like" not in hazards[i]:
-                hazards[i].append("pointer_like")
+                hazards[i] = (*hazards[i], "pointer_like")
                 self.events.append(
                     (
                         c[0],
@@ -679,14 +643,14 @@ class Recorder:
                         "pointer_like",
                         c[3],
                         None,
-                        f"{kind} {c[5]} {records[i][3]}: int64 values look like device pointers",
+                        f"{kind} {c[5]} {args[i]}: int64 values look like device pointers",
                     )
                 )
-            if kind == "module_output" and records[i][2] == "output":
+            if kind == "module_output" and roles[i] == "output":
                 if c[2] == "forward":
-                    fwd.setdefault((c[0], c[1], c[3], records[i][3]), set()).add(digests[i])
+                    fwd.setdefault((c[0], c[1], c[3], args[i]), set()).add(digests[i])
                 elif c[2] == "recompute":
-                    check.append((c[0], c[1], c[3], c[5], records[i][3], digests[i]))
+                    check.append((c[0], c[1], c[3], c[5], args[i], digests[i]))
         cols["hazards"] = hazards
         self._check_recompute()
         return cols
@@ -725,9 +689,9 @@ class Recorder:
             stacklevel=3,
         )
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
-        self.records, self.dumps, self.kernels = [], [], []
+        self.records, self.dumps, self.kernels = RecordBuffer(), [], []
         self.deferred, self.deferred_bytes = [], 0
-        self.deferred_storages = set()
+        self.deferred_storages = {}
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"
