@@ -14,6 +14,7 @@ subclasses, int64 pointer checks, byte-viewed dtypes, conjugate views) use ``dig
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -73,7 +74,7 @@ def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
         held = BatchLanes(final)
         for i, row in zip(idx, pos, strict=True):
             t = tensors[i]
-            p = pending(t.dtype, t.shape, t.numel(), dev)
+            p = pending(t.dtype, tuple(t.shape), t.numel(), dev)  # a tuple: gc untracks it, not a Size
             p.arena = held
             p.row = row
             out[i] = p
@@ -178,31 +179,13 @@ def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tenso
                 copy_run(run)
         hash_region()
         lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-        finals: list[torch.Tensor] = []
         pos = [0] * len(ts)
-        off = row = 0
+        flat_rows: list[int] = []
         for m, idx in order:
-            k = len(idx)
-            finals.append(_finish_uniform(lanes[off : off + k * m], k, m).reshape(k, core.LANES))
-            off += k * m
             for i in idx:
-                pos[i] = row
-                row += 1
-        return (finals[0] if len(finals) == 1 else torch.cat(finals)), pos
-
-
-def _finish_uniform(lanes: torch.Tensor, k: int, m: int) -> torch.Tensor:
-    """Level-0 lanes of ``k`` consecutive tensors of ``m`` rows each -> their (k, 16) final lanes."""
-    level = 1
-    while m > 1:
-        m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
-        x = lanes.reshape(k, m * core.LANES)
-        if m2 * 16 != m:
-            x = torch.nn.functional.pad(x, (0, (m2 * 16 - m) * core.LANES))
-        lanes = core.mm(x.view(torch.int8).reshape(k * m2, _K), level)
-        m = m2
-        level += 1
-    return lanes
+                pos[i] = len(flat_rows)
+                flat_rows.append(m)
+        return _finish(lanes, flat_rows, dev), pos
 
 
 #: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) skip the flatten copy.
@@ -256,21 +239,31 @@ def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) ->
     return flat.view(torch.int8), rows
 
 
-def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Tensor:
-    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
-    = tensor i. A constant number of device ops per level, whatever the number of tensors."""
+_PLANS: dict[tuple, tuple] = {}  # (device, row counts) -> finishing plan
+_PLAN_LIMIT = 64
+
+
+def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.Tensor | None]:
+    """How ``_finish`` turns level-0 lanes of tensors with these row counts into final lanes:
+    per level (finished rows: None, "all" or an index tensor; gather index for the next level or
+    None), then the permutation back to tensor order. Built once per row pattern: a step boundary
+    or a module sequence repeats the same pattern every step, so the index tensors are reused."""
+    key = (dev, rows)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
     n = len(rows)
-    done: list[torch.Tensor] = []
+    levels: list[tuple] = []
     done_ids: list[int] = []
     ids = list(range(n))
-    level = 1
+    cur = list(rows)
     while True:
         fin_pos: list[int] = []
         cont: list[int] = []
-        shifts: list[int] = []
         new_rows: list[int] = []
-        off = acc = 0
-        for j, m in zip(ids, rows, strict=True):
+        gather_src: list[tuple[int, int, int]] = []  # (source row, real rows, padded rows) per continuing tensor
+        off = 0
+        for j, m in zip(ids, cur, strict=True):
             if m == 1:
                 fin_pos.append(off)
                 done_ids.append(j)
@@ -278,46 +271,53 @@ def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Te
                 m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
                 cont.append(j)
                 new_rows.append(m2)
-                shifts.append(acc * 16 - off)
-                acc += m2
+                gather_src.append((off, m, m2 * 16))
             off += m
+        fin: Any = None
         if fin_pos:
-            if len(fin_pos) == off:
-                done.append(lanes)
-            else:
-                done.append(lanes[torch.tensor(fin_pos, dtype=torch.int64, device=dev)])
+            fin = "all" if len(fin_pos) == off else torch.tensor(fin_pos, dtype=torch.int64, device=dev)
+        gather: Any = None
+        if cont and (fin_pos or any(m % 16 for m in cur)):
+            # Destination row r of a continuing tensor reads its source row, or the zero row
+            # appended after the last source row (index ``off``) in its padding.
+            idx: list[int] = []
+            for src, m, padded in gather_src:
+                idx += range(src, src + m)
+                idx += [off] * (padded - m)
+            gather = torch.tensor(idx, dtype=torch.int64, device=dev)
+        levels.append((fin, gather, bool(cont)))
         if not cont:
             break
-        total = acc * 16
-        if not fin_pos and all(m % 16 == 0 for m in rows):
-            nxt = lanes  # every tensor already fills whole rows: no padding to insert
-        else:
-            # A gather (deterministic, no duplicate writes): destination row r of a continuing
-            # tensor reads its source row, or an appended zero row in the padding.
-            bl = []
-            pos = 0
-            for m, sh in zip((m for m in rows if m != 1), shifts, strict=True):
-                bl.append((-sh, pos + m))  # (source - destination, end of its real rows)
-                pos += -(-m // 16) * 16
-            per = torch.repeat_interleave(
-                torch.tensor(bl, dtype=torch.int64, device=dev),
-                torch.tensor([m2 * 16 for m2 in new_rows], dtype=torch.int64, device=dev),
-                dim=0,
-                output_size=total,
-            )
-            r = torch.arange(total, dtype=torch.int64, device=dev)
-            gidx = torch.where(r < per[:, 1], r + per[:, 0], off)
-            nxt = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, gidx)
-        lanes = core.mm(nxt.view(torch.int8).reshape(-1, _K), level)
-        ids, rows = cont, new_rows
+        ids, cur = cont, new_rows
+    inv = None
+    if done_ids != list(range(n)):
+        order = [0] * n
+        for k, j in enumerate(done_ids):
+            order[j] = k
+        inv = torch.tensor(order, dtype=torch.int64, device=dev)
+    if len(_PLANS) >= _PLAN_LIMIT:
+        _PLANS.clear()
+    plan = _PLANS[key] = (levels, inv)
+    return plan
+
+
+def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Tensor:
+    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
+    = tensor i. A few device ops per level, whatever the number of tensors."""
+    levels, inv = _plan(tuple(rows), dev)
+    done: list[torch.Tensor] = []
+    level = 1
+    for fin, gather, more in levels:
+        if fin is not None:
+            done.append(lanes if isinstance(fin, str) else lanes.index_select(0, fin))
+        if not more:
+            break
+        if gather is not None:
+            lanes = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, gather)
+        lanes = core.mm(lanes.view(torch.int8).reshape(-1, _K), level)
         level += 1
     final = done[0] if len(done) == 1 else torch.cat(done)
-    if done_ids != list(range(n)):
-        inv = [0] * n
-        for k, j in enumerate(done_ids):
-            inv[j] = k
-        final = final[torch.tensor(inv, dtype=torch.int64, device=dev)]
-    return final
+    return final if inv is None else final.index_select(0, inv)
 
 
 class Staging:
@@ -396,7 +396,7 @@ class Staging:
                 m = -(-nb // _K)
                 if m * _K != nb:  # the tail of the last row must be zero (the buffer is reused)
                     self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
-                shape = t.shape
+                shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
                 items.append((slot, dt, shape, numel, m))
                 row += m
