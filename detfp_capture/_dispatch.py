@@ -182,18 +182,21 @@ def _tensors_in(v: Any) -> list[torch.Tensor]:
     return []
 
 
-def _writes_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: set[int]) -> bool:
-    """Whether the op writes into the storage of a tensor whose digest is still deferred."""
+def _written_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: dict[int, Any]) -> list[int] | None:
+    """Storages holding deferred digests that the op writes into ([] when none); None when a
+    written tensor has no plain storage to check (then every deferred digest must run first)."""
     written: list[Any] = [args[i] for i in info.writes if i < len(args)]
     written += [kwargs[k] for k in info.out_kwargs if k in kwargs]
+    hit: list[int] = []
     for w in written:
         for t in _tensors_in(w):
             try:
-                if t.untyped_storage().data_ptr() in storages:
-                    return True
+                ptr = t.untyped_storage().data_ptr()
             except Exception:  # no plain storage (subclass, sparse): be safe
-                return True
-    return False
+                return None
+            if ptr in storages:
+                hit.append(ptr)
+    return hit
 
 
 def _on_accelerator(args: tuple, outs: list[tuple[str, str, torch.Tensor]]) -> bool:
@@ -332,8 +335,13 @@ class CaptureMode(TorchDispatchMode):
                 # tensors of a _foreach_ op, not for a single in-place tensor.
                 defer=info.batch_inputs,
             )
-        if info.writing and rec.deferred and _writes_deferred(info, args, kwargs, rec.deferred_storages):
-            rec.run_deferred(staging=False)  # digests waiting for a batch must see the values before this write
+        if info.writing and rec.deferred:
+            # Digests waiting for a batch must see the values from before this write.
+            hit = _written_deferred(info, args, kwargs, rec.deferred_storages)
+            if hit is None:
+                rec.run_deferred(staging=False)
+            elif hit:
+                rec.evict_deferred(hit)
         rec.busy = False
         return call, info, phase
 
