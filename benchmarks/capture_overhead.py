@@ -1,9 +1,9 @@
 """Step-time overhead of detfp capture at each level, next to PyTorch's DebugMode, in one run.
 
 Every configuration trains its own copy of the example model (examples/train_tiny.py, same
-initial weights, same data), and the configurations take turns step by step in a shuffled
-order per round, so machine noise (other processes, frequency scaling) lands on all of them
-alike. Reported: the median step time of each configuration and its ratio over no capture;
+initial weights, same data) in its own process, and the configurations take turns step by
+step in a shuffled order per round, so machine noise (other processes, frequency scaling)
+lands on all of them alike, while each pays for its own garbage collection. Reported: the median step time of each configuration and its ratio over no capture;
 then the ratio of detfp's ops-level overhead to DebugMode's (DebugMode with
 ``log_tensor_hashes(hash_fn="hash_tensor", hash_inputs=True)``: one hash of every input and
 output of every op, the closest thing PyTorch ships to an op-level fingerprint stream).
@@ -22,6 +22,7 @@ import cProfile
 import importlib.util
 import io
 import json
+import os
 import pstats
 import random
 import statistics
@@ -108,23 +109,61 @@ class Runner:
         self.session.close()
 
 
+def _worker(config: str, args, out_root: str, conn) -> None:
+    """One configuration in its own process: step on each request, answer with the step time."""
+    torch.set_num_threads(args.threads)
+    runner = Runner(load_example(), config, args, Path(out_root))
+    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
+        # Every configuration's training thread on the same core (cores of a shared machine
+        # differ by more than the effects measured here); pinned after the Runner is built, so
+        # threads it started (the capture's writer) keep the whole machine, as in a real job.
+        os.sched_setaffinity(0, {args.cpu})
+    try:
+        while conn.recv() == "step":
+            conn.send(runner.step())
+    finally:
+        runner.close()
+        conn.send("closed")
+
+
 def measure(args, tt, out_root: Path) -> dict[str, list[float]]:
+    """Each configuration runs in its own process (its own heap: the garbage collector's work is
+    paid by the configuration that caused it, as in a real job), and they take turns step by
+    step, one at a time, in a shuffled order per round."""
+    import multiprocessing as mp
+
     configs = [c for c in CONFIGS if c in args.configs]
-    runners = {c: Runner(tt, c, args, out_root) for c in configs}
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for c in configs:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(c, args, str(out_root), child), daemon=True)
+        proc.start()
+        workers[c] = (proc, parent)
+    times: dict[str, list[float]] = {c: [] for c in configs}
     order_rng = random.Random(0)  # fixed shuffle: reruns interleave the same way
+
+    def step(c: str) -> float:
+        conn = workers[c][1]
+        conn.send("step")
+        return conn.recv()
+
     try:
         for _ in range(args.warmup):
             for c in configs:
-                runners[c].step()
+                step(c)
         for _ in range(args.rounds):
             order = list(configs)
             order_rng.shuffle(order)
             for c in order:
-                runners[c].times.append(runners[c].step())
+                times[c].append(step(c))
     finally:
-        for r in runners.values():
-            r.close()
-    return {c: runners[c].times for c in configs}
+        for proc, conn in workers.values():
+            with contextlib.suppress(Exception):
+                conn.send("stop")
+                conn.recv()
+            proc.join(timeout=60)
+    return times
 
 
 def report(times: dict[str, list[float]]) -> dict:
@@ -174,6 +213,11 @@ def profile(args, tt, out_root: Path) -> None:
     print(buf.getvalue())
 
 
+def _default_cpu() -> int | None:
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return cpus[0] if cpus else None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=12, help="timed steps per configuration")
@@ -185,11 +229,14 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=64, help="model width d (the example's default: 64)")
     p.add_argument("--hidden", type=int, default=128, help="expert hidden size (the example's default: 128)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--cpu", type=int, default=_default_cpu(), help="core that every configuration's training thread runs on (-1: none)")
     p.add_argument("--no-probes", action="store_true", help="leave out the example's two MoE probes per block")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
     p.add_argument("--profile", choices=CONFIGS, help="cProfile this configuration instead of the table")
     p.add_argument("--json", help="also write the results to this JSON file")
     args = p.parse_args(argv)
+    if args.cpu is not None and args.cpu < 0:
+        args.cpu = None
     args.configs = {c.strip() for c in args.configs.split(",")} | {"none"}
     unknown = args.configs - set(CONFIGS)
     if unknown:
