@@ -280,11 +280,16 @@ def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.
         if cont and (fin_pos or any(m % 16 for m in cur)):
             # Destination row r of a continuing tensor reads its source row, or the zero row
             # appended after the last source row (index ``off``) in its padding.
-            idx: list[int] = []
+            # Built with a few vectorized ops (a window of staged tensors can be 64k rows).
+            spans, reps = [], []
+            dst = 0
             for src, m, padded in gather_src:
-                idx += range(src, src + m)
-                idx += [off] * (padded - m)
-            gather = torch.tensor(idx, dtype=torch.int64, device=dev)
+                spans.append((src - dst, dst + m))  # (source - destination, end of its real rows)
+                reps.append(padded)
+                dst += padded
+            per = torch.repeat_interleave(torch.tensor(spans, dtype=torch.int64), torch.tensor(reps), dim=0)
+            r = torch.arange(dst, dtype=torch.int64)
+            gather = torch.where(r < per[:, 1], r + per[:, 0], off).to(dev)
         levels.append((fin, gather, bool(cont)))
         if not cont:
             break
