@@ -21,7 +21,7 @@ import torch
 from detfp_capture import _digest_core as core
 from detfp_capture import digest
 
-__all__ = ["BatchLanes", "Staging", "start_many"]
+__all__ = ["BATCHED", "BatchLanes", "Staging", "fill", "start_many"]
 
 _K = core.K
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -48,8 +48,26 @@ def _batchable(t: torch.Tensor) -> bool:
     )
 
 
-def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
-    """``digest.start(t, pointer_check=...)`` for every tensor, batched where possible."""
+#: ``slot.pending`` of a slot filled by ``fill``: the slot itself carries the batched row.
+BATCHED = object()
+
+
+def fill(slot: Any, held: BatchLanes, row: int, dtype: torch.dtype, shape: tuple, numel: int, dev: Any) -> None:
+    """Make ``slot`` (a capture Slot) stand for the pending of row ``row`` of ``held``."""
+    slot.arena = held
+    slot.row = row
+    slot.dtype = dtype
+    slot.shape = shape
+    slot.numel = numel
+    slot.device = dev
+    slot.pending = BATCHED
+
+
+def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = None) -> list[digest.Pending] | None:
+    """``digest.start(t, pointer_check=...)`` for every tensor, batched where possible.
+
+    With ``slots`` (capture Slots, one per tensor) the results go into them instead (``fill``
+    for batched rows, ``slot.pending`` otherwise) and nothing is returned."""
     out: list[digest.Pending | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -74,11 +92,20 @@ def start_many(tensors: Sequence[torch.Tensor]) -> list[digest.Pending]:
         held = BatchLanes(final)
         for i, row in zip(idx, pos, strict=True):
             t = tensors[i]
-            p = pending(t.dtype, tuple(t.shape), t.numel(), dev)  # a tuple: gc untracks it, not a Size
+            shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
+            if slots is not None:
+                fill(slots[i], held, row, t.dtype, shape, t.numel(), dev)
+                continue
+            p = pending(t.dtype, shape, t.numel(), dev)
             p.arena = held
             p.row = row
             out[i] = p
-    return out  # type: ignore[return-value]
+    if slots is None:
+        return out  # type: ignore[return-value]
+    for s, p in zip(slots, out, strict=True):
+        if p is not None:
+            s.pending = p
+    return None
 
 
 class BatchLanes:
@@ -412,21 +439,31 @@ class Staging:
         self.used = row
         return True
 
-    def run(self) -> list[tuple[object, digest.Pending]]:
-        """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
+    def _run_rows(self) -> tuple[BatchLanes | None, list]:
+        """Digest everything staged and empty the buffer: (final lanes, items in row order)."""
         if not self.items:
-            return []
+            return None, []
         items, used = self.items, self.used
         self.items, self.used = [], 0
         with torch.no_grad():
             lanes = core.mm(self.buf[: used * _K].view(-1, _K), 0)
             # Rows of a new lanes tensor, not of the (reused) buffer.
-            held = BatchLanes(_finish(lanes, [it[4] for it in items], self.dev))
-            out = []
-            pending, dev = digest.Pending, self.dev
-            for row, (slot, dtype, shape, numel, _) in enumerate(items):
-                p = pending(dtype, shape, numel, dev)
-                p.arena = held
-                p.row = row
-                out.append((slot, p))
+            return BatchLanes(_finish(lanes, [it[4] for it in items], self.dev)), items
+
+    def run(self) -> list[tuple[object, digest.Pending]]:
+        """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
+        held, items = self._run_rows()
+        out = []
+        for row, (slot, dtype, shape, numel, _) in enumerate(items):
+            p = digest.Pending(dtype, shape, numel, self.dev)
+            p.arena = held
+            p.row = row
+            out.append((slot, p))
         return out
+
+    def run_into(self) -> None:
+        """``run``, the results going straight into the staged capture Slots (``fill``)."""
+        held, items = self._run_rows()
+        dev = self.dev
+        for row, (slot, dtype, shape, numel, _) in enumerate(items):
+            fill(slot, held, row, dtype, shape, numel, dev)

@@ -140,15 +140,16 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
             adcache[k] = args_text(src)
         ads.append(adcache[k])
     cols["args_digest"] = ads
-    ok = [fp is not None and fp.error is None for fp in fps]
-    digests = [fp.digest if o else None for fp, o in zip(fps, ok, strict=True)]
+    # fps: digest.resolve_raw tuples (digest, error, rows, moments, pointer_like) or None.
+    ok = [fp is not None and fp[1] is None for fp in fps]
+    digests = [fp[0] if o else None for fp, o in zip(fps, ok, strict=True)]
     cols["status"] = ["ok" if o else ("skipped" if fp is None else "error") for fp, o in zip(fps, ok, strict=True)]
     cols["digest_hi"] = [None if d is None else int(d[:16], 16) for d in digests]
     cols["digest_lo"] = [None if d is None else int(d[16:], 16) for d in digests]
-    cols["error"] = [None if fp is None or o else fp.error for fp, o in zip(fps, ok, strict=True)]
-    cols["rows"] = [list(fp.rows) if o and fp.rows is not None else None for fp, o in zip(fps, ok, strict=True)]
-    if any(o and fp.moments is not None for fp, o in zip(fps, ok, strict=True)):
-        ms = [fp.moments if o else None for fp, o in zip(fps, ok, strict=True)]
+    cols["error"] = [None if fp is None or o else fp[1] for fp, o in zip(fps, ok, strict=True)]
+    cols["rows"] = [list(fp[2]) if o and fp[2] is not None else None for fp, o in zip(fps, ok, strict=True)]
+    if any(o and fp[3] is not None for fp, o in zip(fps, ok, strict=True)):
+        ms = [fp[3] if o else None for fp, o in zip(fps, ok, strict=True)]
         cols["m_sum"] = [None if m is None else m.sum for m in ms]
         cols["m_absmax"] = [None if m is None else m.absmax for m in ms]
         cols["m_nan"] = [None if m is None else m.nan for m in ms]

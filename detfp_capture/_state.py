@@ -17,6 +17,7 @@ The recorder never raises into training: callers wrap it, and any exception ends
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import warnings
 import weakref
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import Staging
+from detfp_capture._batchdigest import BATCHED, Staging, start_many
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, args_text, record_columns
 
@@ -55,24 +56,37 @@ def dtype_str(dt: torch.dtype) -> str:
 
 
 class Slot:
-    """One digest: device-side ``Pending`` until the flush resolves it into a ``Fingerprint``.
+    """One digest: device-side state until the flush resolves it (``fp``, a ``resolve_raw`` tuple).
 
-    Also the version cache's entry for the tensor it digests (weak reference, version, options):
-    one object per digest rather than a slot plus a cache tuple (see _records on why the object
-    count matters)."""
+    ``pending`` is a ``digest.Pending``, or ``BATCHED`` when the digest is a row of a batch
+    (``arena``/``row``, filled by ``_batchdigest.fill``): then the slot itself stands for the
+    pending (it has the attributes ``digest.resolve`` reads), one object per digest instead of two.
+    Also the version cache's entry for the tensor it digests (weak reference, version, options).
+    See _records on why the object count matters.
+    """
 
-    __slots__ = ("fp", "moments", "pending", "ref", "rows", "version")
+    __slots__ = ("arena", "device", "dtype", "fp", "numel", "opt_moments", "opt_rows", "pending", "ref", "row", "shape", "version")
+
+    # What digest.resolve reads from a pending and a batched row never has.
+    lanes = rows_lanes = moments = pointer = components = error = None
+    rows_meta: tuple = ()
+    arena_moments = arena_pointer = False
+    type_name = ""
 
     def __init__(self, pending: Any) -> None:
         self.pending = pending
         self.fp: Any = None
         self.ref: Any = None
         self.version: int | None = None
-        self.rows: bool | int = False
-        self.moments = False
+        self.opt_rows: bool | int = False
+        self.opt_moments = False
 
     def matches(self, t: torch.Tensor, version: int, rows: bool | int, moments: bool) -> bool:
-        return self.version == version and self.ref() is t and self.rows == rows and self.moments == moments
+        return self.version == version and self.ref() is t and self.opt_rows == rows and self.opt_moments == moments
+
+    def started(self) -> Any:
+        """What to hand to ``digest.resolve``."""
+        return self if self.pending is BATCHED else self.pending
 
 
 class Recorder:
@@ -223,7 +237,7 @@ class Recorder:
                 self._clear_vcache()
             with contextlib.suppress(TypeError):  # some tensor subclasses refuse weak references
                 s.ref = weakref.ref(t)
-                s.version, s.rows, s.moments = version, rows, moments
+                s.version, s.opt_rows, s.opt_moments = version, rows, moments
                 self.vcache[key] = s
         return s
 
@@ -296,7 +310,7 @@ class Recorder:
                 s = None
                 if version is not None and not fresh:
                     hit = cache.get(key)
-                    if hit is not None and hit.version == version and hit.ref() is t and not (hit.rows or hit.moments):
+                    if hit is not None and hit.version == version and hit.ref() is t and not (hit.opt_rows or hit.opt_moments):
                         s = hit
                 if s is None:
                     dt = t.dtype
@@ -376,8 +390,6 @@ class Recorder:
         self.deferred = []
         self.deferred_bytes = 0
         self.deferred_storages = {}
-        from detfp_capture._batchdigest import start_many
-
         live_s, live_t = [], []
         for s, t, v in items:
             if t is None:  # evicted: snapshotted before a write
@@ -390,8 +402,7 @@ class Recorder:
                 live_s.append(s)
                 live_t.append(t)
         if live_t:
-            for s, p in zip(live_s, start_many(live_t), strict=True):
-                s.pending = p
+            start_many(live_t, live_s)
 
     def evict_deferred(self, ptrs: list[int]) -> None:
         """Before an op writes into these storages: snapshot the deferred tensors that live in
@@ -456,8 +467,7 @@ class Recorder:
 
     def run_staging(self) -> None:
         for st in self.staging.values():
-            for s, p in st.run():
-                s.pending = p
+            st.run_into()
 
     def settle(self) -> None:
         """Run deferred digests now (before a write the dispatch mode cannot see)."""
@@ -483,8 +493,6 @@ class Recorder:
                     self.append_records(call, [(role, arg, t)], fresh=fresh)
                 calls.append(call)
             return calls
-        from detfp_capture._batchdigest import start_many
-
         cache = self.vcache
         slots: list[Slot | None] = [None] * len(specs)
         versions: list[int | None] = []
@@ -498,15 +506,16 @@ class Recorder:
             versions.append(version)
             if version is not None and not fresh:
                 hit = cache.get(id(t))
-                if hit is not None and hit.version == version and hit.ref() is t and not (hit.rows or hit.moments):
+                if hit is not None and hit.version == version and hit.ref() is t and not (hit.opt_rows or hit.opt_moments):
                     slots[i] = hit
                     continue
             missing.append(i)
         if missing:
-            pendings = start_many([specs[i][7] for i in missing])
+            new = [Slot(None) for _ in missing]
+            start_many([specs[i][7] for i in missing], new)
             ref = weakref.ref
-            for i, p in zip(missing, pendings, strict=True):
-                s = slots[i] = Slot(p)
+            for i, s in zip(missing, new, strict=True):
+                slots[i] = s
                 t = specs[i][7]
                 if versions[i] is not None:
                     try:  # a plain try: cheaper than contextlib.suppress on this hot path
@@ -592,6 +601,13 @@ class Recorder:
         if not (len(records) or metrics or events or kernels or dumps):
             return
         self.enter()
+        # The cyclic collector is paused while a window is built: the tens of thousands of
+        # objects a flush allocates are freed by reference counting when it ends, and a
+        # collection triggered in between (a full one traverses the whole heap) would only
+        # trace them. Restored right after, whatever happens.
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
         try:
             self.run_deferred()
             slots = []
@@ -601,7 +617,7 @@ class Recorder:
                     seen.add(id(s))
                     slots.append(s)
             if slots:
-                fps = digest.resolve([s.pending for s in slots])
+                fps = digest.resolve_raw([s.started() for s in slots])
                 for s, fp in zip(slots, fps, strict=True):
                     s.fp = fp
                     s.pending = None
@@ -616,6 +632,8 @@ class Recorder:
             if dumps:
                 tables["dumps"] = _columns.dump_columns(dumps)
         finally:
+            if paused:
+                gc.enable()
             self.leave()
         self.flushes += 1
         self.writer.write_window(tables)
@@ -633,7 +651,7 @@ class Recorder:
                 continue
             c = calls[i]
             kind = c[4]
-            if fp.pointer_like and "pointer_like" not in hazards[i]:
+            if fp[4] and "pointer_like" not in hazards[i]:
                 hazards[i] = (*hazards[i], "pointer_like")
                 self.events.append(
                     (

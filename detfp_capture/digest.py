@@ -515,6 +515,30 @@ def _leaves(p: Pending, out: list[Pending]) -> None:
 
 def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
     """Fingerprints of started digests, in order: one batched finalize and one fetch per device."""
+    batches, results, failed = _run_batches(pendings)
+    return [_build(p, batches, results, failed) for p in pendings]
+
+
+#: What ``resolve_raw`` gives per pending: (digest hex or "", error or None, row digests or None,
+#: Moments or None, pointer_like).
+RawDigest = tuple
+
+
+def resolve_raw(pendings: Sequence[Pending]) -> list[RawDigest]:
+    """``resolve`` as plain tuples, for the capture's flush: no Fingerprint objects (two objects
+    each for the cyclic collector to track; a flush resolves tens of thousands)."""
+    batches, results, failed = _run_batches(pendings)
+    out: list[RawDigest] = []
+    for p in pendings:
+        if p.error is None and p.components is None and p.device not in failed:
+            out.append(_raw(p, batches, results))
+        else:
+            f = _build(p, batches, results, failed)
+            out.append((f.digest, f.error, f.rows, f.moments, f.pointer_like))
+    return out
+
+
+def _run_batches(pendings: Sequence[Pending]) -> tuple[dict, dict, dict]:
     leaves: list[Pending] = []
     for p in pendings:
         _leaves(p, leaves)
@@ -532,7 +556,7 @@ def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
                 results[dev] = b.run(dev)
             except Exception as e:  # e.g. a device error surfacing late: mark that device's digests
                 failed[dev] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    return [_build(p, batches, results, failed) for p in pendings]
+    return batches, results, failed
 
 
 _DTYPE_STR: dict[torch.dtype | None, str] = {}
@@ -555,6 +579,11 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         return Fingerprint(dtype, shape, p.numel, digest, components=view)
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
+    digest, _, rows, m, ptr = _raw(p, batches, results)
+    return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
+
+
+def _raw(p: Pending, batches: dict, results: dict) -> RawDigest:
     b = batches[p.device]
     hexes, offsets, moms, ptrs = results[p.device]
     key = id(p)
@@ -574,7 +603,7 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         m = Moments(moms[j], moms[j + 1], int(moms[j + 2]), int(moms[j + 3]))
     j = b.pointers.index(key)
     ptr = bool(ptrs[j]) if j is not None else False
-    return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
+    return (digest, None, rows, m, ptr)
 
 
 def fingerprint(
