@@ -372,7 +372,9 @@ class Staging:
         self.used = 0
         self.buf: torch.Tensor | None = None
         self.typed: dict[torch.dtype, torch.Tensor] = {}  # dtype views of the whole buffer
-        self.items: list[tuple] = []  # (slot, dtype, shape, numel, rows), in buffer order
+        # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
+        # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
+        self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
@@ -412,7 +414,8 @@ class Staging:
             need += -(-(t.numel() * t.dtype.itemsize) // _K)
         if self.used + need > self.cap_rows:
             return False
-        items = []
+        i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
+        n0 = len(i_slot)
         row = self.used
         prev = torch.is_grad_enabled()
         if prev:
@@ -430,32 +433,39 @@ class Staging:
                     self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
                 shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
-                items.append((slot, dt, shape, numel, m))
+                i_slot.append(slot)
+                i_dtype.append(dt)
+                i_shape.append(shape)
+                i_numel.append(numel)
+                i_rows.append(m)
                 row += m
+        except BaseException:
+            for col in self.items:  # all or nothing: the caller digests these tensors another way
+                del col[n0:]
+            raise
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
-        self.items += items
         self.used = row
         return True
 
-    def _run_rows(self) -> tuple[BatchLanes | None, list]:
+    def _run_rows(self) -> tuple[BatchLanes | None, tuple]:
         """Digest everything staged and empty the buffer: (final lanes, items in row order)."""
-        if not self.items:
-            return None, []
         items, used = self.items, self.used
-        self.items, self.used = [], 0
+        if not items[0]:
+            return None, items
+        self.items, self.used = ([], [], [], [], []), 0
         with torch.no_grad():
             lanes = core.mm(self.buf[: used * _K].view(-1, _K), 0)
             # Rows of a new lanes tensor, not of the (reused) buffer.
-            return BatchLanes(_finish(lanes, [it[4] for it in items], self.dev)), items
+            return BatchLanes(_finish(lanes, items[4], self.dev)), items
 
     def run(self) -> list[tuple[object, digest.Pending]]:
         """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
-        held, items = self._run_rows()
+        held, (slots, dtypes, shapes, numels, _) = self._run_rows()
         out = []
-        for row, (slot, dtype, shape, numel, _) in enumerate(items):
-            p = digest.Pending(dtype, shape, numel, self.dev)
+        for row, slot in enumerate(slots):
+            p = digest.Pending(dtypes[row], shapes[row], numels[row], self.dev)
             p.arena = held
             p.row = row
             out.append((slot, p))
@@ -463,7 +473,7 @@ class Staging:
 
     def run_into(self) -> None:
         """``run``, the results going straight into the staged capture Slots (``fill``)."""
-        held, items = self._run_rows()
+        held, (slots, dtypes, shapes, numels, _) = self._run_rows()
         dev = self.dev
-        for row, (slot, dtype, shape, numel, _) in enumerate(items):
-            fill(slot, held, row, dtype, shape, numel, dev)
+        for row, slot in enumerate(slots):
+            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev)

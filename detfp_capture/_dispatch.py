@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._hazards import UNINIT
 from detfp_capture._hooks import NODE_KEY
+from detfp_capture._records import as_tuple
 
 __all__ = ["CaptureMode", "OpInfo"]
 
@@ -94,6 +95,9 @@ _META_READ = frozenset(
 )
 
 
+_NO_ARGS = ((), ())
+
+
 class OpInfo:
     """Cached facts about one op overload."""
 
@@ -151,7 +155,7 @@ def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tenso
                 if isinstance(x, torch.Tensor):
                     tensors.append(("input", f"args[{i}][{j}]", x))
         else:
-            other.append(a)
+            other.append(as_tuple(a) if type(a) is list else a)
     kw: list[tuple[str, Any]] = []
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
@@ -161,8 +165,10 @@ def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tenso
                 if isinstance(x, torch.Tensor):
                     tensors.append(("input", f"kwargs.{k}[{j}]", x))
         else:
-            kw.append((k, v))
-    return tensors, (tuple(other), dict(kw))
+            kw.append((k, as_tuple(v) if type(v) is list else v))
+    # kwargs as (name, value) pairs: a dict built here stays tracked by the collector until a
+    # full collection (tuples of plain values are untracked at the first one).
+    return tensors, (tuple(other), tuple(kw))
 
 
 def _outputs(out: Any) -> list[tuple[str, str, torch.Tensor]]:
@@ -311,7 +317,7 @@ class CaptureMode(TorchDispatchMode):
         if blank:
             # Their bytes are garbage that differs between runs and that the op never reads:
             # recorded (counted), not digested.
-            call = rec.record_call("op", info.name, module, phase, [], args_src=other if other != ((), {}) else None)
+            call = rec.record_call("op", info.name, module, phase, [], args_src=other if other != _NO_ARGS else None)
             for i, item in enumerate(tensors):
                 f = flags.get(i) if flags else None
                 rec.append_records(
@@ -328,7 +334,7 @@ class CaptureMode(TorchDispatchMode):
                 module,
                 phase,
                 tensors,
-                args_src=other if other != ((), {}) else None,
+                args_src=other if other != _NO_ARGS else None,
                 hazards=flags,
                 digest_it=not info.skip,
                 # A writing op runs the batch right below, before the write: worth it for the many

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RecordBuffer", "args_text", "record_columns"]
+__all__ = ["LIST_MARK", "RecordBuffer", "args_text", "as_tuple", "record_columns"]
 
 
 class RecordBuffer:
@@ -64,6 +64,17 @@ class RecordBuffer:
         self.hazards.append(hazards)
 
 
+#: First item of a tuple that stands for a list argument (``as_tuple``).
+LIST_MARK = "\x00detfp-list"
+
+
+def as_tuple(v: list) -> tuple:
+    """A list argument kept as ``(LIST_MARK, *items)``, rendered exactly as the list by
+    ``args_text``. Arguments live until the flush: a list is a container the cyclic collector
+    tracks for as long (and so is every tuple holding it), a tuple of plain values is not."""
+    return (LIST_MARK, *v)
+
+
 def _arg_repr(v: Any) -> str:
     # Only values whose text is identical in every process: no addresses, no salted hashes.
     if v is None or isinstance(v, (bool, int, str)):
@@ -71,6 +82,8 @@ def _arg_repr(v: Any) -> str:
     if isinstance(v, float):
         return repr(v) if not math.isnan(v) else "nan"
     if isinstance(v, (list, tuple)):
+        if isinstance(v, tuple) and v and v[0] is LIST_MARK:
+            return "[" + ",".join(_arg_repr(x) for x in v[1:]) + "]"
         inner = ",".join(_arg_repr(x) for x in v)
         return f"[{inner}]" if isinstance(v, list) else f"({inner})"
     if isinstance(v, dict):
@@ -88,14 +101,16 @@ def _arg_repr(v: Any) -> str:
 
 
 def args_text(src: Any) -> str | None:
-    """16-hex digest of a call's non-tensor arguments (``src`` = (args, kwargs)), None when none."""
+    """16-hex digest of a call's non-tensor arguments, None when none.
+
+    ``src`` = (args, kwargs), kwargs a dict or a tuple of (name, value) pairs."""
     args, kwargs = src
     parts = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor):
             parts.append(f"{i}={_arg_repr(a)}")
-    for k in sorted(kwargs):
-        v = kwargs[k]
+    items = kwargs.items() if isinstance(kwargs, dict) else kwargs
+    for k, v in sorted(items, key=lambda kv: kv[0]):
         if not isinstance(v, torch.Tensor):
             parts.append(f"{k}={_arg_repr(v)}")
     if not parts:

@@ -117,10 +117,15 @@ class Recorder:
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
         self.foreign: deque[tuple] = deque()
         # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
-        self.deferred: list[list] = []  # [Slot, tensor or None once evicted, version]
+        # Parallel lists (no object per entry: see _records): tensor (None once evicted), its
+        # Slot, and the version it was recorded at (None: not checked).
+        self.deferred: list[torch.Tensor | None] = []
+        self.deferred_slots: list[Slot] = []
+        self.deferred_versions: list[int | None] = []
         self.deferred_bytes = 0
-        # Storages (data pointers) of deferred tensors: only a write to one of them forces the batch.
-        self.deferred_storages: dict[int, list[list]] = {}
+        # Storage data pointer -> index (or indices) of deferred tensors in it: only a write into
+        # one of them needs those digests taken first.
+        self.deferred_storages: dict[int, Any] = {}
         # Snapshots of boundary tensors waiting for their batch digest, per device.
         self.staging: dict[torch.device, Staging] = {}
         self.lock = threading.Lock()
@@ -321,15 +326,18 @@ class Recorder:
                         # The version check is a safety net; a just-written tensor's version is
                         # bumped after we return (above the dispatcher), so it is not checked.
                         s = Slot(None)
-                        entry = [s, t, None if fresh else version]
-                        deferred.append(entry)
-                        self.deferred_bytes += nb
                         ptr = t.untyped_storage().data_ptr()
                         same = dstor.get(ptr)
                         if same is None:
-                            dstor[ptr] = [entry]
+                            dstor[ptr] = len(deferred)
+                        elif same.__class__ is int:
+                            dstor[ptr] = [same, len(deferred)]
                         else:
-                            same.append(entry)
+                            same.append(len(deferred))
+                        deferred.append(t)
+                        self.deferred_slots.append(s)
+                        self.deferred_versions.append(None if fresh else version)
+                        self.deferred_bytes += nb
                     elif fits(t):
                         # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a
                         # batch; the call's tensors are snapshotted together below.
@@ -384,14 +392,12 @@ class Recorder:
         the staged batch is left to grow (one GEMM per 64 MiB or flush, not per write)."""
         if staging:
             self.run_staging()
-        items = self.deferred
-        if not items:
+        tensors, slots, versions = self.deferred, self.deferred_slots, self.deferred_versions
+        if not tensors:
             return
-        self.deferred = []
-        self.deferred_bytes = 0
-        self.deferred_storages = {}
+        self._reset_deferred()
         live_s, live_t = [], []
-        for s, t, v in items:
+        for s, t, v in zip(slots, tensors, versions, strict=True):
             if t is None:  # evicted: snapshotted before a write
                 continue
             if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
@@ -404,6 +410,11 @@ class Recorder:
         if live_t:
             start_many(live_t, live_s)
 
+    def _reset_deferred(self) -> None:
+        self.deferred, self.deferred_slots, self.deferred_versions = [], [], []
+        self.deferred_bytes = 0
+        self.deferred_storages = {}
+
     def evict_deferred(self, ptrs: list[int]) -> None:
         """Before an op writes into these storages: snapshot the deferred tensors that live in
         them (a copy into the staging buffer; the rest of the batch keeps waiting). Cheaper than
@@ -411,12 +422,17 @@ class Recorder:
         ts: list[torch.Tensor] = []
         ss: list[Slot] = []
         dstor = self.deferred_storages
+        deferred = self.deferred
         for ptr in ptrs:
-            for e in dstor.pop(ptr, ()):
-                s, t, v = e
+            idx = dstor.pop(ptr, None)
+            if idx is None:
+                continue
+            for i in (idx,) if idx.__class__ is int else idx:
+                t = deferred[i]
                 if t is None:
                     continue
-                e[1] = None
+                deferred[i] = None
+                s, v = self.deferred_slots[i], self.deferred_versions[i]
                 if v is not None and t._version != v:
                     p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
                     p.error = "modified in place before its deferred digest ran"
@@ -708,8 +724,7 @@ class Recorder:
         )
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
         self.records, self.dumps, self.kernels = RecordBuffer(), [], []
-        self.deferred, self.deferred_bytes = [], 0
-        self.deferred_storages = {}
+        self._reset_deferred()
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"
