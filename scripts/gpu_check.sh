@@ -127,7 +127,7 @@ spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/ca
 bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
 tt = bench.load_example()
 device = os.environ["DEVICE"]
-args = types.SimpleNamespace(device=device, seed=1234, seq=32, batch=8)
+args = types.SimpleNamespace(device=device, seed=1234, seq=32, batch=8, width=64, hidden=128, no_probes=False)
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 def syncs(config):
@@ -164,7 +164,7 @@ else
 fi
 
 step "5/5 capture overhead on $DEVICE"
-timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" --rounds "$ROUNDS" \
+timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" --rounds "$ROUNDS" --trials 1 \
   || die "benchmarks/capture_overhead.py --device $DEVICE"
 
 printf '\ngpu_check: all checks passed\n'
