@@ -113,6 +113,13 @@ def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any])
     return path
 
 
+#: Key hashes already computed, by key fields: the same call sites recur every step (the step is
+#: not part of a key), so most records of a window hit. Bounded; flat tuples of plain values.
+_CALL_MEMO: dict[tuple, tuple[str, int]] = {}
+_KEY_MEMO: dict[tuple, int] = {}  # (call hash, role, arg) -> key hash
+_MEMO_LIMIT = 1 << 18
+
+
 def _fill_hashes(table: str, cols: dict[str, list], n: int) -> None:
     """Compute call_hash/key_hash from the key columns when the window omitted them."""
     names = {c.name for c in contract.columns(table)}
@@ -122,18 +129,27 @@ def _fill_hashes(table: str, cols: dict[str, list], n: int) -> None:
         return
     mb, ph, mod, kind, name, occ = (cols[k] for k in ("microbatch", "phase", "module", "kind", "name", "occurrence"))
     role, arg = (cols.get("role"), cols.get("arg")) if need_key else (None, None)
-    memo: dict[str, int] = {}
+    cmemo, kmemo = _CALL_MEMO, _KEY_MEMO
+    if len(cmemo) >= _MEMO_LIMIT:
+        cmemo.clear()
+    if len(kmemo) >= _MEMO_LIMIT:
+        kmemo.clear()
     call_hashes: list[int] = []
     key_hashes: list[int] = []
-    for i in range(n):
-        ck = contract.call_key(mb[i], ph[i], mod[i], kind[i], name[i], occ[i])
-        if need_call:
-            h = memo.get(ck)
+    cget, kget = cmemo.get, kmemo.get
+    for ct in zip(mb, ph, mod, kind, name, occ, strict=True):
+        hit = cget(ct)
+        if hit is None:
+            ck = contract.call_key(*ct)
+            hit = cmemo[ct] = (ck, contract.key_hash(ck))
+        call_hashes.append(hit[1])
+    if need_key:
+        keys = zip(mb, ph, mod, kind, name, occ, strict=True)
+        for ct, r, a, ch in zip(keys, role, arg, call_hashes, strict=True):
+            h = kget((ch, r, a))
             if h is None:
-                h = memo[ck] = contract.key_hash(ck)
-            call_hashes.append(h)
-        if need_key:
-            key_hashes.append(contract.key_hash(contract.record_key(ck, role[i], arg[i])))
+                h = kmemo[(ch, r, a)] = contract.key_hash(contract.record_key(cmemo[ct][0], r, a))
+            key_hashes.append(h)
     if need_call:
         cols["call_hash"] = call_hashes
     if need_key:

@@ -311,3 +311,24 @@ def test_scan_schema_matches_contract(tmp_path):
     df = open_run(tmp_path).scan("records").collect()
     assert df.schema["digest_hi"] == pl.UInt64 and df.schema["shape"] == pl.List(pl.Int64)
     assert os.listdir(tmp_path / "records" / "rank=0") == ["part-s00000-w0000000.parquet"]
+
+
+@pytest.mark.parametrize("limit", [1, 1 << 18])
+def test_key_hashes_from_memo_equal_the_contract_definition(monkeypatch, limit):
+    # The writer memoizes key hashes across windows (call sites recur every step); a hit, a
+    # miss and a cleared memo must all give contract.key_hash of the canonical key.
+    from detfp_capture import writer
+
+    monkeypatch.setattr(writer, "_MEMO_LIMIT", limit)
+    monkeypatch.setattr(writer, "_CALL_MEMO", {})
+    monkeypatch.setattr(writer, "_KEY_MEMO", {})
+    keys = [(-1, "forward", "blocks.0", "op", "aten::mm.default", 0), (2, "backward", "", "param", "w", 3)]
+    rows = [(*keys[i % 2], ("input", "output")[i % 3 == 0], f"args[{i % 4}]") for i in range(12)]
+    names = ("microbatch", "phase", "module", "kind", "name", "occurrence", "role", "arg")
+    for _ in range(3):  # later windows hit the memo
+        cols = {k: [r[j] for r in rows] for j, k in enumerate(names)}
+        writer._fill_hashes("records", cols, len(rows))
+        want_call = [contract.key_hash(contract.call_key(*r[:6])) for r in rows]
+        want_key = [contract.key_hash(contract.record_key(contract.call_key(*r[:6]), r[6], r[7])) for r in rows]
+        assert cols["call_hash"] == want_call
+        assert cols["key_hash"] == want_key
