@@ -463,7 +463,7 @@ class Recorder:
     def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now."""
         dev = ts[0].device
-        if any(t.device != dev for t in ts):
+        if len(ts) > 1 and any(t.device != dev for t in ts):
             for t, s in zip(ts, slots, strict=True):
                 self._stage_many([t], [s])
             return
