@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._hazards import UNINIT
 from detfp_capture._hooks import NODE_KEY
-from detfp_capture._records import as_tuple
+from detfp_capture._records import flat_args
 
 __all__ = ["CaptureMode", "OpInfo"]
 
@@ -95,9 +95,6 @@ _META_READ = frozenset(
 )
 
 
-_NO_ARGS = ((), ())
-
-
 class OpInfo:
     """Cached facts about one op overload."""
 
@@ -143,7 +140,7 @@ class OpInfo:
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
 
 
-def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], tuple]:
+def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], tuple | None]:
     """Input records and the non-tensor arguments (kept for args_digest; no tensor references)."""
     tensors: list[tuple[str, str, torch.Tensor]] = []
     other: list[Any] = []
@@ -155,7 +152,7 @@ def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tenso
                 if isinstance(x, torch.Tensor):
                     tensors.append(("input", f"args[{i}][{j}]", x))
         else:
-            other.append(as_tuple(a) if type(a) is list else a)
+            other.append(a)
     kw: list[tuple[str, Any]] = []
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
@@ -165,10 +162,8 @@ def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tenso
                 if isinstance(x, torch.Tensor):
                     tensors.append(("input", f"kwargs.{k}[{j}]", x))
         else:
-            kw.append((k, as_tuple(v) if type(v) is list else v))
-    # kwargs as (name, value) pairs: a dict built here stays tracked by the collector until a
-    # full collection (tuples of plain values are untracked at the first one).
-    return tensors, (tuple(other), tuple(kw))
+            kw.append((k, v))
+    return tensors, flat_args(other, kw)
 
 
 def _outputs(out: Any) -> list[tuple[str, str, torch.Tensor]]:
@@ -317,7 +312,7 @@ class CaptureMode(TorchDispatchMode):
         if blank:
             # Their bytes are garbage that differs between runs and that the op never reads:
             # recorded (counted), not digested.
-            call = rec.record_call("op", info.name, module, phase, [], args_src=other if other != _NO_ARGS else None)
+            call = rec.record_call("op", info.name, module, phase, [], args_src=other)
             for i, item in enumerate(tensors):
                 f = flags.get(i) if flags else None
                 rec.append_records(
@@ -334,7 +329,7 @@ class CaptureMode(TorchDispatchMode):
                 module,
                 phase,
                 tensors,
-                args_src=other if other != _NO_ARGS else None,
+                args_src=other,
                 hazards=flags,
                 digest_it=not info.skip,
                 # A writing op runs the batch right below, before the write: worth it for the many

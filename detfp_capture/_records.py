@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LIST_MARK", "RecordBuffer", "args_text", "as_tuple", "record_columns"]
+__all__ = ["RecordBuffer", "args_text", "flat_args", "record_columns"]
 
 
 class RecordBuffer:
@@ -64,15 +64,63 @@ class RecordBuffer:
         self.hazards.append(hazards)
 
 
-#: First item of a tuple that stands for a list argument (``as_tuple``).
-LIST_MARK = "\x00detfp-list"
+# Op arguments wait for the flush in one flat tuple of plain values (``flat_args``): a call
+# tuple holding nested containers is a container the cyclic collector keeps tracking, and
+# promotes, until a pass has untracked each level; a flat one is untracked at its first pass.
+_FLAT = "\x00detfp-args"
+_OPEN = "\x00detfp-["
+_CLOSE = "\x00detfp-]"
 
 
-def as_tuple(v: list) -> tuple:
-    """A list argument kept as ``(LIST_MARK, *items)``, rendered exactly as the list by
-    ``args_text``. Arguments live until the flush: a list is a container the cyclic collector
-    tracks for as long (and so is every tuple holding it), a tuple of plain values is not."""
-    return (LIST_MARK, *v)
+def flat_args(args: list, kwargs: list[tuple[str, Any]]) -> tuple | None:
+    """(marker, number of positional args, args..., then name, value pairs), lists inlined
+    between open/close markers; None when there are no arguments. ``args_text`` reads it."""
+    if not args and not kwargs:
+        return None
+    out: list[Any] = [_FLAT, len(args)]
+    for a in args:
+        _inline(a, out)
+    for k, v in kwargs:
+        out.append(k)
+        _inline(v, out)
+    return tuple(out)
+
+
+def _inline(v: Any, out: list) -> None:
+    if type(v) is list:
+        out.append(_OPEN)
+        for x in v:
+            _inline(x, out)
+        out.append(_CLOSE)
+    else:
+        out.append(v)
+
+
+def _take(flat: tuple, i: int) -> tuple[Any, int]:
+    """The value starting at ``flat[i]`` (a list rebuilt from its markers) and the next index."""
+    v = flat[i]
+    if v is not _OPEN:
+        return v, i + 1
+    items = []
+    i += 1
+    while flat[i] is not _CLOSE:
+        x, i = _take(flat, i)
+        items.append(x)
+    return items, i + 1
+
+
+def _unflatten(flat: tuple) -> tuple[list, list[tuple[str, Any]]]:
+    args: list[Any] = []
+    i = 2
+    for _ in range(flat[1]):
+        v, i = _take(flat, i)
+        args.append(v)
+    kwargs = []
+    while i < len(flat):
+        k = flat[i]
+        v, i = _take(flat, i + 1)
+        kwargs.append((k, v))
+    return args, kwargs
 
 
 def _arg_repr(v: Any) -> str:
@@ -82,8 +130,6 @@ def _arg_repr(v: Any) -> str:
     if isinstance(v, float):
         return repr(v) if not math.isnan(v) else "nan"
     if isinstance(v, (list, tuple)):
-        if isinstance(v, tuple) and v and v[0] is LIST_MARK:
-            return "[" + ",".join(_arg_repr(x) for x in v[1:]) + "]"
         inner = ",".join(_arg_repr(x) for x in v)
         return f"[{inner}]" if isinstance(v, list) else f"({inner})"
     if isinstance(v, dict):
@@ -103,8 +149,8 @@ def _arg_repr(v: Any) -> str:
 def args_text(src: Any) -> str | None:
     """16-hex digest of a call's non-tensor arguments, None when none.
 
-    ``src`` = (args, kwargs), kwargs a dict or a tuple of (name, value) pairs."""
-    args, kwargs = src
+    ``src`` = (args, kwargs), kwargs a dict or (name, value) pairs, or a ``flat_args`` tuple."""
+    args, kwargs = _unflatten(src) if src and src[0] is _FLAT else src
     parts = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor):

@@ -369,20 +369,22 @@ def test_staged_snapshots_digest_like_single_digests():
         assert [a.digest for a in staged] == [b.digest for b in single]
 
 
-def test_list_arguments_kept_as_untracked_tuples_digest_like_lists():
-    # Op arguments wait for the flush as plain tuples (nothing for the cyclic collector to
-    # track), and their args digest is the list's.
+def test_op_arguments_kept_flat_and_untracked_digest_like_the_originals():
+    # Op arguments wait for the flush as one flat tuple of plain values (nothing for the cyclic
+    # collector to keep tracking), and their args digest is that of the original arguments.
     import gc
 
-    from detfp_capture._records import args_text, as_tuple
+    from detfp_capture._records import args_text, flat_args
 
-    kept = as_tuple([8, 32, 64])
+    args = [[8, 32, 64], 1.5, [[1, 2], [3], []], (4, 5), None, "sum"]
+    kwargs = {"size": [1, 2], "e": [], "alpha": 2}
+    kept = flat_args(args, list(kwargs.items()))
     gc.collect()
     assert not gc.is_tracked(kept)
-    as_lists = (([8, 32, 64], 1.5, [[1, 2], [3]], (4, 5)), {"size": [1, 2], "e": []})
-    as_kept = ((kept, 1.5, as_tuple([[1, 2], [3]]), (4, 5)), (("size", as_tuple([1, 2])), ("e", as_tuple([]))))
-    assert args_text(as_kept) == args_text(as_lists)
-    assert args_text(((as_tuple([4, 5]),), {})) != args_text((((4, 5),), {}))  # a list is not a tuple
+    assert args_text(kept) == args_text((tuple(args), kwargs))
+    assert flat_args([], []) is None
+    assert args_text(flat_args([[4, 5]], [])) != args_text(flat_args([(4, 5)], []))  # a list is not a tuple
+    assert args_text(flat_args([1], [("k", 2)])) != args_text(flat_args([1, 2], []))  # positional vs keyword
 
 
 def test_batched_digests_survive_scratch_reuse_and_small_scratch(monkeypatch):
