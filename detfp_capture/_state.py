@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import BATCHED, Staging, start_many
+from detfp_capture._batchdigest import Staging, start_many
+from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, args_text, record_columns
 
@@ -39,57 +40,14 @@ _stack_pop = torch._C._pop_torch_dispatch_stack
 _stack_push = torch._C._push_on_torch_dispatch_stack
 
 _NO_HAZARDS: tuple[str, ...] = ()
-_DTYPE_STR: dict[torch.dtype, str] = {}
 _VERSION_CACHE_LIMIT = 1 << 16
 _INT64 = torch.int64
 _TENSOR = torch.Tensor
-_SMALL = 1024  # bytes; smaller tensors go to the digest arena right away
 _DEFER_MAX = 1024  # deferred digests per batch
 _DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
 
 
-def dtype_str(dt: torch.dtype) -> str:
-    s = _DTYPE_STR.get(dt)
-    if s is None:
-        s = _DTYPE_STR[dt] = str(dt)
-    return s
-
-
-class Slot:
-    """One digest: device-side state until the flush resolves it (``fp``, a ``resolve_raw`` tuple).
-
-    ``pending`` is a ``digest.Pending``, or ``BATCHED`` when the digest is a row of a batch
-    (``arena``/``row``, filled by ``_batchdigest.fill``): then the slot itself stands for the
-    pending (it has the attributes ``digest.resolve`` reads), one object per digest instead of two.
-    Also the version cache's entry for the tensor it digests (weak reference, version, options).
-    See _records on why the object count matters.
-    """
-
-    __slots__ = ("arena", "device", "dtype", "fp", "numel", "opt_moments", "opt_rows", "pending", "ref", "row", "shape", "version")
-
-    # What digest.resolve reads from a pending and a batched row never has.
-    lanes = rows_lanes = moments = pointer = components = error = None
-    rows_meta: tuple = ()
-    arena_moments = arena_pointer = False
-    type_name = ""
-
-    def __init__(self, pending: Any) -> None:
-        self.pending = pending
-        self.fp: Any = None
-        self.ref: Any = None
-        self.version: int | None = None
-        self.opt_rows: bool | int = False
-        self.opt_moments = False
-
-    def matches(self, t: torch.Tensor, version: int, rows: bool | int, moments: bool) -> bool:
-        return self.version == version and self.ref() is t and self.opt_rows == rows and self.opt_moments == moments
-
-    def started(self) -> Any:
-        """What to hand to ``digest.resolve``."""
-        return self if self.pending is BATCHED else self.pending
-
-
-class Recorder:
+class Recorder(Batching):
     """Buffers of one rank's stream plus the context every record is stamped with."""
 
     def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Any) -> None:
@@ -383,116 +341,6 @@ class Recorder:
         self.records_in_step += len(tensors)
         if len(out) >= self._flush_at:
             self.need_flush = True
-
-    def run_deferred(self, staging: bool = True) -> None:
-        """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy).
-
-        ``staging``: also digest the staged snapshots. Only a flush needs that: a snapshot is a
-        copy, so a write cannot change it, and before a write (the frequent trigger at level ops)
-        the staged batch is left to grow (one GEMM per 64 MiB or flush, not per write)."""
-        if staging:
-            self.run_staging()
-        tensors, slots, versions = self.deferred, self.deferred_slots, self.deferred_versions
-        if not tensors:
-            return
-        self._reset_deferred()
-        live_s, live_t = [], []
-        for s, t, v in zip(slots, tensors, versions, strict=True):
-            if t is None:  # evicted: snapshotted before a write
-                continue
-            if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
-                p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-                p.error = "modified in place before its deferred digest ran"
-                s.pending = p
-            else:
-                live_s.append(s)
-                live_t.append(t)
-        if live_t:
-            start_many(live_t, live_s)
-
-    def _reset_deferred(self) -> None:
-        self.deferred, self.deferred_slots, self.deferred_versions = [], [], []
-        self.deferred_bytes = 0
-        self.deferred_storages = {}
-
-    def evict_deferred(self, ptrs: list[int]) -> None:
-        """Before an op writes into these storages: snapshot the deferred tensors that live in
-        them (a copy into the staging buffer; the rest of the batch keeps waiting). Cheaper than
-        running the whole batch at every write, which at level ops is dozens of times a step."""
-        ts: list[torch.Tensor] = []
-        ss: list[Slot] = []
-        dstor = self.deferred_storages
-        deferred = self.deferred
-        for ptr in ptrs:
-            idx = dstor.pop(ptr, None)
-            if idx is None:
-                continue
-            for i in (idx,) if idx.__class__ is int else idx:
-                t = deferred[i]
-                if t is None:
-                    continue
-                deferred[i] = None
-                s, v = self.deferred_slots[i], self.deferred_versions[i]
-                if v is not None and t._version != v:
-                    p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-                    p.error = "modified in place before its deferred digest ran"
-                    s.pending = p
-                elif Staging.fits(t):
-                    ts.append(t)
-                    ss.append(s)
-                else:
-                    s.pending = digest.start(t)
-        if ts:
-            self._stage_many(ts, ss)
-
-    def _stage(self, t: torch.Tensor) -> Slot | None:
-        """Snapshot ``t`` into the device's staging buffer; None when it cannot be staged."""
-        st = self.staging.get(t.device)
-        if st is None:
-            st = self.staging[t.device] = Staging(t.device)
-        s = Slot(None)
-        try:
-            if not st.put(t, s):
-                self.run_staging()
-                if not st.put(t, s):
-                    return None
-        except Exception:
-            return None
-        return s
-
-    def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
-        """Snapshot a call's tensors together; any that cannot be staged are digested now."""
-        dev = ts[0].device
-        if len(ts) > 1 and any(t.device != dev for t in ts):
-            for t, s in zip(ts, slots, strict=True):
-                self._stage_many([t], [s])
-            return
-        st = self.staging.get(dev)
-        if st is None:
-            st = self.staging[dev] = Staging(dev)
-        try:
-            if st.put_many(ts, slots):
-                return
-            self.run_staging()
-            if st.put_many(ts, slots):
-                return
-        except Exception:
-            pass
-        for t, s in zip(ts, slots, strict=True):
-            s.pending = digest.start(t)
-
-    def run_staging(self) -> None:
-        for st in self.staging.values():
-            st.run_into()
-
-    def settle(self) -> None:
-        """Run deferred digests now (before a write the dispatch mode cannot see)."""
-        if self.deferred:
-            self.enter()
-            try:
-                self.run_deferred(staging=False)
-            finally:
-                self.leave()
 
     def record_many(self, specs: list[tuple], *, fresh: bool = False) -> list[tuple]:
         """Many single-tensor records at once, digests started as one batch (step boundaries).
