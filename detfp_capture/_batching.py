@@ -7,6 +7,9 @@ Mixed into ``Recorder`` (see _state): the state lives on the recorder (``deferre
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,9 +17,27 @@ import torch
 from detfp_capture import digest
 from detfp_capture._batchdigest import BATCHED, Staging, start_many
 
-__all__ = ["Batching", "Slot", "dtype_str"]
+__all__ = ["Batching", "Slot", "dtype_str", "gc_paused"]
 
 _DTYPE_STR: dict[torch.dtype, str] = {}
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector around a bulk step of the tracer's own work.
+
+    The objects such a step allocates are freed by reference counting when it ends; a
+    collection that runs in the middle finds them alive, and a generation-1 one promotes them
+    to the oldest generation, whose growth is what triggers full collections (each traverses
+    the whole heap). Collection is enabled again right after, if it was enabled before."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def dtype_str(dt: torch.dtype) -> str:
@@ -109,7 +130,8 @@ class Batching:
                 live_s.append(s)
                 live_t.append(t)
         if live_t:
-            start_many(live_t, live_s)
+            with gc_paused():
+                start_many(live_t, live_s)
 
     def _reset_deferred(self) -> None:
         self.deferred, self.deferred_slots, self.deferred_versions = [], [], []
@@ -183,8 +205,9 @@ class Batching:
             s.pending = digest.start(t)
 
     def run_staging(self) -> None:
-        for st in self.staging.values():
-            st.run_into()
+        with gc_paused():
+            for st in self.staging.values():
+                st.run_into()
 
     def settle(self) -> None:
         """Run deferred digests now (before a write the dispatch mode cannot see)."""

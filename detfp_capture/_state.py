@@ -17,7 +17,6 @@ The recorder never raises into training: callers wrap it, and any exception ends
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 import warnings
 import weakref
@@ -28,7 +27,7 @@ import torch
 
 from detfp_capture import _columns, contract, digest
 from detfp_capture._batchdigest import Staging, start_many
-from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str
+from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, args_text, record_columns
 
@@ -376,7 +375,8 @@ class Recorder(Batching):
             missing.append(i)
         if missing:
             new = [Slot(None) for _ in missing]
-            start_many([specs[i][7] for i in missing], new)
+            with gc_paused():
+                start_many([specs[i][7] for i in missing], new)
             ref = weakref.ref
             for i, s in zip(missing, new, strict=True):
                 slots[i] = s
@@ -465,39 +465,32 @@ class Recorder(Batching):
         if not (len(records) or metrics or events or kernels or dumps):
             return
         self.enter()
-        # The cyclic collector is paused while a window is built: the tens of thousands of
-        # objects a flush allocates are freed by reference counting when it ends, and a
-        # collection triggered in between (a full one traverses the whole heap) would only
-        # trace them. Restored right after, whatever happens.
-        paused = gc.isenabled()
-        if paused:
-            gc.disable()
         try:
-            self.run_deferred()
-            slots = []
-            seen = set()
-            for s in records.slot:
-                if s is not None and s.fp is None and id(s) not in seen:
-                    seen.add(id(s))
-                    slots.append(s)
-            if slots:
-                fps = digest.resolve_raw([s.started() for s in slots])
-                for s, fp in zip(slots, fps, strict=True):
-                    s.fp = fp
-                    s.pending = None
-            tables: dict[str, dict[str, list]] = {}
-            tables["records"] = self._record_columns(records)
-            tables["metrics"] = _columns.metric_columns(metrics)
-            if kernels:
-                tables["kernels"] = _columns.kernel_columns(kernels, self.next_seq)
-            # Resolving records can add events (recompute mismatches, pointer-like tables): same window.
-            tables["events"] = _columns.event_columns(events + self.events)
-            self.events = []
-            if dumps:
-                tables["dumps"] = _columns.dump_columns(dumps)
+            # A flush allocates tens of thousands of objects that die when it ends (gc_paused).
+            with gc_paused():
+                self.run_deferred()
+                slots = []
+                seen = set()
+                for s in records.slot:
+                    if s is not None and s.fp is None and id(s) not in seen:
+                        seen.add(id(s))
+                        slots.append(s)
+                if slots:
+                    fps = digest.resolve_raw([s.started() for s in slots])
+                    for s, fp in zip(slots, fps, strict=True):
+                        s.fp = fp
+                        s.pending = None
+                tables: dict[str, dict[str, list]] = {}
+                tables["records"] = self._record_columns(records)
+                tables["metrics"] = _columns.metric_columns(metrics)
+                if kernels:
+                    tables["kernels"] = _columns.kernel_columns(kernels, self.next_seq)
+                # Resolving records can add events (recompute mismatches, pointer-like tables): same window.
+                tables["events"] = _columns.event_columns(events + self.events)
+                self.events = []
+                if dumps:
+                    tables["dumps"] = _columns.dump_columns(dumps)
         finally:
-            if paused:
-                gc.enable()
             self.leave()
         self.flushes += 1
         self.writer.write_window(tables)

@@ -387,6 +387,32 @@ def test_op_arguments_kept_flat_and_untracked_digest_like_the_originals():
     assert args_text(flat_args([1], [("k", 2)])) != args_text(flat_args([1, 2], []))  # positional vs keyword
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_capture_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
+    # Capture pauses the cyclic collector around its bulk work (flush, batches): never beyond it.
+    import gc
+
+    from detfp_capture._batching import gc_paused
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with pytest.raises(RuntimeError), gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("inside")
+        assert gc.isenabled() is enabled
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        with Session(tmp_path / "r", "ops", flush_records=16) as s:  # many flushes and batches
+            s.watch(model)
+            for step in range(2):
+                with s.step(step):
+                    model(torch.randn(4, 8)).sum().backward()
+                assert gc.isenabled() is enabled
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 def test_batched_digests_survive_scratch_reuse_and_small_scratch(monkeypatch):
     # The copy buffer is reused by the next batch and split into regions when a batch is bigger
     # than it: digests of earlier batches, resolved later, must be unaffected.
