@@ -147,10 +147,9 @@ _SCRATCH = _Scratch()
 def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, list[int]]:
     """Final lanes of ``ts`` as one (n, 16) tensor and each tensor's row in it.
 
-    Tensors grouped by (dtype, rows): the copied ones are concatenated per dtype into the
-    scratch buffer (one C++ call per dtype), consecutive regions hashed by one level-0 GEMM, then
-    per group of equal row counts a few ops per level, whatever the group's size (a model's
-    parameters come in a handful of sizes). No index tensors to build."""
+    Tensors grouped by (dtype, rows): large contiguous ones hashed in place, the others
+    concatenated per dtype into the scratch buffer (one C++ call per dtype) and hashed by one
+    level-0 GEMM per region; then ``_finish`` runs the further levels for the whole batch."""
     with torch.no_grad():
         groups: dict[tuple, list[int]] = {}
         for i, t in enumerate(ts):
@@ -253,16 +252,13 @@ def _cat_rows(ts: list[torch.Tensor], out: torch.Tensor, dev: torch.device) -> N
 _PADS: dict[tuple, torch.Tensor] = {}
 
 
-def _flat_rows(ts: list[torch.Tensor], dev: torch.device, copy: bool = False) -> tuple[torch.Tensor, list[int]]:
+def _flat_rows(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, list[int]]:
     """Bytes of same-dtype tensors, each zero-padded to whole 1024-byte rows, as one int8 tensor
-    (one ``flatten_dense_tensors`` call); returns it and each tensor's row count. ``copy``: never
-    a view of the input (a snapshot), even for a single contiguous tensor without padding."""
+    (one ``flatten_dense_tensors`` call, a fresh allocation: only for runs bigger than the
+    scratch buffer); returns it and each tensor's row count."""
     pieces, rows = _pieces(ts, dev)
-    if len(pieces) == 1:  # flatten_dense_tensors would return a view of a contiguous input
-        t = pieces[0]
-        flat = t.clone(memory_format=torch.contiguous_format).view(-1) if copy else t.reshape(-1)
-    else:
-        flat = torch._C._nn.flatten_dense_tensors(pieces)  # contiguous logical elements, a copy
+    # flatten_dense_tensors: contiguous logical elements, a copy (it needs two pieces or more).
+    flat = pieces[0].reshape(-1) if len(pieces) == 1 else torch._C._nn.flatten_dense_tensors(pieces)
     return flat.view(torch.int8), rows
 
 
@@ -460,19 +456,9 @@ class Staging:
             # Rows of a new lanes tensor, not of the (reused) buffer.
             return BatchLanes(_finish(lanes, items[4], self.dev)), items
 
-    def run(self) -> list[tuple[object, digest.Pending]]:
-        """Digest everything staged; returns (slot, Pending) pairs and empties the buffer."""
-        held, (slots, dtypes, shapes, numels, _) = self._run_rows()
-        out = []
-        for row, slot in enumerate(slots):
-            p = digest.Pending(dtypes[row], shapes[row], numels[row], self.dev)
-            p.arena = held
-            p.row = row
-            out.append((slot, p))
-        return out
-
     def run_into(self) -> None:
-        """``run``, the results going straight into the staged capture Slots (``fill``)."""
+        """Digest everything staged, the results going straight into the staged capture Slots
+        (``fill``), and empty the buffer."""
         held, (slots, dtypes, shapes, numels, _) = self._run_rows()
         dev = self.dev
         for row, slot in enumerate(slots):

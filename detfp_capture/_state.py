@@ -29,9 +29,9 @@ from detfp_capture import _columns, contract, digest
 from detfp_capture._batchdigest import Staging, start_many
 from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
-from detfp_capture._records import RecordBuffer, args_text, record_columns
+from detfp_capture._records import RecordBuffer, record_columns
 
-__all__ = ["Recorder", "Slot", "args_text"]
+__all__ = ["Recorder", "Slot"]
 
 _stack_len = torch._C._len_torch_dispatch_stack
 _stack_at = torch._C._get_dispatch_stack_at

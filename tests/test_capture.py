@@ -352,6 +352,7 @@ def test_staged_snapshots_digest_like_single_digests():
     # twice (the second run reuses the cached finishing plan and the buffer).
     from detfp_capture import digest
     from detfp_capture._batchdigest import Staging
+    from detfp_capture._batching import Slot
 
     g = torch.Generator().manual_seed(11)
     sizes = [5, 300, 4096, 256, 70000, 257, 16 * 256, 17 * 256, 1, 33 * 256 + 3]
@@ -359,12 +360,12 @@ def test_staged_snapshots_digest_like_single_digests():
         ts = [torch.randn(n, generator=g) for n in sizes] + [torch.randn(40, 7, generator=g).t()]
         before = [t.clone() for t in ts]
         st = Staging(torch.device("cpu"), cap_bytes=4 << 20)
-        slots = [object() for _ in ts]
+        slots = [Slot(None) for _ in ts]
         assert st.put_many(ts, slots)
         for t in ts:
             t.add_(1.0)  # a snapshot: later writes do not change what was recorded
-        got = dict(st.run())
-        staged = digest.resolve([got[s] for s in slots])
+        st.run_into()
+        staged = digest.resolve([s.started() for s in slots])
         single = digest.resolve([digest.start(t) for t in before])
         assert [a.digest for a in staged] == [b.digest for b in single]
 
