@@ -3,12 +3,13 @@
 Everything that captures goes through one ``Recorder``:
 
 * ``record_call`` appends the records of one call (an op, a module boundary, a collective...)
-  with the next ``seq`` numbers and the call's ``occurrence``; tensors are handed to
-  ``digest.start`` (device side, no host sync) unless an identical (tensor, version) was already
-  digested, in which case the earlier ``Slot`` is shared;
-* ``flush`` resolves every pending digest with one ``digest.resolve`` (one device-to-host copy
-  per device), turns the buffers into columns and hands one window to the ``ShardWriter``,
-  whose thread computes the key hashes and writes Parquet.
+  with the next ``seq`` numbers and the call's ``occurrence`` to the column buffer
+  (``_records``); each tensor's digest is started on its device (no host sync), staged as a
+  snapshot, or deferred to a batch (``_batching``), unless an identical (tensor, version) was
+  already digested, in which case the earlier ``Slot`` is shared;
+* ``flush`` runs what waits, resolves every pending digest with one ``digest.resolve_raw``
+  (one device-to-host copy per device), builds the columns and hands one window to the
+  ``ShardWriter``, whose thread computes the key hashes and writes Parquet.
 
 The recorder never raises into training: callers wrap it, and any exception ends in
 ``fail`` (a ``capture_error`` event, one warning, capture disabled).
