@@ -68,6 +68,15 @@ def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = No
 
     With ``slots`` (capture Slots, one per tensor) the results go into them instead (``fill``
     for batched rows, ``slot.pending`` otherwise) and nothing is returned."""
+    sig = _signature(tensors)
+    lay = _LAYOUTS.get(sig) if sig is not None else None
+    if lay is not None and not (lay.dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        try:
+            final = _run_layout(list(tensors), lay)
+        except Exception:
+            lay = None
+        else:
+            return _hand_out(tensors, slots, range(len(tensors)), BatchLanes(final), lay)
     out: list[digest.Pending | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -79,33 +88,62 @@ def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = No
             groups.setdefault(t.device, []).append(i)
         else:
             out[i] = digest.start(t, pointer_check=t.dtype is torch.int64)
-    pending = digest.Pending
     for dev, idx in groups.items():
+        sub = [tensors[i] for i in idx]
         try:
-            final, pos = _lanes_batch([tensors[i] for i in idx], dev)
+            lay = _layout(sub, dev)
+            final = _run_layout(sub, lay)
         except Exception:
             for i in idx:
                 out[i] = digest.start(tensors[i])
             continue
-        # Each result is a row of one (n, 16) lanes tensor, the way an arena hands out rows:
-        # resolve gathers a whole batch at once instead of one (1, 16) view per tensor.
-        held = BatchLanes(final)
-        for i, row in zip(idx, pos, strict=True):
-            t = tensors[i]
-            shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
-            if slots is not None:
-                fill(slots[i], held, row, t.dtype, shape, t.numel(), dev)
-                continue
-            p = pending(t.dtype, shape, t.numel(), dev)
-            p.arena = held
-            p.row = row
-            out[i] = p
+        if sig is not None and len(idx) == len(tensors):  # all batchable, one device: reusable
+            if len(_LAYOUTS) >= _LAYOUT_LIMIT:
+                _LAYOUTS.clear()
+            _LAYOUTS[sig] = lay
+        got = _hand_out(sub, None if slots is None else [slots[i] for i in idx], range(len(idx)), BatchLanes(final), lay)
+        if got is not None:
+            for i, p in zip(idx, got, strict=True):
+                out[i] = p
     if slots is None:
         return out  # type: ignore[return-value]
     for s, p in zip(slots, out, strict=True):
         if p is not None:
             s.pending = p
     return None
+
+
+def _hand_out(ts: Sequence[torch.Tensor], slots: Sequence[Any] | None, idx: range, held: BatchLanes, lay: _Layout):
+    """Each tensor's result is a row of one (n, 16) lanes tensor, the way an arena hands out
+    rows: resolve gathers a whole batch at once instead of one (1, 16) view per tensor."""
+    dev = lay.dev
+    if slots is not None:
+        for i in idx:
+            fill(slots[i], held, lay.pos[i], lay.dtypes[i], lay.shapes[i], lay.numels[i], dev)
+        return None
+    out = []
+    for i in idx:
+        p = digest.Pending(lay.dtypes[i], lay.shapes[i], lay.numels[i], dev)
+        p.arena = held
+        p.row = lay.pos[i]
+        out.append(p)
+    return out
+
+
+def _signature(ts: Sequence[torch.Tensor]) -> tuple | None:
+    """Everything a batch's layout and batchability depend on, per tensor (None: not cacheable).
+    Step boundaries repeat the same signature every step (parameters, gradients, states)."""
+    try:
+        return tuple(
+            (type(t), t.dtype, t.shape, t.device, t.layout, t.is_contiguous(), t.is_conj(), t.is_neg(), t.is_nested)
+            for t in ts
+        )
+    except Exception:  # e.g. a nested tensor's shape
+        return None
+
+
+_LAYOUTS: dict[tuple, _Layout] = {}
+_LAYOUT_LIMIT = 16
 
 
 class BatchLanes:
@@ -144,23 +182,71 @@ class _Scratch:
 _SCRATCH = _Scratch()
 
 
-def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """Final lanes of ``ts`` as one (n, 16) tensor and each tensor's row in it.
+class _Layout:
+    """Where each tensor of a batch goes: computed from the tensors' dtypes, shapes and
+    contiguity only, so a batch with the same signature reuses it (``_LAYOUTS``)."""
 
-    Tensors grouped by (dtype, rows): large contiguous ones hashed in place, the others
-    concatenated per dtype into the scratch buffer (one C++ call per dtype) and hashed by one
+    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "pos", "segments", "shapes")
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev
+        # In lanes order: (None, tensor index) hashed in place, or (dtype, tensor indices,
+        # bytes) copied together into the scratch buffer.
+        self.segments: list[tuple] = []
+        self.flat_rows: list[int] = []  # level-0 rows of each tensor, in lanes order
+        self.pos: list[int] = []  # tensor index -> its row in the final lanes
+        self.need = 0  # scratch bytes
+        self.dtypes: list[torch.dtype] = []
+        self.shapes: list[tuple[int, ...]] = []  # tuples: gc untracks them, not Sizes
+        self.numels: list[int] = []
+
+
+def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
+    """Tensors grouped by (dtype, rows): large contiguous ones hashed in place, the others
+    concatenated per dtype into the scratch buffer (one C++ call per run) and hashed by one
     level-0 GEMM per region; then ``_finish`` runs the further levels for the whole batch."""
+    lay = _Layout(dev)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(ts):
+        dt = t.dtype
+        groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // _K) or 1), []).append(i)
+        lay.dtypes.append(dt)
+        lay.shapes.append(tuple(t.shape))
+        lay.numels.append(t.numel())
+    keys = sorted(groups, key=lambda k: (str(k[0]), k[1]))
+    direct = [_direct(t) for t in ts]
+    rows_of = {i: k[1] for k in keys for i in groups[k]}
+    for dt in dict.fromkeys(k[0] for k in keys):
+        idx: list[int] = []
+        for k in keys:
+            if k[0] is dt:
+                idx += groups[k]
+        run: list[int] = []
+        for i in idx:
+            if direct[i]:
+                if run:
+                    lay.segments.append((dt, run, sum(rows_of[j] for j in run) * _K))
+                    run = []
+                lay.segments.append((None, i))
+            else:
+                run.append(i)
+        if run:
+            lay.segments.append((dt, run, sum(rows_of[j] for j in run) * _K))
+    lay.need = sum(seg[2] for seg in lay.segments if seg[0] is not None)
+    lay.pos = [0] * len(ts)
+    for k in keys:
+        for i in groups[k]:
+            lay.pos[i] = len(lay.flat_rows)
+            lay.flat_rows.append(k[1])
+    return lay
+
+
+def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
+    """Final lanes of ``ts`` (laid out by ``lay``) as one (n, 16) tensor, row ``lay.pos[i]``."""
+    dev = lay.dev
     with torch.no_grad():
-        groups: dict[tuple, list[int]] = {}
-        for i, t in enumerate(ts):
-            dt = t.dtype
-            groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // _K) or 1), []).append(i)
-        keys = sorted(groups, key=lambda k: (str(k[0]), k[1]))
-        order: list[tuple[int, list[int]]] = []  # (rows per tensor, tensor indices) in lanes order
         parts: list[torch.Tensor] = []  # level-0 lanes, in order
-        direct = [_direct(t) for t in ts]
-        need = sum(k[1] * _K for k in keys for i in groups[k] if not direct[i])
-        buf = _SCRATCH.get(dev, need) if need else None
+        buf = _SCRATCH.get(dev, lay.need) if lay.need else None
         region = [0, 0]  # scratch bytes [start, end) written but not hashed yet
 
         def hash_region() -> None:
@@ -169,49 +255,26 @@ def _lanes_batch(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tenso
                 parts.append(core.mm(buf[a:b].view(-1, _K), 0))
             region[0] = b
 
-        def copy_run(run: list[torch.Tensor]) -> None:
-            nb = sum((-(-(t.numel() * t.dtype.itemsize) // _K) or 1) * _K for t in run)
+        for seg in lay.segments:
+            if seg[0] is None:  # hashed in place: no copy (at a step boundary, most bytes)
+                hash_region()
+                parts.append(core.mm(ts[seg[1]].reshape(-1).view(torch.int8).view(-1, _K), 0))
+                continue
+            dt, run, nb = seg
+            pieces = [ts[i] for i in run]
             if buf is None or nb > buf.numel():
                 hash_region()
-                parts.append(core.mm(_flat_rows(run, dev)[0].view(-1, _K), 0))
-                return
+                parts.append(core.mm(_flat_rows(pieces, dev)[0].view(-1, _K), 0))
+                continue
             if region[1] + nb > buf.numel():
                 hash_region()
                 region[0] = region[1] = 0
             a = region[1]
-            _cat_rows(run, buf[a : a + nb].view(run[0].dtype), dev)
+            _cat_rows(pieces, buf[a : a + nb].view(dt), dev)
             region[1] = a + nb
-
-        for dt in dict.fromkeys(k[0] for k in keys):
-            idx: list[int] = []
-            for k in keys:
-                if k[0] is dt:
-                    idx += groups[k]
-                    order.append((k[1], groups[k]))
-            # Large contiguous tensors of whole rows are hashed in place (no copy: at a step
-            # boundary that is most of the model's bytes); the rest is copied in runs.
-            run: list[torch.Tensor] = []
-            for i in idx:
-                t = ts[i]
-                if direct[i]:
-                    if run:
-                        copy_run(run)
-                        run = []
-                    hash_region()
-                    parts.append(core.mm(t.reshape(-1).view(torch.int8).view(-1, _K), 0))
-                else:
-                    run.append(t)
-            if run:
-                copy_run(run)
         hash_region()
         lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-        pos = [0] * len(ts)
-        flat_rows: list[int] = []
-        for m, idx in order:
-            for i in idx:
-                pos[i] = len(flat_rows)
-                flat_rows.append(m)
-        return _finish(lanes, flat_rows, dev), pos
+        return _finish(lanes, lay.flat_rows, dev)
 
 
 #: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) skip the flatten copy.

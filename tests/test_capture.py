@@ -347,6 +347,28 @@ def test_batched_step_boundary_digests_equal_single_digests():
     assert [a.digest for a in batched] == [b.digest for b in single]
 
 
+def test_batch_layouts_reused_only_for_the_same_signature():
+    # A step boundary repeats the same dtypes, shapes and contiguity every step: the layout of
+    # the batch is cached by that signature. New values, a changed contiguity or an unbatchable
+    # member must all still give the single digests.
+    from detfp_capture import digest
+    from detfp_capture._batchdigest import _LAYOUTS, start_many
+
+    g = torch.Generator().manual_seed(7)
+
+    def batch(contiguous: bool) -> list[torch.Tensor]:
+        sq = torch.randn(64, 64, generator=g)
+        return [torch.randn(300, generator=g), sq if contiguous else sq.t(), torch.randn(70000, generator=g)]
+
+    _LAYOUTS.clear()
+    for ts in (batch(True), batch(True), batch(False), batch(True), [*batch(True), torch.arange(9)]):
+        for _ in range(2):  # the second call of each takes the cached layout when there is one
+            got = digest.resolve(start_many(ts))
+            want = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
+            assert [a.digest for a in got] == [b.digest for b in want]
+    assert len(_LAYOUTS) == 2  # contiguous and transposed; never the batch with an int64 member
+
+
 def test_staged_snapshots_digest_like_single_digests():
     # Row counts that finish at different tree levels, with and without padding, interleaved,
     # twice (the second run reuses the cached finishing plan and the buffer).
