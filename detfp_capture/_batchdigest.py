@@ -63,12 +63,16 @@ def fill(slot: Any, held: BatchLanes, row: int, dtype: torch.dtype, shape: tuple
     slot.pending = BATCHED
 
 
-def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = None) -> list[digest.Pending] | None:
+def start_many(
+    tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = None, *, reuse: bool = False
+) -> list[digest.Pending] | None:
     """``digest.start(t, pointer_check=...)`` for every tensor, batched where possible.
 
     With ``slots`` (capture Slots, one per tensor) the results go into them instead (``fill``
-    for batched rows, ``slot.pending`` otherwise) and nothing is returned."""
-    sig = _signature(tensors)
+    for batched rows, ``slot.pending`` otherwise) and nothing is returned. ``reuse``: the same
+    set of tensor shapes comes back (a step boundary): keep the batch's layout and finishing
+    plan for it. Other batches (op-level, staged) rarely repeat and are not worth a signature."""
+    sig = _signature(tensors) if reuse else None
     lay = _LAYOUTS.get(sig) if sig is not None else None
     if lay is not None and not (lay.dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         try:
@@ -76,7 +80,7 @@ def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = No
         except Exception:
             lay = None
         else:
-            return _hand_out(tensors, slots, range(len(tensors)), BatchLanes(final), lay)
+            return _hand_out(tensors, slots, BatchLanes(final), lay)
     out: list[digest.Pending | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -101,7 +105,7 @@ def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = No
             if len(_LAYOUTS) >= _LAYOUT_LIMIT:
                 _LAYOUTS.clear()
             _LAYOUTS[sig] = lay
-        got = _hand_out(sub, None if slots is None else [slots[i] for i in idx], range(len(idx)), BatchLanes(final), lay)
+        got = _hand_out(sub, None if slots is None else [slots[i] for i in idx], BatchLanes(final), lay)
         if got is not None:
             for i, p in zip(idx, got, strict=True):
                 out[i] = p
@@ -113,16 +117,16 @@ def start_many(tensors: Sequence[torch.Tensor], slots: Sequence[Any] | None = No
     return None
 
 
-def _hand_out(ts: Sequence[torch.Tensor], slots: Sequence[Any] | None, idx: range, held: BatchLanes, lay: _Layout):
+def _hand_out(ts: Sequence[torch.Tensor], slots: Sequence[Any] | None, held: BatchLanes, lay: _Layout):
     """Each tensor's result is a row of one (n, 16) lanes tensor, the way an arena hands out
     rows: resolve gathers a whole batch at once instead of one (1, 16) view per tensor."""
     dev = lay.dev
     if slots is not None:
-        for i in idx:
-            fill(slots[i], held, lay.pos[i], lay.dtypes[i], lay.shapes[i], lay.numels[i], dev)
+        for i, slot in enumerate(slots):
+            fill(slot, held, lay.pos[i], lay.dtypes[i], lay.shapes[i], lay.numels[i], dev)
         return None
     out = []
-    for i in idx:
+    for i in range(len(ts)):
         p = digest.Pending(lay.dtypes[i], lay.shapes[i], lay.numels[i], dev)
         p.arena = held
         p.row = lay.pos[i]
@@ -186,7 +190,7 @@ class _Layout:
     """Where each tensor of a batch goes: computed from the tensors' dtypes, shapes and
     contiguity only, so a batch with the same signature reuses it (``_LAYOUTS``)."""
 
-    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "pos", "segments", "shapes")
+    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "plan", "pos", "segments", "shapes")
 
     def __init__(self, dev: torch.device) -> None:
         self.dev = dev
@@ -199,6 +203,7 @@ class _Layout:
         self.dtypes: list[torch.dtype] = []
         self.shapes: list[tuple[int, ...]] = []  # tuples: gc untracks them, not Sizes
         self.numels: list[int] = []
+        self.plan: tuple | None = None  # _plan of flat_rows, built on the first run
 
 
 def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
@@ -274,7 +279,9 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
             region[1] = a + nb
         hash_region()
         lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return _finish(lanes, lay.flat_rows, dev)
+        if lay.plan is None:
+            lay.plan = _plan(tuple(lay.flat_rows), dev)
+        return _finish(lanes, lay.flat_rows, dev, lay.plan)
 
 
 #: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) skip the flatten copy.
@@ -325,19 +332,11 @@ def _flat_rows(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor,
     return flat.view(torch.int8), rows
 
 
-_PLANS: dict[tuple, tuple] = {}  # (device, row counts) -> finishing plan
-_PLAN_LIMIT = 64
-
-
 def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.Tensor | None]:
     """How ``_finish`` turns level-0 lanes of tensors with these row counts into final lanes:
     per level (finished rows: None, "all" or an index tensor; gather index for the next level or
-    None), then the permutation back to tensor order. Built once per row pattern: a step boundary
-    or a module sequence repeats the same pattern every step, so the index tensors are reused."""
-    key = (dev, rows)
-    plan = _PLANS.get(key)
-    if plan is not None:
-        return plan
+    None), then the permutation back to tensor order. A reused batch layout keeps its plan
+    (step boundaries repeat the same row counts every step)."""
     n = len(rows)
     levels: list[tuple] = []
     done_ids: list[int] = []
@@ -386,16 +385,14 @@ def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.
         for k, j in enumerate(done_ids):
             order[j] = k
         inv = torch.tensor(order, dtype=torch.int64, device=dev)
-    if len(_PLANS) >= _PLAN_LIMIT:
-        _PLANS.clear()
-    plan = _PLANS[key] = (levels, inv)
-    return plan
+    return levels, inv
 
 
-def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device) -> torch.Tensor:
+def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple | None = None) -> torch.Tensor:
     """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
-    = tensor i. A few device ops per level, whatever the number of tensors."""
-    levels, inv = _plan(tuple(rows), dev)
+    = tensor i. A few device ops per level, whatever the number of tensors. ``plan``: ``_plan``
+    of these rows, when the caller keeps one."""
+    levels, inv = plan if plan is not None else _plan(tuple(rows), dev)
     done: list[torch.Tensor] = []
     level = 1
     for fin, gather, more in levels:

@@ -377,7 +377,7 @@ class Recorder(Batching):
         if missing:
             new = [Slot(None) for _ in missing]
             with gc_paused():
-                start_many([specs[i][7] for i in missing], new)
+                start_many([specs[i][7] for i in missing], new, reuse=True)  # a step boundary: repeats
             ref = weakref.ref
             for i, s in zip(missing, new, strict=True):
                 slots[i] = s

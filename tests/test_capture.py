@@ -363,7 +363,7 @@ def test_batch_layouts_reused_only_for_the_same_signature():
     _LAYOUTS.clear()
     for ts in (batch(True), batch(True), batch(False), batch(True), [*batch(True), torch.arange(9)]):
         for _ in range(2):  # the second call of each takes the cached layout when there is one
-            got = digest.resolve(start_many(ts))
+            got = digest.resolve(start_many(ts, reuse=True))
             want = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
             assert [a.digest for a in got] == [b.digest for b in want]
     assert len(_LAYOUTS) == 2  # contiguous and transposed; never the batch with an int64 member
@@ -371,7 +371,7 @@ def test_batch_layouts_reused_only_for_the_same_signature():
 
 def test_staged_snapshots_digest_like_single_digests():
     # Row counts that finish at different tree levels, with and without padding, interleaved,
-    # twice (the second run reuses the cached finishing plan and the buffer).
+    # twice (the second run reuses the staging buffer).
     from detfp_capture import digest
     from detfp_capture._batchdigest import Staging
     from detfp_capture._batching import Slot
