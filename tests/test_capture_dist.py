@@ -15,15 +15,6 @@ from detfp_capture import Session
 from tests.test_capture_models import Net, bits, read
 
 
-@pytest.fixture
-def gloo1(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_collectives_named_grouped_and_restored(tmp_path, gloo1):
     orig = dist.all_reduce
     dp = dist.new_group([0])

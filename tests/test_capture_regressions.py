@@ -14,15 +14,6 @@ from detfp_capture import Session
 from tests.test_capture_models import Net, read
 
 
-@pytest.fixture
-def gloo1(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _ddp_step(out, monkeypatch, *, inline: bool):
     """One DDP step at level ops; ``inline``: every bucket all-reduce has finished before the
     comm hook chains its callback, so the callback runs on the training thread, inside the mode."""

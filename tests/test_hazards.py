@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import polars as pl
-import pytest
 import torch
 import torch.distributed as dist
 
 from detfp_capture import Session
 from tests.test_capture_models import read
-
-
-@pytest.fixture
-def gloo1(tmp_path):
-    """A one-rank gloo process group in this process (collectives without spawning)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _ops(path, name):
