@@ -409,18 +409,26 @@ def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple
 
 
 class Staging:
-    """Snapshots of tensors in whole 1024-byte rows of one device buffer, digested later as a
-    batch (one GEMM for level 0 of all of them).
+    """Boundary tensors waiting to be digested together as a batch (one GEMM for level 0 of
+    all of them), each taken at record time so a later in-place write cannot change what was
+    recorded: safe where capture cannot see writes (module boundaries, collectives).
 
-    A snapshot is copied in at record time (one strided view and one copy per tensor, straight
-    into the buffer: the bytes are moved once), so a later in-place write cannot change what
-    was recorded: safe where capture cannot see writes (module boundaries, collectives). A
-    tensor's padding tail is zeroed when it is put (its last row only). Small tensors are
-    staged too: same bytes, same digest as the arena path of ``digest.start``.
+    Two ways in, chosen per tensor when it is put:
+
+    - **hashed where it is**: a contiguous tensor of whole 1024-byte rows and at least
+      ``DIRECT_MIN`` bytes gets its level-0 GEMM now, reading it in place; only its lanes (1/16
+      of its bytes) wait. Large activations are never copied: the copy and the later re-read of
+      a cold snapshot cost more than the GEMM on bytes that were just written (in cache);
+    - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
+      strided view and one copy per tensor, the bytes moved once; the padding tail of the last
+      row zeroed), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
+      is cheaper than a GEMM call each. Same bytes, same digest as ``digest.start``.
     """
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
     MAX_TENSOR = 16 << 20
+    #: Contiguous whole-row tensors from this many bytes are hashed in place at level 0.
+    DIRECT_MIN = 64 << 10
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
@@ -431,6 +439,11 @@ class Staging:
         # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
         # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
         self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        # Tensors hashed in place: the same columns, then their level-0 lanes.
+        self.direct: tuple[list, list, list, list, list, list] = ([], [], [], [], [], [])
+        self.direct_rows = 0
+        # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (core.mm pads otherwise: a copy).
+        self._any_m = dev.type in core.ANY_M_DEVICES
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
@@ -450,7 +463,7 @@ class Staging:
         )
 
     def put(self, t: torch.Tensor, slot: object) -> bool:
-        """Snapshot ``t``; False when the buffer is full (run() first)."""
+        """Take ``t``; False when the batch is full (run it first)."""
         return self.put_many([t], [slot])
 
     def _typed(self, dt: torch.dtype) -> torch.Tensor:
@@ -464,30 +477,50 @@ class Staging:
         return v
 
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
-        """Snapshot tensors that ``fits`` (this device); False when they do not fit now."""
+        """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
         need = 0
+        dneed = 0
+        in_place: list[bool] = []
+        any_m = self._any_m
         for t in ts:
-            need += -(-(t.numel() * t.dtype.itemsize) // _K)
-        if self.used + need > self.cap_rows:
+            nb = t.numel() * t.dtype.itemsize
+            m = -(-nb // _K)
+            ok = nb >= Staging.DIRECT_MIN and m * _K == nb and (any_m or (m >= 32 and m % 8 == 0)) and t.is_contiguous()
+            in_place.append(ok)
+            if ok:
+                dneed += m
+            else:
+                need += m
+        # Waiting lanes of in-place tensors are capped too (at a quarter of the buffer's bytes).
+        if self.used + need > self.cap_rows or (dneed and (self.direct_rows + dneed) * core.LANES * 4 > self.cap_rows * _K // 4):
             return False
         i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
-        n0 = len(i_slot)
+        d_slot, d_dtype, d_shape, d_numel, d_rows, d_lanes = self.direct
+        n0, d0 = len(i_slot), len(d_slot)
         row = self.used
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
         try:
-            for t, slot in zip(ts, slots, strict=True):
+            for t, slot, direct in zip(ts, slots, in_place, strict=True):
                 dt = t.dtype
-                typed = self.typed.get(dt)
-                if typed is None:
-                    typed = self._typed(dt)
                 numel = t.numel()
                 nb = numel * dt.itemsize
                 m = -(-nb // _K)
+                shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
+                if direct:
+                    d_lanes.append(core.mm(t.view(-1).view(torch.int8).view(m, _K), 0))
+                    d_slot.append(slot)
+                    d_dtype.append(dt)
+                    d_shape.append(shape)
+                    d_numel.append(numel)
+                    d_rows.append(m)
+                    continue
+                typed = self.typed.get(dt)
+                if typed is None:
+                    typed = self._typed(dt)
                 if m * _K != nb:  # the tail of the last row must be zero (the buffer is reused)
                     self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
-                shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
                 i_slot.append(slot)
                 i_dtype.append(dt)
@@ -498,23 +531,31 @@ class Staging:
         except BaseException:
             for col in self.items:  # all or nothing: the caller digests these tensors another way
                 del col[n0:]
+            for col in self.direct:
+                del col[d0:]
             raise
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
         self.used = row
+        self.direct_rows += sum(self.direct[4][d0:])
         return True
 
     def _run_rows(self) -> tuple[BatchLanes | None, tuple]:
-        """Digest everything staged and empty the buffer: (final lanes, items in row order)."""
-        items, used = self.items, self.used
-        if not items[0]:
+        """Digest everything waiting and empty the batch: (final lanes, items in row order)."""
+        items, used, direct = self.items, self.used, self.direct
+        if not items[0] and not direct[0]:
             return None, items
         self.items, self.used = ([], [], [], [], []), 0
+        self.direct, self.direct_rows = ([], [], [], [], [], []), 0
         with torch.no_grad():
-            lanes = core.mm(self.buf[: used * _K].view(-1, _K), 0)
+            parts = direct[5]
+            if used:
+                parts = [core.mm(self.buf[: used * _K].view(-1, _K), 0), *parts]
+            lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
+            merged = tuple(a + b for a, b in zip(items, direct[:5], strict=True))
             # Rows of a new lanes tensor, not of the (reused) buffer.
-            return BatchLanes(_finish(lanes, items[4], self.dev)), items
+            return BatchLanes(_finish(lanes, merged[4], self.dev)), merged
 
     def run_into(self) -> None:
         """Digest everything staged, the results going straight into the staged capture Slots

@@ -377,13 +377,17 @@ def test_staged_snapshots_digest_like_single_digests():
     from detfp_capture._batching import Slot
 
     g = torch.Generator().manual_seed(11)
-    sizes = [5, 300, 4096, 256, 70000, 257, 16 * 256, 17 * 256, 1, 33 * 256 + 3]
+    # Whole-row tensors of 64 KiB and more are hashed in place (16384 and 65536 floats, the
+    # bfloat16 one); a transposed one of that size is copied like the small ones.
+    sizes = [5, 300, 4096, 256, 70000, 257, 16 * 256, 17 * 256, 1, 16384, 65536, 33 * 256 + 3]
     for _ in range(2):
         ts = [torch.randn(n, generator=g) for n in sizes] + [torch.randn(40, 7, generator=g).t()]
+        ts += [torch.randn(128, 512, generator=g).t(), torch.randn(64, 1024, generator=g).to(torch.bfloat16)]
         before = [t.clone() for t in ts]
         st = Staging(torch.device("cpu"), cap_bytes=4 << 20)
         slots = [Slot(None) for _ in ts]
         assert st.put_many(ts, slots)
+        assert len(st.direct[0]) == 3 and len(st.items[0]) == len(ts) - 3
         for t in ts:
             t.add_(1.0)  # a snapshot: later writes do not change what was recorded
         st.run_into()
@@ -521,7 +525,7 @@ def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
     assert (r["status"] != "error").all()
 
 
-@pytest.mark.parametrize("numel", [1024, 300, 10])  # whole 1024-byte rows, padded, small
+@pytest.mark.parametrize("numel", [65536, 1024, 300, 10])  # hashed in place, whole rows, padded, small
 def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
     from detfp_capture import digest
 
@@ -541,3 +545,4 @@ def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
     got = dict(zip(r["role"].to_list(), r["digest_hi"].to_list(), strict=True))
     assert got["input"] == int(digest.fingerprint(torch.ones(numel)).digest[:16], 16)
     assert got["output"] == int(digest.fingerprint(torch.full((numel,), 2.0)).digest[:16], 16)
+
