@@ -416,9 +416,11 @@ class Staging:
     Two ways in, chosen per tensor when it is put:
 
     - **hashed where it is**: a contiguous tensor of whole 1024-byte rows and at least
-      ``DIRECT_MIN`` bytes gets its level-0 GEMM now, reading it in place; only its lanes (1/16
-      of its bytes) wait. Large activations are never copied: the copy and the later re-read of
-      a cold snapshot cost more than the GEMM on bytes that were just written (in cache);
+      ``DIRECT_MIN`` bytes is digested now (``core.tree``: the level-0 GEMM reads it in place,
+      the further levels are 1/16 of that each); only its final lanes row waits. Large
+      activations are never copied: a copy and the later re-read of a cold snapshot cost more
+      than a GEMM on bytes that were just written (still in cache), and finishing thousands of
+      rows per tensor in the batch (padding gathers per level) costs more than per tensor;
     - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
       strided view and one copy per tensor, the bytes moved once; the padding tail of the last
       row zeroed), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
@@ -428,7 +430,7 @@ class Staging:
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
     MAX_TENSOR = 16 << 20
     #: Contiguous whole-row tensors from this many bytes are hashed in place at level 0.
-    DIRECT_MIN = 64 << 10
+    DIRECT_MIN = 256 << 10
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
@@ -439,9 +441,8 @@ class Staging:
         # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
         # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
         self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
-        # Tensors hashed in place: the same columns, then their level-0 lanes.
+        # Tensors hashed in place: the same columns, then their final (1, 16) lanes.
         self.direct: tuple[list, list, list, list, list, list] = ([], [], [], [], [], [])
-        self.direct_rows = 0
         # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (core.mm pads otherwise: a copy).
         self._any_m = dev.type in core.ANY_M_DEVICES
 
@@ -479,7 +480,6 @@ class Staging:
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
         need = 0
-        dneed = 0
         in_place: list[bool] = []
         any_m = self._any_m
         for t in ts:
@@ -487,12 +487,9 @@ class Staging:
             m = -(-nb // _K)
             ok = nb >= Staging.DIRECT_MIN and m * _K == nb and (any_m or (m >= 32 and m % 8 == 0)) and t.is_contiguous()
             in_place.append(ok)
-            if ok:
-                dneed += m
-            else:
+            if not ok:
                 need += m
-        # Waiting lanes of in-place tensors are capped too (at a quarter of the buffer's bytes).
-        if self.used + need > self.cap_rows or (dneed and (self.direct_rows + dneed) * core.LANES * 4 > self.cap_rows * _K // 4):
+        if self.used + need > self.cap_rows:
             return False
         i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
         d_slot, d_dtype, d_shape, d_numel, d_rows, d_lanes = self.direct
@@ -509,7 +506,7 @@ class Staging:
                 m = -(-nb // _K)
                 shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 if direct:
-                    d_lanes.append(core.mm(t.view(-1).view(torch.int8).view(m, _K), 0))
+                    d_lanes.append(core.tree(t.view(-1).view(torch.int8).view(1, nb), 0))
                     d_slot.append(slot)
                     d_dtype.append(dt)
                     d_shape.append(shape)
@@ -538,7 +535,6 @@ class Staging:
             if prev:
                 torch._C._set_grad_enabled(True)
         self.used = row
-        self.direct_rows += sum(self.direct[4][d0:])
         return True
 
     def _run_rows(self) -> tuple[BatchLanes | None, tuple]:
@@ -547,15 +543,14 @@ class Staging:
         if not items[0] and not direct[0]:
             return None, items
         self.items, self.used = ([], [], [], [], []), 0
-        self.direct, self.direct_rows = ([], [], [], [], [], []), 0
+        self.direct = ([], [], [], [], [], [])
         with torch.no_grad():
-            parts = direct[5]
+            parts = direct[5]  # final lanes already
             if used:
-                parts = [core.mm(self.buf[: used * _K].view(-1, _K), 0), *parts]
-            lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-            merged = tuple(a + b for a, b in zip(items, direct[:5], strict=True))
-            # Rows of a new lanes tensor, not of the (reused) buffer.
-            return BatchLanes(_finish(lanes, merged[4], self.dev)), merged
+                # Rows of a new lanes tensor, not of the (reused) buffer.
+                parts = [_finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], self.dev), *parts]
+            final = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return BatchLanes(final), tuple(a + b for a, b in zip(items, direct[:5], strict=True))
 
     def run_into(self) -> None:
         """Digest everything staged, the results going straight into the staged capture Slots
