@@ -314,9 +314,27 @@ def _pieces(ts: list[torch.Tensor], dev: torch.device) -> tuple[list[torch.Tenso
 
 
 def _cat_rows(ts: list[torch.Tensor], out: torch.Tensor, dev: torch.device) -> None:
-    """``_flat_rows`` into ``out`` (1-D, the tensors' dtype, exactly the rows' size): one copy."""
+    """``_flat_rows`` into ``out`` (1-D, the tensors' dtype, exactly the rows' size): one copy.
+
+    Contiguous pieces go through one ``torch.cat``; a non-contiguous one (a transposed weight
+    read by a GEMM, at level ops) is copied straight into its place, since ``reshape`` would
+    first materialize it in a fresh allocation (two copies, and page faults for large ones)."""
     pieces, _ = _pieces(ts, dev)
-    torch.cat([p.reshape(-1) for p in pieces], out=out)
+    flat: list[torch.Tensor] = []
+    start = off = 0
+    for p in pieces:
+        n = p.numel()
+        if p.is_contiguous():
+            flat.append(p.view(-1))
+        else:
+            if flat:
+                torch.cat(flat, out=out[start:off])
+                flat = []
+            out[off : off + n].view(p.shape).copy_(p)
+            start = off + n
+        off += n
+    if flat:
+        torch.cat(flat, out=out[start:off])
 
 
 _PADS: dict[tuple, torch.Tensor] = {}
@@ -332,11 +350,22 @@ def _flat_rows(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor,
     return flat.view(torch.int8), rows
 
 
+#: A level whose continuing tensors form more runs than this is padded by one index gather
+#: (vectorized) instead of one slice per run (Python per run).
+_MAX_RUNS = 256
+
+
 def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.Tensor | None]:
     """How ``_finish`` turns level-0 lanes of tensors with these row counts into final lanes:
-    per level (finished rows: None, "all" or an index tensor; gather index for the next level or
-    None), then the permutation back to tensor order. A reused batch layout keeps its plan
-    (step boundaries repeat the same row counts every step)."""
+    per level (finished rows: None, "all" or an index tensor; how the continuing tensors' rows
+    become the next level's input; whether any continue), then the permutation back to tensor
+    order. A reused batch layout keeps its plan (step boundaries repeat the same row counts).
+
+    The next level's input is each continuing tensor's rows zero-padded to a multiple of 16
+    (16 rows of 16 int32 lanes = one 1024-byte row). Consecutive tensors that need no padding
+    form one run, so that input is usually a few slices of this level's lanes (or the lanes
+    themselves: ``None``), copied once by ``torch.cat``; a level of more than ``_MAX_RUNS`` runs
+    uses one index gather instead."""
     n = len(rows)
     levels: list[tuple] = []
     done_ids: list[int] = []
@@ -346,7 +375,7 @@ def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.
         fin_pos: list[int] = []
         cont: list[int] = []
         new_rows: list[int] = []
-        gather_src: list[tuple[int, int, int]] = []  # (source row, real rows, padded rows) per continuing tensor
+        runs: list[list[int]] = []  # [start, end, zero rows after] over this level's rows
         off = 0
         for j, m in zip(ids, cur, strict=True):
             if m == 1:
@@ -356,26 +385,19 @@ def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.
                 m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
                 cont.append(j)
                 new_rows.append(m2)
-                gather_src.append((off, m, m2 * 16))
+                if runs and runs[-1][1] == off and runs[-1][2] == 0:
+                    runs[-1][1] = off + m
+                    runs[-1][2] = m2 * 16 - m
+                else:
+                    runs.append([off, off + m, m2 * 16 - m])
             off += m
         fin: Any = None
         if fin_pos:
             fin = "all" if len(fin_pos) == off else torch.tensor(fin_pos, dtype=torch.int64, device=dev)
-        gather: Any = None
-        if cont and (fin_pos or any(m % 16 for m in cur)):
-            # Destination row r of a continuing tensor reads its source row, or the zero row
-            # appended after the last source row (index ``off``) in its padding.
-            # Built with a few vectorized ops (a window of staged tensors can be 64k rows).
-            spans, reps = [], []
-            dst = 0
-            for src, m, padded in gather_src:
-                spans.append((src - dst, dst + m))  # (source - destination, end of its real rows)
-                reps.append(padded)
-                dst += padded
-            per = torch.repeat_interleave(torch.tensor(spans, dtype=torch.int64), torch.tensor(reps), dim=0)
-            r = torch.arange(dst, dtype=torch.int64)
-            gather = torch.where(r < per[:, 1], r + per[:, 0], off).to(dev)
-        levels.append((fin, gather, bool(cont)))
+        nxt: Any = None  # the lanes as they are
+        if cont and not (len(runs) == 1 and runs[0] == [0, off, 0]):
+            nxt = [tuple(r) for r in runs] if len(runs) <= _MAX_RUNS else _gather(runs, off, dev)
+        levels.append((fin, nxt, bool(cont)))
         if not cont:
             break
         ids, cur = cont, new_rows
@@ -388,6 +410,23 @@ def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.
     return levels, inv
 
 
+def _gather(runs: list[list[int]], off: int, dev: torch.device) -> torch.Tensor:
+    """Index of each next-level row in this level's lanes followed by one zero row (index
+    ``off``): the runs' rows, each run followed by its padding (built with vectorized ops)."""
+    spans, reps = [], []
+    dst = 0
+    for a, b, pad in runs:
+        spans.append((a - dst, dst + b - a))  # (source - destination, end of the run's real rows)
+        reps.append(b - a + pad)
+        dst += b - a + pad
+    per = torch.repeat_interleave(torch.tensor(spans, dtype=torch.int64), torch.tensor(reps), dim=0)
+    r = torch.arange(dst, dtype=torch.int64)
+    return torch.where(r < per[:, 1], r + per[:, 0], off).to(dev)
+
+
+_ZEROS: dict[torch.device, torch.Tensor] = {}
+
+
 def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple | None = None) -> torch.Tensor:
     """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
     = tensor i. A few device ops per level, whatever the number of tensors. ``plan``: ``_plan``
@@ -395,13 +434,24 @@ def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple
     levels, inv = plan if plan is not None else _plan(tuple(rows), dev)
     done: list[torch.Tensor] = []
     level = 1
-    for fin, gather, more in levels:
+    for fin, nxt, more in levels:
         if fin is not None:
             done.append(lanes if isinstance(fin, str) else lanes.index_select(0, fin))
         if not more:
             break
-        if gather is not None:
-            lanes = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, gather)
+        if nxt.__class__ is list:
+            zeros = _ZEROS.get(dev)
+            if zeros is None:
+                with torch.inference_mode(False):
+                    zeros = _ZEROS[dev] = torch.zeros(15, core.LANES, dtype=torch.int32, device=dev)
+            parts = []
+            for a, b, pad in nxt:
+                parts.append(lanes[a:b])
+                if pad:
+                    parts.append(zeros[:pad])
+            lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
+        elif nxt is not None:
+            lanes = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, nxt)
         lanes = core.mm(lanes.view(torch.int8).reshape(-1, _K), level)
         level += 1
     final = done[0] if len(done) == 1 else torch.cat(done)

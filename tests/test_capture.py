@@ -322,9 +322,12 @@ def test_compiled_module_recorded_at_its_boundary(tmp_path):
     assert "aten::mean.default" in set(fwd_ops["name"])
 
 
-def test_batched_step_boundary_digests_equal_single_digests():
-    from detfp_capture import digest
+@pytest.mark.parametrize("max_runs", [256, 0])  # levels padded by slices, or by one index gather
+def test_batched_step_boundary_digests_equal_single_digests(monkeypatch, max_runs):
+    from detfp_capture import _batchdigest, digest
     from detfp_capture._batchdigest import start_many
+
+    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
 
     g = torch.Generator().manual_seed(3)
     ts = [
@@ -341,6 +344,8 @@ def test_batched_step_boundary_digests_equal_single_digests():
         torch.randn(64, 64, generator=g).to(torch.bfloat16),
         torch.arange(500),  # int64: pointer check, single path
         torch.randn(4, 4, generator=g, requires_grad=True) * 2,
+        torch.randn(16 * 256 * 3, generator=g),  # 48 rows: no padding at level 1, a run with the next
+        torch.randn(16 * 256 * 2 + 1, generator=g),
     ]
     batched = digest.resolve(start_many(ts))
     single = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
@@ -369,13 +374,15 @@ def test_batch_layouts_reused_only_for_the_same_signature():
     assert len(_LAYOUTS) == 2  # contiguous and transposed; never the batch with an int64 member
 
 
-def test_staged_snapshots_digest_like_single_digests():
+@pytest.mark.parametrize("max_runs", [256, 0])
+def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
     # Row counts that finish at different tree levels, with and without padding, interleaved,
     # twice (the second run reuses the staging buffer).
-    from detfp_capture import digest
+    from detfp_capture import _batchdigest, digest
     from detfp_capture._batchdigest import Staging
     from detfp_capture._batching import Slot
 
+    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
     # Contiguous whole-row tensors of 256 KiB and more are hashed in place (65536 floats, the
     # bfloat16 one); a transposed one of that size is copied like the small ones.
