@@ -57,7 +57,9 @@ def level_weights(level: int) -> list[int]:
 
 
 _CPU_WEIGHTS: dict[int, torch.Tensor] = {}
-_DEV_WEIGHTS: dict[tuple[torch.device, int, bool], torch.Tensor] = {}
+_DEV_WEIGHTS: dict[tuple[torch.device, int, bool, bool], torch.Tensor] = {}
+#: Batches of at least this many rows use column-major weights on CPU.
+_COL_MAJOR_ROWS = 256
 #: Device types whose _int_mm takes any M; elsewhere rows are zero-padded to a multiple of 8, >= 32.
 ANY_M_DEVICES = frozenset({"cpu"})
 #: device type -> True when torch._int_mm works there, False for the float32 fallback.
@@ -65,8 +67,11 @@ _INT_MM: dict[str, bool] = {}
 _STATE_LOCK = threading.Lock()
 
 
-def weights(device: torch.device, level: int, as_float: bool) -> torch.Tensor:
-    key = (device, level, as_float)
+def weights(device: torch.device, level: int, as_float: bool, col_major: bool = False) -> torch.Tensor:
+    """The level's weights on ``device`` (cached): int8, or float32 for the exact float GEMM.
+    ``col_major``: stored column-major on CPU too (faster for long batches there, see ``mm``);
+    CUDA's copy is always column-major."""
+    key = (device, level, as_float, col_major)
     w = _DEV_WEIGHTS.get(key)
     if w is None:
         with _STATE_LOCK:
@@ -77,7 +82,10 @@ def weights(device: torch.device, level: int, as_float: bool) -> torch.Tensor:
             w = base.to(torch.float32) if as_float else base
             with torch.inference_mode(False):
                 # cuBLASLt's int8 GEMM is several times faster with a column-major right operand.
-                w = w.clone() if device.type == "cpu" else w.to(device).t().contiguous().t()
+                if device.type == "cpu":
+                    w = w.t().contiguous().t() if col_major else w.clone()
+                else:
+                    w = w.to(device).t().contiguous().t()
             _DEV_WEIGHTS[key] = w
     return w
 
@@ -101,6 +109,8 @@ def mm(x: torch.Tensor, level: int) -> torch.Tensor:
         w = weights(dev, level, False)
         m = x.shape[0]
         if dev.type in ANY_M_DEVICES:
+            if m >= _COL_MAJOR_ROWS:  # measured on CPU: about 6% faster from 256 rows on, slower below
+                w = weights(dev, level, False, True)
             return torch._int_mm(x, w)
         # CUDA's kernel wants M > 16 and a multiple of 8: zero rows contribute zero outputs.
         mp = max(32, -(-m // 8) * 8)

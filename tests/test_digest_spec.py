@@ -92,6 +92,8 @@ def test_weights_match_the_spec():
         w = core.weights(torch.device("cpu"), level, False)
         assert np.array_equal(w.numpy().astype(np.int64), weights(level))
         assert (w != 0).all()
+        col = core.weights(torch.device("cpu"), level, False, col_major=True)  # long batches' copy
+        assert col.stride() == (1, 1024) and torch.equal(col, w)
     assert not np.array_equal(weights(0), weights(1))
 
 
