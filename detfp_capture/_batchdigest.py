@@ -427,13 +427,15 @@ def _gather(runs: list[list[int]], off: int, dev: torch.device) -> torch.Tensor:
 _ZEROS: dict[torch.device, torch.Tensor] = {}
 
 
-def _finish(lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple | None = None) -> torch.Tensor:
+def _finish(
+    lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple | None = None, level: int = 1
+) -> torch.Tensor:
     """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
     = tensor i. A few device ops per level, whatever the number of tensors. ``plan``: ``_plan``
-    of these rows, when the caller keeps one."""
+    of these rows, when the caller keeps one. ``level``: of the next GEMM (lanes of a later
+    level than 0 start further up)."""
     levels, inv = plan if plan is not None else _plan(tuple(rows), dev)
     done: list[torch.Tensor] = []
-    level = 1
     for fin, nxt, more in levels:
         if fin is not None:
             done.append(lanes if isinstance(fin, str) else lanes.index_select(0, fin))
@@ -466,11 +468,12 @@ class Staging:
     Two ways in, chosen per tensor when it is put:
 
     - **hashed where it is**: a contiguous tensor of whole 1024-byte rows and at least
-      ``DIRECT_MIN`` bytes is digested now (``core.tree``: the level-0 GEMM reads it in place,
-      the further levels are 1/16 of that each); only its final lanes row waits. Large
-      activations are never copied: a copy and the later re-read of a cold snapshot cost more
-      than a GEMM on bytes that were just written (still in cache), and finishing thousands of
-      rows per tensor in the batch (padding gathers per level) costs more than per tensor;
+      ``DIRECT_MIN`` bytes gets its level-0 GEMM now, reading it in place, written into a second
+      buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
+      input for all of them, hashed by one GEMM when the batch runs. Large activations are
+      never copied: a copy and the later re-read of a cold snapshot cost more than a GEMM on
+      bytes just written (still in cache), and per-tensor upper levels cost more (~85 us each
+      at 1.5 MiB) than one GEMM over all of them;
     - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
       strided view and one copy per tensor, the bytes moved once; the padding tail of the last
       row zeroed), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
@@ -491,8 +494,11 @@ class Staging:
         # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
         # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
         self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
-        # Tensors hashed in place: the same columns, then their final (1, 16) lanes.
-        self.direct: tuple[list, list, list, list, list, list] = ([], [], [], [], [], [])
+        # Tensors hashed in place: the same columns, rows counted at level 1.
+        self.direct: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        self.lanes: torch.Tensor | None = None  # their level-0 lanes: (16 * l1_cap, 16) int32
+        self.l1_cap = max(1, self.cap_rows // 16)  # level-1 rows (as many source bytes as buf)
+        self.l1_used = 0
         # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (core.mm pads otherwise: a copy).
         self._any_m = dev.type in core.ANY_M_DEVICES
 
@@ -529,7 +535,7 @@ class Staging:
 
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
-        need = 0
+        need = need1 = 0
         in_place: list[bool] = []
         any_m = self._any_m
         for t in ts:
@@ -537,14 +543,19 @@ class Staging:
             m = -(-nb // _K)
             ok = nb >= Staging.DIRECT_MIN and m * _K == nb and (any_m or (m >= 32 and m % 8 == 0)) and t.is_contiguous()
             in_place.append(ok)
-            if not ok:
+            if ok:
+                need1 += -(-m // 16)
+            else:
                 need += m
-        if self.used + need > self.cap_rows:
+        if self.used + need > self.cap_rows or self.l1_used + need1 > self.l1_cap:
             return False
+        if need1 and self.lanes is None:
+            with torch.inference_mode(False):  # reused in and out of inference mode
+                self.lanes = torch.empty(self.l1_cap * 16, core.LANES, dtype=torch.int32, device=self.dev)
         i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
-        d_slot, d_dtype, d_shape, d_numel, d_rows, d_lanes = self.direct
+        d_slot, d_dtype, d_shape, d_numel, d_rows = self.direct
         n0, d0 = len(i_slot), len(d_slot)
-        row = self.used
+        row, row1 = self.used, self.l1_used
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
@@ -556,12 +567,17 @@ class Staging:
                 m = -(-nb // _K)
                 shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 if direct:
-                    d_lanes.append(core.tree(t.view(-1).view(torch.int8).view(1, nb), 0))
+                    m1 = -(-m // 16)
+                    a = row1 * 16
+                    core.mm(t.view(-1).view(torch.int8).view(m, _K), 0, out=self.lanes[a : a + m])
+                    if m != m1 * 16:  # level 1 reads whole 16-row groups: the gap must be zero
+                        self.lanes[a + m : a + m1 * 16].zero_()
                     d_slot.append(slot)
                     d_dtype.append(dt)
                     d_shape.append(shape)
                     d_numel.append(numel)
-                    d_rows.append(m)
+                    d_rows.append(m1)
+                    row1 += m1
                     continue
                 typed = self.typed.get(dt)
                 if typed is None:
@@ -584,23 +600,27 @@ class Staging:
         finally:
             if prev:
                 torch._C._set_grad_enabled(True)
-        self.used = row
+        self.used, self.l1_used = row, row1
         return True
 
     def _run_rows(self) -> tuple[BatchLanes | None, tuple]:
         """Digest everything waiting and empty the batch: (final lanes, items in row order)."""
-        items, used, direct = self.items, self.used, self.direct
+        items, used, direct, used1 = self.items, self.used, self.direct, self.l1_used
         if not items[0] and not direct[0]:
             return None, items
         self.items, self.used = ([], [], [], [], []), 0
-        self.direct = ([], [], [], [], [], [])
+        self.direct, self.l1_used = ([], [], [], [], []), 0
+        dev = self.dev
         with torch.no_grad():
-            parts = direct[5]  # final lanes already
+            # Results in new lanes tensors, never views of the (reused) buffers.
+            parts = []
             if used:
-                # Rows of a new lanes tensor, not of the (reused) buffer.
-                parts = [_finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], self.dev), *parts]
+                parts.append(_finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev))
+            if used1:
+                lanes1 = core.mm(self.lanes[: used1 * 16].view(torch.int8).view(-1, _K), 1)
+                parts.append(_finish(lanes1, direct[4], dev, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return BatchLanes(final), tuple(a + b for a, b in zip(items, direct[:5], strict=True))
+            return BatchLanes(final), tuple(a + b for a, b in zip(items, direct, strict=True))
 
     def run_into(self) -> None:
         """Digest everything staged, the results going straight into the staged capture Slots

@@ -102,8 +102,8 @@ def use_int_mm(device: torch.device) -> bool:
     return ok
 
 
-def mm(x: torch.Tensor, level: int) -> torch.Tensor:
-    """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly."""
+def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly (written into ``out`` if given)."""
     dev = x.device
     if use_int_mm(dev):
         w = weights(dev, level, False)
@@ -111,16 +111,22 @@ def mm(x: torch.Tensor, level: int) -> torch.Tensor:
         if dev.type in ANY_M_DEVICES:
             if m >= _COL_MAJOR_ROWS:  # measured on CPU: about 6% faster from 256 rows on, slower below
                 w = weights(dev, level, False, True)
-            return torch._int_mm(x, w)
+            return torch._int_mm(x, w) if out is None else torch._int_mm(x, w, out=out)
         # CUDA's kernel wants M > 16 and a multiple of 8: zero rows contribute zero outputs.
         mp = max(32, -(-m // 8) * 8)
         if mp != m:
             x = torch.cat([x, x.new_zeros(mp - m, K)])
-            return torch._int_mm(x, w)[:m]
-        return torch._int_mm(x, w)
-    # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24, and
-    # the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
-    return (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
+            y = torch._int_mm(x, w)[:m]
+        else:
+            y = torch._int_mm(x, w) if out is None else torch._int_mm(x, w, out=out)
+    else:
+        # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24,
+        # and the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
+        y = (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
+    if out is not None and y is not out:
+        out.copy_(y)
+        return out
+    return y
 
 
 def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:

@@ -384,9 +384,10 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
 
     monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
-    # Contiguous whole-row tensors of 256 KiB and more are hashed in place (65536 floats, the
-    # bfloat16 one); a transposed one of that size is copied like the small ones.
-    sizes = [5, 300, 4096, 256, 70000, 257, 16 * 256, 17 * 256, 1, 16384, 65536, 33 * 256 + 3]
+    # Contiguous whole-row tensors of 256 KiB and more are hashed in place (65536 floats: 256
+    # rows; 259 rows, not a multiple of 16: a zeroed gap before the next; the bfloat16 one); a
+    # transposed one of that size is copied like the small ones.
+    sizes = [5, 300, 4096, 256, 70000, 257, 16 * 256, 17 * 256, 1, 16384, 65536, 259 * 256, 33 * 256 + 3]
     for _ in range(2):
         ts = [torch.randn(n, generator=g) for n in sizes] + [torch.randn(40, 7, generator=g).t()]
         ts += [torch.randn(128, 512, generator=g).t(), torch.randn(256, 512, generator=g).to(torch.bfloat16)]
@@ -394,7 +395,7 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
         st = Staging(torch.device("cpu"), cap_bytes=4 << 20)
         slots = [Slot(None) for _ in ts]
         assert st.put_many(ts, slots)
-        assert len(st.direct[0]) == 2 and len(st.items[0]) == len(ts) - 2
+        assert len(st.direct[0]) == 3 and len(st.items[0]) == len(ts) - 3
         for t in ts:
             t.add_(1.0)  # a snapshot: later writes do not change what was recorded
         st.run_into()
