@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import Staging, start_many
+from detfp_capture._batchdigest import start_many
 from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, record_columns
+from detfp_capture._staging import Staging
 
 __all__ = ["Recorder", "Slot"]
 

@@ -379,8 +379,8 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
     # Row counts that finish at different tree levels, with and without padding, interleaved,
     # twice (the second run reuses the staging buffer).
     from detfp_capture import _batchdigest, digest
-    from detfp_capture._batchdigest import Staging
     from detfp_capture._batching import Slot
+    from detfp_capture._staging import Staging
 
     monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
@@ -553,4 +553,3 @@ def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
     got = dict(zip(r["role"].to_list(), r["digest_hi"].to_list(), strict=True))
     assert got["input"] == int(digest.fingerprint(torch.ones(numel)).digest[:16], 16)
     assert got["output"] == int(digest.fingerprint(torch.full((numel,), 2.0)).digest[:16], 16)
-

@@ -1,0 +1,188 @@
+"""Boundary tensors taken when recorded and digested later, together, per device.
+
+Module boundaries and collectives are recorded where capture cannot see later writes, so each
+tensor is taken at record time: hashed in place at level 0 (large contiguous ones) or copied
+into a snapshot buffer (the rest). The batch then finishes every digest with a few GEMMs
+(``_batchdigest._finish``) and fills the capture Slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from detfp_capture import _digest_core as core
+from detfp_capture import digest
+from detfp_capture._batchdigest import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _finish, fill
+
+__all__ = ["Staging"]
+
+
+class Staging:
+    """Boundary tensors waiting to be digested together as a batch (one GEMM for level 0 of
+    all of them), each taken at record time so a later in-place write cannot change what was
+    recorded: safe where capture cannot see writes (module boundaries, collectives).
+
+    Two ways in, chosen per tensor when it is put:
+
+    - **hashed where it is**: a contiguous tensor of whole 1024-byte rows and at least
+      ``DIRECT_MIN`` bytes gets its level-0 GEMM now, reading it in place, written into a second
+      buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
+      input for all of them, hashed by one GEMM when the batch runs. Large activations are
+      never copied: a copy and the later re-read of a cold snapshot cost more than a GEMM on
+      bytes just written (still in cache), and per-tensor upper levels cost more (~85 us each
+      at 1.5 MiB) than one GEMM over all of them;
+    - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
+      strided view and one copy per tensor, the bytes moved once; the padding tail of the last
+      row zeroed), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
+      is cheaper than a GEMM call each. Same bytes, same digest as ``digest.start``.
+    """
+
+    #: Tensors up to this many bytes are staged (bigger ones are digested directly).
+    MAX_TENSOR = 16 << 20
+    #: Contiguous whole-row tensors from this many bytes are hashed in place at level 0.
+    DIRECT_MIN = 256 << 10
+
+    def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
+        self.dev = dev
+        self.cap_rows = cap_bytes // _K
+        self.used = 0
+        self.buf: torch.Tensor | None = None
+        self.typed: dict[torch.dtype, torch.Tensor] = {}  # dtype views of the whole buffer
+        # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
+        # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
+        self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        # Tensors hashed in place: the same columns, rows counted at level 1.
+        self.direct: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        self.lanes: torch.Tensor | None = None  # their level-0 lanes: (16 * l1_cap, 16) int32
+        self.l1_cap = max(1, self.cap_rows // 16)  # level-1 rows (as many source bytes as buf)
+        self.l1_used = 0
+        # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (core.mm pads otherwise: a copy).
+        self._any_m = dev.type in core.ANY_M_DEVICES
+
+    @staticmethod
+    def fits(t: torch.Tensor) -> bool:
+        # Cheapest tests first: this runs for every boundary tensor.
+        dt = t.dtype
+        return (
+            type(t) in _PLAIN
+            and dt is not _INT64
+            and 0 < t.numel() * dt.itemsize <= Staging.MAX_TENSOR
+            and t.layout is _STRIDED
+            and dt not in _SPECIAL
+            and not t.is_nested
+            and not t.is_meta
+            and not t.is_conj()
+            and not t.is_neg()
+            and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+        )
+
+    def put(self, t: torch.Tensor, slot: object) -> bool:
+        """Take ``t``; False when the batch is full (run it first)."""
+        return self.put_many([t], [slot])
+
+    def _typed(self, dt: torch.dtype) -> torch.Tensor:
+        v = self.typed.get(dt)
+        if v is None:
+            with torch.inference_mode(False):  # cached: must not be an inference-mode view
+                if self.buf is None:
+                    self.buf = torch.zeros(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
+                    self.typed[torch.int8] = self.buf
+                v = self.typed[dt] = self.buf.view(dt)
+        return v
+
+    def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
+        """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
+        need = need1 = 0
+        in_place: list[bool] = []
+        any_m = self._any_m
+        for t in ts:
+            nb = t.numel() * t.dtype.itemsize
+            m = -(-nb // _K)
+            ok = nb >= Staging.DIRECT_MIN and m * _K == nb and (any_m or (m >= 32 and m % 8 == 0)) and t.is_contiguous()
+            in_place.append(ok)
+            if ok:
+                need1 += -(-m // 16)
+            else:
+                need += m
+        if self.used + need > self.cap_rows or self.l1_used + need1 > self.l1_cap:
+            return False
+        if need1 and self.lanes is None:
+            with torch.inference_mode(False):  # reused in and out of inference mode
+                self.lanes = torch.empty(self.l1_cap * 16, core.LANES, dtype=torch.int32, device=self.dev)
+        i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
+        d_slot, d_dtype, d_shape, d_numel, d_rows = self.direct
+        n0, d0 = len(i_slot), len(d_slot)
+        row, row1 = self.used, self.l1_used
+        prev = torch.is_grad_enabled()
+        if prev:
+            torch._C._set_grad_enabled(False)
+        try:
+            for t, slot, direct in zip(ts, slots, in_place, strict=True):
+                dt = t.dtype
+                numel = t.numel()
+                nb = numel * dt.itemsize
+                m = -(-nb // _K)
+                shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
+                if direct:
+                    m1 = -(-m // 16)
+                    a = row1 * 16
+                    core.mm(t.view(-1).view(torch.int8).view(m, _K), 0, out=self.lanes[a : a + m])
+                    if m != m1 * 16:  # level 1 reads whole 16-row groups: the gap must be zero
+                        self.lanes[a + m : a + m1 * 16].zero_()
+                    d_slot.append(slot)
+                    d_dtype.append(dt)
+                    d_shape.append(shape)
+                    d_numel.append(numel)
+                    d_rows.append(m1)
+                    row1 += m1
+                    continue
+                typed = self.typed.get(dt)
+                if typed is None:
+                    typed = self._typed(dt)
+                if m * _K != nb:  # the tail of the last row must be zero (the buffer is reused)
+                    self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
+                typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
+                i_slot.append(slot)
+                i_dtype.append(dt)
+                i_shape.append(shape)
+                i_numel.append(numel)
+                i_rows.append(m)
+                row += m
+        except BaseException:
+            for col in self.items:  # all or nothing: the caller digests these tensors another way
+                del col[n0:]
+            for col in self.direct:
+                del col[d0:]
+            raise
+        finally:
+            if prev:
+                torch._C._set_grad_enabled(True)
+        self.used, self.l1_used = row, row1
+        return True
+
+    def _run_rows(self) -> tuple[BatchLanes | None, tuple]:
+        """Digest everything waiting and empty the batch: (final lanes, items in row order)."""
+        items, used, direct, used1 = self.items, self.used, self.direct, self.l1_used
+        if not items[0] and not direct[0]:
+            return None, items
+        self.items, self.used = ([], [], [], [], []), 0
+        self.direct, self.l1_used = ([], [], [], [], []), 0
+        dev = self.dev
+        with torch.no_grad():
+            # Results in new lanes tensors, never views of the (reused) buffers.
+            parts = []
+            if used:
+                parts.append(_finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev))
+            if used1:
+                lanes1 = core.mm(self.lanes[: used1 * 16].view(torch.int8).view(-1, _K), 1)
+                parts.append(_finish(lanes1, direct[4], dev, level=2))
+            final = parts[0] if len(parts) == 1 else torch.cat(parts)
+            return BatchLanes(final), tuple(a + b for a, b in zip(items, direct, strict=True))
+
+    def run_into(self) -> None:
+        """Digest everything staged, the results going straight into the staged capture Slots
+        (``fill``), and empty the buffer."""
+        held, (slots, dtypes, shapes, numels, _) = self._run_rows()
+        dev = self.dev
+        for row, slot in enumerate(slots):
+            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev)
