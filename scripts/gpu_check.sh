@@ -83,7 +83,7 @@ assert dev.height > 0, f"ops: kernels table has no {device} kernels (device type
 print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
-step "2/5 device digests == CPU reference digests"
+step "2/5 device digests == CPU reference digests (single, batched, staged)"
 "$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
 import os, torch
 from detfp_capture import fingerprint
@@ -113,6 +113,27 @@ for name, t in cases.items():
     same = cpu.digest == dev.digest and cpu.rows == dev.rows and not cpu.error and not dev.error
     bad += not same
     print(f"{'ok  ' if same else 'DIFF'} {name:<16} {cpu.digest or cpu.error}  {dev.digest or dev.error}")
+# The batched paths capture takes on the device: step-boundary batches (start_many) and
+# boundary staging (snapshots, and tensors hashed in place with their lanes buffer).
+from detfp_capture import digest
+from detfp_capture._batchdigest import start_many
+from detfp_capture._batching import Slot
+from detfp_capture._staging import Staging
+floats = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+plain = [t for t in cases.values() if t.numel() and t.dtype in floats]
+plain += [torch.randn(256, 1024, generator=g), torch.randn(259 * 256, generator=g)]  # hashed in place
+want = [fingerprint(t).digest for t in plain]
+devts = [t.to(os.environ["DEVICE"]) for t in plain]
+got_batch = [f.digest for f in digest.resolve(start_many(devts))]
+st = Staging(devts[0].device)
+slots = [Slot(None) for _ in devts]
+assert st.put_many(devts, slots), "staging refused the batch"
+st.run_into()
+got_staged = [f.digest for f in digest.resolve([s.started() for s in slots])]
+for path, got in (("start_many", got_batch), ("staging", got_staged)):
+    same = got == want
+    bad += not same
+    print(f"{'ok  ' if same else 'DIFF'} {path:<16} {sum(a == b for a, b in zip(got, want))}/{len(want)} tensors")
 raise SystemExit(1 if bad else 0)
 EOF
 
