@@ -52,9 +52,13 @@ def _batchable(t: torch.Tensor) -> bool:
 BATCHED = object()
 
 
-def fill(slot: Any, held: BatchLanes, row: int, dtype: torch.dtype, shape: tuple, numel: int, dev: Any) -> None:
-    """Make ``slot`` (a capture Slot) stand for the pending of row ``row`` of ``held``."""
+def fill(
+    slot: Any, held: BatchLanes, row: int, dtype: torch.dtype, shape: tuple, numel: int, dev: Any, pointer: bool = False
+) -> None:
+    """Make ``slot`` (a capture Slot) stand for the pending of row ``row`` of ``held``
+    (``pointer``: its pointer flag is in ``held.ptr_out``)."""
     slot.arena = held
+    slot.arena_pointer = pointer
     slot.row = row
     slot.dtype = dtype
     slot.shape = shape
@@ -152,12 +156,16 @@ _LAYOUT_LIMIT = 16
 
 class BatchLanes:
     """Final-level lanes of a batch, one row per tensor. Stands where ``digest.resolve`` expects
-    an arena (``seal`` returns the lanes; no moments or pointer rows)."""
+    an arena (``seal`` returns the lanes). Pointer flags of its int64 rows, if any, are
+    ``ptr_out`` (bool, one per such row) at ``ptr_pos`` (row -> index), as an arena has them;
+    no moments."""
 
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "ptr_out", "ptr_pos")
 
     def __init__(self, lanes: torch.Tensor) -> None:
         self.lanes = lanes
+        self.ptr_out: torch.Tensor | None = None
+        self.ptr_pos: dict[int, int] = {}
 
     def seal(self) -> torch.Tensor:
         return self.lanes

@@ -60,6 +60,7 @@ class Slot:
 
     __slots__ = (
         "arena",
+        "arena_pointer",
         "device",
         "dtype",
         "fp",
@@ -76,7 +77,7 @@ class Slot:
     # What digest.resolve reads from a pending and a batched row never has.
     lanes = rows_lanes = moments = pointer = components = error = None
     rows_meta: tuple = ()
-    arena_moments = arena_pointer = False
+    arena_moments = False
     type_name = ""
 
     def __init__(self, pending: Any) -> None:

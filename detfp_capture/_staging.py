@@ -65,7 +65,6 @@ class Staging:
         dt = t.dtype
         return (
             type(t) in _PLAIN
-            and dt is not _INT64
             and 0 < t.numel() * dt.itemsize <= Staging.MAX_TENSOR
             and t.layout is _STRIDED
             and dt not in _SPECIAL
@@ -98,7 +97,13 @@ class Staging:
         for t in ts:
             nb = t.numel() * t.dtype.itemsize
             m = -(-nb // _K)
-            ok = nb >= Staging.DIRECT_MIN and m * _K == nb and (any_m or (m >= 32 and m % 8 == 0)) and t.is_contiguous()
+            ok = (
+                nb >= Staging.DIRECT_MIN
+                and m * _K == nb
+                and (any_m or (m >= 32 and m % 8 == 0))
+                and t.dtype is not _INT64  # int64 is snapshotted: its pointer check reads the copy
+                and t.is_contiguous()
+            )
             in_place.append(ok)
             if ok:
                 need1 += -(-m // 16)
@@ -177,7 +182,32 @@ class Staging:
                 lanes1 = core.mm(self.lanes[: used1 * 16].view(torch.int8).view(-1, _K), 1)
                 parts.append(_finish(lanes1, direct[4], dev, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return BatchLanes(final), tuple(a + b for a, b in zip(items, direct, strict=True))
+            held = BatchLanes(final)
+            if _INT64 in items[1]:
+                self._pointer_flags(held, items)
+            return held, tuple(a + b for a, b in zip(items, direct, strict=True))
+
+    def _pointer_flags(self, held: BatchLanes, items: tuple) -> None:
+        """``pointer_like`` of every staged int64 tensor, read from its snapshot, for the whole
+        batch at once (a handful of ops, instead of ~6 per tensor): per tensor, the number of
+        values that do not look like a device pointer, from one cumulative sum."""
+        typed = self.typed[_INT64]
+        pieces, numels, rows_at = [], [], []
+        row = 0
+        for i, (dt, numel, m) in enumerate(zip(items[1], items[3], items[4], strict=True)):
+            if dt is _INT64:
+                start = row * (_K // 8)
+                pieces.append(typed[start : start + numel])
+                numels.append(numel)
+                rows_at.append(i)
+            row += m
+        x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        bad = (((x & core._POINTER_MASK) != 0) | (x < (1 << 32))).to(torch.int64).cumsum(0)
+        ends = torch.tensor(numels, dtype=torch.int64, device=x.device).cumsum(0)
+        upto = bad.index_select(0, ends - 1)
+        counts = torch.cat([upto[:1], upto[1:] - upto[:-1]])
+        held.ptr_out = counts == 0
+        held.ptr_pos = {r: k for k, r in enumerate(rows_at)}
 
     def run_into(self) -> None:
         """Digest everything staged, the results going straight into the staged capture Slots
@@ -185,4 +215,4 @@ class Staging:
         held, (slots, dtypes, shapes, numels, _) = self._run_rows()
         dev = self.dev
         for row, slot in enumerate(slots):
-            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev)
+            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev, dtypes[row] is _INT64)

@@ -215,6 +215,7 @@ def test_dumps_and_moments(tmp_path):
 
 def test_capture_error_disables_and_training_continues(tmp_path, baseline, monkeypatch):
     from detfp_capture import _state
+    from detfp_capture._staging import Staging
 
     def broken(*a, **k):
         raise RuntimeError("planted failure")
@@ -222,7 +223,9 @@ def test_capture_error_disables_and_training_continues(tmp_path, baseline, monke
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with Session(tmp_path / "r", "ops") as s:
+            # Digests fail: single ones, and staged ones (which then fall back to single ones).
             monkeypatch.setattr(_state.digest, "start", broken)
+            monkeypatch.setattr(Staging, "put_many", broken)
             got = train(s, steps=3)
     assert got == baseline
     assert sum("capture disabled" in str(w.message) for w in caught) == 1
@@ -553,3 +556,31 @@ def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
     got = dict(zip(r["role"].to_list(), r["digest_hi"].to_list(), strict=True))
     assert got["input"] == int(digest.fingerprint(torch.ones(numel)).digest[:16], 16)
     assert got["output"] == int(digest.fingerprint(torch.full((numel,), 2.0)).digest[:16], 16)
+
+
+def test_staged_int64_pointer_checks_match_single_digests():
+    # int64 boundary tensors are snapshotted like the others; their pointer check runs for the
+    # whole batch at once and must say what digest.start's per-tensor check says.
+    from detfp_capture import digest
+    from detfp_capture._batching import Slot
+    from detfp_capture._staging import Staging
+
+    g = torch.Generator().manual_seed(5)
+    ptrs = torch.randint(1 << 28, 1 << 44, (300,), generator=g) * 16  # multi-row, pointer-like
+    ts = [
+        torch.randint(0, 256, (8, 33), generator=g),  # token ids: not pointers
+        torch.randn(100, generator=g),
+        ptrs,
+        torch.cat([ptrs[:50], torch.tensor([7])]),  # one value spoils it (the last)
+        torch.tensor([1 << 40]),  # one pointer-like value
+        ptrs[:128].clone(),  # exactly one 1024-byte row
+        torch.arange(0, 4096 * 16, 16) + (1 << 33),  # 512 KiB of whole rows: still a snapshot
+    ]
+    st = Staging(torch.device("cpu"))
+    slots = [Slot(None) for _ in ts]
+    assert st.put_many(ts, slots) and not st.direct[0]
+    st.run_into()
+    staged = digest.resolve([s.started() for s in slots])
+    single = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
+    assert [(a.digest, a.pointer_like) for a in staged] == [(b.digest, b.pointer_like) for b in single]
+    assert [f.pointer_like for f in staged] == [False, False, True, False, True, True, True]
