@@ -119,17 +119,18 @@ from detfp_capture import digest
 from detfp_capture._batchdigest import start_many
 from detfp_capture._batching import Slot
 from detfp_capture._staging import Staging
-floats = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-plain = [t for t in cases.values() if t.numel() and t.dtype in floats]
+kinds = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
+plain = [t for t in cases.values() if t.numel() and t.dtype in kinds]
 plain += [torch.randn(256, 1024, generator=g), torch.randn(259 * 256, generator=g)]  # hashed in place
-want = [fingerprint(t).digest for t in plain]
+plain += [torch.arange(0, 300 * 16, 16) + (1 << 33)]  # int64 that looks like device pointers
+want = [(f.digest, f.pointer_like) for f in (fingerprint(t, pointer_check=True) for t in plain)]
 devts = [t.to(os.environ["DEVICE"]) for t in plain]
-got_batch = [f.digest for f in digest.resolve(start_many(devts))]
+got_batch = [(f.digest, f.pointer_like) for f in digest.resolve(start_many(devts))]
 st = Staging(devts[0].device)
 slots = [Slot(None) for _ in devts]
 assert st.put_many(devts, slots), "staging refused the batch"
 st.run_into()
-got_staged = [f.digest for f in digest.resolve([s.started() for s in slots])]
+got_staged = [(f.digest, f.pointer_like) for f in digest.resolve([s.started() for s in slots])]
 for path, got in (("start_many", got_batch), ("staging", got_staged)):
     same = got == want
     bad += not same
