@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import start_many
+from detfp_capture._batchdigest import BATCHED, start_many
 from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, record_columns
@@ -478,10 +478,7 @@ class Recorder(Batching):
                         seen.add(id(s))
                         slots.append(s)
                 if slots:
-                    fps = digest.resolve_raw([s.started() for s in slots])
-                    for s, fp in zip(slots, fps, strict=True):
-                        s.fp = fp
-                        s.pending = None
+                    self._resolve(slots)
                 tables: dict[str, dict[str, list]] = {}
                 tables["records"] = self._record_columns(records)
                 tables["metrics"] = _columns.metric_columns(metrics)
@@ -496,6 +493,24 @@ class Recorder(Batching):
             self.leave()
         self.flushes += 1
         self.writer.write_window(tables)
+
+    @staticmethod
+    def _resolve(slots: list[Slot]) -> None:
+        """Fill every slot's ``fp`` (a ``digest.resolve_raw`` tuple). Rows of batches (most
+        slots) are resolved in bulk; the rest, and any a failed device left, one by one."""
+        rows = [s for s in slots if s.pending is BATCHED and not s.arena_pointer]
+        rest = [s for s in slots if not (s.pending is BATCHED and not s.arena_pointer)] if rows else slots
+        if rows:
+            for s, hexes in zip(rows, digest.resolve_rows(rows), strict=True):
+                if hexes is None:
+                    rest.append(s)
+                else:
+                    s.fp = (hexes, None, None, None, False)
+                    s.pending = None
+        if rest:
+            for s, fp in zip(rest, digest.resolve_raw([s.started() for s in rest]), strict=True):
+                s.fp = fp
+                s.pending = None
 
     def _record_columns(self, records: RecordBuffer) -> dict[str, list]:
         """Columns of the records table, plus what the resolved digests say: pointer-like

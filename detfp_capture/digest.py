@@ -538,6 +538,54 @@ def resolve_raw(pendings: Sequence[Pending]) -> list[RawDigest]:
     return out
 
 
+def resolve_rows(items: Sequence[Any]) -> list[str | None]:
+    """Digests (32 hex) of rows of sealed-at-resolve batches, in bulk: each item has ``arena``
+    (something with ``seal()`` -> lanes), ``row``, ``dtype``, ``shape`` and ``device``, and no
+    row digests, moments or pointer flag (the capture's batched Slots). What ``resolve_raw``
+    does per pending in Python (a dozen dictionary operations) done per batch instead: one
+    finalize and one fetch per device. None for items on a device that failed."""
+    out: list[str | None] = [None] * len(items)
+    by_dev: dict[Any, dict[Any, list[int]]] = {}
+    for i, it in enumerate(items):
+        arenas = by_dev.get(it.device)
+        if arenas is None:
+            arenas = by_dev[it.device] = {}
+        idx = arenas.get(it.arena)
+        if idx is None:
+            arenas[it.arena] = [i]
+        else:
+            idx.append(i)
+    meta_words = core.meta_words
+    with torch.no_grad():
+        for dev, arenas in by_dev.items():
+            try:
+                parts, order = [], []
+                for arena, idx in arenas.items():
+                    lanes = arena.seal()
+                    rows = [items[i].row for i in idx]
+                    if rows == list(range(len(rows))):
+                        parts.append(lanes[: len(rows)])
+                    else:
+                        parts.append(lanes.index_select(0, torch.tensor(rows, dtype=torch.int64, device=lanes.device)))
+                    order += idx
+                metas = [meta_words(items[i].dtype, items[i].shape) for i in order]
+                lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
+                if len(order) <= _HOST_FINALIZE:
+                    head = lanes_all.reshape(-1).to(torch.int64).cpu().tolist()
+                    words = []
+                    for k, meta in enumerate(metas):
+                        words += core.finalize_host(head[16 * k : 16 * k + 16], meta)
+                    hexes = "".join(f"{w:016x}" for w in words)
+                else:
+                    meta = torch.tensor(metas, dtype=torch.int64).to(dev)
+                    hexes = _hex_words(core.finalize(lanes_all, meta).reshape(-1).cpu())
+            except Exception:  # a device error surfacing late: these items get the general path
+                continue
+            for k, i in enumerate(order):
+                out[i] = hexes[32 * k : 32 * k + 32]
+    return out
+
+
 def _run_batches(pendings: Sequence[Pending]) -> tuple[dict, dict, dict]:
     leaves: list[Pending] = []
     for p in pendings:
