@@ -164,6 +164,29 @@ def args_text(src: Any) -> str | None:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
 
 
+_ARGS_MEMO: dict[tuple, str | None] = {}
+_ARGS_MEMO_LIMIT = 1 << 16
+#: Classes whose equal values always have the same ``_arg_repr`` (not bool, which equals 1,
+#: nor float, where -0.0 == 0.0).
+_EXACT = frozenset((int, str, type(None)))
+
+
+def _args_key(src: Any) -> tuple | None:
+    """A dictionary key for a ``flat_args`` tuple that is equal only when ``args_text`` is:
+    floats as ("f", exact hex text), other non-exact values with their class (tuples, so never
+    equal to a string argument); None when a value cannot be a key (or ``src`` is not flat)."""
+    if not src or src[0] is not _FLAT:
+        return None
+    try:
+        key = tuple(
+            v if v.__class__ in _EXACT else (("f", v.hex()) if v.__class__ is float else (v.__class__, v)) for v in src
+        )
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
 def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[bool], list[str | None]]:
     """Columns of the records table from a buffer whose slots are resolved.
 
@@ -191,6 +214,7 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
     }
     adcache: dict[int, str | None] = {}
     ads = []
+    memo = _ARGS_MEMO
     for c in calls:
         src = c[7]
         if src is None:
@@ -198,7 +222,17 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
             continue
         k = id(c)
         if k not in adcache:
-            adcache[k] = args_text(src)
+            # The same op arguments recur every step: their digest is memoized across flushes
+            # under an exact key (see _args_key), the text and BLAKE2b computed once.
+            key = _args_key(src)
+            text = memo.get(key) if key is not None else None
+            if text is None:
+                text = args_text(src)
+                if key is not None:
+                    if len(memo) >= _ARGS_MEMO_LIMIT:
+                        memo.clear()
+                    memo[key] = text
+            adcache[k] = text
         ads.append(adcache[k])
     cols["args_digest"] = ads
     # fps: digest.resolve_raw tuples (digest, error, rows, moments, pointer_like) or None.

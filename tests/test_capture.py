@@ -584,3 +584,38 @@ def test_staged_int64_pointer_checks_match_single_digests():
     single = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
     assert [(a.digest, a.pointer_like) for a in staged] == [(b.digest, b.pointer_like) for b in single]
     assert [f.pointer_like for f in staged] == [False, False, True, False, True, True, True]
+
+
+@pytest.mark.parametrize("n", [5, 40])  # finalized on the host (<= 32 digests), on the device
+def test_bulk_resolve_of_batched_rows_matches_resolve(n):
+    # The flush resolves batched rows in bulk (digest.resolve_rows): same digests as the general
+    # resolve, for rows in any order and from two batches at once.
+    from detfp_capture import digest
+    from detfp_capture._batchdigest import start_many
+    from detfp_capture._batching import Slot
+
+    g = torch.Generator().manual_seed(n)
+    ts = [torch.randn(1 + 37 * i, generator=g) for i in range(n)]
+    a, b = [Slot(None) for _ in ts], [Slot(None) for _ in ts]
+    start_many(ts, a)
+    start_many([t * 2 for t in ts], b)
+    items = [*a[::-1], *b[::2]]
+    want = [f.digest for f in digest.resolve([s.started() for s in items])]
+    assert digest.resolve_rows(items) == want
+
+
+def test_args_digest_memo_keeps_values_that_compare_equal_apart():
+    # Memoized across flushes, the args digest must still tell apart arguments that Python
+    # considers equal but whose text differs: -0.0 and 0.0, True and 1 and 1.0, a float and
+    # the string of its hex text.
+    from detfp_capture._records import RecordBuffer, args_text, flat_args, record_columns
+
+    variants = [[0.0], [-0.0], [1], [True], [1.0], [(1.0).hex()], [float("nan")], [[1, 2]], [[1, 2.0]]]
+    for _ in range(2):  # the second pass reads the memo
+        buf = RecordBuffer()
+        for i, v in enumerate(variants):
+            call = (0, -1, "forward", "", "op", "aten::x", i, flat_args(v, []), False)
+            buf.add(call, i, "output", "out", "torch.float32", (1,), 1, None, ())
+        got = record_columns(buf)[0]["args_digest"]
+        assert got == [args_text(flat_args(v, [])) for v in variants]
+        assert len(set(got)) == len(variants)
