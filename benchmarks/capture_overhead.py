@@ -123,12 +123,32 @@ class Runner:
         flush()
         return time.perf_counter() - t0
 
+    def drain(self) -> float:
+        """Flush and wait until the writer thread has written everything (untimed, after the
+        warm-up: its first window also creates the Parquet writers, a one-time cost that would
+        otherwise land on the first timed steps as contention for the interpreter lock)."""
+        self.flush()
+        writer = getattr(self.session, "_writer", None)
+        deadline = time.monotonic() + 60
+        while writer is not None and time.monotonic() < deadline:
+            if writer.windows_written + writer.dropped_windows >= writer.windows_queued:
+                break
+            time.sleep(0.005)
+        return 0.0
+
     def close(self) -> None:
         self.session.close()
 
 
 def _worker(config: str, args, out_root: str, conn) -> None:
     """One configuration in its own process: step on each request, answer with the step time."""
+    from detfp_capture import _steps
+
+    # Capture also flushes at a step end when the last flush is 20 s old. Interleaved with the
+    # other configurations, a configuration's own steps are a small fraction of the wall clock,
+    # so that timer would fire far more often per step than in a real run: only the record-count
+    # flushes (and the final one, see Runner.flush) are charged here.
+    _steps._FLUSH_SECONDS = float("inf")
     torch.set_num_threads(args.threads)
     runner = Runner(load_example(), config, args, Path(out_root))
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -137,8 +157,8 @@ def _worker(config: str, args, out_root: str, conn) -> None:
         # threads it started (the capture's writer) keep the whole machine, as in a real job.
         os.sched_setaffinity(0, {args.cpu})
     try:
-        while (cmd := conn.recv()) in ("step", "flush"):
-            conn.send(runner.step() if cmd == "step" else runner.flush())
+        while (cmd := conn.recv()) in ("step", "flush", "drain"):
+            conn.send(runner.step() if cmd == "step" else runner.flush() if cmd == "flush" else runner.drain())
     finally:
         runner.close()
         conn.send("closed")
@@ -171,7 +191,7 @@ def measure(args, tt, out_root: Path) -> dict[str, list[float]]:
             for c in configs:
                 call(c, "step")
         for c in configs:  # untimed: the warm-up steps' records are not the timed steps' cost
-            call(c, "flush")
+            call(c, "drain")
         for _ in range(args.rounds):
             order = list(configs)
             order_rng.shuffle(order)
