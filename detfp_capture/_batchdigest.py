@@ -198,7 +198,7 @@ class _Layout:
     """Where each tensor of a batch goes: computed from the tensors' dtypes, shapes and
     contiguity only, so a batch with the same signature reuses it (``_LAYOUTS``)."""
 
-    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "plan", "pos", "segments", "shapes")
+    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "plan", "pos", "rows", "segments", "shapes")
 
     def __init__(self, dev: torch.device) -> None:
         self.dev = dev
@@ -212,6 +212,7 @@ class _Layout:
         self.shapes: list[tuple[int, ...]] = []  # tuples: gc untracks them, not Sizes
         self.numels: list[int] = []
         self.plan: tuple | None = None  # _plan of flat_rows, built on the first run
+        self.rows = 0  # level-0 rows of the whole batch (sum of flat_rows)
 
 
 def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
@@ -251,6 +252,7 @@ def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
         for i in groups[k]:
             lay.pos[i] = len(lay.flat_rows)
             lay.flat_rows.append(k[1])
+    lay.rows = sum(lay.flat_rows)
     return lay
 
 
@@ -258,26 +260,34 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
     """Final lanes of ``ts`` (laid out by ``lay``) as one (n, 16) tensor, row ``lay.pos[i]``."""
     dev = lay.dev
     with torch.no_grad():
-        parts: list[torch.Tensor] = []  # level-0 lanes, in order
+        # Level-0 lanes of every segment, in order, written by each GEMM straight into its rows
+        # of one tensor (no concatenation copy afterwards).
+        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=dev)
+        at = [0]  # next row of ``lanes``
         buf = _SCRATCH.get(dev, lay.need) if lay.need else None
         region = [0, 0]  # scratch bytes [start, end) written but not hashed yet
+
+        def hash_rows(x: torch.Tensor) -> None:
+            r = at[0]
+            core.mm(x, 0, out=lanes[r : r + x.shape[0]])
+            at[0] = r + x.shape[0]
 
         def hash_region() -> None:
             a, b = region
             if b > a:
-                parts.append(core.mm(buf[a:b].view(-1, _K), 0))
+                hash_rows(buf[a:b].view(-1, _K))
             region[0] = b
 
         for seg in lay.segments:
             if seg[0] is None:  # hashed in place: no copy (at a step boundary, most bytes)
                 hash_region()
-                parts.append(core.mm(ts[seg[1]].reshape(-1).view(torch.int8).view(-1, _K), 0))
+                hash_rows(ts[seg[1]].reshape(-1).view(torch.int8).view(-1, _K))
                 continue
             dt, run, nb = seg
             pieces = [ts[i] for i in run]
             if buf is None or nb > buf.numel():
                 hash_region()
-                parts.append(core.mm(_flat_rows(pieces, dev)[0].view(-1, _K), 0))
+                hash_rows(_flat_rows(pieces, dev)[0].view(-1, _K))
                 continue
             if region[1] + nb > buf.numel():
                 hash_region()
@@ -286,7 +296,8 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
             _cat_rows(pieces, buf[a : a + nb].view(dt), dev)
             region[1] = a + nb
         hash_region()
-        lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if at[0] != lay.rows:  # never leave rows of ``lanes`` unwritten (caller falls back)
+            raise RuntimeError(f"batch layout wrote {at[0]} of {lay.rows} level-0 rows")
         if lay.plan is None:
             lay.plan = _plan(tuple(lay.flat_rows), dev)
         return _finish(lanes, lay.flat_rows, dev, lay.plan)
