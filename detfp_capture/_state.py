@@ -7,9 +7,10 @@ Everything that captures goes through one ``Recorder``:
   (``_records``); each tensor's digest is started on its device (no host sync), staged as a
   snapshot, or deferred to a batch (``_batching``), unless an identical (tensor, version) was
   already digested, in which case the earlier ``Slot`` is shared;
-* ``flush`` runs what waits, resolves every pending digest with one ``digest.resolve_raw``
-  (one device-to-host copy per device), builds the columns and hands one window to the
-  ``ShardWriter``, whose thread computes the key hashes and writes Parquet.
+* ``flush`` runs what waits, resolves every pending digest (rows of batches in bulk with
+  ``digest.resolve_rows``, the rest with ``digest.resolve_raw``: at most two device-to-host
+  copies per device), builds the columns and hands one window to the ``ShardWriter``, whose
+  thread computes the key hashes and writes Parquet.
 
 The recorder never raises into training: callers wrap it, and any exception ends in
 ``fail`` (a ``capture_error`` event, one warning, capture disabled).
