@@ -472,12 +472,9 @@ class Recorder(Batching):
             # A flush allocates tens of thousands of objects that die when it ends (gc_paused).
             with gc_paused():
                 self.run_deferred()
-                slots = []
-                seen = set()
-                for s in records.slot:
-                    if s is not None and s.fp is None and id(s) not in seen:
-                        seen.add(id(s))
-                        slots.append(s)
+                # Each distinct slot once, in first-record order (dict.fromkeys dedupes by
+                # identity in C; Slots hash by identity).
+                slots = [s for s in dict.fromkeys(records.slot) if s is not None and s.fp is None]
                 if slots:
                     self._resolve(slots)
                 tables: dict[str, dict[str, list]] = {}
