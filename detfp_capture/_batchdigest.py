@@ -303,7 +303,8 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         return _finish(lanes, lay.flat_rows, dev, lay.plan)
 
 
-#: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) skip the flatten copy.
+#: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) are hashed where they
+#: are, without a copy: in batches here and when staged (_staging).
 _DIRECT = 256 << 10
 
 

@@ -12,7 +12,7 @@ import torch
 
 from detfp_capture import _digest_core as core
 from detfp_capture import digest
-from detfp_capture._batchdigest import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _finish, fill
+from detfp_capture._batchdigest import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, _finish, fill
 
 __all__ = ["Staging"]
 
@@ -24,8 +24,9 @@ class Staging:
 
     Two ways in, chosen per tensor when it is put:
 
-    - **hashed where it is**: a contiguous tensor of whole 1024-byte rows and at least
-      ``DIRECT_MIN`` bytes gets its level-0 GEMM now, reading it in place, written into a second
+    - **hashed where it is**: a tensor that a step-boundary batch would hash in place too
+      (``_batchdigest._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
+      whose pointer check reads the snapshot) gets its level-0 GEMM now, reading it in place, written into a second
       buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
       input for all of them, hashed by one GEMM when the batch runs. Large activations are
       never copied: a copy and the later re-read of a cold snapshot cost more than a GEMM on
@@ -39,8 +40,6 @@ class Staging:
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
     MAX_TENSOR = 16 << 20
-    #: Contiguous whole-row tensors from this many bytes are hashed in place at level 0.
-    DIRECT_MIN = 256 << 10
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
@@ -92,22 +91,15 @@ class Staging:
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
         need = need1 = 0
-        in_place: list[bool] = []
+        rows: list[int] = []  # level-0 rows of each tensor; negative: hashed in place
         any_m = self._any_m
         for t in ts:
-            nb = t.numel() * t.dtype.itemsize
-            m = -(-nb // _K)
-            ok = (
-                nb >= Staging.DIRECT_MIN
-                and m * _K == nb
-                and (any_m or (m >= 32 and m % 8 == 0))
-                and t.dtype is not _INT64  # int64 is snapshotted: its pointer check reads the copy
-                and t.is_contiguous()
-            )
-            in_place.append(ok)
-            if ok:
+            m = -(-(t.numel() * t.dtype.itemsize) // _K)
+            if _direct(t) and t.dtype is not _INT64 and (any_m or (m >= 32 and m % 8 == 0)):
+                rows.append(-m)
                 need1 += -(-m // 16)
             else:
+                rows.append(m)
                 need += m
         if self.used + need > self.cap_rows or self.l1_used + need1 > self.l1_cap:
             return False
@@ -122,13 +114,12 @@ class Staging:
         if prev:
             torch._C._set_grad_enabled(False)
         try:
-            for t, slot, direct in zip(ts, slots, in_place, strict=True):
+            for t, slot, m in zip(ts, slots, rows, strict=True):
                 dt = t.dtype
                 numel = t.numel()
-                nb = numel * dt.itemsize
-                m = -(-nb // _K)
                 shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
-                if direct:
+                if m < 0:
+                    m = -m
                     m1 = -(-m // 16)
                     a = row1 * 16
                     core.mm(t.view(-1).view(torch.int8).view(m, _K), 0, out=self.lanes[a : a + m])
@@ -144,7 +135,7 @@ class Staging:
                 typed = self.typed.get(dt)
                 if typed is None:
                     typed = self._typed(dt)
-                if m * _K != nb:  # the tail of the last row must be zero (the buffer is reused)
+                if m * _K != numel * dt.itemsize:  # the last row's tail must be zero (the buffer is reused)
                     self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
                 typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
                 i_slot.append(slot)
