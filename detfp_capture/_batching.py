@@ -96,6 +96,13 @@ class Slot:
         return self if self.pending is BATCHED else self.pending
 
 
+def _modified(t: torch.Tensor) -> digest.Pending:
+    """The digest of a deferred tensor written before its batch ran: an error, never a guess."""
+    p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
+    p.error = "modified in place before its deferred digest ran"
+    return p
+
+
 class Batching:
     """Recorder methods that run waiting digests (the recorder holds the state)."""
 
@@ -125,9 +132,7 @@ class Batching:
             if t is None:  # evicted: snapshotted before a write
                 continue
             if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
-                p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-                p.error = "modified in place before its deferred digest ran"
-                s.pending = p
+                s.pending = _modified(t)
             else:
                 live_s.append(s)
                 live_t.append(t)
@@ -159,9 +164,7 @@ class Batching:
                 deferred[i] = None
                 s, v = self.deferred_slots[i], self.deferred_versions[i]
                 if v is not None and t._version != v:
-                    p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-                    p.error = "modified in place before its deferred digest ran"
-                    s.pending = p
+                    s.pending = _modified(t)
                 elif Staging.fits(t):
                     ts.append(t)
                     ss.append(s)
@@ -169,21 +172,6 @@ class Batching:
                     s.pending = digest.start(t)
         if ts:
             self._stage_many(ts, ss)
-
-    def _stage(self, t: torch.Tensor) -> Slot | None:
-        """Snapshot ``t`` into the device's staging buffer; None when it cannot be staged."""
-        st = self.staging.get(t.device)
-        if st is None:
-            st = self.staging[t.device] = Staging(t.device)
-        s = Slot(None)
-        try:
-            if not st.put(t, s):
-                self.run_staging()
-                if not st.put(t, s):
-                    return None
-        except Exception:
-            return None
-        return s
 
     def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now."""

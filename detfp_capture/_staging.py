@@ -74,10 +74,6 @@ class Staging:
             and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
         )
 
-    def put(self, t: torch.Tensor, slot: object) -> bool:
-        """Take ``t``; False when the batch is full (run it first)."""
-        return self.put_many([t], [slot])
-
     def _typed(self, dt: torch.dtype) -> torch.Tensor:
         v = self.typed.get(dt)
         if v is None:

@@ -192,10 +192,10 @@ class Recorder(Batching):
             hit = self.vcache.get(key)
             if hit is not None and hit.matches(t, version, rows, moments):
                 return hit
-        s = None
         if rows is False and not moments and Staging.fits(t):
-            s = self._stage(t)
-        if s is None:
+            s = Slot(None)
+            self._stage_many([t], [s])  # staged, or digested now if it cannot be
+        else:
             s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
         if version is not None:
             if len(self.vcache) >= _VERSION_CACHE_LIMIT:
