@@ -192,7 +192,7 @@ class Batching:
         except Exception:
             pass
         for t, s in zip(ts, slots, strict=True):
-            s.pending = digest.start(t)
+            s.pending = digest.start(t, pointer_check=t.dtype is torch.int64)
 
     def run_staging(self) -> None:
         with gc_paused():

@@ -619,3 +619,19 @@ def test_args_digest_memo_keeps_values_that_compare_equal_apart():
         got = record_columns(buf)[0]["args_digest"]
         assert got == [args_text(flat_args(v, [])) for v in variants]
         assert len(set(got)) == len(variants)
+
+
+def test_int64_probe_keeps_its_pointer_check_when_staging_fails(tmp_path, monkeypatch):
+    # int64 tensors are staged like the others; when staging cannot take them, the digest taken
+    # instead must still check for device-pointer tables.
+    from detfp_capture._staging import Staging
+
+    def broken(*a, **k):
+        raise RuntimeError("staging unavailable")
+
+    monkeypatch.setattr(Staging, "put_many", broken)
+    table = torch.arange(0, 64 * 16, 16) + (1 << 33)
+    with Session(tmp_path / "r", "boundaries") as s, s.step(0):
+        s.probe("table", table)
+    r = read(tmp_path / "r").filter(pl.col("kind") == "probe")
+    assert r["hazards"].to_list() == [["pointer_like"]]
