@@ -417,21 +417,12 @@ class _Batch:
         metas = list(self.direct_meta)
         offsets: dict[_Arena, int] = {}
         for arena, (rows, ameta) in self.arenas.items():
-            lanes = arena.seal()
             offsets[arena] = len(metas)
-            if rows == list(range(len(rows))):
-                parts.append(lanes[: len(rows)])
-            else:
-                parts.append(lanes[torch.tensor(rows, dtype=torch.int64, device=device)])
+            parts.append(_arena_rows(arena, rows))
             metas += ameta
-        n = len(metas)
         lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
-        on_host = n <= _HOST_FINALIZE
-        if on_host:  # ~120 tiny device ops cost more than a few Python mixes
-            pack = [lanes_all.reshape(-1).to(torch.int64)]
-        else:
-            meta = torch.tensor(metas, dtype=torch.int64).to(device)
-            pack = [core.finalize(lanes_all, meta).reshape(-1)]
+        words, on_host = _final_words(lanes_all, metas, device)
+        pack = [words]
         moments = self.moments.gather(lambda a: (a.mom_out, a.mom_pos))
         pointers = self.pointers.gather(lambda a: (a.ptr_out, a.ptr_pos))
         if moments is not None:
@@ -441,17 +432,39 @@ class _Batch:
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
         nd = pack[0].numel()
         nm = 0 if moments is None else moments.numel()
-        if on_host:
-            head = host[:nd].tolist()
-            words = []
-            for i in range(n):
-                words += core.finalize_host(head[16 * i : 16 * i + 16], metas[i])
-            hexes = "".join(f"{w:016x}" for w in words)
-        else:
-            hexes = _hex_words(host[:nd])
+        hexes = _hexes(host[:nd], metas, on_host)
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if pointers is not None else []
         return hexes, offsets, moms, ptrs
+
+
+def _arena_rows(arena: Any, rows: list[int]) -> torch.Tensor:
+    """Lanes of these rows of a sealed arena (or batch), in this order."""
+    lanes = arena.seal()
+    if rows == list(range(len(rows))):
+        return lanes[: len(rows)]
+    return lanes.index_select(0, torch.tensor(rows, dtype=torch.int64, device=lanes.device))
+
+
+def _final_words(lanes: torch.Tensor, metas: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, bool]:
+    """What to fetch for these digests (1-D int64 on ``device``), and whether the host still
+    finalizes it: a few digests are finalized in Python (~120 tiny device ops cost more than a
+    few mixes), the rest on the device."""
+    if len(metas) <= _HOST_FINALIZE:
+        return lanes.reshape(-1).to(torch.int64), True
+    meta = torch.tensor(metas, dtype=torch.int64).to(device)
+    return core.finalize(lanes, meta).reshape(-1), False
+
+
+def _hexes(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool) -> str:
+    """The fetched ``_final_words`` as one string of 32-hex digests."""
+    if not on_host:
+        return _hex_words(host)
+    head = host.tolist()
+    words: list[int] = []
+    for i, meta in enumerate(metas):
+        words += core.finalize_host(head[16 * i : 16 * i + 16], meta)
+    return "".join(f"{w:016x}" for w in words)
 
 
 def _hex_words(words: torch.Tensor) -> str:
@@ -561,24 +574,11 @@ def resolve_rows(items: Sequence[Any]) -> list[str | None]:
             try:
                 parts, order = [], []
                 for arena, idx in arenas.items():
-                    lanes = arena.seal()
-                    rows = [items[i].row for i in idx]
-                    if rows == list(range(len(rows))):
-                        parts.append(lanes[: len(rows)])
-                    else:
-                        parts.append(lanes.index_select(0, torch.tensor(rows, dtype=torch.int64, device=lanes.device)))
+                    parts.append(_arena_rows(arena, [items[i].row for i in idx]))
                     order += idx
                 metas = [meta_words(items[i].dtype, items[i].shape) for i in order]
-                lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
-                if len(order) <= _HOST_FINALIZE:
-                    head = lanes_all.reshape(-1).to(torch.int64).cpu().tolist()
-                    words = []
-                    for k, meta in enumerate(metas):
-                        words += core.finalize_host(head[16 * k : 16 * k + 16], meta)
-                    hexes = "".join(f"{w:016x}" for w in words)
-                else:
-                    meta = torch.tensor(metas, dtype=torch.int64).to(dev)
-                    hexes = _hex_words(core.finalize(lanes_all, meta).reshape(-1).cpu())
+                words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev)
+                hexes = _hexes(words.cpu(), metas, on_host)  # the one device->host copy
             except Exception:  # a device error surfacing late: these items get the general path
                 continue
             for k, i in enumerate(order):
