@@ -73,7 +73,6 @@ class Runner:
         self.session.watch(self.model)
         self.session.watch_optimizer(self.optimizer)
         self.step_no = 0
-        self.times: list[float] = []
         self.modes: list[object] = []  # DebugMode instances, kept so their logs are not freed inside the timing
 
     def _wrap(self):
