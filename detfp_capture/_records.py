@@ -235,7 +235,7 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
             adcache[k] = text
         ads.append(adcache[k])
     cols["args_digest"] = ads
-    # fps: digest.resolve_raw tuples (digest, error, rows, moments, pointer_like) or None.
+    # fps: _resolve.resolve_raw tuples (digest, error, rows, moments, pointer_like) or None.
     ok = [fp is not None and fp[1] is None for fp in fps]
     digests = [fp[0] if o else None for fp, o in zip(fps, ok, strict=True)]
     cols["status"] = ["ok" if o else ("skipped" if fp is None else "error") for fp, o in zip(fps, ok, strict=True)]

@@ -8,7 +8,7 @@ Everything that captures goes through one ``Recorder``:
   snapshot, or deferred to a batch (``_batching``), unless an identical (tensor, version) was
   already digested, in which case the earlier ``Slot`` is shared;
 * ``flush`` runs what waits, resolves every pending digest (rows of batches in bulk with
-  ``digest.resolve_rows``, the rest with ``digest.resolve_raw``: at most two device-to-host
+  ``_resolve.resolve_rows``, the rest with ``_resolve.resolve_raw``: at most two device-to-host
   copies per device), builds the columns and hands one window to the ``ShardWriter``, whose
   thread computes the key hashes and writes Parquet.
 
@@ -32,6 +32,7 @@ from detfp_capture._batchdigest import BATCHED, start_many
 from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer, record_columns
+from detfp_capture._resolve import resolve_raw, resolve_rows
 from detfp_capture._staging import Staging
 
 __all__ = ["Recorder", "Slot"]
@@ -494,19 +495,19 @@ class Recorder(Batching):
 
     @staticmethod
     def _resolve(slots: list[Slot]) -> None:
-        """Fill every slot's ``fp`` (a ``digest.resolve_raw`` tuple). Rows of batches (most
+        """Fill every slot's ``fp`` (a ``resolve_raw`` tuple). Rows of batches (most
         slots) are resolved in bulk; the rest, and any a failed device left, one by one."""
         rows = [s for s in slots if s.pending is BATCHED and not s.arena_pointer]
         rest = [s for s in slots if not (s.pending is BATCHED and not s.arena_pointer)] if rows else slots
         if rows:
-            for s, hexes in zip(rows, digest.resolve_rows(rows), strict=True):
+            for s, hexes in zip(rows, resolve_rows(rows), strict=True):
                 if hexes is None:
                     rest.append(s)
                 else:
                     s.fp = (hexes, None, None, None, False)
                     s.pending = None
         if rest:
-            for s, fp in zip(rest, digest.resolve_raw([s.started() for s in rest]), strict=True):
+            for s, fp in zip(rest, resolve_raw([s.started() for s in rest]), strict=True):
                 s.fp = fp
                 s.pending = None
 

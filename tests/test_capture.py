@@ -588,11 +588,12 @@ def test_staged_int64_pointer_checks_match_single_digests():
 
 @pytest.mark.parametrize("n", [5, 40])  # finalized on the host (<= 32 digests), on the device
 def test_bulk_resolve_of_batched_rows_matches_resolve(n):
-    # The flush resolves batched rows in bulk (digest.resolve_rows): same digests as the general
-    # resolve, for rows in any order and from two batches at once.
+    # The flush resolves batched rows in bulk (_resolve.resolve_rows): same digests as the
+    # general resolve, for rows in any order and from two batches at once.
     from detfp_capture import digest
     from detfp_capture._batchdigest import start_many
     from detfp_capture._batching import Slot
+    from detfp_capture._resolve import resolve_rows
 
     g = torch.Generator().manual_seed(n)
     ts = [torch.randn(1 + 37 * i, generator=g) for i in range(n)]
@@ -601,7 +602,7 @@ def test_bulk_resolve_of_batched_rows_matches_resolve(n):
     start_many([t * 2 for t in ts], b)
     items = [*a[::-1], *b[::2]]
     want = [f.digest for f in digest.resolve([s.started() for s in items])]
-    assert digest.resolve_rows(items) == want
+    assert resolve_rows(items) == want
 
 
 def test_args_digest_memo_keeps_values_that_compare_equal_apart():

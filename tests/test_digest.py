@@ -525,15 +525,17 @@ def test_cuda_graph_capture_gives_an_error_marker_not_a_recorded_digest():
 
 
 def test_hex_rendering_with_and_without_numpy(monkeypatch):
+    from detfp_capture._resolve import _hex_words
+
     words = torch.tensor([0, -1, 1, -(2**63), 2**63 - 1, 0x0123456789ABCDEF], dtype=torch.int64)
     want = "".join(f"{w & (2**64 - 1):016x}" for w in words.tolist())
-    assert D._hex_words(words) == want
+    assert _hex_words(words) == want
 
     def no_numpy(self):
         raise RuntimeError("Numpy is not available")
 
     monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
-    assert D._hex_words(words) == want
+    assert _hex_words(words) == want
 
 
 def test_fingerprints_pickle_and_components_stay_read_only():

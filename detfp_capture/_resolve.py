@@ -1,0 +1,310 @@
+"""``resolve``: started digests (``digest.Pending``) to fingerprints, in batches.
+
+A resolve finalizes every digest of a device at once (the 16 lanes of each mixed with its
+metadata word, on the device or, for a few, on the host) and fetches them, with the moments and
+pointer flags asked for, in one device-to-host copy per device. ``resolve_raw`` gives plain
+tuples instead of ``Fingerprint`` objects and ``resolve_rows`` resolves rows of batches in
+bulk: both for the capture's flush. Public through ``detfp_capture.digest``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from detfp_capture import _digest_core as core
+from detfp_capture._digest_types import Fingerprint, Moments, _fingerprint_fast
+
+__all__ = ["RawDigest", "resolve", "resolve_raw", "resolve_rows"]
+
+#: Batches up to this size are finalized on the host (cheaper than ~120 tiny device ops).
+_HOST_FINALIZE = 32
+
+Pending = Any  # digest.Pending (not imported: digest imports this module)
+_Arena = Any  # digest._Arena, or a batch with the same seal()/rows interface
+
+
+class _Batch:
+    """Everything one device contributes to a resolve: lanes to finalize, moments, pointer flags."""
+
+    def __init__(self) -> None:
+        self.direct: list[torch.Tensor] = []
+        self.direct_meta: list[tuple[int, int]] = []
+        self.arenas: dict[_Arena, tuple[list[int], list[tuple[int, int]]]] = {}
+        self.slots: dict[int, tuple[_Arena | None, int]] = {}  # id(pending) -> (group, index)
+        self.row_slots: dict[int, int] = {}  # id(pending) -> first direct index of its rows
+        self.moments = _Column()  # (4,) float64 per pending
+        self.pointers = _Column()  # 0-dim bool per pending
+
+    def add(self, p: Pending) -> None:
+        key = id(p)
+        if key in self.slots:
+            return
+        meta = core.meta_words(p.dtype, p.shape)
+        if p.arena is not None:
+            rows, metas = self.arenas.setdefault(p.arena, ([], []))
+            self.slots[key] = (p.arena, len(rows))
+            rows.append(p.row)
+            metas.append(meta)
+        else:
+            self.slots[key] = (None, len(self.direct_meta))
+            self.direct.append(p.lanes)
+            self.direct_meta.append(meta)
+        if p.rows_lanes is not None:
+            self.row_slots[key] = len(self.direct_meta)
+            self.direct.append(p.rows_lanes)
+            for count, shape in p.rows_meta:
+                self.direct_meta += [core.meta_words(p.dtype, shape)] * count
+        if p.moments is not None:
+            self.moments.add(key, p.moments)
+        elif p.arena_moments:
+            self.moments.add_row(key, p.arena, p.row)
+        if p.pointer is not None:
+            self.pointers.add(key, p.pointer)
+        elif p.arena_pointer:
+            self.pointers.add_row(key, p.arena, p.row)
+
+    def run(self, device: torch.device) -> tuple[list[int], dict[_Arena, int], list[float], list[int]]:
+        """Finalize, fetch once; returns (all digests as one hex string, arena offsets, moments, pointers)."""
+        parts = list(self.direct)
+        metas = list(self.direct_meta)
+        offsets: dict[_Arena, int] = {}
+        for arena, (rows, ameta) in self.arenas.items():
+            offsets[arena] = len(metas)
+            parts.append(_arena_rows(arena, rows))
+            metas += ameta
+        lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
+        words, on_host = _final_words(lanes_all, metas, device)
+        pack = [words]
+        moments = self.moments.gather(lambda a: (a.mom_out, a.mom_pos))
+        pointers = self.pointers.gather(lambda a: (a.ptr_out, a.ptr_pos))
+        if moments is not None:
+            pack.append(moments.view(torch.int64).reshape(-1))
+        if pointers is not None:
+            pack.append(pointers.to(torch.int64))
+        host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
+        nd = pack[0].numel()
+        nm = 0 if moments is None else moments.numel()
+        hexes = _hexes(host[:nd], metas, on_host)
+        moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
+        ptrs = host[nd + nm :].tolist() if pointers is not None else []
+        return hexes, offsets, moms, ptrs
+
+
+def _arena_rows(arena: Any, rows: list[int]) -> torch.Tensor:
+    """Lanes of these rows of a sealed arena (or batch), in this order."""
+    lanes = arena.seal()
+    if rows == list(range(len(rows))):
+        return lanes[: len(rows)]
+    return lanes.index_select(0, torch.tensor(rows, dtype=torch.int64, device=lanes.device))
+
+
+def _final_words(lanes: torch.Tensor, metas: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, bool]:
+    """What to fetch for these digests (1-D int64 on ``device``), and whether the host still
+    finalizes it: a few digests are finalized in Python (~120 tiny device ops cost more than a
+    few mixes), the rest on the device."""
+    if len(metas) <= _HOST_FINALIZE:
+        return lanes.reshape(-1).to(torch.int64), True
+    meta = torch.tensor(metas, dtype=torch.int64).to(device)
+    return core.finalize(lanes, meta).reshape(-1), False
+
+
+def _hexes(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool) -> str:
+    """The fetched ``_final_words`` as one string of 32-hex digests."""
+    if not on_host:
+        return _hex_words(host)
+    head = host.tolist()
+    words: list[int] = []
+    for i, meta in enumerate(metas):
+        words += core.finalize_host(head[16 * i : 16 * i + 16], meta)
+    return "".join(f"{w:016x}" for w in words)
+
+
+def _hex_words(words: torch.Tensor) -> str:
+    """Concatenated 16-hex (big-endian) renderings of a 1-D CPU int64 tensor, in one call."""
+    try:
+        return words.view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
+    except RuntimeError:  # torch built without numpy
+        return "".join(f"{w & core._MASK64:016x}" for w in words.tolist())
+
+
+class _Column:
+    """Per-pending device values (moments, pointer flags) from two sources, gathered in one order:
+    tensors computed at start, and rows of arenas computed at seal."""
+
+    def __init__(self) -> None:
+        self.direct: list[torch.Tensor] = []
+        self.rows: dict[_Arena, list[int]] = {}
+        self.slots: dict[int, tuple[_Arena | None, int]] = {}  # id(pending) -> (source, index)
+        self.offsets: dict[_Arena | None, int] = {}
+
+    def add(self, key: int, value: torch.Tensor) -> None:
+        self.slots[key] = (None, len(self.direct))
+        self.direct.append(value)
+
+    def add_row(self, key: int, arena: _Arena, row: int) -> None:
+        rows = self.rows.setdefault(arena, [])
+        self.slots[key] = (arena, len(rows))
+        rows.append(row)
+
+    def gather(self, source) -> torch.Tensor | None:
+        """One tensor: the direct values, then each arena's rows (arenas already sealed)."""
+        parts = []
+        at = 0
+        if self.direct:
+            parts.append(torch.stack(self.direct))
+            self.offsets[None] = 0
+            at = len(self.direct)
+        for arena, rows in self.rows.items():
+            out, pos = source(arena)
+            parts.append(out[torch.tensor([pos[r] for r in rows], dtype=torch.int64, device=out.device)])
+            self.offsets[arena] = at
+            at += len(rows)
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def index(self, key: int) -> int | None:
+        slot = self.slots.get(key)
+        return None if slot is None else self.offsets[slot[0]] + slot[1]
+
+
+def _leaves(p: Pending, out: list[Pending]) -> None:
+    if p.error is not None:
+        return
+    if p.components is not None:
+        for c in p.components.values():
+            _leaves(c, out)
+    else:
+        out.append(p)
+
+
+def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
+    """Fingerprints of started digests, in order: one batched finalize and one fetch per device."""
+    batches, results, failed = _run_batches(pendings)
+    return [_build(p, batches, results, failed) for p in pendings]
+
+
+#: What ``resolve_raw`` gives per pending: (digest hex or "", error or None, row digests or None,
+#: Moments or None, pointer_like).
+RawDigest = tuple
+
+
+def resolve_raw(pendings: Sequence[Pending]) -> list[RawDigest]:
+    """``resolve`` as plain tuples, for the capture's flush: no Fingerprint objects (two objects
+    each for the cyclic collector to track; a flush resolves tens of thousands)."""
+    batches, results, failed = _run_batches(pendings)
+    out: list[RawDigest] = []
+    for p in pendings:
+        if p.error is None and p.components is None and p.device not in failed:
+            out.append(_raw(p, batches, results))
+        else:
+            f = _build(p, batches, results, failed)
+            out.append((f.digest, f.error, f.rows, f.moments, f.pointer_like))
+    return out
+
+
+def resolve_rows(items: Sequence[Any]) -> list[str | None]:
+    """Digests (32 hex) of rows of sealed-at-resolve batches, in bulk: each item has ``arena``
+    (something with ``seal()`` -> lanes), ``row``, ``dtype``, ``shape`` and ``device``, and no
+    row digests, moments or pointer flag (the capture's batched Slots). What ``resolve_raw``
+    does per pending in Python (a dozen dictionary operations) done per batch instead: one
+    finalize and one fetch per device. None for items on a device that failed."""
+    out: list[str | None] = [None] * len(items)
+    by_dev: dict[Any, dict[Any, list[int]]] = {}
+    for i, it in enumerate(items):
+        arenas = by_dev.get(it.device)
+        if arenas is None:
+            arenas = by_dev[it.device] = {}
+        idx = arenas.get(it.arena)
+        if idx is None:
+            arenas[it.arena] = [i]
+        else:
+            idx.append(i)
+    meta_words = core.meta_words
+    with torch.no_grad():
+        for dev, arenas in by_dev.items():
+            try:
+                parts, order = [], []
+                for arena, idx in arenas.items():
+                    parts.append(_arena_rows(arena, [items[i].row for i in idx]))
+                    order += idx
+                metas = [meta_words(items[i].dtype, items[i].shape) for i in order]
+                words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev)
+                hexes = _hexes(words.cpu(), metas, on_host)  # the one device->host copy
+            except Exception:  # a device error surfacing late: these items get the general path
+                continue
+            for k, i in enumerate(order):
+                out[i] = hexes[32 * k : 32 * k + 32]
+    return out
+
+
+def _run_batches(pendings: Sequence[Pending]) -> tuple[dict, dict, dict]:
+    leaves: list[Pending] = []
+    for p in pendings:
+        _leaves(p, leaves)
+    batches: dict[Any, _Batch] = {}
+    for p in leaves:
+        b = batches.get(p.device)
+        if b is None:
+            b = batches[p.device] = _Batch()
+        b.add(p)
+    results: dict[Any, Any] = {}
+    failed: dict[Any, str] = {}
+    with torch.no_grad():
+        for dev, b in batches.items():
+            try:
+                results[dev] = b.run(dev)
+            except Exception as e:  # e.g. a device error surfacing late: mark that device's digests
+                failed[dev] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return batches, results, failed
+
+
+_DTYPE_STR: dict[torch.dtype | None, str] = {}
+
+
+def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprint:
+    dtype = _DTYPE_STR.get(p.dtype)
+    if dtype is None:
+        dtype = _DTYPE_STR[p.dtype] = str(p.dtype) if p.dtype is not None else ""
+    shape = tuple(p.shape)  # torch.Size holds Python ints
+    if p.error is not None:
+        return Fingerprint(dtype, shape, p.numel, "", error=p.error)
+    if p.components is not None:
+        comps = {n: _build(c, batches, results, failed) for n, c in p.components.items()}
+        view = MappingProxyType(comps)
+        for n, f in comps.items():
+            if f.error is not None:
+                return Fingerprint(dtype, shape, p.numel, "", components=view, error=f"component {n!r}: {f.error}")
+        digest = core.combine(p.type_name, dtype, shape, [(n, f.digest) for n, f in comps.items()])
+        return Fingerprint(dtype, shape, p.numel, digest, components=view)
+    if p.device in failed:
+        return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
+    digest, _, rows, m, ptr = _raw(p, batches, results)
+    return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
+
+
+def _raw(p: Pending, batches: dict, results: dict) -> RawDigest:
+    b = batches[p.device]
+    hexes, offsets, moms, ptrs = results[p.device]
+    key = id(p)
+    group, i = b.slots[key]
+    if group is not None:
+        i += offsets[group]
+    digest = hexes[32 * i : 32 * i + 32]
+    rows = None
+    if key in b.row_slots:
+        r0 = b.row_slots[key]
+        n = sum(c for c, _ in p.rows_meta)
+        rows = tuple(hexes[32 * j : 32 * j + 32] for j in range(r0, r0 + n))
+    m = None
+    j = b.moments.index(key)
+    if j is not None:
+        j *= 4
+        m = Moments(moms[j], moms[j + 1], int(moms[j + 2]), int(moms[j + 3]))
+    j = b.pointers.index(key)
+    ptr = bool(ptrs[j]) if j is not None else False
+    return (digest, None, rows, m, ptr)
