@@ -80,7 +80,9 @@ def start_many(
     lay = _LAYOUTS.get(sig) if sig is not None else None
     if lay is not None and not (lay.dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         try:
-            final = _run_layout(list(tensors), lay)
+            if lay.own is None and lay.need:
+                _own(lay)  # a layout used twice is a step boundary's: worth its own buffer
+            final = _run_owned(tensors, lay) if lay.own is not None else _run_layout(list(tensors), lay)
         except Exception:
             lay = None
         else:
@@ -152,6 +154,8 @@ def _signature(ts: Sequence[torch.Tensor]) -> tuple | None:
 
 _LAYOUTS: dict[tuple, _Layout] = {}
 _LAYOUT_LIMIT = 16
+#: The most bytes the cached layouts' own buffers (``_own``) may hold together.
+_OWN_LIMIT = 64 << 20
 
 
 class BatchLanes:
@@ -198,7 +202,10 @@ class _Layout:
     """Where each tensor of a batch goes: computed from the tensors' dtypes, shapes and
     contiguity only, so a batch with the same signature reuses it (``_LAYOUTS``)."""
 
-    __slots__ = ("dev", "dtypes", "flat_rows", "need", "numels", "plan", "pos", "rows", "segments", "shapes")
+    __slots__ = (
+        "dev", "dst", "dtypes", "flat_rows", "need", "numels", "own", "plan", "pos", "rows", "segments", "shapes",
+        "src", "stretches",
+    )  # fmt: skip
 
     def __init__(self, dev: torch.device) -> None:
         self.dev = dev
@@ -213,6 +220,13 @@ class _Layout:
         self.numels: list[int] = []
         self.plan: tuple | None = None  # _plan of flat_rows, built on the first run
         self.rows = 0  # level-0 rows of the whole batch (sum of flat_rows)
+        # Set by _own for a reused layout: its own zeroed buffer (int8), the views of it that
+        # the copied tensors (indices ``src``) go to, and the level-0 GEMMs in lanes order:
+        # (int8 rows of ``own``, or the index of a tensor hashed in place; first lanes row).
+        self.own: torch.Tensor | None = None
+        self.dst: list[torch.Tensor] = []
+        self.src: list[int] = []
+        self.stretches: list[tuple] = []
 
 
 def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
@@ -298,6 +312,64 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         hash_region()
         if at[0] != lay.rows:  # never leave rows of ``lanes`` unwritten (caller falls back)
             raise RuntimeError(f"batch layout wrote {at[0]} of {lay.rows} level-0 rows")
+        if lay.plan is None:
+            lay.plan = _plan(tuple(lay.flat_rows), dev)
+        return _finish(lanes, lay.flat_rows, dev, lay.plan)
+
+
+def _own(lay: _Layout) -> None:
+    """Give a reused layout its own buffer, zeroed once, with a view of it shaped like each
+    tensor that is copied: ``_run_owned`` then takes the copies in one ``_foreach_copy_`` call
+    instead of building per-tensor views and padding pieces every time (at a step boundary of
+    a small model, that Python costs more than the hashing). The padding stays zero: nothing
+    else writes the buffer. Skipped past ``_OWN_LIMIT`` bytes for all layouts together."""
+    if sum(other.need for other in _LAYOUTS.values() if other.own is not None) + lay.need > _OWN_LIMIT:
+        return
+    with torch.inference_mode(False):  # reused in and out of inference mode
+        own = torch.zeros(lay.need, dtype=torch.int8, device=lay.dev)
+        dst: list[torch.Tensor] = []
+        src: list[int] = []
+        stretches: list[tuple] = []
+        off = row = 0
+        start = None  # first byte of the stretch of copied rows not closed yet
+        for seg in lay.segments:
+            if seg[0] is None:
+                if start is not None and off > start:
+                    stretches.append((own[start:off].view(-1, _K), row))
+                    row += (off - start) // _K
+                start = None
+                stretches.append((seg[1], row))
+                row += lay.flat_rows[lay.pos[seg[1]]]
+                continue
+            dt, run, _ = seg
+            if start is None:
+                start = off
+            for i in run:
+                shape = lay.shapes[i]
+                nb = lay.numels[i] * dt.itemsize
+                dst.append(own[off : off + nb].view(dt).view(shape))
+                src.append(i)
+                off += (-(-nb // _K) or 1) * _K
+        if start is not None and off > start:
+            stretches.append((own[start:off].view(-1, _K), row))
+            row += (off - start) // _K
+    if off != lay.need or row != lay.rows:  # never a layout that would leave bytes or rows out
+        raise RuntimeError(f"own buffer of {off} bytes, {row} rows for a layout of {lay.need} bytes, {lay.rows} rows")
+    lay.own, lay.dst, lay.src, lay.stretches = own, dst, src, stretches
+
+
+def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
+    """``_run_layout`` for a layout with its own buffer: one call copies every tensor that is
+    not hashed in place, then one level-0 GEMM per stretch of rows writes the lanes."""
+    dev = lay.dev
+    with torch.no_grad():
+        torch._foreach_copy_(lay.dst, [ts[i] for i in lay.src])
+        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=dev)
+        mm = core.mm
+        for x, r in lay.stretches:
+            if x.__class__ is int:
+                x = ts[x].reshape(-1).view(torch.int8).view(-1, _K)
+            mm(x, 0, out=lanes[r : r + x.shape[0]])
         if lay.plan is None:
             lay.plan = _plan(tuple(lay.flat_rows), dev)
         return _finish(lanes, lay.flat_rows, dev, lay.plan)

@@ -355,26 +355,41 @@ def test_batched_step_boundary_digests_equal_single_digests(monkeypatch, max_run
     assert [a.digest for a in batched] == [b.digest for b in single]
 
 
-def test_batch_layouts_reused_only_for_the_same_signature():
+@pytest.mark.parametrize("own_limit", [64 << 20, 0])  # a reused layout with its own buffer, or without
+def test_batch_layouts_reused_only_for_the_same_signature(monkeypatch, own_limit):
     # A step boundary repeats the same dtypes, shapes and contiguity every step: the layout of
-    # the batch is cached by that signature. New values, a changed contiguity or an unbatchable
-    # member must all still give the single digests.
-    from detfp_capture import digest
+    # the batch is cached by that signature (and, used again, gets its own buffer). New values,
+    # an in-place write between two calls, a changed contiguity or an unbatchable member must
+    # all still give the single digests.
+    from detfp_capture import _batchdigest, digest
     from detfp_capture._batchdigest import _LAYOUTS, start_many
 
+    monkeypatch.setattr(_batchdigest, "_OWN_LIMIT", own_limit)
     g = torch.Generator().manual_seed(7)
 
     def batch(contiguous: bool) -> list[torch.Tensor]:
         sq = torch.randn(64, 64, generator=g)
-        return [torch.randn(300, generator=g), sq if contiguous else sq.t(), torch.randn(70000, generator=g)]
+        return [
+            torch.randn(300, generator=g),  # padded to two rows
+            sq if contiguous else sq.t(),
+            torch.randn(128, 1024, generator=g),  # hashed in place, between copied ones
+            torch.randn((), generator=g),
+            torch.randn(70000, generator=g).to(torch.bfloat16),
+            torch.randn(70000, generator=g),
+        ]
 
     _LAYOUTS.clear()
     for ts in (batch(True), batch(True), batch(False), batch(True), [*batch(True), torch.arange(9)]):
-        for _ in range(2):  # the second call of each takes the cached layout when there is one
+        for k in range(3):  # later calls take the cached layout when there is one
+            if k == 2:
+                ts[0].mul_(3)
+                ts[-1][5] = 7.0
             got = digest.resolve(start_many(ts, reuse=True))
             want = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in ts])
             assert [a.digest for a in got] == [b.digest for b in want]
     assert len(_LAYOUTS) == 2  # contiguous and transposed; never the batch with an int64 member
+    assert all((lay.own is not None) == (own_limit > 0) for lay in _LAYOUTS.values())
+    _LAYOUTS.clear()
 
 
 @pytest.mark.parametrize("max_runs", [256, 0])
