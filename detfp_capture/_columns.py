@@ -21,11 +21,7 @@ def metric_columns(metrics: list[tuple]) -> dict[str, list]:
     cols: dict[str, list] = {
         n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
     }
-    tensors = [m[5] for m in metrics if isinstance(m[5], torch.Tensor)]
-    values: dict[int, float] = {}
-    if tensors:
-        flat = torch.stack([t.reshape(-1)[0].to(torch.float64) for t in tensors]).cpu().tolist()
-        values = {id(t): v for t, v in zip(tensors, flat, strict=True)}
+    values = _tensor_values([m[5] for m in metrics if isinstance(m[5], torch.Tensor)])
     for step, seq, mb, name, occ, v, dt in metrics:
         val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
         cols["step"].append(step)
@@ -37,6 +33,25 @@ def metric_columns(metrics: list[tuple]) -> dict[str, list]:
         cols["bits"].append(struct.unpack("<Q", struct.pack("<d", val))[0])
         cols["dtype"].append(dt)
     return cols
+
+
+def _tensor_values(tensors: list[torch.Tensor]) -> dict[int, float]:
+    """id -> float64 value of one-element tensors: one concatenation per (device, dtype), one
+    conversion per dtype and one device-to-host copy per device, however many metrics."""
+    groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
+    for t in tensors:
+        groups.setdefault(t.device, {}).setdefault(t.dtype, []).append(t)
+    values: dict[int, float] = {}
+    for by_dtype in groups.values():
+        order: list[torch.Tensor] = []
+        parts = []
+        for ts in by_dtype.values():
+            flat = torch.cat([t if t.dim() == 1 else t.reshape(1) for t in ts])
+            parts.append(flat.to(torch.float64))
+            order += ts
+        host = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().tolist()
+        values.update((id(t), v) for t, v in zip(order, host, strict=True))
+    return values
 
 
 def event_columns(events: list[tuple]) -> dict[str, list]:

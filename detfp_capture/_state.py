@@ -434,7 +434,7 @@ class Recorder(Batching):
         n = self.occ.get(key, 0)
         self.occ[key] = n + 1
         if isinstance(value, torch.Tensor):
-            v: Any = value.detach().clone()
+            v: Any = value.detach().reshape(1).clone()  # 1-D: the flush concatenates them
             dt = dtype_str(value.dtype)
         else:
             v = value

@@ -281,6 +281,34 @@ def test_config_errors(tmp_path, kwargs, match):
     assert not (tmp_path / "r").exists()
 
 
+def test_metric_values_exact_across_dtypes_shapes_and_later_writes(tmp_path):
+    # One flush converts every tensor metric together (grouped by device and dtype): values,
+    # raw bits and order must still be each metric's own, as passed, whatever is written later.
+    g = torch.Generator().manual_seed(5)
+    given = [
+        ("loss", torch.randn((), generator=g)),
+        ("lm_loss", torch.randn(1, generator=g).to(torch.bfloat16)),
+        ("grad_norm", torch.randn(1, 1, generator=g, dtype=torch.float64)),
+        ("tokens", torch.tensor(2**40 + 3)),
+        ("lr", 3e-4),
+        ("step_count", 12),
+        ("loss", torch.tensor(-0.0)),
+        ("mtp_loss", torch.randn((), generator=g).to(torch.float16)),
+    ]
+    want = [float(v) for _, v in given]
+    with Session(tmp_path / "r", "metrics") as s, s.step(0):
+        for name, v in given:
+            s.metric(name, v)
+        for _, v in given:
+            if isinstance(v, torch.Tensor):
+                v.fill_(9)  # after the call: must not change what was recorded
+    m = read(tmp_path / "r", "metrics")
+    assert m["name"].to_list() == [n for n, _ in given]
+    assert m["occurrence"].to_list() == [0, 0, 0, 0, 0, 0, 1, 0]
+    assert [struct.pack("<d", v) for v in m["value"]] == [struct.pack("<d", v) for v in want]
+    assert m["bits"].to_list() == [struct.unpack("<Q", struct.pack("<d", v))[0] for v in want]
+
+
 def test_metric_and_probe_argument_errors(tmp_path):
     with Session(tmp_path / "r", "metrics") as s, s.step(0):
         with pytest.raises(ConfigError, match="expected a scalar"):
