@@ -135,6 +135,17 @@ for path, got in (("start_many", got_batch), ("staging", got_staged)):
     same = got == want
     bad += not same
     print(f"{'ok  ' if same else 'DIFF'} {path:<16} {sum(a == b for a, b in zip(got, want))}/{len(want)} tensors")
+# A step boundary's layout, reused: the second call gives it its own buffer (one
+# _foreach_copy_ on the device), the third follows an in-place write.
+floats = [t for t in devts if t.dtype is not torch.int64]
+for k in range(3):
+    if k == 2:
+        floats[0].mul_(3)
+    ref = [fingerprint(t.cpu()).digest for t in floats]
+    got = [f.digest for f in digest.resolve(start_many(floats, reuse=True))]
+    same = got == ref
+    bad += not same
+    print(f"{'ok  ' if same else 'DIFF'} {'reused layout ' + str(k):<16} {sum(a == b for a, b in zip(got, ref))}/{len(ref)} tensors")
 raise SystemExit(1 if bad else 0)
 EOF
 
