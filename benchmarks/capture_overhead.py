@@ -240,8 +240,10 @@ def report(trials: list[dict[str, list[float]]]) -> dict:
         result["ops_over_debugmode"] = share
         result["ops_over_debugmode_trials"] = shares
         rng = f" (trials {min(shares):.3f}-{max(shares):.3f})" if shares else ""
-        print(f"ops overhead / DebugMode overhead = {share:.3f}{rng}  target <= 0.333 "
-              f"{'met' if share <= 1 / 3 else 'MISSED'}")
+        print(
+            f"ops overhead / DebugMode overhead = {share:.3f}{rng}  target <= 0.333 "
+            f"{'met' if share <= 1 / 3 else 'MISSED'}"
+        )
     return result
 
 
@@ -263,8 +265,10 @@ def profile(args, tt, out_root: Path) -> None:
     # Time inside detfp's own Python frames (tottime) and under its entry points (cumtime):
     # the first says how much is interpreter overhead, the second what each hook costs in all.
     own = sum(v[2] for (f, _, _), v in stats.stats.items() if "detfp_capture" in f)
-    print(f"{args.profile}: {args.rounds} steps, {total:.3f} s profiled, {own:.3f} s in detfp_capture frames "
-          f"({own / total:.1%}); per step {own / args.rounds * 1e3:.2f} ms")
+    print(
+        f"{args.profile}: {args.rounds} steps, {total:.3f} s profiled, {own:.3f} s in detfp_capture frames "
+        f"({own / total:.1%}); per step {own / args.rounds * 1e3:.2f} ms"
+    )
     stats.sort_stats("cumulative").print_stats("detfp_capture", 30)
     stats.sort_stats("tottime").print_stats(20)
     print(buf.getvalue())
@@ -287,7 +291,12 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=64, help="model width d (the example's default: 64)")
     p.add_argument("--hidden", type=int, default=128, help="expert hidden size (the example's default: 128)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--cpu", type=int, default=_default_cpu(), help="core that every configuration's training thread runs on (-1: none)")
+    p.add_argument(
+        "--cpu",
+        type=int,
+        default=_default_cpu(),
+        help="core that every configuration's training thread runs on (-1: none)",
+    )
     p.add_argument("--no-probes", action="store_true", help="leave out the example's two MoE probes per block")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
     p.add_argument("--profile", choices=CONFIGS, help="cProfile this configuration instead of the table")
@@ -308,10 +317,12 @@ def main(argv=None) -> int:
             profile(args, tt, Path(tmp))
             return 0
         trials = [measure(args, tt, Path(tmp) / f"trial{i}") for i in range(args.trials)]
-    print(f"device {args.device}, threads {args.threads}, {args.trials} trials (fresh processes) of "
-          f"{args.rounds} interleaved steps per config after {args.warmup} warm-up, model "
-          f"examples/train_tiny.py (batch {args.batch} x seq {args.seq}, width {args.width}, "
-          f"expert hidden {args.hidden}{', no probes' if args.no_probes else ''})")
+    print(
+        f"device {args.device}, threads {args.threads}, {args.trials} trials (fresh processes) of "
+        f"{args.rounds} interleaved steps per config after {args.warmup} warm-up, model "
+        f"examples/train_tiny.py (batch {args.batch} x seq {args.seq}, width {args.width}, "
+        f"expert hidden {args.hidden}{', no probes' if args.no_probes else ''})"
+    )
     result = report(trials)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

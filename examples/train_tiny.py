@@ -210,8 +210,21 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab=256, d=64, heads=4, layers=2, hidden=128, experts=4, top_k=2, seq=32,
-                 dropout=0.1, plant: Plant | None = None, probe=None, recompute: bool = True) -> None:
+    def __init__(
+        self,
+        vocab=256,
+        d=64,
+        heads=4,
+        layers=2,
+        hidden=128,
+        experts=4,
+        top_k=2,
+        seq=32,
+        dropout=0.1,
+        plant: Plant | None = None,
+        probe=None,
+        recompute: bool = True,
+    ) -> None:
         super().__init__()
         plant = plant or Plant(None, 0, 0)
         probe = probe or (lambda name, t: None)
@@ -442,8 +455,11 @@ def main(argv=None) -> int:
     if args.resume:
         state = torch.load(ckpt_path(args.resume, rank), map_location=device, weights_only=False)
         if state["world_size"] != world:
-            print(f"train_tiny: checkpoint {args.resume} was saved by {state['world_size']} ranks, "
-                  f"this job has {world}; relaunch with --nproc_per_node {state['world_size']}", file=sys.stderr)
+            print(
+                f"train_tiny: checkpoint {args.resume} was saved by {state['world_size']} ranks, "
+                f"this job has {world}; relaunch with --nproc_per_node {state['world_size']}",
+                file=sys.stderr,
+            )
             return 2
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

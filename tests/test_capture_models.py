@@ -82,10 +82,6 @@ class _null:
         return None
 
 
-
-
-
-
 def read(path: Path, table: str = "records") -> pl.DataFrame:
     """One table of a run, rank 0, in execution order."""
     return open_run(path).scan(table).collect().sort("seq")

@@ -60,7 +60,15 @@ def _free_port() -> int:
 def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
     """Run the example on ``nproc`` ranks; return the combined stdout (rank 0 logs the losses)."""
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", EXAMPLE, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            EXAMPLE,
+            *args,
+        ]
         proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
         if proc.returncode != 0:
             raise AssertionError(f"torchrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -69,10 +77,24 @@ def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
     procs = []
     for rank in range(nproc):
         env = _env()
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, EXAMPLE, *args], env=env, cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, EXAMPLE, *args],
+                env=env,
+                cwd=ROOT,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     outs = []
     for rank, p in enumerate(procs):
         try:
@@ -101,9 +123,17 @@ JOBS = {
     # uninitialized read comes before the planted combine, so bisect must look past it.
     "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET], 2, True),
     "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET], 2, False),
-    "data_rank": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "data_rank", "--plant-rank", "1"], 2, False),
+    "data_rank": (
+        ["--level", "boundaries", "--steps", "3", "--rows", "--plant", "data_rank", "--plant-rank", "1"],
+        2,
+        False,
+    ),
     "moe_permute": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "moe_permute"], 2, False),
-    "resumed_norng": (["--level", "boundaries", "--steps", "3", "--rows", "--resume", "{ckpt}", "--no-restore-rng"], 2, False),
+    "resumed_norng": (
+        ["--level", "boundaries", "--steps", "3", "--rows", "--resume", "{ckpt}", "--no-restore-rng"],
+        2,
+        False,
+    ),
     "resumed": (["--level", "boundaries", "--steps", "3", "--rows", "--resume", "{ckpt}"], 2, False),
 }
 
@@ -165,8 +195,18 @@ def _bisect(a: Path, b: Path) -> dict:
 # ----------------------------------------------------------------------------- traces
 
 
-BOUNDARY_KINDS = {"batch", "module_input", "module_output", "param", "grad", "optimizer_state", "rng_state", "probe",
-                  "collective", "reduced_grad"}
+BOUNDARY_KINDS = {
+    "batch",
+    "module_input",
+    "module_output",
+    "param",
+    "grad",
+    "optimizer_state",
+    "rng_state",
+    "probe",
+    "collective",
+    "reduced_grad",
+}
 
 
 def test_every_level_writes_valid_two_rank_traces(jobs):
@@ -191,7 +231,8 @@ def test_every_level_writes_valid_two_rank_traces(jobs):
                 assert got == list(range(steps)), (level, rank, typ)
         met = open_run(jobs[name][0]).scan("metrics").collect()
         assert met.group_by("rank", "step").agg(pl.col("name").sort())["name"].to_list() == [
-            sorted(["loss", "lm_loss", "load_balancing_loss", "grad_norm", "lr"])] * (2 * steps)
+            sorted(["loss", "lm_loss", "load_balancing_loss", "grad_norm", "lr"])
+        ] * (2 * steps)
         # bits are the raw IEEE-754 bits of value.
         for value, bits in met.select("value", "bits").iter_rows():
             assert struct.unpack("<Q", struct.pack("<d", value))[0] == bits
@@ -270,7 +311,9 @@ def _digests(rec: pl.DataFrame, **eq) -> pl.DataFrame:
     cond = pl.lit(True)
     for k, v in eq.items():
         cond &= pl.col(k) == v
-    return rec.filter(cond).select("rank", "step", "key_hash", "digest_hi", "digest_lo", "rows").sort("rank", "key_hash")
+    return (
+        rec.filter(cond).select("rank", "step", "key_hash", "digest_hi", "digest_lo", "rows").sort("rank", "key_hash")
+    )
 
 
 def test_hazard_plants_land_as_flags_and_events(jobs):
@@ -284,8 +327,9 @@ def test_hazard_plants_land_as_flags_and_events(jobs):
     assert set(early["step"].unique()) == {1} and set(early["rank"].unique()) == {0, 1}
     rec = _records(jobs["nondet_a"][0])
     flagged = rec.filter(pl.col("hazards").list.len() > 0).explode("hazards")
-    reads = flagged.filter((pl.col("role") == "input") & (pl.col("hazards") == "uninitialized")
-                           & (pl.col("name") == "aten::max.default"))
+    reads = flagged.filter(
+        (pl.col("role") == "input") & (pl.col("hazards") == "uninitialized") & (pl.col("name") == "aten::max.default")
+    )
     assert set(reads["step"].unique()) == {1} and reads["module"].str.ends_with("moe").all()
     pending = flagged.filter(pl.col("hazards") == "async_pending")
     assert set(pending["step"].unique()) == {1} and set(pending["name"].unique()) == {"aten::mul.Tensor"}
@@ -312,7 +356,8 @@ def test_data_rank_is_a_source_on_the_planted_rank_only(jobs):
     a, b = _records(jobs["a"][0]), _records(jobs["data_rank"][0])
     batch_a, batch_b = _digests(a, kind="batch"), _digests(b, kind="batch")
     diff = batch_a.join(batch_b, on=["rank", "step", "key_hash"]).filter(
-        (pl.col("digest_hi") != pl.col("digest_hi_right")) | (pl.col("digest_lo") != pl.col("digest_lo_right")))
+        (pl.col("digest_hi") != pl.col("digest_hi_right")) | (pl.col("digest_lo") != pl.col("digest_lo_right"))
+    )
     assert diff.select("rank", "step").unique().sort("step").rows() == [(1, 1), (1, 2)]
     r = _bisect(jobs["a"][0], jobs["data_rank"][0])
     assert r["first_step"] == 1 and r["diagnosis"]["pattern"] == "single_rank"
@@ -331,8 +376,12 @@ def test_moe_permute_is_a_permutation_of_the_dispatch_rows(jobs):
         assert ra != rb and sorted(ra) == sorted(rb)
     # The combine result is unchanged: every MoE output of step 1's forward matches.
     out = {"kind": "module_output", "phase": "forward", "step": 1}
-    moe_a = _digests(a, **out).join(a.filter(pl.col("module").str.ends_with("moe")).select("key_hash").unique(), on="key_hash")
-    moe_b = _digests(b, **out).join(b.filter(pl.col("module").str.ends_with("moe")).select("key_hash").unique(), on="key_hash")
+    moe_a = _digests(a, **out).join(
+        a.filter(pl.col("module").str.ends_with("moe")).select("key_hash").unique(), on="key_hash"
+    )
+    moe_b = _digests(b, **out).join(
+        b.filter(pl.col("module").str.ends_with("moe")).select("key_hash").unique(), on="key_hash"
+    )
     assert moe_a.height > 0 and moe_a.drop("rows").equals(moe_b.drop("rows"))
     r = _bisect(jobs["a"][0], jobs["moe_permute"][0])
     assert r["first_step"] == 1 and r["diff"]["kind"] == "permutation"
@@ -360,12 +409,14 @@ def test_resume_without_rng_restore_is_an_rng_source_and_with_it_identical(jobs)
 def test_cli_exit_codes(jobs):
     same = subprocess.run([*CLI, "bisect", str(jobs["a"][0]), str(jobs["b"][0])], capture_output=True, text=True)
     assert same.returncode == 0, same.stderr
-    diff = subprocess.run([*CLI, "bisect", "--json", str(jobs["nondet_a"][0]), str(jobs["nondet_b"][0])],
-                          capture_output=True, text=True)
+    diff = subprocess.run(
+        [*CLI, "bisect", "--json", str(jobs["nondet_a"][0]), str(jobs["nondet_b"][0])], capture_output=True, text=True
+    )
     assert diff.returncode == 1, diff.stderr
     assert json.loads(diff.stdout)["diagnosis"]["pattern"] == "all_ranks_same_op"
-    bad = subprocess.run([*CLI, "bisect", str(jobs["a"][0]), str(jobs["a"][0].parent / "nope")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [*CLI, "bisect", str(jobs["a"][0]), str(jobs["a"][0].parent / "nope")], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "nope" in bad.stderr
     summ = subprocess.run([*CLI, "summary", str(jobs["a"][0])], capture_output=True, text=True)
     assert summ.returncode == 0, summ.stderr

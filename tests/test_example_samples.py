@@ -37,7 +37,12 @@ def test_nondet_boundaries_points_at_the_moe_on_every_rank():
     assert (r["status"], r["first_step"], r["diagnosis"]["pattern"]) == ("diverged", 1, "all_ranks_same_op")
     for x in r["ranks"]:
         assert (x["step"], x["phase"], x["module"], x["kind"], x["verdict"]) == (
-            1, "forward", "blocks.0.moe", "module_output", "origin")
+            1,
+            "forward",
+            "blocks.0.moe",
+            "module_output",
+            "origin",
+        )
 
 
 def test_nondet_ops_names_the_combine_op():
@@ -74,9 +79,11 @@ def test_resume_alignment(resumed, status):
 
 def test_cli_exit_codes_on_samples():
     cli = [sys.executable, "-m", "detfp_analyze", "bisect"]
-    same = subprocess.run([*cli, str(SAMPLES / "resume/full"), str(SAMPLES / "resume/restored")],
-                          capture_output=True, text=True)
+    same = subprocess.run(
+        [*cli, str(SAMPLES / "resume/full"), str(SAMPLES / "resume/restored")], capture_output=True, text=True
+    )
     assert same.returncode == 0, same.stderr
-    diff = subprocess.run([*cli, str(SAMPLES / "data_rank/a"), str(SAMPLES / "data_rank/b")],
-                          capture_output=True, text=True)
+    diff = subprocess.run(
+        [*cli, str(SAMPLES / "data_rank/a"), str(SAMPLES / "data_rank/b")], capture_output=True, text=True
+    )
     assert diff.returncode == 1 and "single_rank" in diff.stdout, diff.stderr
