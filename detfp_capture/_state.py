@@ -9,8 +9,8 @@ Everything that captures goes through one ``Recorder``:
   already digested, in which case the earlier ``Slot`` is shared;
 * ``flush`` runs what waits, resolves every pending digest (rows of batches in bulk with
   ``_resolve.resolve_rows``, the rest with ``_resolve.resolve_raw``: at most two device-to-host
-  copies per device), builds the columns and hands one window to the ``ShardWriter``, whose
-  thread computes the key hashes and writes Parquet.
+  copies per device), builds the columns (``_tables``) and hands one window to the
+  ``ShardWriter``, whose thread computes the key hashes and writes Parquet.
 
 The recorder never raises into training: callers wrap it, and any exception ends in
 ``fail`` (a ``capture_error`` event, one warning, capture disabled).
@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import BATCHED, start_many
+from detfp_capture._batchdigest import start_many
 from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
 from detfp_capture._config import CaptureConfig
-from detfp_capture._records import RecordBuffer, record_columns
-from detfp_capture._resolve import resolve_raw, resolve_rows
+from detfp_capture._records import RecordBuffer
 from detfp_capture._staging import Staging
+from detfp_capture._tables import FlushTables
 
 __all__ = ["Recorder", "Slot"]
 
@@ -50,7 +50,7 @@ _DEFER_MAX = 1024  # deferred digests per batch
 _DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
 
 
-class Recorder(Batching):
+class Recorder(Batching, FlushTables):
     """Buffers of one rank's stream plus the context every record is stamped with."""
 
     def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Any) -> None:
@@ -253,7 +253,17 @@ class Recorder(Batching):
             seq = self.seq
             for role, arg, t in tensors:
                 dt = t.dtype
-                add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), None, _NO_HAZARDS)
+                add(
+                    call,
+                    seq,
+                    role,
+                    arg,
+                    _DTYPE_STR.get(dt) or dtype_str(dt),
+                    tuple(t.shape),
+                    t.numel(),
+                    None,
+                    _NO_HAZARDS,
+                )
                 seq += 1
             self.seq = seq
         elif rows is None and not hazards and not self._tensor_opts:
@@ -276,7 +286,12 @@ class Recorder(Batching):
                 s = None
                 if version is not None and not fresh:
                     hit = cache.get(key)
-                    if hit is not None and hit.version == version and hit.ref() is t and not (hit.opt_rows or hit.opt_moments):
+                    if (
+                        hit is not None
+                        and hit.version == version
+                        and hit.ref() is t
+                        and not (hit.opt_rows or hit.opt_moments)
+                    ):
                         s = hit
                 if s is None:
                     dt = t.dtype
@@ -320,7 +335,9 @@ class Recorder(Batching):
                         except TypeError:  # some tensor subclasses refuse weak references
                             pass
                 dt = t.dtype
-                add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+                add(
+                    call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS
+                )
                 seq += 1
             self.seq = seq
             if stage_t is not None:
@@ -373,7 +390,12 @@ class Recorder(Batching):
             versions.append(version)
             if version is not None and not fresh:
                 hit = cache.get(id(t))
-                if hit is not None and hit.version == version and hit.ref() is t and not (hit.opt_rows or hit.opt_moments):
+                if (
+                    hit is not None
+                    and hit.version == version
+                    and hit.ref() is t
+                    and not (hit.opt_rows or hit.opt_moments)
+                ):
                     slots[i] = hit
                     continue
             missing.append(i)
@@ -492,80 +514,6 @@ class Recorder(Batching):
             self.leave()
         self.flushes += 1
         self.writer.write_window(tables)
-
-    @staticmethod
-    def _resolve(slots: list[Slot]) -> None:
-        """Fill every slot's ``fp`` (a ``resolve_raw`` tuple). Rows of batches (most
-        slots) are resolved in bulk; the rest, and any a failed device left, one by one."""
-        rows = [s for s in slots if s.pending is BATCHED and not s.arena_pointer]
-        rest = [s for s in slots if not (s.pending is BATCHED and not s.arena_pointer)] if rows else slots
-        if rows:
-            for s, hexes in zip(rows, resolve_rows(rows), strict=True):
-                if hexes is None:
-                    rest.append(s)
-                else:
-                    s.fp = (hexes, None, None, None, False)
-                    s.pending = None
-        if rest:
-            for s, fp in zip(rest, resolve_raw([s.started() for s in rest]), strict=True):
-                s.fp = fp
-                s.pending = None
-
-    def _record_columns(self, records: RecordBuffer) -> dict[str, list]:
-        """Columns of the records table, plus what the resolved digests say: pointer-like
-        hazards (flag and event) and the recompute check's inputs."""
-        cols, fps, ok, digests = record_columns(records)
-        calls, roles, args = records.call, records.role, records.arg
-        hazards: list = records.hazards
-        fwd = self.forward_outputs
-        check = self.recompute_checks
-        for i, fp in enumerate(fps):
-            if not ok[i]:
-                continue
-            c = calls[i]
-            kind = c[4]
-            if fp[4] and "pointer_like" not in hazards[i]:
-                hazards[i] = (*hazards[i], "pointer_like")
-                self.events.append(
-                    (
-                        c[0],
-                        self.next_seq(),
-                        "hazard",
-                        "pointer_like",
-                        c[3],
-                        None,
-                        f"{kind} {c[5]} {args[i]}: int64 values look like device pointers",
-                    )
-                )
-            if kind == "module_output" and roles[i] == "output":
-                if c[2] == "forward":
-                    fwd.setdefault((c[0], c[1], c[3], args[i]), set()).add(digests[i])
-                elif c[2] == "recompute":
-                    check.append((c[0], c[1], c[3], c[5], args[i], digests[i]))
-        cols["hazards"] = hazards
-        self._check_recompute()
-        return cols
-
-    def _check_recompute(self) -> None:
-        checks, self.recompute_checks = self.recompute_checks, []
-        for step, mb, module, name, arg, d in checks:
-            seen = self.forward_outputs.get((step, mb, module, arg))
-            if seen is None:
-                continue  # forward output not captured (selector, or a different step window)
-            if d not in seen:
-                self.events.append(
-                    (
-                        step,
-                        self.next_seq(),
-                        "recompute_mismatch",
-                        name,
-                        module,
-                        None,
-                        f"microbatch {mb} {arg}: recomputed output differs from the original forward output",
-                    )
-                )
-        # Forward outputs of the current step may still be recomputed after the next flush.
-        self.forward_outputs = {k: v for k, v in self.forward_outputs.items() if k[0] >= self.step}
 
     # ----------------------------------------------------------------------------- failure
     def fail(self, exc: BaseException, where: str) -> None:
