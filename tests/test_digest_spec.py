@@ -157,6 +157,10 @@ def test_host_and_device_finalizers_agree(lanes32, m0, m1):
     assert [v & M64 for v in dev] == list(host)
 
 
+def _no_numpy_bridge(self, *a, **k):
+    raise RuntimeError("Numpy is not available")
+
+
 @pytest.mark.parametrize("batch", [1, 3, 40, 1000])
 def test_numpy_and_torch_finalizers_agree(monkeypatch, batch):
     # On CPU the finalizer runs through numpy when it is importable; the torch ops (every
@@ -170,6 +174,11 @@ def test_numpy_and_torch_finalizers_agree(monkeypatch, batch):
     via_torch = core.finalize(lanes, meta)
     assert via_numpy.dtype == via_torch.dtype == torch.int64
     assert torch.equal(via_numpy, via_torch)
+    # A numpy that torch cannot bridge to: the torch ops take over, same bits.
+    monkeypatch.setattr(core, "_NUMPY", [np])
+    monkeypatch.setattr(torch.Tensor, "numpy", _no_numpy_bridge)
+    assert torch.equal(core.finalize(lanes, meta), via_torch)
+    assert core._NUMPY == [None]
     assert [v & M64 for v in via_torch[0].tolist()] == list(
         core.finalize_host(lanes[0].tolist(), tuple(meta[0].tolist()))
     )
