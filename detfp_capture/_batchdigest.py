@@ -295,7 +295,7 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         for seg in lay.segments:
             if seg[0] is None:  # hashed in place: no copy (at a step boundary, most bytes)
                 hash_region()
-                hash_rows(ts[seg[1]].reshape(-1).view(torch.int8).view(-1, _K))
+                hash_rows(core.bytes_view(ts[seg[1]]).view(-1, _K))
                 continue
             dt, run, nb = seg
             pieces = [ts[i] for i in run]
@@ -312,9 +312,14 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         hash_region()
         if at[0] != lay.rows:  # never leave rows of ``lanes`` unwritten (caller falls back)
             raise RuntimeError(f"batch layout wrote {at[0]} of {lay.rows} level-0 rows")
-        if lay.plan is None:
-            lay.plan = _plan(tuple(lay.flat_rows), dev)
-        return _finish(lanes, lay.flat_rows, dev, lay.plan)
+        return _finish_layout(lanes, lay)
+
+
+def _finish_layout(lanes: torch.Tensor, lay: _Layout) -> torch.Tensor:
+    """The further levels of a layout's level-0 lanes, with the layout's plan (built once)."""
+    if lay.plan is None:
+        lay.plan = _plan(tuple(lay.flat_rows), lay.dev)
+    return _finish(lanes, lay.flat_rows, lay.dev, lay.plan)
 
 
 def _own(lay: _Layout) -> None:
@@ -330,29 +335,28 @@ def _own(lay: _Layout) -> None:
         dst: list[torch.Tensor] = []
         src: list[int] = []
         stretches: list[tuple] = []
-        off = row = 0
-        start = None  # first byte of the stretch of copied rows not closed yet
+        off = row = start = 0  # start: first byte of the copied rows not in a stretch yet
+
+        def close() -> None:  # the copied rows so far become one stretch (one GEMM)
+            nonlocal row, start
+            if off > start:
+                stretches.append((own[start:off].view(-1, _K), row))
+                row += (off - start) // _K
+            start = off
+
         for seg in lay.segments:
             if seg[0] is None:
-                if start is not None and off > start:
-                    stretches.append((own[start:off].view(-1, _K), row))
-                    row += (off - start) // _K
-                start = None
+                close()
                 stretches.append((seg[1], row))
                 row += lay.flat_rows[lay.pos[seg[1]]]
                 continue
             dt, run, _ = seg
-            if start is None:
-                start = off
             for i in run:
-                shape = lay.shapes[i]
                 nb = lay.numels[i] * dt.itemsize
-                dst.append(own[off : off + nb].view(dt).view(shape))
+                dst.append(own[off : off + nb].view(dt).view(lay.shapes[i]))
                 src.append(i)
                 off += (-(-nb // _K) or 1) * _K
-        if start is not None and off > start:
-            stretches.append((own[start:off].view(-1, _K), row))
-            row += (off - start) // _K
+        close()
     if off != lay.need or row != lay.rows:  # never a layout that would leave bytes or rows out
         raise RuntimeError(f"own buffer of {off} bytes, {row} rows for a layout of {lay.need} bytes, {lay.rows} rows")
     lay.own, lay.dst, lay.src, lay.stretches = own, dst, src, stretches
@@ -361,18 +365,15 @@ def _own(lay: _Layout) -> None:
 def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
     """``_run_layout`` for a layout with its own buffer: one call copies every tensor that is
     not hashed in place, then one level-0 GEMM per stretch of rows writes the lanes."""
-    dev = lay.dev
     with torch.no_grad():
         torch._foreach_copy_(lay.dst, [ts[i] for i in lay.src])
-        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=dev)
+        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=lay.dev)
         mm = core.mm
         for x, r in lay.stretches:
             if x.__class__ is int:
-                x = ts[x].reshape(-1).view(torch.int8).view(-1, _K)
+                x = core.bytes_view(ts[x]).view(-1, _K)
             mm(x, 0, out=lanes[r : r + x.shape[0]])
-        if lay.plan is None:
-            lay.plan = _plan(tuple(lay.flat_rows), dev)
-        return _finish(lanes, lay.flat_rows, dev, lay.plan)
+        return _finish_layout(lanes, lay)
 
 
 #: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) are hashed where they

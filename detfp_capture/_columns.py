@@ -36,7 +36,7 @@ def metric_columns(metrics: list[tuple]) -> dict[str, list]:
 
 
 def _tensor_values(tensors: list[torch.Tensor]) -> dict[int, float]:
-    """id -> float64 value of one-element tensors: one concatenation per (device, dtype), one
+    """id -> float64 value of one-element 1-D tensors: one concatenation per (device, dtype), one
     conversion per dtype and one device-to-host copy per device, however many metrics."""
     groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
     for t in tensors:
@@ -46,8 +46,7 @@ def _tensor_values(tensors: list[torch.Tensor]) -> dict[int, float]:
         order: list[torch.Tensor] = []
         parts = []
         for ts in by_dtype.values():
-            flat = torch.cat([t if t.dim() == 1 else t.reshape(1) for t in ts])
-            parts.append(flat.to(torch.float64))
+            parts.append(torch.cat(ts).to(torch.float64))  # Recorder.metric keeps them 1-D
             order += ts
         host = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu().tolist()
         values.update((id(t), v) for t, v in zip(order, host, strict=True))

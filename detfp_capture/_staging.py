@@ -118,7 +118,7 @@ class Staging:
                     m = -m
                     m1 = -(-m // 16)
                     a = row1 * 16
-                    core.mm(t.view(-1).view(torch.int8).view(m, _K), 0, out=self.lanes[a : a + m])
+                    core.mm(core.bytes_view(t).view(m, _K), 0, out=self.lanes[a : a + m])
                     if m != m1 * 16:  # level 1 reads whole 16-row groups: the gap must be zero
                         self.lanes[a + m : a + m1 * 16].zero_()
                     d_slot.append(slot)

@@ -390,12 +390,7 @@ class Recorder(Batching, FlushTables):
             versions.append(version)
             if version is not None and not fresh:
                 hit = cache.get(id(t))
-                if (
-                    hit is not None
-                    and hit.version == version
-                    and hit.ref() is t
-                    and not (hit.opt_rows or hit.opt_moments)
-                ):
+                if hit is not None and hit.matches(t, version, False, False):
                     slots[i] = hit
                     continue
             missing.append(i)

@@ -29,8 +29,10 @@ class FlushTables:
     def _resolve(slots: list[Slot]) -> None:
         """Fill every slot's ``fp`` (a ``resolve_raw`` tuple). Rows of batches (most
         slots) are resolved in bulk; the rest, and any a failed device left, one by one."""
-        rows = [s for s in slots if s.pending is BATCHED and not s.arena_pointer]
-        rest = [s for s in slots if not (s.pending is BATCHED and not s.arena_pointer)] if rows else slots
+        rows: list[Slot] = []
+        rest: list[Slot] = []
+        for s in slots:
+            (rows if s.pending is BATCHED and not s.arena_pointer else rest).append(s)
         if rows:
             for s, hexes in zip(rows, resolve_rows(rows), strict=True):
                 if hexes is None:
