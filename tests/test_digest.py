@@ -8,6 +8,8 @@ the same implementation against an independent reimplementation of docs/digest.m
 
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -504,7 +506,11 @@ def test_cpu_and_cuda_digests_are_identical(monkeypatch):
     cuda = resolve([start(t.cuda(), rows=True, moments=True, pointer_check=True) for t in ts])
     for a, b in zip(cpu, cuda, strict=True):
         assert a == b and a.rows == b.rows and a.pointer_like == b.pointer_like
-        assert (a.moments.nan, a.moments.inf, a.moments.absmax) == (b.moments.nan, b.moments.inf, b.moments.absmax)
+        assert (a.moments.nan, a.moments.inf) == (b.moments.nan, b.moments.inf)
+        # absmax propagates NaN (the fp8 bytes include NaN codes); NaN != NaN, and its payload may
+        # differ between devices, so a NaN matches any NaN.
+        x, y = a.moments.absmax, b.moments.absmax
+        assert x == y or (math.isnan(x) and math.isnan(y))
     assert [fp(t.cuda(), rows=7).rows for t in ts[:5]] == [fp(t, rows=7).rows for t in ts[:5]]
     monkeypatch.setitem(core._INT_MM, "cuda", False)  # the exact float32 fallback on the GPU
     assert resolve([start(t.cuda()) for t in ts]) == [fingerprint(t) for t in ts]
