@@ -207,6 +207,34 @@ def _on_accelerator(args: tuple, outs: list[tuple[str, str, torch.Tensor]]) -> b
     return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tensors)
 
 
+def _note_written(rec: Any, outs: list[tuple[str, str, torch.Tensor]]) -> None:
+    """Remember the Slots just cached for the tensors a writing op wrote, with the version they
+    were cached at (the one from before the write: see ``promote``)."""
+    vc = rec.vcache
+    written = rec.written
+    for _, _, t in outs:
+        s = vc.get(id(t))
+        if s is not None:
+            written.append((t, s, s.version))
+
+
+def promote(rec: Any) -> None:
+    """Re-key the digests of the last op's written tensors to the version they have now.
+
+    A writing op's outputs are cached at the version seen inside the dispatcher; the op's own
+    bump (once per written tensor, in ADInplaceOrView) comes after it returns. Without this,
+    the next op reading such a tensor (``param.addcdiv_`` after ``param.mul_``, an optimizer
+    state read right after its update) would miss the cache and copy and hash the same bytes
+    again. This runs at the start of the next op, before it or anything seen by the mode can
+    write: exactly one bump since then is the op's own, and any other count (no bump, a
+    second write) leaves the entry unmatched, so the digest is simply taken again."""
+    vc = rec.vcache
+    for t, s, v in rec.written:
+        if s.version == v and vc.get(id(t)) is s and t._version == v + 1:
+            s.version = v + 1
+    rec.written.clear()
+
+
 class CaptureMode(TorchDispatchMode):
     """The op-level tracer; one per Session, entered for selected steps only."""
 
@@ -268,6 +296,8 @@ class CaptureMode(TorchDispatchMode):
         return "", self.rec.phase
 
     def _pre(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        if self.rec.written:
+            promote(self.rec)
         info = self.info.get(func)
         if info is None:
             info = self.info[func] = OpInfo(func, self.views)
@@ -394,13 +424,16 @@ class CaptureMode(TorchDispatchMode):
                         flags[i] = f
                 flags = flags or None
         # Inside the dispatcher an in-place op has not bumped the version counter yet (that happens
-        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused.
+        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused,
+        # and whatever was cached for them goes (so the entries after this call are all new).
         fresh = info.writing
         if fresh:
             vc = rec.vcache
             for i in info.writes:
                 if i < len(args):
                     vc.pop(id(args[i]), None)
+            for _, _, t in outs:
+                vc.pop(id(t), None)
         if outs:
             rec.append_records(
                 call,
@@ -410,4 +443,6 @@ class CaptureMode(TorchDispatchMode):
                 fresh=fresh,
                 defer=True,
             )
+            if fresh:
+                _note_written(rec, outs)
         rec.busy = False

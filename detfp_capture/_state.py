@@ -74,6 +74,9 @@ class Recorder(Batching, FlushTables):
         self.dumps: list[tuple] = []
         # Slot keyed by id(tensor): reuse digests of unchanged tensors (Slot.matches).
         self.vcache: dict[int, Slot] = {}
+        # Level ops: (tensor, Slot, version) of the tensors the last op wrote, cached at the version
+        # they had inside the dispatcher; the bump comes later, above it (_dispatch.promote).
+        self.written: list[tuple] = []
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
         self.foreign: deque[tuple] = deque()
