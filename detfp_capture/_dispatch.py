@@ -183,21 +183,51 @@ def _tensors_in(v: Any) -> list[torch.Tensor]:
     return []
 
 
-def _written_deferred(info: OpInfo, args: tuple, kwargs: dict, storages: dict[int, Any]) -> list[int] | None:
-    """Storages holding deferred digests that the op writes into ([] when none); None when a
-    written tensor has no plain storage to check (then every deferred digest must run first)."""
+def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> list[int] | None:
+    """Data pointers of the storages the op writes into; None when a written tensor has no
+    plain storage to check (a subclass, sparse: then assume it may write anything)."""
     written: list[Any] = [args[i] for i in info.writes if i < len(args)]
     written += [kwargs[k] for k in info.out_kwargs if k in kwargs]
-    hit: list[int] = []
+    ptrs: list[int] = []
     for w in written:
         for t in _tensors_in(w):
             try:
-                ptr = t.untyped_storage().data_ptr()
-            except Exception:  # no plain storage (subclass, sparse): be safe
+                ptrs.append(t.untyped_storage().data_ptr())
+            except Exception:
                 return None
-            if ptr in storages:
-                hit.append(ptr)
-    return hit
+    return ptrs
+
+
+def before_write(rec: Any, info: OpInfo, args: tuple, kwargs: dict) -> None:
+    """What any op that writes must do first, recorded or not (an op of a module left out by
+    ``modules=`` writes all the same); the caller holds ``rec.busy``.
+
+    - Digests waiting for a batch must see the values from before this write: those in the
+      written storages are snapshotted now (all of them when a storage is unknown).
+    - Cached digests of other tensors over the written storages are dropped. A view shares its
+      base's version counter, but a ``.data`` alias has its own: a write through it (weight
+      clipping with ``p.data.clamp_``, an EMA through ``.data``) moves no counter of the
+      tensor it aliases, whose next read would reuse the digest of its old bytes.
+    """
+    ptrs = _written_storages(info, args, kwargs)
+    if rec.deferred:
+        if ptrs is None:
+            rec.run_deferred(staging=False)
+        else:
+            hit = [p for p in ptrs if p in rec.deferred_storages]
+            if hit:
+                rec.evict_deferred(hit)
+    if ptrs is None:
+        rec._clear_vcache()
+        return
+    vstor = rec.vstor
+    if vstor:
+        vc = rec.vcache
+        for p in ptrs:
+            ids = vstor.pop(p, None)
+            if ids is not None:
+                for k in ids:
+                    vc.pop(k, None)
 
 
 def _on_accelerator(args: tuple, outs: list[tuple[str, str, torch.Tensor]]) -> bool:
@@ -305,9 +335,13 @@ class CaptureMode(TorchDispatchMode):
         if where is None:
             return None
         module, phase = where
-        if self.hooks.rec.cfg.modules is not None and not self.hooks.module_selected(module):
-            return None
         rec = self.rec
+        if rec.cfg.modules is not None and not self.hooks.module_selected(module):
+            if info.writing:
+                rec.busy = True
+                before_write(rec, info, args, kwargs)
+                rec.busy = False
+            return None
         rec.busy = True
         tensors, other = _gather(args, kwargs)
         hz = self.s._hazard
@@ -366,13 +400,8 @@ class CaptureMode(TorchDispatchMode):
                 # tensors of a _foreach_ op, not for a single in-place tensor.
                 defer=info.batch_inputs,
             )
-        if info.writing and rec.deferred:
-            # Digests waiting for a batch must see the values from before this write.
-            hit = _written_deferred(info, args, kwargs, rec.deferred_storages)
-            if hit is None:
-                rec.run_deferred(staging=False)
-            elif hit:
-                rec.evict_deferred(hit)
+        if info.writing:
+            before_write(rec, info, args, kwargs)
         rec.busy = False
         return call, info, phase
 

@@ -77,6 +77,9 @@ class Recorder(Batching, FlushTables):
         # Level ops: (tensor, Slot, version) of the tensors the last op wrote, cached at the version
         # they had inside the dispatcher; the bump comes later, above it (_dispatch.promote).
         self.written: list[tuple] = []
+        # Level ops: storage data pointer -> ids cached in vcache over it, so a write through any
+        # alias drops them (_dispatch.before_write). None below level ops: no mode sees writes.
+        self.vstor: dict[int, list[int]] | None = {} if cfg.depth >= 2 else None
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
         self.foreign: deque[tuple] = deque()
@@ -125,6 +128,20 @@ class Recorder(Batching, FlushTables):
         for s in self.vcache.values():
             s.ref = None
         self.vcache.clear()
+        if self.vstor is not None:
+            self.vstor.clear()
+
+    def _alias(self, t: torch.Tensor, key: int) -> None:
+        """Index a vcache entry by its storage (level ops; see ``vstor``)."""
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:  # no plain storage: before_write drops the whole cache for those
+            return
+        ids = self.vstor.get(ptr)
+        if ids is None:
+            self.vstor[ptr] = [key]
+        else:
+            ids.append(key)
 
     def enter(self) -> None:
         """Start the tracer's own work: set ``busy`` and take the dispatch mode off the stack
@@ -208,6 +225,8 @@ class Recorder(Batching, FlushTables):
                 s.ref = weakref.ref(t)
                 s.version, s.opt_rows, s.opt_moments = version, rows, moments
                 self.vcache[key] = s
+                if self.vstor is not None:
+                    self._alias(t, key)
         return s
 
     # ----------------------------------------------------------------------------- records
@@ -272,6 +291,7 @@ class Recorder(Batching, FlushTables):
         elif rows is None and not hazards and not self._tensor_opts:
             # The hot path (every op at level ops): no per-record options, cache lookups inlined.
             cache = self.vcache
+            vstor = self.vstor
             start = digest.start
             deferred = self.deferred
             dstor = self.deferred_storages
@@ -337,6 +357,9 @@ class Recorder(Batching, FlushTables):
                             cache[key] = s
                         except TypeError:  # some tensor subclasses refuse weak references
                             pass
+                        else:
+                            if vstor is not None:
+                                self._alias(t, key)
                 dt = t.dtype
                 add(
                     call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS
@@ -412,6 +435,9 @@ class Recorder(Batching, FlushTables):
                         cache[id(t)] = s
                     except TypeError:  # some tensor subclasses refuse weak references
                         pass
+                    else:
+                        if self.vstor is not None:
+                            self._alias(t, id(t))
         # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
         calls = []
         out = self.records

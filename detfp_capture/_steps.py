@@ -130,9 +130,11 @@ class StepRecording:
 
     def _record_params(self) -> None:
         rec = self._rec
-        # Right after a watched optimizer step the cached digests are the updated parameters;
-        # otherwise parameters may have changed through .data (no version bump): digest afresh.
-        fresh = not self._opt_stepped
+        # Right after a watched optimizer step the cached digests are the updated parameters, as
+        # long as nothing wrote them since. Only level ops sees every write, through any alias
+        # (before_write drops what a `.data` write makes stale); below it a `p.data.clamp_`
+        # between optimizer.step() and the step end moves no version counter: digest afresh.
+        fresh = not (self._opt_stepped and self._depth >= 2)
         self._opt_stepped = False
         seen: set[int] = set()
         specs = []

@@ -352,3 +352,68 @@ def test_int64_probe_keeps_its_pointer_check_when_staging_fails(tmp_path, monkey
         s.probe("table", table)
     r = read(tmp_path / "r").filter(pl.col("kind") == "probe")
     assert r["hazards"].to_list() == [["pointer_like"]]
+
+
+def _hi(t: torch.Tensor) -> int:
+    from detfp_capture import digest
+
+    return int(digest.fingerprint(t).digest[:16], 16)
+
+
+@pytest.mark.parametrize("level", ["metrics", "boundaries", "ops"])
+def test_step_end_parameters_after_a_data_write_are_the_current_values(tmp_path, level):
+    # Weight clipping through .data after optimizer.step() moves no version counter: the
+    # step-end parameter record must still be the clipped values, not the optimizer's output.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    with Session(tmp_path / "r", level) as s:
+        s.watch(lin)
+        s.watch_optimizer(opt)
+        for step in range(2):
+            with s.step(step):
+                lin(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                after_step = lin.weight.detach().clone()
+                lin.weight.data.clamp_(-0.01, 0.01)
+                opt.zero_grad()
+    r = read(tmp_path / "r").filter((pl.col("kind") == "param") & (pl.col("phase") == "step"))
+    got = r.filter(pl.col("name") == "weight")["digest_hi"].to_list()
+    assert got[-1] == _hi(lin.weight.detach()) != _hi(after_step)
+
+
+def test_a_write_through_a_data_alias_is_seen_by_the_next_read_at_level_ops(tmp_path):
+    t = torch.ones(300)
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        _ = t * 2  # t's digest is cached
+        t.data.fill_(5.0)  # a write through an alias with its own version counter
+        _ = t * 3
+    r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
+    assert r["digest_hi"].to_list() == [_hi(torch.ones(300)), _hi(torch.full((300,), 5.0))]
+
+
+class _Doubler(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class _InPlace(torch.nn.Module):
+    def forward(self, y):
+        return y.mul_(10)
+
+
+def test_a_write_in_a_module_left_out_keeps_the_recorded_values(tmp_path):
+    # modules= leaves "b" out: its in-place write is not recorded, but it must not change what
+    # was recorded for "a" (whose output digest waits for a batch until a write comes).
+    m = torch.nn.Sequential()
+    m.add_module("a", _Doubler())
+    m.add_module("b", _InPlace())
+    with Session(tmp_path / "r", "ops", modules=r"^a$") as s, s.step(0):
+        s.watch(m)
+        m(torch.ones(300))
+    r = read(tmp_path / "r").filter(pl.col("kind") == "op")
+    assert r.select("module", "name", "role").rows() == [
+        ("a", "aten::mul.Tensor", "input"),
+        ("a", "aten::mul.Tensor", "output"),
+    ]
+    assert r["digest_hi"].to_list() == [_hi(torch.ones(300)), _hi(torch.full((300,), 2.0))]
