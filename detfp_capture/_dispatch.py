@@ -237,6 +237,47 @@ def _on_accelerator(args: tuple, outs: list[tuple[str, str, torch.Tensor]]) -> b
     return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tensors)
 
 
+def _op_outputs(info: OpInfo, args: tuple, out: Any) -> list[tuple[str, str, torch.Tensor]]:
+    outs = _outputs(out)
+    if not outs and info.writes:
+        # In-place ops that return nothing (the _foreach_*_ family): their written arguments
+        # are the outputs.
+        for i in info.writes:
+            if i < len(args):
+                a = args[i]
+                if isinstance(a, torch.Tensor):
+                    outs.append(("output", f"args[{i}]", a))
+                elif isinstance(a, (list, tuple)):
+                    outs.extend(
+                        ("output", f"args[{i}][{j}]", x) for j, x in enumerate(a) if isinstance(x, torch.Tensor)
+                    )
+    return outs
+
+
+def _track_hazard_state(hz: Any, info: OpInfo, args: tuple, kwargs: dict, outs: list) -> None:
+    """What an op changes in the hazard state: tensors born empty, written, or the destination
+    of a non-blocking copy (recorded or not: see CaptureMode._pre)."""
+    if info.empty:
+        for _, _, t in outs:
+            hz.born_empty(t)
+    elif hz.uninit and (info.writes or info.out_kwargs):
+        for i in info.writes:
+            if i < len(args):
+                for t in _tensors_in(args[i]):
+                    hz.wrote(t)
+        for k in info.out_kwargs:
+            v = kwargs.get(k)
+            if isinstance(v, torch.Tensor):
+                hz.wrote(v)
+    if (
+        info.nonblocking
+        and (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True))
+        and _on_accelerator(args, outs)
+    ):
+        for _, _, t in outs:
+            hz.nonblocking_copy(t, info.name)
+
+
 def _note_written(rec: Any, outs: list[tuple[str, str, torch.Tensor]]) -> None:
     """Remember the Slots just cached for the tensors a writing op wrote, with the version they
     were cached at (the one from before the write: see ``promote``)."""
@@ -296,7 +337,7 @@ class CaptureMode(TorchDispatchMode):
         if pre is None:
             return func(*args, **kwargs)
         kr = self.s._kernel_range
-        if kr is not None:
+        if kr is not None and pre[0] is not None:
             with kr(pre[0]):
                 out = func(*args, **kwargs)
         else:
@@ -337,11 +378,13 @@ class CaptureMode(TorchDispatchMode):
         module, phase = where
         rec = self.rec
         if rec.cfg.modules is not None and not self.hooks.module_selected(module):
+            # Not recorded, but its writes still count: waiting and cached digests of what it
+            # overwrites, and the hazard state (a buffer it fills is no longer uninitialized).
             if info.writing:
                 rec.busy = True
                 before_write(rec, info, args, kwargs)
                 rec.busy = False
-            return None
+            return (None, info, None) if self.s._hazard is not None else None
         rec.busy = True
         tensors, other = _gather(args, kwargs)
         hz = self.s._hazard
@@ -409,41 +452,14 @@ class CaptureMode(TorchDispatchMode):
         call, info, _phase = pre
         rec = self.rec
         rec.busy = True
-        outs = _outputs(out)
-        if not outs and info.writes:
-            # In-place ops that return nothing (the _foreach_*_ family): their written arguments
-            # are the outputs.
-            for i in info.writes:
-                if i < len(args):
-                    a = args[i]
-                    if isinstance(a, torch.Tensor):
-                        outs.append(("output", f"args[{i}]", a))
-                    elif isinstance(a, (list, tuple)):
-                        outs.extend(
-                            ("output", f"args[{i}][{j}]", x) for j, x in enumerate(a) if isinstance(x, torch.Tensor)
-                        )
+        outs = _op_outputs(info, args, out)
         hz = self.s._hazard
         flags = None
         if hz is not None:
-            if info.empty:
-                for _, _, t in outs:
-                    hz.born_empty(t)
-            elif hz.uninit and (info.writes or info.out_kwargs):
-                for i in info.writes:
-                    if i < len(args):
-                        for t in _tensors_in(args[i]):
-                            hz.wrote(t)
-                for k in info.out_kwargs:
-                    v = kwargs.get(k)
-                    if isinstance(v, torch.Tensor):
-                        hz.wrote(v)
-            if (
-                info.nonblocking
-                and (kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True))
-                and _on_accelerator(args, outs)
-            ):
-                for _, _, t in outs:
-                    hz.nonblocking_copy(t, info.name)
+            _track_hazard_state(hz, info, args, kwargs, outs)
+            if call is None:  # an op of a module left out by modules=: state only
+                rec.busy = False
+                return
             if hz.active and outs and not info.empty:
                 # A fresh empty* output is not a read of uninitialized memory (its readers are).
                 flags = {}

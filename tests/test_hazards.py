@@ -46,6 +46,42 @@ def test_uninitialized_read_views_and_full_write(tmp_path):
     assert ev.height == 2 and "read while uninitialized" in ev["detail"][0]
 
 
+class _Fill(torch.nn.Module):
+    def forward(self, buf, x):
+        return buf.copy_(x)
+
+
+class _Use(torch.nn.Module):
+    def forward(self, buf):
+        return buf * 2
+
+
+class _FillThenUse(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fill, self.use = _Fill(), _Use()
+
+    def forward(self, x, fill=True):
+        buf = torch.empty(300)
+        if fill:
+            self.fill(buf, x)
+        return self.use(buf)
+
+
+def test_writes_in_modules_left_out_still_count_for_uninitialized(tmp_path):
+    # modules= leaves "fill" out: its write is not recorded but the buffer is written all the
+    # same, so the read in "use" is clean; without the write it is flagged.
+    m = _FillThenUse()
+    with Session(tmp_path / "r", "ops", modules=r"^use$|^$") as s, s.step(0):
+        s.watch(m)
+        m(torch.ones(300))
+        m(torch.ones(300), fill=False)
+    mul = _ops(tmp_path / "r", "aten::mul.Tensor").filter(pl.col("arg") == "args[0]")
+    assert [h.to_list() for h in mul["hazards"]] == [[], ["uninitialized"]]
+    assert _hazard_events(tmp_path / "r", "uninitialized").height == 1
+    assert _ops(tmp_path / "r", "aten::copy_.default").height == 0  # not recorded
+
+
 def test_poison_fills_fresh_allocations_per_run(tmp_path):
     got = {}
     for name in ("a", "b"):
