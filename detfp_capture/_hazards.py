@@ -140,6 +140,15 @@ class HazardTracker:
         self.nb_pending.clear()
         self.events_this_step = {}
 
+    def unobserved(self) -> None:
+        """A step that capture leaves out (``steps=``) runs without the dispatch mode: whatever
+        it writes, allocates or waits for is unseen, so nothing tracked before can be trusted
+        after it (a buffer allocated empty, then filled in an unselected step, is not an
+        uninitialized read in the next selected one). Forget it all."""
+        self.uninit.clear()
+        self.async_pending.clear()
+        self.nb_pending.clear()
+
     # ---------------------------------------------------------------- checks
     def flags(self, t: torch.Tensor, read: bool = True) -> tuple[str, ...]:
         """Hazards of the current contents of ``t`` (``read``: the op depends on them)."""

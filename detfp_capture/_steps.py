@@ -46,6 +46,8 @@ class StepRecording:
             self._manifest["start_step"] = n
             self._write_manifest_safely()
         if not sel:
+            if self._hazard is not None:
+                self._hazard.unobserved()
             return
         rec.enter()
         try:

@@ -82,6 +82,27 @@ def test_writes_in_modules_left_out_still_count_for_uninitialized(tmp_path):
     assert _ops(tmp_path / "r", "aten::copy_.default").height == 0  # not recorded
 
 
+def test_uninitialized_across_steps_and_across_steps_left_out(tmp_path):
+    # Allocated empty in step 0 and read in step 2. Every step captured: the read is flagged
+    # whether or not step 1 filled it (the fill is seen). Step 1 left out by steps=: what it
+    # did is unseen, so the state is forgotten and nothing is flagged.
+    flagged = {}
+    for steps, fill in ((None, False), (None, True), ("0,2", True)):
+        name = f"{steps}-{fill}".replace(",", "_")
+        with Session(tmp_path / name, "ops", steps=steps) as s:
+            for step in range(3):
+                with s.step(step):
+                    if step == 0:
+                        buf = torch.empty(300)
+                    if step == 1 and fill:
+                        buf.fill_(1.0)
+                    if step == 2:
+                        _ = buf * 2
+        mul = _ops(tmp_path / name, "aten::mul.Tensor").filter(pl.col("arg") == "args[0]")
+        flagged[(steps, fill)] = [h.to_list() for h in mul["hazards"]]
+    assert flagged == {(None, False): [["uninitialized"]], (None, True): [[]], ("0,2", True): [[]]}
+
+
 def test_poison_fills_fresh_allocations_per_run(tmp_path):
     got = {}
     for name in ("a", "b"):
