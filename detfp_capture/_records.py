@@ -166,6 +166,8 @@ def args_text(src: Any) -> str | None:
 
 _ARGS_MEMO: dict[tuple, str | None] = {}
 _ARGS_MEMO_LIMIT = 1 << 16
+#: The low half of a 128-bit digest.
+_MASK64 = (1 << 64) - 1
 #: Classes whose equal values always have the same ``_arg_repr`` (not bool, which equals 1,
 #: nor float, where -0.0 == 0.0).
 _EXACT = frozenset((int, str, type(None)))
@@ -239,8 +241,11 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
     ok = [fp is not None and fp[1] is None for fp in fps]
     digests = [fp[0] if o else None for fp, o in zip(fps, ok, strict=True)]
     cols["status"] = ["ok" if o else ("skipped" if fp is None else "error") for fp, o in zip(fps, ok, strict=True)]
-    cols["digest_hi"] = [None if d is None else int(d[:16], 16) for d in digests]
-    cols["digest_lo"] = [None if d is None else int(d[16:], 16) for d in digests]
+    # One parse of the 32 hex digits per digest, split by shifts (half the cost of parsing the
+    # halves: this runs over every record of a flush).
+    words = [None if d is None else int(d, 16) for d in digests]
+    cols["digest_hi"] = [None if w is None else w >> 64 for w in words]
+    cols["digest_lo"] = [None if w is None else w & _MASK64 for w in words]
     cols["error"] = [None if fp is None or o else fp[1] for fp, o in zip(fps, ok, strict=True)]
     cols["rows"] = [list(fp[2]) if o and fp[2] is not None else None for fp, o in zip(fps, ok, strict=True)]
     if any(o and fp[3] is not None for fp, o in zip(fps, ok, strict=True)):
