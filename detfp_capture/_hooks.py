@@ -225,8 +225,14 @@ class ModuleHooks:
             root = not self.stack
             tensors = _call_tensors(args, kwargs)
             self.stack.append((id(module), path, phase, [t for _, t in tensors]))
+            # Counted with the stack, selected or not: post() undoes it when it pops the module
+            # (a compiled module that modules= left out once drove the count below zero, which
+            # stopped op capture for the rest of the run).
+            compiled = type(module).__name__ == "OptimizedModule"
+            if compiled:
+                self.s._compiled_depth += 1
+                self.s._saw_compiled = True
             if self.s._depth >= 1 and self.module_selected(path):
-                compiled = type(module).__name__ == "OptimizedModule"
                 kind = "compiled" if compiled else ("batch" if root and phase == "forward" else "module_input")
                 hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
@@ -238,11 +244,12 @@ class ModuleHooks:
                     compiled=compiled,
                     hazards=hz,
                 )
-                if compiled:
-                    self.s._compiled_depth += 1
-                    self.s._saw_compiled = True
                 if phase != "recompute" and torch.is_grad_enabled():
                     self._hook_input_grads(module, path, tensors)
+            if compiled:
+                # Compiled code writes without the dispatch mode seeing it (an input mutated in
+                # place): digests waiting for a batch, its input records' included, are taken now.
+                rec.run_deferred(staging=False)
         except Exception as exc:
             rec.fail(exc, f"forward pre-hook of {path!r}")
         finally:
@@ -255,13 +262,13 @@ class ModuleHooks:
         if not self.stack or self.stack[-1][0] != id(module):
             return
         _, path, phase, inputs = self.stack.pop()
+        compiled = type(module).__name__ == "OptimizedModule"
+        if compiled:
+            self.s._compiled_depth -= 1  # whatever happens below: pre() counted it with the push
         if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
             return
         rec.enter()
         try:
-            compiled = type(module).__name__ == "OptimizedModule"
-            if compiled:
-                self.s._compiled_depth -= 1
             if self.s._depth >= 1 and self.module_selected(path):
                 tensors: list[tuple[str, torch.Tensor]] = []
                 flatten_tensors(output, "out", tensors)

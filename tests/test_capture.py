@@ -353,6 +353,45 @@ def test_compiled_module_recorded_at_its_boundary(tmp_path):
     assert "aten::mean.default" in set(fwd_ops["name"])
 
 
+class _Mutates(torch.nn.Module):
+    def forward(self, y):
+        y.mul_(10)  # an input written in place inside compiled code: no dispatch mode sees it
+        return y + 1
+
+
+class _CompiledInside(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = torch.compile(_Mutates(), backend="aot_eager")
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.c(x * 2))
+
+
+@pytest.mark.parametrize("modules", [None, r"^lin$"])
+def test_compiled_region_keeps_earlier_records_and_op_capture_after_it(tmp_path, modules):
+    from detfp_capture import digest
+
+    m = _CompiledInside()
+    with Session(tmp_path / "r", "ops", modules=modules) as s:
+        s.watch(m)
+        for step in range(2):
+            with s.step(step):
+                m(torch.ones(2, 4)).sum()
+    r = read(tmp_path / "r")
+    for step in range(2):
+        ops = r.filter((pl.col("kind") == "op") & (pl.col("step") == step))
+        # The region left out by modules= still counts as compiled, and leaves: op capture
+        # goes on after it (it once stopped for the rest of the run).
+        assert "aten::addmm.default" in set(ops["name"])
+        if modules is None:
+            # x * 2 waits for a batch; the compiled region writes it in place: the record keeps
+            # the value from before the region.
+            mul = ops.filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))
+            assert mul["digest_hi"].to_list() == [int(digest.fingerprint(torch.full((2, 4), 2.0)).digest[:16], 16)]
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_capture_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
     # Capture pauses the cyclic collector around its bulk work (flush, batches): never beyond it.
