@@ -384,7 +384,11 @@ class CaptureMode(TorchDispatchMode):
                 rec.busy = True
                 before_write(rec, info, args, kwargs)
                 rec.busy = False
-            return (None, info, None) if self.s._hazard is not None else None
+            # Only an allocation, a write or a copy changes the hazard state: other ops pay nothing.
+            hz = self.s._hazard
+            if hz is not None and (info.empty or info.writing or info.nonblocking):
+                return None, info, None
+            return None
         rec.busy = True
         tensors, other = _gather(args, kwargs)
         hz = self.s._hazard
