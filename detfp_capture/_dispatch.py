@@ -218,7 +218,7 @@ def before_write(rec: Any, info: OpInfo, args: tuple, kwargs: dict) -> None:
             if hit:
                 rec.evict_deferred(hit)
     if ptrs is None:
-        rec._clear_vcache()
+        rec.clear_vcache()
         return
     vstor = rec.vstor
     if vstor:

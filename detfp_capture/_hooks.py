@@ -66,12 +66,12 @@ def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: s
 
     Walks back from the outputs' nodes and stops at the inputs' nodes and at nodes of other
     modules. A submodule's region has been walked already, when its own forward ended; walking
-    it again from every enclosing module made the cost grow with the nesting depth (a third
-    of the level's hook time on the example). So a single-output region keeps, on its output
-    node, where its walk stopped (its frontier: exactly the nodes reachable from that node
-    that the walk did not go through), and an enclosing walk that reaches the node continues
-    from there. The tags are the same: every node in the region is owned by the submodule
-    or one of its own, which an enclosing walk goes through without tagging.
+    it again from every enclosing module made the cost grow with the nesting depth. So a
+    single-output region keeps, on its output node, where its walk stopped (its frontier:
+    exactly the nodes reachable from that node that the walk did not go through), and an
+    enclosing walk that reaches the node continues from there. The tags are the same: every
+    node in the region is owned by the submodule or one of its own, which an enclosing walk
+    goes through without tagging.
     """
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     entries = [t.grad_fn for t in outputs if t.grad_fn is not None]

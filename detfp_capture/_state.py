@@ -120,9 +120,9 @@ class Recorder(Batching, FlushTables):
         self.occ = {}
         self.records_in_step = 0
         # Parameters may have been updated through .data (no version bump): never reuse across steps.
-        self._clear_vcache()
+        self.clear_vcache()
 
-    def _clear_vcache(self) -> None:
+    def clear_vcache(self) -> None:
         # The slots live on in the buffered records until the flush; their weak references
         # (one object each) need not.
         for s in self.vcache.values():
@@ -220,7 +220,7 @@ class Recorder(Batching, FlushTables):
             s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
         if version is not None:
             if len(self.vcache) >= _VERSION_CACHE_LIMIT:
-                self._clear_vcache()
+                self.clear_vcache()
             with contextlib.suppress(TypeError):  # some tensor subclasses refuse weak references
                 s.ref = weakref.ref(t)
                 s.version, s.opt_rows, s.opt_moments = version, rows, moments
@@ -350,7 +350,7 @@ class Recorder(Batching, FlushTables):
                         s = Slot(start(t, pointer_check=dt is _INT64))
                     if version is not None:
                         if len(cache) >= _VERSION_CACHE_LIMIT:
-                            self._clear_vcache()
+                            self.clear_vcache()
                         try:  # a plain try: cheaper than contextlib.suppress on this hot path
                             s.ref = weakref.ref(t)
                             s.version = version
