@@ -103,6 +103,31 @@ def _modified(t: torch.Tensor) -> digest.Pending:
     return p
 
 
+def storage_ptrs(t: torch.Tensor) -> list[int] | None:
+    """Data pointers of the storages that hold ``t``'s bytes: its own, or for a wrapper subclass
+    without one (DTensor, ...) its inner tensors' through ``__tensor_flatten__``; None when
+    unknown (sparse, an opaque subclass)."""
+    try:
+        return [t.untyped_storage().data_ptr()]
+    except Exception:
+        pass
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return None
+    try:
+        names, _ = flatten()
+    except Exception:
+        return None
+    out: list[int] = []
+    for name in names:
+        inner = getattr(t, name, None)
+        ptrs = storage_ptrs(inner) if isinstance(inner, torch.Tensor) else None
+        if ptrs is None:
+            return None
+        out += ptrs
+    return out or None
+
+
 class Batching:
     """Recorder methods that run waiting digests (the recorder holds the state)."""
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from detfp_capture._batching import storage_ptrs
 from detfp_capture._hazards import UNINIT
 from detfp_capture._hooks import NODE_KEY
 from detfp_capture._records import flat_args
@@ -194,7 +195,10 @@ def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> list[int] | No
             try:
                 ptrs.append(t.untyped_storage().data_ptr())
             except Exception:
-                return None
+                inner = storage_ptrs(t)  # a wrapper subclass: its inner tensors' storages
+                if inner is None:
+                    return None
+                ptrs += inner
     return ptrs
 
 

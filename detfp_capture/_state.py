@@ -29,7 +29,7 @@ import torch
 
 from detfp_capture import _columns, contract, digest
 from detfp_capture._batchdigest import start_many
-from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused
+from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused, storage_ptrs
 from detfp_capture._config import CaptureConfig
 from detfp_capture._records import RecordBuffer
 from detfp_capture._staging import Staging
@@ -132,16 +132,23 @@ class Recorder(Batching, FlushTables):
             self.vstor.clear()
 
     def _alias(self, t: torch.Tensor, key: int) -> None:
-        """Index a vcache entry by its storage (level ops; see ``vstor``)."""
+        """Index a vcache entry by its storage (level ops; see ``vstor``): a wrapper subclass
+        by its inner tensors' (a write through ``dtensor._local_tensor`` moves no counter of
+        the DTensor). One that cannot be indexed is not cached: nothing could drop it."""
         try:
-            ptr = t.untyped_storage().data_ptr()
-        except Exception:  # no plain storage: before_write drops the whole cache for those
-            return
-        ids = self.vstor.get(ptr)
-        if ids is None:
-            self.vstor[ptr] = [key]
-        else:
-            ids.append(key)
+            ptrs = (t.untyped_storage().data_ptr(),)
+        except Exception:
+            ptrs = storage_ptrs(t)
+            if ptrs is None:
+                self.vcache.pop(key, None)
+                return
+        vstor = self.vstor
+        for ptr in ptrs:
+            ids = vstor.get(ptr)
+            if ids is None:
+                vstor[ptr] = [key]
+            else:
+                ids.append(key)
 
     def enter(self) -> None:
         """Start the tracer's own work: set ``busy`` and take the dispatch mode off the stack

@@ -417,3 +417,20 @@ def test_a_write_in_a_module_left_out_keeps_the_recorded_values(tmp_path):
         ("a", "aten::mul.Tensor", "output"),
     ]
     assert r["digest_hi"].to_list() == [_hi(torch.ones(300)), _hi(torch.full((300,), 2.0))]
+
+
+def test_a_write_through_a_wrapper_subclass_inner_tensor_is_seen_at_level_ops(tmp_path):
+    # A wrapper subclass (DTensor, FSDP2's parameters) has no storage of its own and its own
+    # version counter: a write through its inner tensor must still drop its cached digest.
+    two = pytest.importorskip("torch.testing._internal.two_tensor")
+    from detfp_capture import digest
+
+    tt = two.TwoTensor(torch.ones(300), torch.zeros(300))
+    before = digest.fingerprint(tt).digest
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        _ = tt * 2
+        tt.a.add_(5.0)
+        _ = tt * 3
+    after = digest.fingerprint(tt).digest
+    r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
+    assert r["digest_hi"].to_list() == [int(before[:16], 16), int(after[:16], 16)]
