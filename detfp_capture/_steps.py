@@ -93,6 +93,9 @@ class StepRecording:
                 if self._kernels is not None:
                     ks, self._kernels, self._kernel_range = self._kernels, None, None
                     ks.stop()
+                # The dispatch mode is off from here on: what runs between steps writes unseen,
+                # so digests still waiting for a batch are taken now, not at the next write.
+                rec.run_deferred(staging=False)
                 if self._collectives is not None:
                     self._collectives.wait_buckets()
                 rec.drain_foreign()

@@ -434,3 +434,26 @@ def test_a_write_through_a_wrapper_subclass_inner_tensor_is_seen_at_level_ops(tm
     after = digest.fingerprint(tt).digest
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
     assert r["digest_hi"].to_list() == [int(before[:16], 16), int(after[:16], 16)]
+
+
+def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
+    # Between steps no dispatch mode sees writes: a digest still waiting for a batch when the
+    # step ends is taken then, before code between steps (or a step left out) writes the tensor.
+    from detfp_capture import digest
+
+    x = torch.ones(300)
+    with Session(tmp_path / "r", "ops", steps="0,2") as s:
+        for step in range(3):
+            with s.step(step):
+                if step == 0:
+                    y = x * 2
+                if step == 1:
+                    y.mul_(10)  # a step left out
+                if step == 2:
+                    _ = x + 1
+            if step == 0:
+                y.add_(100)  # between steps
+    r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))
+    assert r.select("status", "digest_hi").rows() == [
+        ("ok", int(digest.fingerprint(torch.full((300,), 2.0)).digest[:16], 16))
+    ]
