@@ -61,7 +61,12 @@ def _call_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: str) -> None:
+#: Serial of the last tagging walk: a module's own walk may jump only over regions walked
+#: since its forward began (see _mark_graph).
+_WALKS = [0]
+
+
+def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: str, since: int = -1) -> None:
     """Tag the autograd nodes created inside a module with its path (innermost wins).
 
     Walks back from the outputs' nodes and stops at the inputs' nodes and at nodes of other
@@ -71,8 +76,13 @@ def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: s
     exactly the nodes reachable from that node that the walk did not go through), and an
     enclosing walk that reaches the node continues from there. The tags are the same: every
     node in the region is owned by the submodule or one of its own, which an enclosing walk
-    goes through without tagging.
+    goes through without tagging. Only regions walked since this module's forward began
+    (``since``, a serial of ``_WALKS``) are jumped over: they were created after this module's
+    inputs, so none of its stop nodes lies inside them. An older region (a submodule called
+    before, by other code) is walked through as before.
     """
+    _WALKS[0] += 1
+    serial = _WALKS[0]
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     entries = [t.grad_fn for t in outputs if t.grad_fn is not None]
     stack = list(entries)
@@ -101,15 +111,15 @@ def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: s
             continue  # a node of an earlier sibling or an enclosing scope: the module's region ends here
         else:
             jump = md.get(_FRONTIER)
-            if jump is not None:
-                stack.extend(jump)
+            if jump is not None and jump[0] > since:
+                stack.extend(jump[1])
                 continue
         for nxt, _ in n.next_functions:
             stack.append(nxt)
     if fresh_entry and id(entries[0]) not in stop:
         # Only a node this walk tagged: one it stopped at (an input passed through, a node of
         # another module) or one a submodule tagged (with its own frontier) leads elsewhere.
-        entries[0].metadata[_FRONTIER] = frontier
+        entries[0].metadata[_FRONTIER] = (serial, frontier)
 
 
 class ModuleHooks:
@@ -204,7 +214,7 @@ class ModuleHooks:
     def current(self) -> tuple[str, str]:
         """(module path, phase) for a record made now outside autograd's own threads."""
         if self.stack:
-            _, path, phase, _ = self.stack[-1]
+            _, path, phase, _, _ = self.stack[-1]
             return path, phase
         return "", self.rec.phase
 
@@ -224,7 +234,7 @@ class ModuleHooks:
             phase = "recompute" if in_autograd or (self.stack and self.stack[-1][2] == "recompute") else rec.phase
             root = not self.stack
             tensors = _call_tensors(args, kwargs)
-            self.stack.append((id(module), path, phase, [t for _, t in tensors]))
+            self.stack.append((id(module), path, phase, [t for _, t in tensors], _WALKS[0]))
             # Counted with the stack, selected or not: post() undoes it when it pops the module
             # (a compiled module that modules= left out once drove the count below zero, which
             # stopped op capture for the rest of the run).
@@ -261,7 +271,7 @@ class ModuleHooks:
         rec = self.rec
         if not self.stack or self.stack[-1][0] != id(module):
             return
-        _, path, phase, inputs = self.stack.pop()
+        _, path, phase, inputs, since = self.stack.pop()
         compiled = type(module).__name__ == "OptimizedModule"
         if compiled:
             self.s._compiled_depth -= 1  # whatever happens below: pre() counted it with the push
@@ -288,7 +298,7 @@ class ModuleHooks:
             if self.s._depth >= 2 and phase == "forward" and torch.is_grad_enabled():
                 outs: list[tuple[str, torch.Tensor]] = []
                 flatten_tensors(output, "out", outs)
-                _mark_graph([t for _, t in outs], inputs, path)
+                _mark_graph([t for _, t in outs], inputs, path, since)
         except Exception as exc:
             rec.fail(exc, f"forward hook of {path!r}")
         finally:

@@ -455,7 +455,7 @@ def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
     assert counts == [counts[0]] * 4, counts  # nothing accumulates from step to step
 
 
-def _reference_mark_graph(outputs, inputs, path):
+def _reference_mark_graph(outputs, inputs, path, since=-1):
     # The plain walk _hooks._mark_graph must agree with: from the outputs back to the inputs,
     # through every node, tagging the untagged ones and stopping at other modules' nodes.
     from detfp_capture._hooks import NODE_KEY
@@ -505,6 +505,21 @@ class _Split(torch.nn.Module):  # two outputs from two unrelated inputs
         return x.sin() * 2, y.exp()
 
 
+class _Stasher(torch.nn.Module):  # keeps an inner tensor, which another module then takes
+    def forward(self, x):
+        self.h = x.sin()
+        return self.h.cos()
+
+
+class _ReadsChildOutput(torch.nn.Module):  # its child runs before it, called by other code
+    def __init__(self) -> None:
+        super().__init__()
+        self.stasher = _Stasher()
+
+    def forward(self, y):
+        return y * self.o  # self.o: the child's output, set by the caller
+
+
 class _Tagged(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -517,6 +532,7 @@ class _Tagged(torch.nn.Module):
         self.other = torch.nn.Sequential(torch.nn.Linear(8, 8))
         self.sib, self.ret = torch.nn.Linear(8, 8), _Return()
         self.split = _Split()
+        self.late = _ReadsChildOutput()
 
     def forward(self, x, side):
         h = self.pre(x) * side  # side: a tensor from outside the module's inputs
@@ -528,6 +544,10 @@ class _Tagged(torch.nn.Module):
         h = h + self.ret(h)
         p, self.kept = self.split(h, side * 5)  # side * 5 is reached only through kept, outside
         h = h + p
+        # late.stasher's region is walked before late's forward begins, and late's input is a
+        # node inside it: late's walk must stop there, not jump past it to h.tanh().
+        self.late.o = self.late.stasher(h.tanh())
+        h = h + self.late(self.late.stasher.h)
         return self.shared(h.cos()).sum()
 
 
