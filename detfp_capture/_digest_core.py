@@ -429,7 +429,7 @@ def pointer_rows(rows: torch.Tensor, numels: Sequence[int]) -> torch.Tensor:
     """(k,) bool ``pointer_like`` of k small int64 tensors held zero-padded in int8 rows (k, 1024)."""
     x = rows.view(torch.int64)
     n = torch.tensor(numels, dtype=torch.int64, device=rows.device)
-    ok = ((x & _POINTER_MASK) == 0) & (x >= (1 << 32))
+    ok = looks_like_pointer(x)
     ok |= torch.arange(x.shape[1], device=rows.device) >= n[:, None]  # padding does not count
     return ok.all(1) & (n > 0)
 
@@ -438,9 +438,13 @@ def pointer_rows(rows: torch.Tensor, numels: Sequence[int]) -> torch.Tensor:
 _POINTER_MASK = -(1 << 48) | 15
 
 
+def looks_like_pointer(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise, for int64 ``x``: the value is in [2**32, 2**48) and a multiple of 16."""
+    return ((x & _POINTER_MASK) == 0) & (x >= (1 << 32))
+
+
 def pointer_like(t: torch.Tensor) -> torch.Tensor:
     """0-dim bool: int64, numel >= 1, every value in [2**32, 2**48) and a multiple of 16."""
     if t.dtype != torch.int64 or t.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=t.device)
-    ok = (t >= (1 << 32)) & (t < (1 << 48)) & ((t & 15) == 0)
-    return ok.all()
+    return looks_like_pointer(t).all()

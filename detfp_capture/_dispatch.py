@@ -192,13 +192,10 @@ def _written_storages(info: OpInfo, args: tuple, kwargs: dict) -> list[int] | No
     ptrs: list[int] = []
     for w in written:
         for t in _tensors_in(w):
-            try:
-                ptrs.append(t.untyped_storage().data_ptr())
-            except Exception:
-                inner = storage_ptrs(t)  # a wrapper subclass: its inner tensors' storages
-                if inner is None:
-                    return None
-                ptrs += inner
+            own = storage_ptrs(t)  # a wrapper subclass: its inner tensors' storages
+            if own is None:
+                return None
+            ptrs += own
     return ptrs
 
 
@@ -477,16 +474,10 @@ class CaptureMode(TorchDispatchMode):
                         flags[i] = f
                 flags = flags or None
         # Inside the dispatcher an in-place op has not bumped the version counter yet (that happens
-        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused,
-        # and whatever was cached for them goes (so the entries after this call are all new).
+        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused.
+        # What was cached over the storages they write went in _pre (before_write), so the entries
+        # made now for them are new ones (_note_written relies on that).
         fresh = info.writing
-        if fresh:
-            vc = rec.vcache
-            for i in info.writes:
-                if i < len(args):
-                    vc.pop(id(args[i]), None)
-            for _, _, t in outs:
-                vc.pop(id(t), None)
         if outs:
             rec.append_records(
                 call,

@@ -279,9 +279,12 @@ class ModuleHooks:
             return
         rec.enter()
         try:
-            if self.s._depth >= 1 and self.module_selected(path):
-                tensors: list[tuple[str, torch.Tensor]] = []
-                flatten_tensors(output, "out", tensors)
+            selected = self.s._depth >= 1 and self.module_selected(path)
+            tag = self.s._depth >= 2 and phase == "forward" and torch.is_grad_enabled()
+            tensors: list[tuple[str, torch.Tensor]] = []
+            if selected or tag:
+                flatten_tensors(output, "out", tensors)  # once, for the records and the tagging walk
+            if selected:
                 kind = "compiled" if compiled else "module_output"
                 hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
@@ -295,10 +298,8 @@ class ModuleHooks:
                 )
                 if phase != "recompute" and torch.is_grad_enabled():
                     self._hook_output_grads(module, path, tensors)
-            if self.s._depth >= 2 and phase == "forward" and torch.is_grad_enabled():
-                outs: list[tuple[str, torch.Tensor]] = []
-                flatten_tensors(output, "out", outs)
-                _mark_graph([t for _, t in outs], inputs, path, since)
+            if tag:
+                _mark_graph([t for _, t in tensors], inputs, path, since)
         except Exception as exc:
             rec.fail(exc, f"forward hook of {path!r}")
         finally:

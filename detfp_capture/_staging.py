@@ -189,7 +189,7 @@ class Staging:
                 rows_at.append(i)
             row += m
         x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        bad = (((x & core._POINTER_MASK) != 0) | (x < (1 << 32))).to(torch.int64).cumsum(0)
+        bad = (~core.looks_like_pointer(x)).to(torch.int64).cumsum(0)
         ends = torch.tensor(numels, dtype=torch.int64, device=x.device).cumsum(0)
         upto = bad.index_select(0, ends - 1)
         counts = torch.cat([upto[:1], upto[1:] - upto[:-1]])

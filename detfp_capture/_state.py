@@ -131,17 +131,15 @@ class Recorder(Batching, FlushTables):
         if self.vstor is not None:
             self.vstor.clear()
 
-    def _alias(self, t: torch.Tensor, key: int) -> None:
-        """Index a vcache entry by its storage (level ops; see ``vstor``): a wrapper subclass
-        by its inner tensors' (a write through ``dtensor._local_tensor`` moves no counter of
-        the DTensor). One that cannot be indexed is not cached: nothing could drop it."""
-        try:
-            ptrs = (t.untyped_storage().data_ptr(),)
-        except Exception:
-            ptrs = storage_ptrs(t)
-            if ptrs is None:
-                self.vcache.pop(key, None)
-                return
+    def _alias(self, t: torch.Tensor, key: int, ptr: int | None = None) -> None:
+        """Index a vcache entry by its storage (level ops; see ``vstor``; ``ptr``: its storage's
+        data pointer when the caller has it): a wrapper subclass by its inner tensors' (a write
+        through ``dtensor._local_tensor`` moves no counter of the DTensor). One that cannot be
+        indexed is not cached: nothing could drop it."""
+        ptrs = (ptr,) if ptr is not None else storage_ptrs(t)
+        if ptrs is None:
+            self.vcache.pop(key, None)
+            return
         vstor = self.vstor
         for ptr in ptrs:
             ids = vstor.get(ptr)
@@ -323,9 +321,10 @@ class Recorder(Batching, FlushTables):
                         and not (hit.opt_rows or hit.opt_moments)
                     ):
                         s = hit
+                dt = t.dtype
                 if s is None:
-                    dt = t.dtype
                     nb = t.numel() * dt.itemsize
+                    ptr = None  # the storage's data pointer, where it is looked up anyway
                     if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
                         # Level ops sees every write, so the digest can wait for a batch (run
                         # before the next writing op, collective or flush): one GEMM for many.
@@ -366,8 +365,7 @@ class Recorder(Batching, FlushTables):
                             pass
                         else:
                             if vstor is not None:
-                                self._alias(t, key)
-                dt = t.dtype
+                                self._alias(t, key, ptr)
                 add(
                     call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS
                 )
