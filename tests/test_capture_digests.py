@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detfp_capture import Session
-from tests.test_capture_models import read
+from tests.test_capture_models import digest_hi, read
 
 
 @pytest.mark.parametrize("max_runs", [256, 0])  # levels padded by slices, or by one index gather
@@ -254,24 +254,23 @@ def test_inplace_chain_reuses_the_written_digest_and_follows_every_write(tmp_pat
 
 @pytest.mark.parametrize("numel", [65536, 1024, 300, 10])  # hashed in place, whole rows, padded, small
 def test_snapshots_keep_the_values_at_record_time(tmp_path, numel):
-    from detfp_capture import digest
 
     lin = torch.nn.Linear(4, numel, bias=False)
     x = torch.ones(1, 4)
     with torch.no_grad():
-        want = digest.fingerprint(lin(x)).digest
+        want = digest_hi(lin(x))
     with Session(tmp_path / "b", "boundaries") as s, s.step(0), torch.no_grad():
         s.watch(lin)
         lin(x).add_(1.0)  # written after the module-output record: the record keeps the old values
     out = read(tmp_path / "b").filter(pl.col("kind") == "module_output")
-    assert out["digest_hi"].to_list() == [int(want[:16], 16)]
+    assert out["digest_hi"].to_list() == [want]
     t = torch.ones(numel)
     with Session(tmp_path / "o", "ops") as s, s.step(0):
         t.mul_(2.0)  # the in-place op's input record is what it read
     r = read(tmp_path / "o").filter(pl.col("name").str.starts_with("aten::mul_."))
     got = dict(zip(r["role"].to_list(), r["digest_hi"].to_list(), strict=True))
-    assert got["input"] == int(digest.fingerprint(torch.ones(numel)).digest[:16], 16)
-    assert got["output"] == int(digest.fingerprint(torch.full((numel,), 2.0)).digest[:16], 16)
+    assert got["input"] == digest_hi(torch.ones(numel))
+    assert got["output"] == digest_hi(torch.full((numel,), 2.0))
 
 
 def test_staged_int64_pointer_checks_match_single_digests():
@@ -354,12 +353,6 @@ def test_int64_probe_keeps_its_pointer_check_when_staging_fails(tmp_path, monkey
     assert r["hazards"].to_list() == [["pointer_like"]]
 
 
-def _hi(t: torch.Tensor) -> int:
-    from detfp_capture import digest
-
-    return int(digest.fingerprint(t).digest[:16], 16)
-
-
 @pytest.mark.parametrize("level", ["metrics", "boundaries", "ops"])
 def test_step_end_parameters_after_a_data_write_are_the_current_values(tmp_path, level):
     # Weight clipping through .data after optimizer.step() moves no version counter: the
@@ -379,7 +372,7 @@ def test_step_end_parameters_after_a_data_write_are_the_current_values(tmp_path,
                 opt.zero_grad()
     r = read(tmp_path / "r").filter((pl.col("kind") == "param") & (pl.col("phase") == "step"))
     got = r.filter(pl.col("name") == "weight")["digest_hi"].to_list()
-    assert got[-1] == _hi(lin.weight.detach()) != _hi(after_step)
+    assert got[-1] == digest_hi(lin.weight.detach()) != digest_hi(after_step)
 
 
 def test_a_write_through_a_data_alias_is_seen_by_the_next_read_at_level_ops(tmp_path):
@@ -389,7 +382,7 @@ def test_a_write_through_a_data_alias_is_seen_by_the_next_read_at_level_ops(tmp_
         t.data.fill_(5.0)  # a write through an alias with its own version counter
         _ = t * 3
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
-    assert r["digest_hi"].to_list() == [_hi(torch.ones(300)), _hi(torch.full((300,), 5.0))]
+    assert r["digest_hi"].to_list() == [digest_hi(torch.ones(300)), digest_hi(torch.full((300,), 5.0))]
 
 
 class _Doubler(torch.nn.Module):
@@ -416,30 +409,28 @@ def test_a_write_in_a_module_left_out_keeps_the_recorded_values(tmp_path):
         ("a", "aten::mul.Tensor", "input"),
         ("a", "aten::mul.Tensor", "output"),
     ]
-    assert r["digest_hi"].to_list() == [_hi(torch.ones(300)), _hi(torch.full((300,), 2.0))]
+    assert r["digest_hi"].to_list() == [digest_hi(torch.ones(300)), digest_hi(torch.full((300,), 2.0))]
 
 
 def test_a_write_through_a_wrapper_subclass_inner_tensor_is_seen_at_level_ops(tmp_path):
     # A wrapper subclass (DTensor, FSDP2's parameters) has no storage of its own and its own
     # version counter: a write through its inner tensor must still drop its cached digest.
     two = pytest.importorskip("torch.testing._internal.two_tensor")
-    from detfp_capture import digest
 
     tt = two.TwoTensor(torch.ones(300), torch.zeros(300))
-    before = digest.fingerprint(tt).digest
+    before = digest_hi(tt)
     with Session(tmp_path / "r", "ops") as s, s.step(0):
         _ = tt * 2
         tt.a.add_(5.0)
         _ = tt * 3
-    after = digest.fingerprint(tt).digest
+    after = digest_hi(tt)
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
-    assert r["digest_hi"].to_list() == [int(before[:16], 16), int(after[:16], 16)]
+    assert r["digest_hi"].to_list() == [before, after]
 
 
 def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
     # Between steps no dispatch mode sees writes: a digest still waiting for a batch when the
     # step ends is taken then, before code between steps (or a step left out) writes the tensor.
-    from detfp_capture import digest
 
     x = torch.ones(300)
     with Session(tmp_path / "r", "ops", steps="0,2") as s:
@@ -454,6 +445,4 @@ def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
             if step == 0:
                 y.add_(100)  # between steps
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))
-    assert r.select("status", "digest_hi").rows() == [
-        ("ok", int(digest.fingerprint(torch.full((300,), 2.0)).digest[:16], 16))
-    ]
+    assert r.select("status", "digest_hi").rows() == [("ok", digest_hi(torch.full((300,), 2.0)))]

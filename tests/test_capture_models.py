@@ -85,3 +85,10 @@ class _null:
 def read(path: Path, table: str = "records") -> pl.DataFrame:
     """One table of a run, rank 0, in execution order."""
     return open_run(path).scan(table).collect().sort("seq")
+
+
+def digest_hi(t: torch.Tensor) -> int:
+    """The ``digest_hi`` column value of ``t``'s digest as it is now."""
+    from detfp_capture import digest
+
+    return int(digest.fingerprint(t).digest[:16], 16)
