@@ -120,7 +120,11 @@ CALL_KEY_COLUMNS: tuple[str, ...] = tuple(c.name for c in _CALL_KEY)
 _RECORDS = (
     *_PROVENANCE,
     *_CALL_KEY,
-    _c("role", "string", "input | output | value: which side of the call the tensor is on."),
+    _c(
+        "role",
+        "string",
+        "input | output | value | dest: which side of the call the tensor is on (dest: a write-only argument, recorded before the call without a digest).",
+    ),
     _c(
         "arg",
         "string",
@@ -236,7 +240,11 @@ KINDS = (
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
 INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch")
-ROLES = ("input", "output", "value")
+#: ``dest``: a write-only argument of an op (an ``out=`` argument, the destination of a full
+#: overwrite such as ``copy_``/``fill_``/``zero_``, or a destination still unwritten since its
+#: ``empty*`` allocation). Its prior contents are never read, so it is recorded before the call
+#: without a digest (status ``skipped``): never evidence, never an input of the call.
+ROLES = ("input", "output", "value", "dest")
 #: ``step``: outside forward/backward/optimizer (step-start RNG, step-end parameters).
 PHASES = ("forward", "backward", "recompute", "optimizer", "step")
 STATUSES = ("ok", "skipped", "error")
