@@ -206,14 +206,27 @@ _DUMPS = (
     _c("data", "large_binary", "Raw bytes of the tensor, contiguous row-major, little-endian (never pickle)."),
 )
 
+_ARGS = (
+    *_PROVENANCE,
+    _c("args_digest", "string", "An args_digest of the records table this text belongs to."),
+    _c(
+        "text",
+        "string",
+        "The call's non-tensor arguments by value: name=value pairs joined by '; ' (positional arguments named by their index), each value as process-independent text (numbers, strings, dtypes, tuples; other objects by type name).",
+    ),
+)
+
 #: Every table of a run, in the order documented. ``records`` and ``metrics`` and
-#: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request.
+#: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request;
+#: ``args`` holds each distinct argument text once per (rank, segment), in the window where it
+#: first appears (step and seq of its first record), when the text is at most 1024 characters.
 TABLES: dict[str, tuple[Column, ...]] = {
     "records": _RECORDS,
     "metrics": _METRICS,
     "events": _EVENTS,
     "kernels": _KERNELS,
     "dumps": _DUMPS,
+    "args": _ARGS,
 }
 
 #: Record kinds. ``op``: an ATen op; ``module_input``/``module_output``: a module boundary
@@ -250,6 +263,10 @@ PHASES = ("forward", "backward", "recompute", "optimizer", "step")
 STATUSES = ("ok", "skipped", "error")
 #: Hazard flags: records carrying one are likely false roots.
 HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")
+#: ``partial_step``: a step ended at close without an optimizer step (launcher mode: the forwards
+#: after the last one); ``setting_changed``: a determinism setting changed between steps (the
+#: manifest holds the values at the first step); ``reduction_not_captured``: a gradient
+#: reduction the capture could not record (an unhookable DDP, or none seen in a multi-rank step).
 EVENT_TYPES = (
     "step_begin",
     "step_end",
@@ -259,6 +276,9 @@ EVENT_TYPES = (
     "truncation",
     "capture_error",
     "capture_disabled",
+    "partial_step",
+    "setting_changed",
+    "reduction_not_captured",
 )
 
 

@@ -14,7 +14,8 @@ import torch
 from torch.distributed import distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detfp_analyze import bisect, open_run
+from detfp_analyze.bisect import bisect
+from detfp_analyze.reader import open_run
 from detfp_capture import Session
 from tests.test_capture_models import read
 
@@ -24,6 +25,7 @@ def _program(out, garbage: float, *, read_it: bool = False, poison: bool = False
     x = torch.arange(8, dtype=torch.float32)
     dests = [torch.full((8,), garbage) for _ in range(4)]
     idx = torch.tensor([3, 1, 0, 2])
+    keep = torch.full((8,), garbage)
     with Session(out, "ops", poison=poison) as s, s.step(0):
         torch.mul(x, 2.0, out=dests[0])
         dests[1].copy_(x)
@@ -34,7 +36,7 @@ def _program(out, garbage: float, *, read_it: bool = False, poison: bool = False
         inv[idx] = torch.arange(4)
         y = (dests[0] + dests[1] + dests[2] + dests[3]).sum() + inv.float().sum()
         if read_it:
-            dests[0].add_(garbage)  # a read-modify-write of the garbage: a real difference
+            keep.add_(x)  # a read-modify-write of the garbage: a real difference
         y.clone()
 
 
