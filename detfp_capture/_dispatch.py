@@ -130,6 +130,7 @@ class OpInfo:
         "no_read",
         "nonblocking",
         "out_kwargs",
+        "reads",
         "skip",
         "writes",
         "writing",
@@ -169,6 +170,9 @@ class OpInfo:
         self.dest_kw = frozenset(outs)
         self.no_read = full or bool(outs) or base in WRITE_NO_READ
         self.meta_read = base in _META_READ
+        # Whether the op's input records are digested: not for views and metadata ops (unless
+        # views=True), nor for ops that read only their inputs' shape (empty_like, new_zeros).
+        self.reads = not self.skip and not self.meta_read
         # A collective returns before its (possibly asynchronous) write completes: its outputs
         # are counted, not digested (the collective's own record, kind collective, is taken at
         # wait(); a functional collective's result is digested where wait_tensor returns it).
@@ -366,6 +370,14 @@ def promote(rec: Any) -> None:
     rec.written.clear()
 
 
+#: Autocast dispatch keys of the device types this build has (see CaptureMode._run).
+_AUTOCAST_KEYS = tuple(
+    getattr(torch._C.DispatchKey, n)
+    for n in ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS")
+    if hasattr(torch._C.DispatchKey, n)
+)
+
+
 class CaptureMode(TorchDispatchMode):
     """The op-level tracer; one per Session, entered for selected steps only."""
 
@@ -375,6 +387,7 @@ class CaptureMode(TorchDispatchMode):
         self.rec = session._rec
         self.hooks = session._hooks
         self.info: dict[Any, OpInfo] = {}
+        self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
         self.views = session._cfg.views
 
     @classmethod
@@ -386,22 +399,22 @@ class CaptureMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         rec = self.rec
-        if rec.busy or not rec.selected or rec.failed or self.s._compiled_depth:
-            return func(*args, **kwargs)
+        if rec.busy or not rec.selected or rec.failed or self.s._compiled_depth or self.s._bookkeeping:
+            return self._call(func, args, kwargs)
         try:
             pre = self._pre(func, args, kwargs)
         except Exception as exc:
             rec.busy = False
             rec.fail(exc, f"dispatch of {func}")
-            return func(*args, **kwargs)
+            return self._call(func, args, kwargs)
         if pre is None:
-            return func(*args, **kwargs)
+            return self._call(func, args, kwargs)
         kr = self.s._kernel_range
         if kr is not None and pre[0] is not None:
             with kr(pre[0]):
-                out = func(*args, **kwargs)
+                out = self._call(func, args, kwargs)
         else:
-            out = func(*args, **kwargs)
+            out = self._call(func, args, kwargs)
         try:
             self._post(pre, args, kwargs, out)
         except Exception as exc:
@@ -410,6 +423,36 @@ class CaptureMode(TorchDispatchMode):
         if rec.need_flush:
             self.s._flush_safely()
         return out
+
+    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func`` as it would run without the mode, where autocast is concerned.
+
+        A dispatch mode's handler runs with every key above the Python key excluded, autocast
+        included. An op whose autocast kernel is a fallthrough (custom ops, ops without an
+        autocast rule) normally runs with autocast still on, so whatever its kernel dispatches
+        (a custom op's Python body, a composite kernel's inner matmul) is autocast; called from
+        the handler it would not be, and the numbers would change. So the autocast keys that
+        were on when the op entered the dispatcher, and that have no kernel of their own for
+        this op, are turned back on for the call (only once the session has seen autocast)."""
+        if not self.s._autocast_seen:
+            return func(*args, **kwargs)
+        keys = self.autocast_keys.get(func)
+        if keys is None:
+            name = func.name()
+            keys = self.autocast_keys[func] = tuple(
+                k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
+            )
+        if keys:
+            with torch._C._RestorePythonTLSSnapshot():
+                on_entry = torch._C._dispatch_tls_local_exclude_set()
+            now = exclude = torch._C._dispatch_tls_local_exclude_set()
+            for k in keys:
+                if now.has(k) and not on_entry.has(k):
+                    exclude = exclude.remove(k)
+            if exclude is not now:
+                with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
     def _where(self) -> tuple[str, str] | None:
         stack = self.hooks.stack
@@ -454,6 +497,7 @@ class CaptureMode(TorchDispatchMode):
         hz = self.s._hazard
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
+        blind: set[int] = set()  # inputs read while unwritten: recorded, not digested
         if hz is not None and hz.active and tensors:
             flags = {}
             written = {f"args[{i}]" for i in info.writes} if info.writes else ()
@@ -477,6 +521,12 @@ class CaptureMode(TorchDispatchMode):
                     if not f:
                         continue
                 flags[i] = f
+                if UNINIT in f:
+                    # Read while (partly) unwritten: garbage that differs between processes, so
+                    # not digested (no evidence); what the op computes from it inherits the flag.
+                    # (An op without alias annotations may only be filling it: FSDP's copy-in.)
+                    blind.add(i)
+                    taint = taint or not info.skip
                 # Views and metadata ops do not read contents; a write-only argument is not read
                 # either (an async or non-blocking hazard on it is still flagged): no event.
                 if not info.skip and tensors[i][0] != "dest":
@@ -488,7 +538,7 @@ class CaptureMode(TorchDispatchMode):
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
             call = rec.record_call(
-                "op", info.name, module, phase, ins, args_src=other, digest_it=not info.skip, defer=info.batch_inputs
+                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=info.batch_inputs
             )
             if dests:
                 rec.append_records(call, dests, digest_it=False)
@@ -500,7 +550,7 @@ class CaptureMode(TorchDispatchMode):
                     call,
                     [item],
                     hazards={0: f} if f else None,
-                    digest_it=not info.skip and item[0] != "dest",
+                    digest_it=info.reads and item[0] != "dest" and i not in blind,
                     defer=info.batch_inputs,
                 )
         else:
@@ -511,7 +561,7 @@ class CaptureMode(TorchDispatchMode):
                 phase,
                 tensors,
                 args_src=other,
-                digest_it=not info.skip,
+                digest_it=info.reads,
                 # A writing op runs the batch right below, before the write: worth it for the many
                 # tensors of a _foreach_ op, not for a single in-place tensor.
                 defer=info.batch_inputs,
