@@ -219,15 +219,23 @@ def bisect(
             rinfo = ResumeInfo(rinfo.resumed, rinfo.start_a, rinfo.start_b, s, n, d, rinfo.note)
     # Verdicts ---------------------------------------------------------------------------
     # Ranks whose only differences sit under hazards (likely false roots) are identical.
-    false_roots = {r: f["first"] for r, f in found.items() if f["next"] is None and f["first"]["hz"]}
-    for r, ex in sorted(false_roots.items()):
+    # Ranks where no value differs (only records under hazards, or calls in another order or
+    # number with matching records) are identical; what differed is noted.
+    weak = {r: f["first"] for r, f in found.items() if f["next"] is None and f["first"].get("weak")}
+    for r, ex in sorted(weak.items()):
         del found[r]
         row = ex["row"]
-        notes.append(
-            f"rank {r}: differences only under hazards ({', '.join(ex['hazards']) or 'hazard'}), from step "
-            f"{row['step']} {row['name']} ({row['kind']}) in {row['module'] or '<root>'}: likely false roots, and no "
-            "clean difference follows them"
-        )
+        where = f"from step {row['step']} {row['name']} ({row['kind']}) in {row['module'] or '<root>'}"
+        if ex["weak"] == "hazards":
+            notes.append(
+                f"rank {r}: differences only under hazards ({', '.join(ex['hazards']) or 'hazard'}), {where}: "
+                "likely false roots, and no clean difference follows them"
+            )
+        else:
+            notes.append(
+                f"rank {r}: calls in another order or number, {where}, with every record's value equal: a "
+                "control-flow difference that changed no value (framework bookkeeping), not a divergence"
+            )
     restored = set(boundary) if window is not None and compared else set()
     entry = restored | {x for x in (range_a and range_a[0], range_b and range_b[0]) if x is not None}
     world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
@@ -309,11 +317,13 @@ def bisect(
             if first is None:  # earlier steps differed only under hazards: the clean one is first
                 first, nxt = nxt, None
             assert first is not None
-            step = first.step
-            results[r] = RankResult(r, "diverged", step, record_step=first.step, first=first, next_clean=nxt, **mkw)
-            if mr is not None and mr["step"] < first.step:
+            # A likely false root followed by a clean divergence: the rank diverges where the
+            # evidence does (the false root stays in the report as ``first``).
+            step = nxt.step if first.hazards and nxt is not None else first.step
+            results[r] = RankResult(r, "diverged", step, record_step=step, first=first, next_clean=nxt, **mkw)
+            if mr is not None and mr["step"] < step:
                 notes.append(
-                    f"rank {r}: metric {mr['name']} differs at step {mr['step']}, before any record (step {first.step}): "
+                    f"rank {r}: metric {mr['name']} differs at step {mr['step']}, before any record (step {step}): "
                     "widen the capture"
                 )
         elif mr is not None:
