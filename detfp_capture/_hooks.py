@@ -187,12 +187,16 @@ class ModuleHooks:
 
     # Global hooks carry no kwargs; names come from the root module of each forward.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return  # watched too (Session.watch_all next to watch): its own hooks record it
         if id(module) not in self.paths and not self.stack:
             self._guarded(self.name_tree, module)
             self.s._on_root(module)
         self.pre(module, args, {})
 
     def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return
         self.post(module, args, {}, output)
 
     def _guarded(self, fn: Callable, *a: Any) -> None:
