@@ -177,8 +177,11 @@ def _backward(outputs: list[torch.Tensor]) -> bool:
 class _Call:
     """One call of fn with its probes, inside an open session step."""
 
-    def __init__(self, fn: Any, args: tuple, kwargs: dict, found: Found, backward: bool) -> None:
+    def __init__(self, fn: Any, args: tuple, kwargs: dict, found: Found, backward: bool, level: str) -> None:
         self.fn, self.args, self.kwargs, self.found, self.backward = fn, args, kwargs, found, backward
+        # At level ops every gradient is already the output of a recorded op (or of AccumulateGrad's
+        # add_); below it, gradients are fingerprinted as probes after the call.
+        self.probe_grads = level != "ops"
         self.params: list[tuple[str, torch.Tensor]] = []
         seen: set[int] = set()
         for i, m in enumerate(found.modules):
@@ -214,6 +217,8 @@ class _Call:
         self.backward_ran = False
         if self.backward:
             self.backward_ran = _backward([t for _, t in leaves if isinstance(t, torch.Tensor)])
+        if not self.probe_grads:
+            return
         for label, t in [*tensors, *self.params]:
             g = t.grad if t.is_leaf and t.requires_grad else None
             if g is not None:
@@ -381,7 +386,7 @@ def repeat_check(
     if not temp and (base / "run-0").exists():
         raise ConfigError(f"out_dir={str(base)!r} already holds repeat traces (run-0); pass a new or empty directory")
     snap = Snapshot(found)
-    call = _Call(fn, args, kwargs, found, backward)
+    call = _Call(fn, args, kwargs, found, backward, level)
     runner = _Runner(base, call, snap, level)
     main_options: dict[str, Any] = {"kernels": "0"} if kernels and level == "ops" else {}
     try:
