@@ -12,6 +12,7 @@ so machine noise lands on both. Target (issue 17): a 3-run check at level ops we
 
     .venv/bin/python benchmarks/repeat_check.py [--trials 5] [--threads 1] [--device cpu]
     .venv/bin/python benchmarks/repeat_check.py --levels ops --runs 3 --width 512
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 python benchmarks/repeat_check.py --device cuda --deterministic
 """
 
 from __future__ import annotations
@@ -77,9 +78,16 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms(True) (on CUDA: embedding backward uses float atomics otherwise)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
     from detfp_capture import repeat_check
 
     dev = torch.device(args.device)

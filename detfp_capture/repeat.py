@@ -233,9 +233,26 @@ class _Focus:
     options: dict[str, Any]
 
 
+#: The detail pass dumps the differing op's tensors (for ULP sizes) only below this size: a dump is
+#: a copy held until the flush and written out, for every call of the op, inputs included.
+_DUMP_MAX_BYTES = 64 << 20
+
+
+def _nbytes(div: Any) -> int:
+    dtype = getattr(torch, str(div.dtype).rpartition(".")[2], None)
+    if div.shape is None or not isinstance(dtype, torch.dtype):
+        return 0
+    n = 1
+    for d in div.shape:
+        n *= int(d)
+    return n * dtype.itemsize
+
+
 def _focus(div: Any, level: str) -> _Focus:
     name = "^" + re.escape(div.op) + "$"
-    options: dict[str, Any] = {"moments": name, "rows": name, "dumps": name}
+    options: dict[str, Any] = {"moments": name, "rows": name}
+    if _nbytes(div) <= _DUMP_MAX_BYTES:
+        options["dumps"] = name
     if level == "ops":
         options["kernels"] = "0"
     if div.module and level != "metrics":
