@@ -15,7 +15,14 @@ import itertools
 
 import torch
 
-__all__ = ["PermutedSum", "ShuffledEmbedding", "permuted_sum", "shuffled_index_add", "shuffled_rows"]
+__all__ = [
+    "PermutedSum",
+    "ShuffledEmbedding",
+    "permuted_sum",
+    "shuffled_index_add",
+    "shuffled_rows",
+    "warm_capture",
+]
 
 _CALLS = itertools.count(1)
 
@@ -91,3 +98,15 @@ class PermutedSum(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return permuted_sum(self.proj(x))
+
+
+def warm_capture() -> None:
+    """Import what a repeat check imports lazily (dynamo, the profiler, the analysis), with a failing
+    check and its detail pass. Call it before a pytester inline run: pytester drops the modules first
+    imported inside the run from sys.modules afterwards, and torch refuses to register the operator
+    libraries of such a module a second time when it is imported again."""
+    from detfp_capture import repeat_check
+
+    x = torch.randn(4, 64)
+    if repeat_check(lambda: permuted_sum(x), runs=2).ok:
+        raise AssertionError("the planted op added in the same order twice")

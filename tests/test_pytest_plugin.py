@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.planted  # noqa: F401  (inline runs find the planted custom ops already registered)
+import tests.planted  # inline runs find the planted custom ops already registered
 
 pytest_plugins = ("pytester",)
 
@@ -17,16 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module", autouse=True)
 def _capture_imported():
-    """Import what a repeat check imports lazily (dynamo, the profiler, the analysis) before any
-    inline run: pytester drops modules first imported inside the run from sys.modules afterwards,
-    and torch refuses to register the operator libraries of such a module a second time."""
-    import torch
-
-    from detfp_capture import repeat_check
-    from tests.planted import permuted_sum
-
-    x = torch.randn(4, 64)
-    assert not repeat_check(lambda: permuted_sum(x), runs=2).ok
+    tests.planted.warm_capture()
 
 
 _INNER = """
