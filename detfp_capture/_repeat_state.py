@@ -44,8 +44,26 @@ __all__ = ["Found", "Snapshot", "discover", "leafify"]
 _MAX_DEPTH = 6
 #: At most this many objects are visited: a walk that reaches a whole dataset must still end.
 _MAX_OBJECTS = 20000
-#: Modules whose objects are never walked into (their attributes are library internals).
-_OPAQUE_MODULES = ("builtins", "torch", "numpy", "polars", "pandas", "typing", "collections", "abc")
+#: Packages whose objects are never walked into: library internals, and test-runner objects
+#: (a pytest ``request`` leads to the session and every other test's fixture values).
+_OPAQUE_MODULES = (
+    "builtins",
+    "torch",
+    "numpy",
+    "polars",
+    "pandas",
+    "typing",
+    "collections",
+    "abc",
+    "logging",
+    "threading",
+    "unittest",
+    "_pytest",
+    "pytest",
+    "pluggy",
+    "detfp_capture",
+    "detfp_analyze",
+)
 
 
 @dataclass

@@ -398,11 +398,13 @@ def repeat_check(
     args, kwargs = leafify(args), leafify(kwargs)
     found = discover(fn, args, kwargs, state if isinstance(state, (list, tuple)) else (state,))
     temp = out_dir is None
+    if not temp and (Path(out_dir) / "run-0").exists():  # type: ignore[arg-type]
+        raise ConfigError(
+            f"out_dir={str(out_dir)!r} already holds repeat traces (run-0); pass a new or empty directory"
+        )
+    snap = Snapshot(found)
     base = Path(tempfile.mkdtemp(prefix="detfp-repeat-")) if temp else Path(out_dir)  # type: ignore[arg-type]
     keep = keep or ("failed" if temp else "all")
-    if not temp and (base / "run-0").exists():
-        raise ConfigError(f"out_dir={str(base)!r} already holds repeat traces (run-0); pass a new or empty directory")
-    snap = Snapshot(found)
     call = _Call(fn, args, kwargs, found, backward, level)
     runner = _Runner(base, call, snap, level)
     main_options: dict[str, Any] = {"kernels": "0"} if kernels and level == "ops" else {}
@@ -432,7 +434,7 @@ def repeat_check(
         with contextlib.suppress(Exception):
             snap.restore()
         if temp or keep == "none":
-            shutil.rmtree(base, ignore_errors=True)
+            _remove(base, temp)  # only what the check wrote: out_dir itself may hold other things
         raise
     ok = not res.diverged
     kept: tuple[Path, Path] | None = traces
@@ -458,6 +460,8 @@ def repeat_check(
 
 
 def _remove(base: Path, whole: bool) -> None:
+    if not base.is_dir():
+        return
     if whole:
         shutil.rmtree(base, ignore_errors=True)
         return
