@@ -29,7 +29,7 @@ from detfp_analyze import verdict as _verdict
 from detfp_analyze import walk as _walk
 from detfp_analyze.diagnose import diagnose
 from detfp_analyze.diffkind import classify
-from detfp_analyze.envdiff import check_comparable, env_diff
+from detfp_analyze.envdiff import check_comparable, drop_keys, env_diff
 from detfp_analyze.errors import IncomparableError, SelectionError
 from detfp_analyze.result import (
     LEVELS,
@@ -140,6 +140,7 @@ def bisect(
     steps: Any = None,
     level: str = "op",
     force: bool = False,
+    ignore_env: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
@@ -147,7 +148,9 @@ def bisect(
     ``run_a``/``run_b``: opened runs (``reader.open_run``). ``ranks``: ranks to compare
     (default: every rank in both). ``steps``: inclusive (first, last) pair, an int or a range.
     ``level``: step | phase | module | op | kernel (how deep to narrow). ``force``: compare
-    even when the manifests say the comparison is meaningless. ``progress``: optional callback.
+    even when the manifests say the comparison is meaningless. ``ignore_env``: shell globs of
+    manifest keys left out of the environment diff (``host.*``; see ``envdiff.drop_keys``), listed
+    in ``notes``. ``progress``: optional callback.
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
@@ -155,9 +158,11 @@ def bisect(
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
     user_steps = _norm_steps(steps)
     compared, one_sided = _compared_ranks(run_a, run_b, ranks)
-    diffs = env_diff(run_a, run_b, ranks=compared or None)
+    diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=compared or None), ignore_env)
     check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
     notes: list[str] = []
+    if ignored:
+        notes.append(f"environment differences ignored as asked: {', '.join(ignored)}")
     if run_a.missing_ranks or run_b.missing_ranks:
         notes.append(
             f"missing ranks tolerated: A {_verdict.format_ranks(run_a.missing_ranks) or 'none'}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "DetfpError",
     "DuplicateRankError",
+    "ExpectationError",
     "IncomparableError",
     "ManifestError",
     "MissingRankError",
@@ -61,6 +62,10 @@ class IncomparableError(DetfpError):
 
 class SelectionError(DetfpError):
     """A rank/step selection or option names something the runs do not have (e.g. --ranks 9 of 8)."""
+
+
+class ExpectationError(DetfpError):
+    """An expected-divergences file (``bisect --expect``) is missing, malformed or names an unknown field."""
 
 
 class QueryError(DetfpError):

@@ -17,13 +17,14 @@ traces (``ignore_compile_internals``), ops pass straight through.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._batching import storage_ptrs
-from detfp_capture._hazards import UNINIT
+from detfp_capture._hazards import UNINIT, storage_key
 from detfp_capture._hooks import NODE_KEY
 from detfp_capture._records import flat_args
 
@@ -97,6 +98,16 @@ WRITE_NO_READ = frozenset(
 )
 
 
+# Outputs that are a kernel's opaque workspace for its own backward (reserve space), left partly
+# uninitialized by the kernel's C++ allocation: recorded without a digest (never evidence).
+WORKSPACE_OUTPUTS = {
+    "aten::mkldnn_rnn_layer": frozenset({3}),
+    "aten::_cudnn_rnn": frozenset({3}),
+    "aten::miopen_rnn": frozenset({4}),
+    "aten::cudnn_batch_norm": frozenset({3}),
+}
+
+
 # Ops that read only their input's metadata (shape, dtype, device), never its contents.
 _META_READ = frozenset(
     {
@@ -132,6 +143,7 @@ class OpInfo:
         "out_kwargs",
         "reads",
         "skip",
+        "workspace",
         "writes",
         "writing",
     )
@@ -173,6 +185,7 @@ class OpInfo:
         # Whether the op's input records are digested: not for views and metadata ops (unless
         # views=True), nor for ops that read only their inputs' shape (empty_like, new_zeros).
         self.reads = not self.skip and not self.meta_read
+        self.workspace = WORKSPACE_OUTPUTS.get(base, frozenset())
         # A collective returns before its (possibly asynchronous) write completes: its outputs
         # are counted, not digested (the collective's own record, kind collective, is taken at
         # wait(); a functional collective's result is digested where wait_tensor returns it).
@@ -388,6 +401,9 @@ class CaptureMode(TorchDispatchMode):
         self.hooks = session._hooks
         self.info: dict[Any, OpInfo] = {}
         self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
+        # Storage -> weak reference of a workspace output (see WORKSPACE_OUTPUTS): its readers
+        # do not digest it either, while the tensor lives.
+        self.workspaces: dict[int, Any] = {}
         self.views = session._cfg.views
 
     @classmethod
@@ -497,7 +513,17 @@ class CaptureMode(TorchDispatchMode):
         hz = self.s._hazard
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
-        blind: set[int] = set()  # inputs read while unwritten: recorded, not digested
+        blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
+        ws = self.workspaces
+        if ws and tensors:
+            for i, (_, _, t) in enumerate(tensors):
+                k = storage_key(t)
+                ref = ws.get(k) if k is not None else None
+                if ref is not None:
+                    if ref() is None:
+                        del ws[k]  # its tensor died: the storage may hold anything now
+                    else:
+                        blind.add(i)
         if hz is not None and hz.active and tensors:
             flags = {}
             written = {f"args[{i}]" for i in info.writes} if info.writes else ()
@@ -533,7 +559,7 @@ class CaptureMode(TorchDispatchMode):
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if flags is None and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
             # Write-only arguments are counted, never digested: inputs first, then destinations.
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
@@ -542,10 +568,10 @@ class CaptureMode(TorchDispatchMode):
             )
             if dests:
                 rec.append_records(call, dests, digest_it=False)
-        elif flags is not None:
+        elif flags is not None or blind:
             call = rec.record_call("op", info.name, module, phase, [], args_src=other)
             for i, item in enumerate(tensors):
-                f = flags.get(i)
+                f = flags.get(i) if flags else None
                 rec.append_records(
                     call,
                     [item],
@@ -598,7 +624,25 @@ class CaptureMode(TorchDispatchMode):
         # What was cached over the storages they write went in _pre (before_write), so the entries
         # made now for them are new ones (_note_written relies on that).
         fresh = info.writing
-        if outs:
+        if outs and info.workspace:
+            for i in info.workspace:
+                if i < len(outs):  # its readers (the op's backward) do not digest it either
+                    t = outs[i][2]
+                    k = storage_key(t)
+                    if k is not None:
+                        self.workspaces[k] = weakref.ref(t)
+            # Split off the workspace outputs (not digested), keeping each record's hazards.
+            for i, item in enumerate(outs):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
+                    fresh=fresh,
+                    defer=True,
+                )
+        elif outs:
             rec.append_records(
                 call,
                 outs,

@@ -196,6 +196,8 @@ class ModuleHooks:
 
     # Global hooks carry no kwargs; names come from the root module of each forward.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return  # watched too (Session.watch_all next to watch): its own hooks record it
         if self.stack:
             if self.s._depth < 1:
                 return  # level metrics: only roots (their input is the batch)
@@ -208,6 +210,8 @@ class ModuleHooks:
         self.pre(module, args, {})
 
     def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return
         self.post(module, args, {}, output)
 
     def _guarded(self, fn: Callable, *a: Any) -> None:

@@ -224,6 +224,13 @@ class Session(StepRecording):
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: self._opt_post(opt)))
         return optimizer
 
+    def watch_all(self) -> None:
+        """Record the boundaries of every module that runs forward and was not watched, named
+        from the root module of its forward (as the launcher does): models built after this call."""
+        if self._inert or self._closed or self._depth < 1 or self._hooks.global_mode:
+            return
+        self._hooks.install_global()
+
     @contextlib.contextmanager
     def step(self, n: int) -> Iterator[None]:
         """Everything inside belongs to absolute step ``n`` (a resumed run keeps the numbering)."""
