@@ -13,6 +13,12 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
 * ``uninitialized``, ``async_pending``, ``nonblocking_pending``, ``pointer_like``: hazard
   flags on records and hazard events (grouped per rank, step and module);
 * ``digest_error``: records whose tensor could not be digested (status error);
+* ``replica_split``: data-parallel replicas (ranks that must hold bitwise equal parameters after
+  every optimizer step) stopped agreeing: the first step and parameter, and which ranks split
+  off (``replicas.py``);
+* ``reduction_not_captured``, ``setting_changed``, ``partial_step``: capture events (a gradient
+  reduction capture could not record, a determinism setting changed between steps, a trailing
+  step without an optimizer step);
 * ``determinism``: the manifest's determinism settings (deterministic algorithms off or
   warn-only, cuDNN benchmark on, and on CUDA: cuDNN deterministic off, CUBLAS_WORKSPACE_CONFIG
   unset or not :4096:8 / :16:8). A setting equal on every rank is reported once (rank null).
@@ -30,12 +36,29 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze.reader import Run, open_run
+from detfp_analyze.replicas import replica_splits
+from detfp_analyze.verdict import format_ranks
 from detfp_capture import contract
 
 __all__ = ["CertifyResult", "Problem", "certify"]
 
 #: Event types reported one problem per event, under their own name.
-_EVENT_KINDS = ("pending_collective", "recompute_mismatch", "capture_error", "capture_disabled", "truncation")
+_EVENT_KINDS = (
+    "pending_collective",
+    "recompute_mismatch",
+    "capture_error",
+    "capture_disabled",
+    "truncation",
+    "reduction_not_captured",
+    "setting_changed",
+    "partial_step",
+)
+#: What an event of these types means, before its own detail.
+_EVENT_PREFIX = {
+    "reduction_not_captured": "gradient reduction not captured: ",
+    "setting_changed": "a determinism setting changed during the run ",
+    "partial_step": "",
+}
 #: Tables whose seq must be strictly increasing within (rank, segment) in write order. Kernels and
 #: dumps are excluded: several kernel rows (or a dump and its record) may share one op's seq.
 _SEQ_TABLES = ("records", "metrics", "events")
@@ -190,7 +213,7 @@ def _event_problems(events: pl.DataFrame) -> list[Problem]:
     out = []
     rows = events.filter(pl.col("type").is_in(_EVENT_KINDS)).sort("rank", "step", "seq")
     for r in rows.iter_rows(named=True):
-        what = r["detail"] or r["name"] or r["type"]
+        what = _EVENT_PREFIX.get(r["type"], "") + (r["detail"] or r["name"] or r["type"])
         if r["type"] == "pending_collective" and r["count"] is not None and not r["detail"]:
             what = f"{r['count']} async collective(s) not waited at step end ({r['name']})"
         out.append(Problem(r["type"], r["rank"], r["step"], r["module"] or None, what))
@@ -253,6 +276,25 @@ def _digest_errors(run: Run) -> list[Problem]:
         )
         for r in errs.iter_rows(named=True)
     ]
+
+
+def _replicas(run: Run) -> list[Problem]:
+    manifests = {r: run.manifest(r) for r in run.ranks}
+    out = []
+    for sp in replica_splits(run.scan("records"), manifests):
+        what = "parameter" if sp.kind == "param" else "reduced gradient"
+        out.append(
+            Problem(
+                "replica_split",
+                None,
+                sp.step,
+                None,
+                f"data-parallel replicas (ranks {format_ranks(sp.group)}) split at step {sp.step}: {what} "
+                f"{sp.name} differs on ranks {format_ranks(sp.split_ranks)} (equal at step {sp.agreed_step}); "
+                f"{sp.differing} record(s) of the group differ at that step",
+            )
+        )
+    return out
 
 
 def _on_cuda(m: dict) -> bool:
@@ -325,9 +367,20 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
         problems += _digest_errors(r)
     if "determinism" in wanted:
         problems += _determinism(r)
+    if "replicas" in wanted:
+        problems += _replicas(r)
     problems.sort(key=Problem.sort_key)
     return CertifyResult(r.label, "problems" if problems else "ok", tuple(problems), len(r.ranks), nsteps)
 
 
 #: Names accepted by ``certify(checks=...)``.
-CHECKS = ("missing_rank", "incomplete_step", "sequence", "events", "hazards", "digest_error", "determinism")
+CHECKS = (
+    "missing_rank",
+    "incomplete_step",
+    "sequence",
+    "events",
+    "hazards",
+    "digest_error",
+    "determinism",
+    "replicas",
+)

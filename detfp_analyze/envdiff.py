@@ -13,7 +13,8 @@ resume logic's business (``resume.py``).
 versions) make a comparison meaningless: every record would differ or records would be
 matched to the wrong peer. ``check_comparable`` raises IncomparableError for them unless
 forced. Everything here is a pure function of manifest dicts; ``env_diff`` only reads them
-off two opened runs.
+off two opened runs. A manifest holds the determinism settings of the run's first step; a
+setting changed later is a ``setting_changed`` event, which ``setting_changes`` lists.
 """
 
 from __future__ import annotations
@@ -24,9 +25,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import polars as pl
+
 from detfp_analyze.errors import IncomparableError
 
-__all__ = ["EnvDiff", "check_comparable", "drop_keys", "env_diff", "flatten_manifest", "manifest_diff"]
+__all__ = [
+    "EnvDiff",
+    "SettingChange",
+    "check_comparable",
+    "drop_keys",
+    "env_diff",
+    "flatten_manifest",
+    "manifest_diff",
+    "setting_changes",
+]
 
 #: Top-level manifest keys that never say anything about numerics (always differ per rank or launch).
 _IGNORED = frozenset({"rank", "segment", "start_step", "command"})
@@ -55,6 +67,26 @@ class EnvDiff:
     def to_json_dict(self) -> dict[str, Any]:
         """JSON form: ``{key, a, b, rank, blocking}``."""
         return {"key": self.key, "a": self.a, "b": self.b, "rank": self.rank, "blocking": self.blocking}
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A determinism setting that changed between two steps of one run (a ``setting_changed`` event)."""
+
+    rank: int
+    #: The step that began with the new setting.
+    step: int
+    #: ``key: old -> new`` for each changed setting.
+    detail: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "detail": self.detail}
+
+
+def setting_changes(run: Any) -> tuple[SettingChange, ...]:
+    """Every ``setting_changed`` event of ``run``, sorted by rank then step."""
+    ev = run.scan("events").filter(pl.col("type") == "setting_changed").select("rank", "step", "detail").collect()
+    return tuple(sorted(SettingChange(int(r), int(s), d or "") for r, s, d in ev.iter_rows()))
 
 
 def _is_blocking(key: str) -> bool:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from detfp_analyze.envdiff import EnvDiff
+from detfp_analyze.envdiff import EnvDiff, SettingChange
 from detfp_analyze.result import BisectResult, Divergence, RankResult
 from detfp_analyze.verdict import format_ranks
 
@@ -25,8 +25,14 @@ def _v(x: Any) -> str:
     return json.dumps(x, sort_keys=True, default=str)
 
 
-def render_env(diffs: Sequence[EnvDiff], label_a: str, label_b: str) -> str:
-    """The manifest diff as text: one line per differing key (``key [rank R]: a -> b``)."""
+def render_env(
+    diffs: Sequence[EnvDiff],
+    label_a: str,
+    label_b: str,
+    changes: tuple[Sequence[SettingChange], Sequence[SettingChange]] = ((), ()),
+) -> str:
+    """The manifest diff as text: one line per differing key (``key [rank R]: a -> b``), then the
+    determinism settings each run changed during the run (``run A [rank R] before step S: ...``)."""
     lines = [f"A = {label_a}", f"B = {label_b}"]
     if not diffs:
         lines.append("manifests: no difference")
@@ -36,6 +42,10 @@ def render_env(diffs: Sequence[EnvDiff], label_a: str, label_b: str) -> str:
             where = "" if d.rank is None else f" [rank {d.rank}]"
             flag = "  (blocks comparison)" if d.blocking else ""
             lines.append(f"  {d.key}{where}: {_v(d.a)} -> {_v(d.b)}{flag}")
+    if changes[0] or changes[1]:
+        lines.append("settings changed during a run (the manifests hold those of the first step):")
+        for side, cs in zip("AB", changes, strict=True):
+            lines.extend(f"  run {side} [rank {c.rank}] {c.detail}" for c in cs)
     return "\n".join(lines) + "\n"
 
 

@@ -329,6 +329,8 @@ class ModuleHooks:
         failed: bool = False,
     ) -> None:
         rec = self.rec
+        if torch.compiler.is_compiling():
+            return  # traced into a compiled region (module.compile()): never touch the stack
         if not self.stack or self.stack[-1][0] != id(module):
             return
         _, path, phase, inputs, since = self.stack.pop()

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from detfp_analyze.certify import CHECKS, Problem, certify
 from detfp_analyze.cli import app
-from tests.shards import write_run
+from tests.shards import hexdigest, write_run
 
 
 def step(rank: int, s: int, records: list[dict] | None = None, events: list[dict] | None = None) -> dict:
@@ -230,3 +230,37 @@ def test_hazards_nobody_reads_are_not_problems(tmp_path):
     write_run(tmp_path / "r", {0: step(0, 0, recs)})
     (p,) = problems(tmp_path / "r")
     assert p["kind"] == "uninitialized" and "aten::add.Tensor args[0]" in p["detail"]
+
+
+def test_replica_split_names_the_first_step_parameter_and_ranks(tmp_path):
+    """Data-parallel replicas must hold bitwise equal parameters after every step: the first
+    (step, parameter) where one rank's copy splits off is a problem. A parameter that never
+    agreed across ranks (a shard) is not a replica and is left out."""
+
+    def params(rank: int, s: int) -> list[dict]:
+        drift = rank == 2 and s >= 1
+        return [
+            dict(step=s, kind="param", phase="step", name="w", role="value", digest=hexdigest(("w", s, drift))),
+            dict(step=s, kind="param", phase="step", name="shard", role="value", digest=hexdigest(("s", rank, s))),
+        ]
+
+    ranks = {r: merge(*(step(r, s, params(r, s)) for s in range(3))) for r in range(3)}
+    write_run(tmp_path / "r", ranks)
+    assert problems(tmp_path / "r") == [
+        {
+            "kind": "replica_split",
+            "rank": None,
+            "step": 1,
+            "module": None,
+            "detail": "data-parallel replicas (ranks 0-2) split at step 1: parameter w differs on ranks 2 (equal at "
+            "step 0); 1 record(s) of the group differ at that step",
+        }
+    ]
+    # Two tensor-parallel groups: each is checked on its own (tp=0 drifts, tp=1 is clean).
+    write_run(
+        tmp_path / "tp",
+        {r: merge(*(step(r, s, params(r, s)) for s in range(3))) for r in range(4)},
+        manifest_overrides={r: {"parallel": {"tp": r % 2, "dp": r // 2}} for r in range(4)},
+    )
+    got = [(p["kind"], p["step"], p["detail"].split(":")[0]) for p in problems(tmp_path / "tp")]
+    assert got == [("replica_split", 1, "data-parallel replicas (ranks 0,2) split at step 1")]

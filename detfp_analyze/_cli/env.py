@@ -1,8 +1,9 @@
 """`detfp-analyze env A B`: the manifest diff of two runs alone.
 
-One line per differing fact (``key [rank R]: a -> b``), or ``--json`` for a list of
-``{key, a, b, rank, blocking}``. Exit 0 when the manifests agree, 1 when they differ,
-2 for bad input.
+One line per differing fact (``key [rank R]: a -> b``), then the determinism settings each run
+changed during the run (``setting_changed`` events; a manifest holds those of the first step),
+or ``--json`` for ``{a, b, env_diff: [{key, a, b, rank, blocking}], changes_a, changes_b}``.
+Exit 0 when the manifests and the changes agree, 1 when they differ, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, handle_errors
-from detfp_analyze.envdiff import drop_keys, env_diff
+from detfp_analyze.envdiff import drop_keys, env_diff, setting_changes
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_env
 
@@ -37,9 +38,16 @@ def command(
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
     diffs, _ = drop_keys(env_diff(a, b), ignore_env or ())
+    changes = (setting_changes(a), setting_changes(b))
     if as_json:
-        payload = {"a": a.label, "b": b.label, "env_diff": [d.to_json_dict() for d in diffs]}
+        payload = {
+            "a": a.label,
+            "b": b.label,
+            "env_diff": [d.to_json_dict() for d in diffs],
+            "changes_a": [c.to_json_dict() for c in changes[0]],
+            "changes_b": [c.to_json_dict() for c in changes[1]],
+        }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        typer.echo(render_env(diffs, a.label, b.label), nl=False)
-    raise typer.Exit(EXIT_DIVERGED if diffs else EXIT_OK)
+        typer.echo(render_env(diffs, a.label, b.label, changes), nl=False)
+    raise typer.Exit(EXIT_DIVERGED if diffs or changes[0] != changes[1] else EXIT_OK)
