@@ -22,18 +22,13 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze._deps import require
+from detfp_analyze.reader import as_run
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 
 #: Cell states of ``bisect_frame``, in increasing severity (a binned cell shows the most severe).
 STATES = ("identical", "not_compared", "after", "receiver", "metric_only", "structural", "source", "origin")
 _BATCH = 64
-
-
-def _as_run(x: Any):
-    from detfp_analyze.reader import Run, open_run
-
-    return x if isinstance(x, Run) else open_run(x)
 
 
 def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> pl.DataFrame:
@@ -43,7 +38,7 @@ def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> p
     ``rank``, ``step``, ``records`` (pairs), ``same``, ``differing``, ``only_a``, ``only_b``,
     ``unknown`` (a side without a digest), sorted by rank and step.
     """
-    ra, rb = _as_run(a), _as_run(b)
+    ra, rb = as_run(a), as_run(b)
     wanted = sorted(set(ra.ranks) | set(rb.ranks) if ranks is None else set(ranks))
     cols = ["rank", "step", "key_hash", "status", "digest_hi", "digest_lo"]
     out = []
