@@ -77,9 +77,15 @@ class _Bar:
 def command(
     run_a: Annotated[str, typer.Argument(metavar="A", help="Run directory A (the reference).")],
     run_b: Annotated[str, typer.Argument(metavar="B", help="Run directory B.")],
-    ranks: Annotated[str | None, typer.Option("--ranks", help="Ranks to compare, e.g. 0,4-7 (default: all).")] = None,
-    steps: Annotated[str | None, typer.Option("--steps", help="Inclusive step range, e.g. 3-5 or 4.")] = None,
-    level: Annotated[str, typer.Option("--level", help="Narrowing depth: step|phase|module|op|kernel.")] = "op",
+    ranks: Annotated[
+        str | None, typer.Option("--ranks", metavar="RANKS", help="Ranks to compare, e.g. 0,4-7 (default: all).")
+    ] = None,
+    steps: Annotated[
+        str | None, typer.Option("--steps", metavar="STEPS", help="Inclusive step range, e.g. 3-5 or 4.")
+    ] = None,
+    level: Annotated[
+        str, typer.Option("--level", metavar="LEVEL", help="Narrowing depth: step|phase|module|op|kernel.")
+    ] = "op",
     as_json: Annotated[bool, typer.Option("--json", help="Print the versioned JSON report (docs/report.md).")] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Compare even if world size, layout or digest version differ.")
