@@ -29,12 +29,12 @@ __all__ = ["discriminator_figure", "figure_bytes", "metric_figure", "rank_module
 _CODE = {s: i for i, s in enumerate(STATES)}
 
 
-def _new_figure(width: float, height: float) -> Any:
+def _new_figure(width: float, height: float, layout: str | None = "constrained") -> Any:
     require("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(fig)
     return fig
 
@@ -225,10 +225,13 @@ def metric_figure(
         raise ValueError("metric_figure: the frame has no rows; neither run recorded a metric in the window")
     names = sorted(frame["name"].unique().to_list(), key=lambda n: (n != "loss", n))
     rank = int(frame["rank"].min()) if rank is None else rank  # type: ignore[arg-type]
-    fig = _new_figure(10.0, 1.0 + 2.1 * len(names))
+    height = 1.3 + 2.1 * len(names)
+    # A fixed grid: constrained layout over 2 x n axes costs seconds for a regular layout.
+    fig = _new_figure(10.0, height, layout=None)
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.55 / height, bottom=0.85 / height, hspace=0.62, wspace=0.18)
     from matplotlib.ticker import MaxNLocator, NullLocator
 
-    axes = fig.subplots(len(names), 2, squeeze=False)
+    axes = fig.subplots(len(names), 2, squeeze=False, sharex=True)  # one step axis for every panel
     for (left, right), name in zip(axes, names, strict=True):
         m = frame.filter(pl.col("name") == name)
         mine = (
@@ -262,7 +265,6 @@ def metric_figure(
                 )
             ax.tick_params(labelsize=8)
         left.set_title(f"{name} on rank {rank}", fontsize=9)
-        left.legend(fontsize=7, loc="best")
         diff = per_step.filter(~pl.col("eq") & pl.col("d").is_not_null() & (pl.col("d") > 0))
         equal = per_step.filter(pl.col("eq"))
         right.set_yscale("log")
@@ -285,13 +287,19 @@ def metric_figure(
         right.set_title(
             f"{name}: |A - B| (log)" + (" - A and B bitwise equal at every step" if diff.is_empty() else ""), fontsize=9
         )
-        right.legend(fontsize=7, loc="best")
         for ax in (left, right):
-            ax.set_xlabel("step", fontsize=8)
+            if name == names[-1]:  # the panels share one step axis: label it once, at the bottom
+                ax.set_xlabel("step", fontsize=8)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if per_step.height == 1:  # one step: a window around it, not a 0.1-step-wide axis
                 s0 = int(per_step["step"][0])
                 ax.set_xlim(s0 - 1, s0 + 1)
+    # One legend for the figure (a "best" legend per axes costs seconds to place, and repeats itself).
+    seen: dict[str, Any] = {}
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncols=3, fontsize=8, frameon=False)
     fig.suptitle(title or "metrics of A and B", fontsize=11)
     return fig
 
