@@ -1,7 +1,7 @@
 """`detfp-analyze bisect A B`: where two runs stopped being bitwise identical, and why.
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
-docs/report.md). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A
+docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A
 progress bar is drawn on stderr only when stderr is a terminal, so logs stay byte-stable.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -93,6 +94,12 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", metavar="FILE", help="Also write a self-contained HTML report (pictures need matplotlib)."
+        ),
+    ] = None,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     try:
@@ -113,6 +120,11 @@ def command(
     finally:
         if bar is not None:
             bar.close()
+    if html is not None:
+        from detfp_analyze.html import html_report
+
+        html.write_text(html_report(result, a, b), encoding="utf-8")
+        print(f"detfp-analyze: wrote {html}", file=sys.stderr)  # stdout stays the report alone
     if as_json:
         typer.echo(json.dumps(result.to_json_dict(), indent=2, sort_keys=True))
     else:
