@@ -11,6 +11,7 @@ import typer
 from detfp_analyze._cli import bisect as _bisect
 from detfp_analyze._cli import certify as _certify
 from detfp_analyze._cli import env as _env
+from detfp_analyze._cli import export as _export
 from detfp_analyze._cli import plot as _plot
 from detfp_analyze._cli import sql as _sql
 from detfp_analyze._cli import summary as _summary
@@ -36,6 +37,7 @@ _COMMANDS = (
     ("bisect", _bisect.command, "Where two runs stopped being bitwise identical, and why."),
     ("sql", _sql.command, "One SQL query over one or two runs' views."),
     ("plot", _plot.command, "Pictures of where two runs diverge (PNG or SVG files)."),
+    ("export", _export.command, "Where two runs diverge as a Perfetto timeline."),
 )
 for _name, _fn, _short in _COMMANDS:
     app.command(_name, cls=Command, short_help=_short)(_fn)

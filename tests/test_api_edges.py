@@ -51,7 +51,7 @@ def test_dir_lists_only_the_public_names():
         assert private not in names
 
 
-@pytest.mark.parametrize("command", [[], ["summary"], ["certify"], ["env"], ["bisect"], ["sql"]])
+@pytest.mark.parametrize("command", [[], ["summary"], ["certify"], ["env"], ["bisect"], ["sql"], ["plot"], ["export"]])
 def test_help_has_no_type_metavars(command):
     res = CliRunner().invoke(app, [*command, "--help"])
     out = res.output
