@@ -102,7 +102,8 @@ def _recapture(tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]],
     level = _deeper(capture.get("level"))
     kernels = level == "ops"
     out = f"{label.rstrip('/')}-step{step}-{level}"
-    title = f"recapture step {step} of run {tag} at level {level}"
+    deeper = "with kernel identities" if capture.get("level") == "ops" else ""
+    title = f"recapture step {step} of run {tag} at level {level} {deeper}".rstrip()
     split = _launcher_split(command)
     if split is not None:
         ours, script = split
