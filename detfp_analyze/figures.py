@@ -228,7 +228,7 @@ def metric_figure(
     height = 1.3 + 2.1 * len(names)
     # A fixed grid: constrained layout over 2 x n axes costs seconds for a regular layout.
     fig = _new_figure(10.0, height, layout=None)
-    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.55 / height, bottom=0.85 / height, hspace=0.62, wspace=0.18)
+    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.85 / height, bottom=0.85 / height, hspace=0.62, wspace=0.18)
     from matplotlib.ticker import MaxNLocator, NullLocator
 
     axes = fig.subplots(len(names), 2, squeeze=False, sharex=True)  # one step axis for every panel
@@ -300,7 +300,7 @@ def metric_figure(
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncols=3, fontsize=8, frameon=False)
-    fig.suptitle(title or "metrics of A and B", fontsize=11)
+    fig.suptitle(title or "metrics of A and B", fontsize=11, y=1 - 0.2 / height)
     return fig
 
 
