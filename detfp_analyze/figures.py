@@ -181,7 +181,7 @@ def rank_module_figure(
     layout: pl.DataFrame | None = None,
     step: int | None = None,
     max_rows: int = 256,
-    max_cols: int = 400,
+    max_cols: int = 200,
     title: str | None = None,
 ) -> Any:
     """Ranks x modules in execution order at one step (``figdata.module_frame``): where on each rank
@@ -197,6 +197,12 @@ def rank_module_figure(
     fig = _new_figure(10.0, min(10.0, 4.2 + 0.05 * nrows))
     ax = fig.add_subplot()
     _draw_states(fig, ax, grid)
+    import numpy as np
+
+    # A cell can be a few pixels wide: ring the cells where a rank's difference started locally.
+    starts = np.argwhere(np.isin(grid, [_CODE["origin"], _CODE["source"]]))
+    if 0 < len(starts) <= 16:
+        ax.scatter(starts[:, 1], starts[:, 0], s=150, facecolors="none", edgecolors="#000000", linewidths=1.2, zorder=3)
 
     def name(i: int) -> str:
         m = modules[i * cper] or "<root>"

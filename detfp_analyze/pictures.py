@@ -64,7 +64,6 @@ def bisect_pictures(
     b: Run | str | os.PathLike[str],
     *,
     max_rows: int = 256,
-    max_cols: int = 400,
 ) -> Pictures:
     """Draw the pictures of ``result`` (a bisect of ``a`` and ``b``): ranks x steps, ranks x modules
     at the first divergent step, metric curves with ``|A - B|``, and the discriminator.
@@ -84,14 +83,14 @@ def bisect_pictures(
         skipped.append(("ranks_steps", "the runs share no compared rank and step"))
     else:
         f = figdata.rank_step_frame(result, layout=layout)
-        fig = figures.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows, max_cols=max_cols)
+        fig = figures.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows)
         done.append(Picture("ranks_steps", "each rank's state per step, origin ranks marked", fig, f))
     step = figdata.first_record_step(result)
     if step is None:
         skipped.append(("ranks_modules", "no record differs, so there is no divergent step to open"))
     else:
         f = figdata.module_frame(ra, rb, result, step=step, layout=layout)
-        fig = figures.rank_module_figure(f, layout=layout, step=step, max_rows=max_rows, max_cols=max_cols)
+        fig = figures.rank_module_figure(f, layout=layout, step=step, max_rows=max_rows)
         done.append(Picture("ranks_modules", f"where each rank's first difference appeared in step {step}", fig, f))
     m = figdata.metric_frame(ra, rb, ranks=result.window.ranks, steps=result.window.steps)
     if m.is_empty():

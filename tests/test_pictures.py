@@ -109,32 +109,40 @@ def test_rank_step_figure_draws_every_cell_at_2432_ranks():
 
 def test_rank_module_figure_bins_thousands_of_modules_and_keeps_the_origin_cell():
     layout = _layout_2432()
-    modules = [""] + [f"layers.{i // 3}.{('attn', 'mlp', 'norm')[i % 3]}" for i in range(1199)]
-    idx = {m: i for i, m in enumerate(modules)}
-    # Every rank ran every module; the first difference sits in <root> (receivers) or layers.5.attn.
+    # 2,400 layer modules and the root; pipeline stage p runs layers 50p..50p+49 (and the root),
+    # so most cells are absent. The first difference: <root> on receivers, layers.555.attn on the origin.
+    modules = [""] + [f"layers.{i // 3}.{('attn', 'mlp', 'norm')[i % 3]}" for i in range(2400)]
     mods = pl.DataFrame(
-        {"module": modules, "module_index": range(len(modules))}, schema={"module": pl.String, "module_index": pl.Int64}
+        {"module": modules, "module_index": range(len(modules)), "stage": [-1] + [i // 150 for i in range(2400)]},
+        schema={"module": pl.String, "module_index": pl.Int64, "stage": pl.Int64},
     )
     frame = (
-        layout.select(pl.col("rank").cast(pl.Int32), "position")
+        layout.select(pl.col("rank").cast(pl.Int32), "position", "pp")
         .join(mods, how="cross")
+        .filter((pl.col("stage") == -1) | (pl.col("stage") == pl.col("pp")))
         .with_columns(
-            pl.when((pl.col("rank") == ORIGIN) & (pl.col("module") == "layers.5.attn"))
+            pl.when((pl.col("rank") == ORIGIN) & (pl.col("module") == "layers.555.attn"))
             .then(pl.lit("origin"))
             .when((pl.col("rank") != ORIGIN) & (pl.col("module") == ""))
             .then(pl.lit("receiver"))
             .otherwise(pl.lit("identical"))
             .alias("state")
         )
+        .drop("pp", "stage")
     )  # fmt: skip
-    fig = rank_module_figure(frame, layout=layout, step=1, max_rows=256, max_cols=400)
+    fig = rank_module_figure(frame, layout=layout, step=1, max_rows=256)
     img = np.asarray(fig.axes[0].images[0].get_array())
-    assert img.shape == (244, 400)  # 1,200 modules, 3 per column
-    assert (img == _expected(frame, "position", "module_index", 10, 3, img.shape)).all()
+    assert img.shape == (244, 185)  # 2,401 modules, 13 per column
+    assert (img == _expected(frame, "position", "module_index", 10, 13, img.shape)).all()
     pos = layout.filter(pl.col("rank") == ORIGIN)["position"][0]
-    assert img[pos // 10, idx["layers.5.attn"] // 3] == CODE["origin"] and (img == CODE["origin"]).sum() == 1
-    assert (img[:, 0] == CODE["receiver"]).all()
-    assert "1200 modules, 2432 ranks" in fig.axes[0].get_title()
+    assert (
+        img[pos // 10, modules.index("layers.555.attn") // 13] == CODE["origin"] and (img == CODE["origin"]).sum() == 1
+    )
+    assert (img[:, 0] == CODE["receiver"]).all() and (img == CODE["absent"]).sum() > 0.8 * img.size
+    assert "2401 modules, 2432 ranks" in fig.axes[0].get_title()
+    assert fig.axes[0].get_xlabel() == "module, in execution order (13 per column, the most severe shown)"
+    rings = fig.axes[0].collections[-1].get_offsets()  # the origin cell is ringed: visible at any size
+    assert rings.tolist() == [[modules.index("layers.555.attn") // 13, pos // 10]]
 
 
 def test_layout_orders_ranks_by_coordinates(layout_pair):
