@@ -158,3 +158,12 @@ def test_report_in_headless_chromium(chromium, page_html, tmp_path):
         assert page2.evaluate("document.getElementById('pictures').textContent") == "Pictures"
         assert page2.errors() == []
     assert shutil.which("true")  # the browser process is gone; nothing left running
+
+
+def test_page_of_identical_runs(layout_pair):
+    res = bisect(layout_pair.a, layout_pair.a)
+    text = html_report(res, layout_pair.a, layout_pair.a, pictures=False)
+    assert '<span id="status" class="status identical">identical</span>' in text
+    assert "pictures were not requested" in text and "<svg" not in text
+    assert "No discriminator: there is no origin op to discriminate." in text
+    assert text.count("<h3>") == 2  # ranks by outcome, and one command: reproduce
