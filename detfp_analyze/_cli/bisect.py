@@ -1,8 +1,9 @@
 """`detfp-analyze bisect A B`: where two runs stopped being bitwise identical, and why.
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
-docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A
-progress bar is drawn on stderr only when stderr is a terminal, so logs stay byte-stable.
+docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``).
+Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A progress bar is drawn on
+stderr only when stderr is a terminal, so logs stay byte-stable.
 """
 
 from __future__ import annotations
