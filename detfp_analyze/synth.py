@@ -476,15 +476,8 @@ class _Writer:
             seq_a = self._seq0(rank, step, "a")
             rec_a = _records_table(spec, self.base, self.ok, rank, step, seq_a, hi, lo)
             pa_path = _write(rec_a, self.a, "records", rank, w, spec.compression)
-            rec_b = None
-            if plan and plan.start and step >= plan.start[0]:
-                hib, lob = _digests(spec, 0x5EED_B, rank, step, self.idx)
-                from_i = plan.start[1] if step == plan.start[0] else 0
-                mask = pc.and_(pc.greater_equal(self.idx, pa.scalar(from_i, _U64)), pc.invert(self.stable))
-                rec_b = _records_table(
-                    spec, self.base, self.ok, rank, step, seq_a, pc.if_else(mask, hib, hi), pc.if_else(mask, lob, lo)
-                )
-            elif plan and plan.insert_at and plan.insert_at[0] == step:
+            rec_b = self._value_b(rank, step, seq_a, hi, lo)
+            if rec_b is None and plan and plan.insert_at and plan.insert_at[0] == step:
                 at = plan.insert_at[1]
                 ins, k = _insert_table(spec, self.tpl, at)
                 hib, lob = _digests(spec, 0x1A5E27, rank, step, pa.array(range(k), _U64))
@@ -525,6 +518,18 @@ class _Writer:
                         _write(t, run, name, rank, w, spec.compression)
                     small[name] = t
 
+    def _value_b(self, rank: int, step: int, seq0: int, hi: pa.Array, lo: pa.Array) -> pa.Table | None:
+        """Run B's records of (rank, step) under a value plant (None when they equal A's)."""
+        plan, spec = self.plans.get(rank), self.spec
+        if not (plan and plan.start and step >= plan.start[0]):
+            return None
+        hib, lob = _digests(spec, 0x5EED_B, rank, step, self.idx)
+        from_i = plan.start[1] if step == plan.start[0] else 0
+        mask = pc.and_(pc.greater_equal(self.idx, pa.scalar(from_i, _U64)), pc.invert(self.stable))
+        return _records_table(
+            spec, self.base, self.ok, rank, step, seq0, pc.if_else(mask, hib, hi), pc.if_else(mask, lob, lo)
+        )
+
     def _write_rank_whole(self, rank: int) -> None:
         """windows="run": every step of a table in one shard per rank (a value plant only)."""
         spec, plan = self.spec, self.plans.get(rank)
@@ -535,14 +540,8 @@ class _Writer:
             hi, lo = _digests(spec, 0, rank, step, self.idx)
             seq0 = self._seq0(rank, step, "a")
             rec_a = _records_table(spec, self.base, self.ok, rank, step, seq0, hi, lo)
-            rec_b = rec_a
-            if plan and plan.start and step >= plan.start[0]:
-                hib, lob = _digests(spec, 0x5EED_B, rank, step, self.idx)
-                from_i = plan.start[1] if step == plan.start[0] else 0
-                mask = pc.and_(pc.greater_equal(self.idx, pa.scalar(from_i, _U64)), pc.invert(self.stable))
-                rec_b = _records_table(
-                    spec, self.base, self.ok, rank, step, seq0, pc.if_else(mask, hib, hi), pc.if_else(mask, lob, lo)
-                )
+            value_b = self._value_b(rank, step, seq0, hi, lo)
+            rec_b = rec_a if value_b is None else value_b
             for tag, rec in (("a", rec_a), ("b", rec_b)):
                 parts[tag].setdefault("records", []).append(rec)
                 parts[tag].setdefault("metrics", []).append(self._metrics(rank, step, seq0 + self.n, tag))
