@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -28,21 +26,8 @@ from tests.test_pictures import _layout_2432, _result_2432
 pytest.importorskip("matplotlib")
 
 
-@pytest.fixture(scope="module")
-def page_html(layout_pair, tmp_path_factory):
-    """The page as the command line writes it, in its own process with a fixed hash seed (the
-    byte-stability test renders it again here, under this process's seed)."""
-    out = tmp_path_factory.mktemp("html") / "report.html"
-    cmd = [sys.executable, "-m", "detfp_analyze", "bisect", str(layout_pair.a), str(layout_pair.b), "--html", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "7"})
-    assert res.returncode == 1, res.stderr  # diverged
-    assert res.stderr == f"detfp-analyze: wrote {out}\n"
-    assert res.stdout.startswith(f"A = {layout_pair.a}\n")  # stdout is still the text report
-    return out
-
-
-def test_page_is_self_contained_and_carries_the_json_report(page_html, layout_pair):
-    text = page_html.read_text()
+def test_page_is_self_contained_and_carries_the_json_report(report_page, layout_pair):
+    text = report_page.read_text()
     assert text.startswith("<!DOCTYPE html>")
     assert "Content-Security-Policy" in text and "default-src 'none'" in text
     assert not re.search(r"<script[^>]+src=|<link\b|@import|url\((?!#)", text)  # nothing fetched
@@ -58,9 +43,9 @@ def test_page_is_self_contained_and_carries_the_json_report(page_html, layout_pa
     assert text.count("<svg") == 4
 
 
-def test_page_is_byte_stable(page_html, layout_pair):
+def test_page_is_byte_stable(report_page, layout_pair):
     res = bisect(layout_pair.a, layout_pair.b)
-    assert html_report(res, layout_pair.a, layout_pair.b) == page_html.read_text()
+    assert html_report(res, layout_pair.a, layout_pair.b) == report_page.read_text()
 
 
 def test_page_without_matplotlib_says_how_to_get_pictures(layout_pair, monkeypatch):
@@ -103,11 +88,11 @@ def _red_pixels(png: bytes) -> int:
     return int((np.abs(img - np.array([0xC0, 0x15, 0x2F])).sum(axis=-1) < 12).sum())
 
 
-def test_report_in_headless_chromium(chromium, page_html, tmp_path):
+def test_report_in_headless_chromium(chromium, report_page, tmp_path):
     big = tmp_path / "big.html"  # the 2,432-rank result's page, without pictures
     big.write_text(render_html(_result_2432(), layout=_layout_2432()))
     with Browser(chromium, tmp_path / "profile") as browser:
-        page = browser.open(page_html.resolve().as_uri(), width=1280, height=900)
+        page = browser.open(report_page.resolve().as_uri(), width=1280, height=900)
         shot = page.screenshot()
         _keep("report.png", shot)
         _keep("report-full.png", page.screenshot(full_page=True))
