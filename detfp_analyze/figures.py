@@ -204,14 +204,27 @@ def rank_module_figure(
     if 0 < len(starts) <= 16:
         ax.scatter(starts[:, 1], starts[:, 0], s=150, facecolors="none", edgecolors="#000000", linewidths=1.2, zorder=3)
 
+    # A column is named by its first module, a column where a difference started by that module.
+    started = (
+        frame.filter(pl.col("state").is_in(["origin", "source"]))
+        .sort("module_index")
+        .select((pl.col("module_index") // cper).alias("c"), "module")
+        .unique("c", keep="first", maintain_order=True)
+    )
+    start_names = dict(started.rows())
+
     def name(i: int) -> str:
-        m = modules[i * cper] or "<root>"
+        m = start_names.get(i, modules[i * cper]) or "<root>"
         return m if len(m) <= 28 else "…" + m[-27:]
 
     if ncols <= 48:
         ax.set_xticks(range(ncols), [name(i) for i in range(ncols)], rotation=60, ha="right", fontsize=7)
     else:
-        ticks = list(range(0, ncols, math.ceil(ncols / 24)))
+        every = math.ceil(ncols / 24)
+        ticks = set(range(0, ncols, every))
+        # The columns where a difference started are always named (dropping regular ticks too close).
+        named = {int(c) for c in starts[:, 1]} if 0 < len(starts) <= 16 else set()
+        ticks = sorted(named | {t for t in ticks if all(abs(t - c) >= every / 2 for c in named)})
         ax.set_xticks(ticks, [name(t) for t in ticks], rotation=60, ha="right", fontsize=7)
     ax.set_xlabel("module, in execution order" + ("" if cper == 1 else f" ({cper} per column, the most severe shown)"))
     _rank_axis(ax, _layout_rows(frame), rper, nrows)

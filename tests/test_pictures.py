@@ -144,6 +144,7 @@ def test_rank_module_figure_bins_thousands_of_modules_and_keeps_the_origin_cell(
     assert fig.axes[0].get_xlabel() == "module, in execution order (13 per column, the most severe shown)"
     rings = fig.axes[0].collections[-1].get_offsets()  # the origin cell is ringed: visible at any size
     assert rings.tolist() == [[modules.index("layers.555.attn") // 13, pos // 10]]
+    assert "layers.555.attn" in [t.get_text() for t in fig.axes[0].get_xticklabels()]  # its column is named
 
 
 def test_layout_orders_ranks_by_coordinates(layout_pair):
