@@ -14,6 +14,8 @@ Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for t
 from __future__ import annotations
 
 import importlib
+import sys as _sys
+import types as _types
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
@@ -70,6 +72,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from detfp_analyze.summary import RunSummary, summarize
 
 
+class _Package(_types.ModuleType):
+    """This package's module type: ``bisect`` and ``certify`` stay the functions of ``__all__``.
+
+    Importing a submodule binds it as an attribute of its package, so once anything had run
+    ``import detfp_analyze.bisect`` (the CLI does), ``detfp_analyze.bisect`` was the module and
+    ``detfp_analyze.bisect(a, b)`` failed. A submodule arriving over a public function's name is
+    not bound; the function is (lazily, by ``__getattr__``). The submodules stay in ``sys.modules``
+    and ``from detfp_analyze.bisect import ...`` works as before.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, _types.ModuleType) and name in _LAZY and _LAZY[name] == value.__name__:
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
@@ -80,4 +101,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # Only the public names: not the helpers this module imports (importlib, Any, ...).
+    return sorted(__all__)

@@ -31,6 +31,7 @@ from detfp_analyze.diagnose import diagnose
 from detfp_analyze.diffkind import classify
 from detfp_analyze.envdiff import check_comparable, drop_keys, env_diff
 from detfp_analyze.errors import IncomparableError, SelectionError
+from detfp_analyze.reader import as_run
 from detfp_analyze.result import (
     LEVELS,
     BisectResult,
@@ -42,6 +43,7 @@ from detfp_analyze.result import (
     ValueDiff,
     Window,
 )
+from detfp_capture.contract import INPUTLESS_KINDS
 
 __all__ = ["BisectResult", "Progress", "bisect"]
 
@@ -107,7 +109,8 @@ def _divergence(
         phase=row["phase"],
         module=row["module"] if deep >= LEVELS.index("module") else None,  # type: ignore[arg-type]
         kind=row["kind"],
-        op=row["name"] if deep >= LEVELS.index("op") else None,  # type: ignore[arg-type]
+        # A parameter, batch or RNG state is named by its record, not by an op: keep that name at any level.
+        op=row["name"] if deep >= LEVELS.index("op") or row["kind"] in INPUTLESS_KINDS else None,  # type: ignore[arg-type]
         occurrence=int(row["occurrence"]),
         role=row["role"],
         arg=row["arg"],
@@ -145,7 +148,7 @@ def bisect(
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
 
-    ``run_a``/``run_b``: opened runs (``reader.open_run``). ``ranks``: ranks to compare
+    ``run_a``/``run_b``: opened runs (``reader.open_run``) or run directories. ``ranks``: ranks to compare
     (default: every rank in both). ``steps``: inclusive (first, last) pair, an int or a range.
     ``level``: step | phase | module | op | kernel (how deep to narrow). ``force``: compare
     even when the manifests say the comparison is meaningless. ``ignore_env``: shell globs of
@@ -156,6 +159,7 @@ def bisect(
     """
     if level not in LEVELS:
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
+    run_a, run_b = as_run(run_a), as_run(run_b)
     user_steps = _norm_steps(steps)
     compared, one_sided = _compared_ranks(run_a, run_b, ranks)
     diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=compared or None), ignore_env)

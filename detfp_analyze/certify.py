@@ -328,7 +328,8 @@ def _determinism_one(m: dict) -> list[str]:
 def _determinism(run: Run) -> list[Problem]:
     per_rank = {r: _determinism_one(run.manifest(r)) for r in run.ranks}
     everywhere = set.intersection(*(set(v) for v in per_rank.values())) if per_rank else set()
-    out = [Problem("determinism", None, None, None, f"{d} (all ranks)") for d in sorted(everywhere)]
+    # rank None says "every rank"; the text renderers print it (saying it in detail too doubled it).
+    out = [Problem("determinism", None, None, None, d) for d in sorted(everywhere)]
     for rank, details in per_rank.items():
         out += [Problem("determinism", rank, None, None, d) for d in details if d not in everywhere]
     return out

@@ -46,6 +46,13 @@ _SOURCE_HINT = {
 _COORDS = ("tp", "pp", "dp", "cp", "ep")
 
 
+def _site(d: Any) -> str:
+    """The op, or below --level op the module (or phase) of a divergence, for messages and grouping."""
+    if d.op is not None:
+        return d.op
+    return f"module {d.module or '<root>'}" if d.module is not None else f"phase {d.phase}"
+
+
 def shared_coordinates(
     origin: Sequence[int], compared: Sequence[int], parallel: Mapping[int, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -97,8 +104,10 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             {},
             counts,
         )
-    ops = {r.rank: (r.effective.kind, r.effective.op) for r in diverged if r.rank in origin and r.effective}
+    # Below --level op a record has no op name: compare and name the deepest site reported.
+    ops = {r.rank: (r.effective.kind, _site(r.effective)) for r in diverged if r.rank in origin and r.effective}
     first_op = ops[origin[0]][1]
+    op_name = next(r.effective.op for r in diverged if r.rank == origin[0] and r.effective)
     first_kind = ops[origin[0]][0]
     source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == "source"}
     if len(compared) == 1:
@@ -131,7 +140,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                 "all_ranks_same_op",
                 tuple(origin),
                 why,
-                first_op,
+                op_name,
                 {},
                 counts,
             )
@@ -140,7 +149,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             tuple(origin),
             f"every compared rank starts a difference locally, at {len(set(ops.values()))} different ops: "
             "look for a shared setting (environment, versions, thread counts) rather than one op",
-            first_op,
+            op_name,
             {},
             counts,
         )
@@ -162,7 +171,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             "single_rank",
             tuple(origin),
             why,
-            first_op,
+            op_name,
             shared,
             counts,
         )
@@ -171,7 +180,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
         tuple(origin),
         f"{len(origin)} of {len(compared)} ranks ({format_ranks(origin)}) start the difference locally{share}: look at "
         "topology, placement, input distribution or reduction order along that coordinate",
-        first_op,
+        op_name,
         shared,
         counts,
     )

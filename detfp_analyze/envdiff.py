@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze.errors import IncomparableError
+from detfp_analyze.reader import as_run
 
 __all__ = [
     "EnvDiff",
@@ -172,11 +173,12 @@ def _latest(run: Any, ranks: Iterable[int] | None) -> dict[int, dict]:
 
 
 def env_diff(run_a: Any, run_b: Any, *, ranks: Iterable[int] | None = None) -> tuple[EnvDiff, ...]:
-    """Manifest diff of two opened runs (``reader.Run``), each rank's latest segment.
+    """Manifest diff of two runs (``reader.Run`` or run directories), each rank's latest segment.
 
     ``world_size`` is taken from the runs themselves too, so a job that lost ranks still
     shows a different size even when no single manifest says so.
     """
+    run_a, run_b = as_run(run_a), as_run(run_b)
     diffs = list(manifest_diff(_latest(run_a, ranks), _latest(run_b, ranks)))
     if run_a.world_size != run_b.world_size and not any(d.key == "world_size" for d in diffs):
         diffs.append(EnvDiff("world_size", run_a.world_size, run_b.world_size, None, True))

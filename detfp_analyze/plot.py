@@ -22,18 +22,12 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze._deps import require
+from detfp_analyze.figdata import STATE_COLORS, STATES, match_expr, rank_step_frame
+from detfp_analyze.reader import as_run
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 
-#: Cell states of ``bisect_frame``, in increasing severity (a binned cell shows the most severe).
-STATES = ("identical", "not_compared", "after", "receiver", "metric_only", "structural", "source", "origin")
 _BATCH = 64
-
-
-def _as_run(x: Any):
-    from detfp_analyze.reader import Run, open_run
-
-    return x if isinstance(x, Run) else open_run(x)
 
 
 def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> pl.DataFrame:
@@ -43,7 +37,7 @@ def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> p
     ``rank``, ``step``, ``records`` (pairs), ``same``, ``differing``, ``only_a``, ``only_b``,
     ``unknown`` (a side without a digest), sorted by rank and step.
     """
-    ra, rb = _as_run(a), _as_run(b)
+    ra, rb = as_run(a), as_run(b)
     wanted = sorted(set(ra.ranks) | set(rb.ranks) if ranks is None else set(ranks))
     cols = ["rank", "step", "key_hash", "status", "digest_hi", "digest_lo"]
     out = []
@@ -52,19 +46,8 @@ def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> p
         la = ra.scan("records", ranks=batch).select(cols)
         lb = rb.scan("records", ranks=batch).select(cols)
         j = la.join(lb, on=["rank", "step", "key_hash"], how="full", suffix="_b", coalesce=True)
-        match = (
-            pl.when(pl.col("status").is_null())
-            .then(pl.lit("only_b"))
-            .when(pl.col("status_b").is_null())
-            .then(pl.lit("only_a"))
-            .when((pl.col("status") != "ok") | (pl.col("status_b") != "ok"))
-            .then(pl.lit("unknown"))
-            .when((pl.col("digest_hi") == pl.col("digest_hi_b")) & (pl.col("digest_lo") == pl.col("digest_lo_b")))
-            .then(pl.lit("same"))
-            .otherwise(pl.lit("differs"))
-        )
         out.append(
-            j.with_columns(match.alias("m"))
+            j.with_columns(match_expr().alias("m"))
             .group_by("rank", "step")
             .agg(
                 pl.len().cast(pl.Int64).alias("records"),
@@ -90,29 +73,10 @@ _MATCH_COLUMNS = (
 def bisect_frame(result: Any, steps: Iterable[int] | None = None) -> pl.DataFrame:
     """Per (rank, step), the state a BisectResult implies, without reading the runs again.
 
-    Columns: ``rank``, ``step``, ``state`` (one of STATES: ``identical`` before the rank's first
-    divergent step, the rank's verdict at that step, ``after`` for later steps). ``steps``:
-    the steps to lay out (default: the compared window).
+    Columns: ``rank``, ``step``, ``state`` (one of STATES; ``figdata.rank_step_frame`` explains
+    each). ``steps``: the steps to lay out (default: the compared window).
     """
-    window = result.window.steps
-    if steps is None:
-        steps = range(window[0], window[1] + 1) if window else ()
-    steps = sorted(steps)
-    rows = []
-    for r in result.ranks:
-        first = r.step
-        verdict = r.first.verdict if r.first is not None else ("metric_only" if r.metric_step is not None else None)
-        for s in steps:
-            if r.status == "not_compared":
-                state = "not_compared"
-            elif first is None or s < first:
-                state = "identical"
-            elif s == first:
-                state = verdict if verdict in STATES else "receiver"
-            else:
-                state = "after"
-            rows.append((r.rank, s, state))
-    return pl.DataFrame(rows, schema={"rank": pl.Int32, "step": pl.Int64, "state": pl.String}, orient="row")
+    return rank_step_frame(result, steps=steps).select("rank", "step", "state")
 
 
 def _grid(frame: pl.DataFrame, value: str, max_rows: int) -> tuple[list[list[float]], list[int], int, list[str] | None]:
@@ -183,8 +147,7 @@ def divergence_heatmap(
     lo = int(frame["rank"].min())  # type: ignore[arg-type]
     extent = (-0.5, len(steps) - 0.5, nrows - 0.5, -0.5)
     if names is not None:
-        palette = ["#e8f5e9", "#bdbdbd", "#ffe0b2", "#ffb74d", "#ce93d8", "#64b5f6", "#4db6ac", "#d32f2f"]
-        palette += ["#000000"] * (len(names) - len(palette))
+        palette = [STATE_COLORS.get(n, "#000000") for n in names]
         im = ax.imshow(
             grid,
             aspect="auto",

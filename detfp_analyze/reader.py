@@ -42,7 +42,7 @@ from detfp_analyze.errors import (
 from detfp_capture import contract
 from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
 
-__all__ = ["Run", "ShardInfo", "Steps", "open_run", "polars_schema"]
+__all__ = ["Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
 #: A step selection: one step, a ``range`` (``range(3, 7)`` is steps 3..6), or any collection of steps.
 Steps = int | range | Iterable[int]
@@ -107,6 +107,14 @@ class Run:
     tables: frozenset[str]
     #: table -> its shards, sorted by (rank, file name); only ranks with a manifest.
     shards: Mapping[str, tuple[ShardInfo, ...]] = field(repr=False)
+
+    def __repr__(self) -> str:
+        # Short on purpose: the manifests of thousands of ranks are one attribute away.
+        missing = f", missing ranks {_ranges(self.missing_ranks)}" if self.missing_ranks else ""
+        return (
+            f"Run({self.label!r}: world size {self.world_size}, ranks {_ranges(self.ranks)}{missing}, "
+            f"tables {', '.join(sorted(self.tables)) or '-'})"
+        )
 
     def manifest(self, rank: int | None = None) -> dict:
         """The latest segment's manifest of ``rank`` (default: the lowest rank present)."""
@@ -560,3 +568,8 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False)
         tables=frozenset(t for t, v in shards.items() if v),
         shards=MappingProxyType(shards),
     )
+
+
+def as_run(run: Run | str | os.PathLike[str], *, allow_missing_ranks: bool = False) -> Run:
+    """``run`` itself when it is a ``Run``, else ``open_run(run)``: public entry points take either."""
+    return run if isinstance(run, Run) else open_run(run, allow_missing_ranks=allow_missing_ranks)

@@ -440,6 +440,13 @@ class BisectResult:
     #: Extra facts for humans (tolerated problems, capture hints), sorted.
     notes: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        # Short on purpose: a result of thousands of ranks would print all of them.
+        return (
+            f"BisectResult({self.label_a!r} vs {self.label_b!r}: {self.status}, first step {self.first_step}, "
+            f"pattern {self.diagnosis.pattern}, {len(self.ranks)} rank(s))"
+        )
+
     @property
     def diverged(self) -> bool:
         return self.status == "diverged"

@@ -30,7 +30,7 @@ from detfp_analyze.errors import QueryError
 from detfp_analyze.reader import Run, open_run
 from detfp_capture import contract
 
-__all__ = ["ViewDoc", "connect", "query", "view_docs"]
+__all__ = ["ViewDoc", "connect", "query", "two_run_views", "view_docs"]
 
 _DUCKDB_TYPES = {
     "int32": "INTEGER",
@@ -217,6 +217,15 @@ def connect(
     return con
 
 
+_MISSING_RE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
+
+
+def two_run_views() -> tuple[str, ...]:
+    """Public views that exist only on a two-run connection (``b_*`` and the comparisons), sorted."""
+    names = [v.name for f in ("compare.sql",) for v in view_docs(f)] + [v.name for v in view_docs("run.sql", "b")]
+    return tuple(sorted(n for n in names if not n.startswith("_")))
+
+
 def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run ``sql`` on a connection from ``connect`` and return an Arrow table.
 
@@ -229,6 +238,13 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         return rel.to_arrow_table()
     except duckdb.Error as exc:
         reason = " ".join(str(exc).split("\n\n")[0].split())
+        missing = _MISSING_RE.search(reason)
+        if missing and missing.group(1).lower() in two_run_views():
+            raise QueryError(
+                f"query failed: view {missing.group(1)} compares two runs and this connection has one; pass both "
+                f'runs (detfp-analyze sql RUN_A RUN_B "QUERY", or connect(a, b)); views that need two runs: '
+                f"{', '.join(two_run_views())}"
+            ) from None
         raise QueryError(
             f"query failed: {reason}; list the views with: SELECT view_name FROM duckdb_views() "
             "WHERE NOT internal (docs/sql.md)"

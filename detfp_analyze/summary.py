@@ -12,13 +12,14 @@ holding each value, so a single summary already shows a rank with a different se
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import polars as pl
 
-from detfp_analyze.reader import Run, _ranges
+from detfp_analyze.reader import Run, _ranges, as_run
 from detfp_capture import contract
 
 __all__ = ["RunSummary", "SegmentSummary", "format_summary", "summarize", "summary_dict"]
@@ -115,8 +116,9 @@ def _environment(manifests: Mapping[int, dict]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def summarize(run: Run) -> RunSummary:
-    """Summarize an opened run (reads a few columns of every table; see RunSummary)."""
+def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
+    """Summarize a run (a ``Run`` or a run directory; reads a few columns of every table; see RunSummary)."""
+    run = as_run(run)
     records = run.scan("records").select("step", "kind", "status", "hazards").collect()
     metrics = run.scan("metrics").select("step", "name").collect()
     events = run.scan("events").select("step", "type").collect()

@@ -68,6 +68,13 @@ class SynthSpec:
     moments: bool = False
     #: Parquet compression of the shards (the capture writer's default).
     compression: str = "zstd"
+    #: "step": one shard per (rank, step, table), as a capture flushing every step writes;
+    #: "run": one shard per (rank, table) holding every step (fewer files: large synthetic jobs).
+    windows: str = "step"
+    #: Parallel layout as ((coordinate, size), ...) from the fastest-varying coordinate out, e.g.
+    #: (("tp", 8), ("dp", 19), ("pp", 16)); the product must equal ``ranks``. Default: dp only.
+    #: Only the manifests' ``parallel`` coordinates change: every rank stays in the group ``dp``.
+    layout: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ def _manifest(spec: SynthSpec, rank: int) -> dict:
         "world_size": spec.ranks,
         "segment": 0,
         "start_step": spec.first_step,
-        "parallel": {"dp": rank, "dp_size": spec.ranks, "tp": 0, "tp_size": 1, "pp": 0, "pp_size": 1},
+        "parallel": _parallel(spec, rank),
         "groups": {"dp": list(range(spec.ranks))},
         "versions": {
             "torch": None,
@@ -206,6 +213,21 @@ def _manifest(spec: SynthSpec, rank: int) -> dict:
     }
     assert set(m) == set(contract.MANIFEST_KEYS)  # invariant of this module, not input validation
     return m
+
+
+def _parallel(spec: SynthSpec, rank: int) -> dict:
+    """The manifest's ``parallel`` object of ``rank`` (coordinates and sizes, fastest first)."""
+    if not spec.layout:
+        return {"dp": rank, "dp_size": spec.ranks, "tp": 0, "tp_size": 1, "pp": 0, "pp_size": 1}
+    if math.prod(n for _, n in spec.layout) != spec.ranks:
+        raise ValueError(
+            f"layout {spec.layout}: the sizes multiply to {math.prod(n for _, n in spec.layout)}, not ranks={spec.ranks}"
+        )
+    out, rest = {}, rank
+    for name, size in spec.layout:
+        out[name], out[f"{name}_size"] = rest % size, size
+        rest //= size
+    return out
 
 
 def _write(table: pa.Table, run: Path, name: str, rank: int, window: int, compression: str) -> Path:
@@ -441,23 +463,21 @@ class _Writer:
     # -- write
     def write_rank(self, rank: int) -> None:
         spec = self.spec
+        if spec.windows not in ("step", "run"):
+            raise ValueError(f"windows={spec.windows!r}: expected 'step' or 'run'")
         for run in (self.a, self.b):
             _write_manifest(run, _manifest(spec, rank))
+        if spec.windows == "run":
+            self._write_rank_whole(rank)
+            return
         plan = self.plans.get(rank)
         for w, step in enumerate(range(spec.first_step, spec.first_step + spec.steps)):
             hi, lo = _digests(spec, 0, rank, step, self.idx)
             seq_a = self._seq0(rank, step, "a")
             rec_a = _records_table(spec, self.base, self.ok, rank, step, seq_a, hi, lo)
             pa_path = _write(rec_a, self.a, "records", rank, w, spec.compression)
-            rec_b = None
-            if plan and plan.start and step >= plan.start[0]:
-                hib, lob = _digests(spec, 0x5EED_B, rank, step, self.idx)
-                from_i = plan.start[1] if step == plan.start[0] else 0
-                mask = pc.and_(pc.greater_equal(self.idx, pa.scalar(from_i, _U64)), pc.invert(self.stable))
-                rec_b = _records_table(
-                    spec, self.base, self.ok, rank, step, seq_a, pc.if_else(mask, hib, hi), pc.if_else(mask, lob, lo)
-                )
-            elif plan and plan.insert_at and plan.insert_at[0] == step:
+            rec_b = self._value_b(rank, step, seq_a, hi, lo)
+            if rec_b is None and plan and plan.insert_at and plan.insert_at[0] == step:
                 at = plan.insert_at[1]
                 ins, k = _insert_table(spec, self.tpl, at)
                 hib, lob = _digests(spec, 0x1A5E27, rank, step, pa.array(range(k), _U64))
@@ -497,6 +517,44 @@ class _Writer:
                     else:
                         _write(t, run, name, rank, w, spec.compression)
                     small[name] = t
+
+    def _value_b(self, rank: int, step: int, seq0: int, hi: pa.Array, lo: pa.Array) -> pa.Table | None:
+        """Run B's records of (rank, step) under a value plant (None when they equal A's)."""
+        plan, spec = self.plans.get(rank), self.spec
+        if not (plan and plan.start and step >= plan.start[0]):
+            return None
+        hib, lob = _digests(spec, 0x5EED_B, rank, step, self.idx)
+        from_i = plan.start[1] if step == plan.start[0] else 0
+        mask = pc.and_(pc.greater_equal(self.idx, pa.scalar(from_i, _U64)), pc.invert(self.stable))
+        return _records_table(
+            spec, self.base, self.ok, rank, step, seq0, pc.if_else(mask, hib, hi), pc.if_else(mask, lob, lo)
+        )
+
+    def _write_rank_whole(self, rank: int) -> None:
+        """windows="run": every step of a table in one shard per rank (a value plant only)."""
+        spec, plan = self.spec, self.plans.get(rank)
+        if plan is not None and plan.insert_at is not None:
+            raise ValueError('windows="run" supports value plants only; use windows="step" for a structural plant')
+        parts: dict[str, dict[str, list[pa.Table]]] = {"a": {}, "b": {}}
+        for step in range(spec.first_step, spec.first_step + spec.steps):
+            hi, lo = _digests(spec, 0, rank, step, self.idx)
+            seq0 = self._seq0(rank, step, "a")
+            rec_a = _records_table(spec, self.base, self.ok, rank, step, seq0, hi, lo)
+            value_b = self._value_b(rank, step, seq0, hi, lo)
+            rec_b = rec_a if value_b is None else value_b
+            for tag, rec in (("a", rec_a), ("b", rec_b)):
+                parts[tag].setdefault("records", []).append(rec)
+                parts[tag].setdefault("metrics", []).append(self._metrics(rank, step, seq0 + self.n, tag))
+                parts[tag].setdefault("events", []).append(
+                    self._events(rank, step, seq0 - 1, seq0 + self.n + 3, self.n)
+                )
+        for name in ("records", "metrics", "events"):
+            ta, tb = pa.concat_tables(parts["a"][name]), pa.concat_tables(parts["b"][name])
+            path = _write(ta, self.a, name, rank, 0, spec.compression)
+            if tb.equals(ta):  # copying beats re-encoding
+                shutil.copyfile(path, _mkparent(self.b / contract.shard_relpath(name, rank, 0, 0)))
+            else:
+                _write(tb, self.b, name, rank, 0, spec.compression)
 
     def _metrics(self, rank: int, step: int, seq0: int, run: str) -> pa.Table:
         k = step - self.spec.first_step

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", default=None, help="steps whose kernels are recorded (level ops), e.g. '2'")
     p.add_argument("--poison", action="store_true", help="fill empty* allocations with a per-run pattern (level ops)")
     p.add_argument("--append", action="store_true", help="continue an existing run directory as a new segment")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier run in --out (refused if it is not a detfp run)"
+    )
     p.add_argument("--flush-records", type=int, default=65536, help="records per flush window")
     p.add_argument("--views", action="store_true", help="also digest view and metadata-only ops")
     return p
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             kernels=ns.kernels,
             poison=ns.poison,
             append=ns.append,
+            overwrite=ns.overwrite,
             flush_records=ns.flush_records,
             views=ns.views,
             start_step=ns.start_step,

@@ -58,6 +58,7 @@ class StepRecording:
         rec.begin_step(n, sel)
         self._bwd_queued = False
         self._step_selected = sel
+        self._seen_step = True
         if self._first_step is None:
             self._first_step = n
             self._manifest["start_step"] = n

@@ -78,6 +78,8 @@ class Session(StepRecording):
         kernels: steps whose device kernels (CPU: innermost profiler events) are recorded per op.
         poison: fill tensors born from ``empty*`` with a per-run byte pattern (level ops).
         append: continue an existing run directory as a new segment (a resumed run).
+        overwrite: replace what this rank wrote into ``out_dir`` before (refused when the
+            directory holds something that is not a detfp run; exclusive with ``append``).
         parallel: this rank's parallel coordinates for the manifest, e.g. ``{"dp": 1, "tp": 0}``.
         group_names: logical name -> ProcessGroup, used to name collectives (``"tp"``, ``"dp"``).
         flush_records: resolve digests and write a window every this many records (bounds memory).
@@ -99,6 +101,7 @@ class Session(StepRecording):
         kernels: Any = None,
         poison: bool = False,
         append: bool = False,
+        overwrite: bool = False,
         parallel: dict[str, Any] | None = None,
         group_names: dict[str, Any] | None = None,
         flush_records: int = 65536,
@@ -120,6 +123,8 @@ class Session(StepRecording):
             views=views,
             start_step=start_step,
         )
+        if overwrite and append:
+            raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
         self._parallel = check_mapping(parallel, "parallel")
         self._group_names = check_mapping(group_names, "group_names")
         self._depth = cfg.depth
@@ -153,6 +158,8 @@ class Session(StepRecording):
         self._autocast_seen = False  # an autocast region was entered while the session was open
         self._bookkeeping = 0  # inside DDP's own work around the forward (level ops skips its ops)
         self._step_selected = False
+        self._seen_step = False  # a step() has begun (for the outside-a-step warning)
+        self._outside_warned: set[tuple[str, str]] = set()
         self._primary_opt: Any = None
         self._opt_stepped = False
         self._last_flush = time.monotonic()
@@ -162,7 +169,9 @@ class Session(StepRecording):
         from detfp_capture import writer as _writer
         from detfp_capture.manifest import collect_manifest
 
-        self.segment = _writer.prepare_run_dir(self.out_dir, self.rank, append=append)
+        self.segment = _writer.prepare_run_dir(
+            self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
+        )
         self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, on_error=self._writer_failed)
         self._writer_error: str | None = None
         self._rec = Recorder(cfg, self._writer, rank=self.rank, on_fail=self._on_fail)
@@ -270,6 +279,7 @@ class Session(StepRecording):
                 )
         elif not isinstance(value, (int, float)):
             raise ConfigError(f"metric {name!r}: expected a number or a one-element tensor, got {type(value).__name__}")
+        self._note_outside_step("metric", name)
         if not self._live_value():
             return
         rec = self._rec
@@ -287,7 +297,10 @@ class Session(StepRecording):
             raise ConfigError(f"probe name {name!r}: expected a non-empty string")
         if not isinstance(tensor, torch.Tensor):
             raise ConfigError(f"probe {name!r}: expected a tensor, got {type(tensor).__name__}")
-        if not self._live_value() or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            return
+        self._note_outside_step("probe", name)
+        if not self._live_value():
             return
         rec = self._rec
         rec.enter()
@@ -504,6 +517,28 @@ class Session(StepRecording):
                 rec.leave()
         except Exception as exc:
             rec.fail(exc, "end of backward")
+
+    def _note_outside_step(self, kind: str, name: str) -> None:
+        """Say once per (kind, name) where a metric or probe made outside ``session.step()`` went.
+
+        It is filed under the last step when that step was captured (a loss logged right after
+        the step block belongs to it), and dropped before the first step or after an uncaptured one.
+        """
+        if self._inert or self._closed or self._rec.in_step or (kind, name) in self._outside_warned:
+            return
+        self._outside_warned.add((kind, name))
+        if self._step_selected:
+            where = f"filed under step {self._rec.step}, the last step"
+        elif self._seen_step:
+            where = f"not recorded: the last step ({self._rec.step}) is not captured"
+        else:
+            where = "not recorded: no step has begun yet"
+        warnings.warn(
+            f"detfp: {kind} {name!r} on rank {self.rank} was made outside session.step(): {where}; "
+            f"make it inside 'with session.step(n):' to file it under step n",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _hazards_for(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
         return self._hazard.flag_all(tensors) if self._hazard is not None else None

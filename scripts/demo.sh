@@ -5,7 +5,8 @@
 #      a genuinely nondeterministic MoE combine, at the cheap `boundaries` level;
 #   3. `detfp-analyze summary` and `detfp-analyze bisect` on them: the first divergent step;
 #   4. recapture only that step at `ops` level and bisect again: the op, on every rank;
-#   5. bisect the bundled sample_traces/ pairs (data on one rank, lost RNG state on resume, ...).
+#   5. bisect the bundled sample_traces/ pairs (data on one rank, lost RNG state on resume, ...);
+#   6. write the HTML report, the pictures and a Perfetto timeline of the demo's own runs.
 # bisect exits 1 when runs diverge, which is the expected answer here, not a failure.
 # Traces go to $DEMO_DIR (default: a fresh temporary directory, kept for exploring).
 set -euo pipefail
@@ -54,4 +55,16 @@ for pair in data_rank/a:data_rank/b resume/full:resume/resumed resume/full:resum
   bisect "sample_traces/${pair%%:*}" "sample_traces/${pair##*:}"
 done
 
+say "6. the HTML report, the pictures and a timeline of the demo's runs"
+rc=0
+"$CLI" bisect "$DEMO_DIR/a-ops" "$DEMO_DIR/b-ops" --html "$DEMO_DIR/report.html" > /dev/null || rc=$?
+[ "$rc" -le 1 ] || { echo "demo: bisect --html failed with exit $rc" >&2; exit "$rc"; }
+"$CLI" plot "$DEMO_DIR/a-ops" "$DEMO_DIR/b-ops" --out "$DEMO_DIR/plots/ops"
+"$CLI" plot "$DEMO_DIR/a" "$DEMO_DIR/b" --out "$DEMO_DIR/plots/boundaries"
+"$CLI" export "$DEMO_DIR/a-ops" "$DEMO_DIR/b-ops" --perfetto "$DEMO_DIR/trace.json"
+
 say "done; traces kept in $DEMO_DIR (try: $CLI sql $DEMO_DIR/a-ops $DEMO_DIR/b-ops \"SELECT * FROM first_divergence\")"
+echo "HTML report (open it in a browser): $DEMO_DIR/report.html"
+echo "pictures of the ops-level runs:      $DEMO_DIR/plots/ops/"
+echo "pictures of the boundaries runs:     $DEMO_DIR/plots/boundaries/"
+echo "Perfetto timeline (ui.perfetto.dev): $DEMO_DIR/trace.json"

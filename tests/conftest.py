@@ -23,3 +23,32 @@ def gloo1(tmp_path):
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def layout_pair(tmp_path_factory):
+    """A synthetic 48-rank pair (tp 2 x dp 6 x pp 4) with one origin on rank 29 at step 1 that the
+    gradient all-reduce carries to every other rank: the pair the picture, report and timeline
+    tests read from disk (built once per session)."""
+    from detfp_analyze.synth import Plant, SynthSpec, write_pair
+
+    root = tmp_path_factory.mktemp("layout_pair")
+    spec = SynthSpec(ranks=48, steps=3, records=150, windows="run", layout=(("tp", 2), ("dp", 6), ("pp", 4)))
+    return write_pair(root / "a", root / "b", spec, Plant(rank=29, step=1, index=20))
+
+
+@pytest.fixture(scope="session")
+def report_page(layout_pair, tmp_path_factory):
+    """``bisect --html`` of the layout pair as the command line writes it, in a process of its own
+    with a fixed hash seed (tests render pages and pictures again in this process, under another
+    seed, and compare bytes)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    cmd = [sys.executable, "-m", "detfp_analyze", "bisect", str(layout_pair.a), str(layout_pair.b), "--html", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "7"})
+    assert res.returncode == 1, res.stderr  # diverged
+    assert res.stderr == f"detfp-analyze: wrote {out}\n"
+    assert res.stdout.startswith(f"A = {layout_pair.a}\n")  # stdout is still the text report
+    return out

@@ -1,4 +1,5 @@
-"""Importing the analysis side (package, CLI, reader, summary) loads neither torch nor matplotlib."""
+"""Importing the analysis side (package, CLI, reader, summary, the picture, page and timeline
+modules) loads neither torch nor matplotlib: matplotlib only when a picture is drawn."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 _CODE = """
 import sys
 import detfp_analyze, detfp_analyze.cli, detfp_analyze.reader, detfp_analyze.summary
+import detfp_analyze.figdata, detfp_analyze.figures, detfp_analyze.pictures, detfp_analyze.plot
+import detfp_analyze.html, detfp_analyze.recipes, detfp_analyze.perfetto, detfp_analyze.layout
+import detfp_analyze._cli.reference
 import detfp_capture.contract, detfp_capture.arrowschema, detfp_capture.writer
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib"))
 print(",".join(heavy))

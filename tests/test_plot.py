@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from detfp_analyze.bisect import bisect
 from detfp_analyze.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
 from detfp_analyze.sql import connect
 from detfp_analyze.synth import Plant, SynthSpec, write_pair
@@ -58,19 +59,14 @@ def test_bins_thousands_of_ranks_and_keeps_a_lone_origin_visible():
     assert (w, h) == (8.0, 5.0)
 
 
-def test_bisect_frame_states():
-    class R:  # the attributes bisect_frame reads from a BisectResult
-        def __init__(self, rank, status, step, verdict):
-            self.rank, self.status, self.step, self.metric_step = rank, status, step, None
-            self.first = None if verdict is None else type("D", (), {"verdict": verdict})()
-
-    res = type("Res", (), {})()
-    res.window = type("W", (), {"steps": (0, 2)})()
-    res.ranks = (R(0, "identical", None, None), R(1, "diverged", 1, "origin"), R(2, "diverged", 2, "receiver"))
+def test_bisect_frame_states(planted):
+    # Each rank: identical before its first divergence, its verdict there, "after" later.
+    res = bisect(planted.a, planted.b)
     got = bisect_frame(res)
-    assert got.filter(pl.col("rank") == 1)["state"].to_list() == ["identical", "origin", "after"]
-    assert got.filter(pl.col("rank") == 2)["state"].to_list() == ["identical", "identical", "receiver"]
-    assert set(got.filter(pl.col("rank") == 0)["state"]) == {"identical"}
+    for e in planted.expected:
+        states = got.filter(pl.col("rank") == e.rank).sort("step")["state"].to_list()
+        assert states == ["identical" if s < e.step else e.verdict if s == e.step else "after" for s in (0, 1, 2)]
+    assert set(got["state"]) <= set(STATES)
 
 
 def test_empty_frame_is_an_error():

@@ -150,8 +150,25 @@ def test_single_run_connection(tmp_path):
     a = write_run(tmp_path / "a", {0: {"records": [rec("aten::mm.default")]}})
     con = connect(a)
     assert rows(con, "SELECT run, name FROM records") == [("a", "aten::mm.default")]
-    with pytest.raises(QueryError, match=r"^query failed: Catalog Error: Table with name pairs does not exist!"):
+    with pytest.raises(QueryError, match=r"^query failed: view pairs compares two runs and this connection has one;"):
         query(con, "SELECT * FROM pairs")
+    # Every two-run view is named, and a name that is no view at all keeps DuckDB's reason.
+    with pytest.raises(QueryError, match=r"first_divergence, metric_pairs, pairs, step_summary$"):
+        query(con, "SELECT * FROM first_divergence")
+    with pytest.raises(QueryError, match=r"^query failed: Catalog Error: Table with name nope does not exist!"):
+        query(con, "SELECT * FROM nope")
+
+
+def test_sql_cli_says_which_views_need_two_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from detfp_analyze.cli import app
+
+    a = write_run(tmp_path / "a", {0: {"records": [rec("aten::mm.default")]}})
+    res = CliRunner().invoke(app, ["sql", str(a), "SELECT * FROM first_divergence"])
+    assert res.exit_code == 2
+    assert "view first_divergence compares two runs and this connection has one; pass both runs" in res.output
+    assert "Did you mean" not in res.output
 
 
 def test_superseded_rows_dropped_like_the_reader(tmp_path):

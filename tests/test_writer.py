@@ -264,7 +264,7 @@ def test_prepare_run_dir_is_create_only_unless_append(tmp_path):
         prepare_run_dir(run, 0, append=False)
     assert str(exc.value) == (
         f"{run}: already holds a trace for rank 0 (segment 0); choose a new run directory, "
-        "or pass append=True (--append) to continue it as a resumed run"
+        "pass overwrite=True (--overwrite) to replace it, or append=True (--append) to continue it as a resumed run"
     )
     assert prepare_run_dir(run, 1, append=False) == 0  # each rank looks only at its own partition
     assert prepare_run_dir(run, 0, append=True) == 1

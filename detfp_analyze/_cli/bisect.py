@@ -1,16 +1,18 @@
 """`detfp-analyze bisect A B`: where two runs stopped being bitwise identical, and why.
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
-docs/report.md). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr); with
-``--expect FILE`` (a golden-trace gate, ``gate.py``) 0 also when every divergence is expected,
-and the report gains a gate section (``gate`` in the JSON). A
-progress bar is drawn on stderr only when stderr is a terminal, so logs stay byte-stable.
+docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``).
+Exit 0 identical, 1 diverged, 2 bad input (one line on stderr); with ``--expect FILE`` (a
+golden-trace gate, ``gate.py``) 0 also when every divergence is expected, and the report gains
+a gate section (``gate`` in the JSON). A progress bar is drawn on stderr only when stderr is a
+terminal, so logs stay byte-stable.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -80,9 +82,15 @@ class _Bar:
 def command(
     run_a: Annotated[str, typer.Argument(metavar="A", help="Run directory A (the reference).")],
     run_b: Annotated[str, typer.Argument(metavar="B", help="Run directory B.")],
-    ranks: Annotated[str | None, typer.Option("--ranks", help="Ranks to compare, e.g. 0,4-7 (default: all).")] = None,
-    steps: Annotated[str | None, typer.Option("--steps", help="Inclusive step range, e.g. 3-5 or 4.")] = None,
-    level: Annotated[str, typer.Option("--level", help="Narrowing depth: step|phase|module|op|kernel.")] = "op",
+    ranks: Annotated[
+        str | None, typer.Option("--ranks", metavar="RANKS", help="Ranks to compare, e.g. 0,4-7 (default: all).")
+    ] = None,
+    steps: Annotated[
+        str | None, typer.Option("--steps", metavar="STEPS", help="Inclusive step range, e.g. 3-5 or 4.")
+    ] = None,
+    level: Annotated[
+        str, typer.Option("--level", metavar="LEVEL", help="Narrowing depth: step|phase|module|op|kernel.")
+    ] = "op",
     as_json: Annotated[bool, typer.Option("--json", help="Print the versioned JSON report (docs/report.md).")] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Compare even if world size, layout or digest version differ.")
@@ -97,6 +105,12 @@ def command(
     expect: Annotated[
         str | None,
         typer.Option("--expect", metavar="FILE", help="Expected divergences (TOML/JSON): exit 0 if only they occur."),
+    ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", metavar="FILE", help="Also write a self-contained HTML report (pictures need matplotlib)."
+        ),
     ] = None,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
@@ -122,6 +136,11 @@ def command(
         if bar is not None:
             bar.close()
     gate = None if expectations is None else evaluate(result, expectations, expect or "")
+    if html is not None:
+        from detfp_analyze.html import html_report
+
+        html.write_text(html_report(result, a, b), encoding="utf-8")
+        print(f"detfp-analyze: wrote {html}", file=sys.stderr)  # stdout stays the report alone
     if as_json:
         doc = result.to_json_dict()
         if gate is not None:

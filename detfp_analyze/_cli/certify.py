@@ -39,7 +39,7 @@ def format_certify(res: CertifyResult) -> str:
 
 @handle_errors
 def command(
-    run: Annotated[Path, typer.Argument(help="Run directory written by a detfp capture.")],
+    run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print {status, problems} as JSON.")] = False,
 ) -> None:
     """Check one run before comparing it: ranks, steps, sequence, hazards, pending collectives, determinism."""

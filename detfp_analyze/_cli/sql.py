@@ -101,9 +101,12 @@ def command(
             show_default=False,
         ),
     ],
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
+    fmt: Annotated[
+        Format, typer.Option("--format", "-f", metavar="FORMAT", help="Output format: table|csv|json|parquet.")
+    ] = Format.table,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write the result to this file instead of stdout.")
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Write the result to this file instead of stdout."),
     ] = None,
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Open runs even if some ranks are missing.")

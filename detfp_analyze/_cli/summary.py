@@ -19,7 +19,7 @@ from detfp_analyze.summary import format_summary, summarize, summary_dict
 
 @handle_errors
 def command(
-    run: Annotated[Path, typer.Argument(help="Run directory written by a detfp capture.")],
+    run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Summarize the ranks present even if some are missing.")

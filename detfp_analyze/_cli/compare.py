@@ -1,0 +1,55 @@
+"""Options and the bisect run shared by the commands that compare two runs and then render
+(``plot``, ``export``): the same selection as ``bisect`` (``--ranks``, ``--steps``, ``--level``,
+``--force``, ``--allow-missing-ranks``), parsed and checked in one place."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from detfp_analyze._cli.bisect import parse_ranks, parse_steps
+from detfp_analyze._cli.common import fail
+from detfp_analyze.bisect import bisect
+from detfp_analyze.reader import Run, open_run
+from detfp_analyze.result import LEVELS, BisectResult
+
+__all__ = ["Force", "Level", "MissingRanks", "Ranks", "RunA", "RunB", "Steps", "compare"]
+
+RunA = Annotated[str, typer.Argument(metavar="A", help="Run directory A (the reference).")]
+RunB = Annotated[str, typer.Argument(metavar="B", help="Run directory B.")]
+Ranks = Annotated[
+    str | None, typer.Option("--ranks", metavar="RANKS", help="Ranks to compare, e.g. 0,4-7 (default: all).")
+]
+Steps = Annotated[str | None, typer.Option("--steps", metavar="STEPS", help="Inclusive step range, e.g. 3-5 or 4.")]
+Level = Annotated[str, typer.Option("--level", metavar="LEVEL", help="Narrowing depth: step|phase|module|op|kernel.")]
+Force = Annotated[bool, typer.Option("--force", help="Compare even if world size, layout or digest version differ.")]
+MissingRanks = Annotated[
+    bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
+]
+
+
+def compare(
+    run_a: str,
+    run_b: str,
+    ranks: str | None,
+    steps: str | None,
+    level: str,
+    force: bool,
+    allow_missing_ranks: bool,
+) -> tuple[Run, Run, BisectResult]:
+    """Open both runs and bisect them as ``detfp-analyze bisect`` would (bad options: exit 2)."""
+    try:
+        rank_list = None if ranks is None else parse_ranks(ranks)
+    except ValueError:
+        fail(f"--ranks {ranks!r}: not a rank list; use e.g. --ranks 0,4-7")
+    try:
+        step_range = None if steps is None else parse_steps(steps)
+    except ValueError:
+        fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
+    if level not in LEVELS:
+        fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    result = bisect(a, b, ranks=rank_list, steps=step_range, level=level, force=force)
+    return a, b, result
