@@ -510,6 +510,11 @@ class CaptureMode(TorchDispatchMode):
             return None
         rec.busy = True
         tensors, other = _gather(args, kwargs, info.dest_pos, info.dest_kw)
+        # No digest waits for a batch during a backward: a waiting digest holds its tensor, and
+        # autograd's AccumulateGrad copies a gradient instead of stealing it when anything else
+        # holds it (new_empty_strided + copy_ instead of detach): capture would change the
+        # program's own ops, and whether it does would depend on when the batch last ran.
+        defer = info.batch_inputs and phase != "backward"
         hz = self.s._hazard
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
@@ -564,7 +569,7 @@ class CaptureMode(TorchDispatchMode):
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
             call = rec.record_call(
-                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=info.batch_inputs
+                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=defer
             )
             if dests:
                 rec.append_records(call, dests, digest_it=False)
@@ -577,7 +582,7 @@ class CaptureMode(TorchDispatchMode):
                     [item],
                     hazards={0: f} if f else None,
                     digest_it=info.reads and item[0] != "dest" and i not in blind,
-                    defer=info.batch_inputs,
+                    defer=defer,
                 )
         else:
             call = rec.record_call(
@@ -590,7 +595,7 @@ class CaptureMode(TorchDispatchMode):
                 digest_it=info.reads,
                 # A writing op runs the batch right below, before the write: worth it for the many
                 # tensors of a _foreach_ op, not for a single in-place tensor.
-                defer=info.batch_inputs,
+                defer=defer,
             )
         if info.writing:
             before_write(rec, info, args, kwargs)
@@ -598,7 +603,7 @@ class CaptureMode(TorchDispatchMode):
         return call, info, phase, taint
 
     def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
-        call, info, _phase, taint = pre
+        call, info, phase, taint = pre
         rec = self.rec
         rec.busy = True
         outs = _op_outputs(info, args, out)
@@ -640,7 +645,7 @@ class CaptureMode(TorchDispatchMode):
                     hazards={0: f} if f else None,
                     digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
                     fresh=fresh,
-                    defer=True,
+                    defer=phase != "backward",
                 )
         elif outs:
             rec.append_records(
@@ -649,7 +654,7 @@ class CaptureMode(TorchDispatchMode):
                 hazards=flags,
                 digest_it=not (info.skip or info.empty or info.async_out),
                 fresh=fresh,
-                defer=True,
+                defer=phase != "backward",
             )
             if fresh:
                 _note_written(rec, outs)

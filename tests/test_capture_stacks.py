@@ -165,3 +165,39 @@ def test_a_setting_changed_mid_run_is_an_event_env_and_certify_report(tmp_path):
     assert "run B [rank 0] before step 2: num_threads: 1 -> 2" in out.output
     kinds = {p.kind: p.detail for p in certify(tmp_path / "b").problems}
     assert "num_threads: 1 -> 2" in kinds["setting_changed"]
+
+
+def test_capture_does_not_change_which_ops_autograd_runs(tmp_path):
+    """AccumulateGrad steals a gradient nothing else holds, and copies it otherwise
+    (new_empty_strided + copy_): a digest waiting for its batch must not hold a backward
+    output, or capture changes the program's own ops (and, racing the batch, differently in
+    two runs of the same job)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(f"{func._schema.name}.{func._overloadname}")
+            return func(*args, **(kwargs or {}))
+
+    def backward(emb: torch.nn.Module) -> None:
+        emb(torch.tensor([[1, 2, 3]])).sum().backward()
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(16, 8)
+    out = emb(torch.tensor([[1, 2, 3]])).sum()
+    with Names() as plain:
+        out.backward()
+    emb.weight.grad = None
+    with Session(tmp_path / "r", "ops") as s:
+        s.watch(emb)
+        with s.step(0):
+            backward(emb)
+    r = read(tmp_path / "r").filter((pl.col("phase") == "backward") & (pl.col("kind") == "op"))
+    # (backward() makes its seed gradient before the engine runs: not a backward-phase record.)
+    want = [n for n in dict.fromkeys(plain.names) if n != "aten::ones_like.default"]
+    assert list(dict.fromkeys(r["name"])) == want
+    assert "aten::new_empty_strided.default" not in want
