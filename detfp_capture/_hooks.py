@@ -245,11 +245,13 @@ class ModuleHooks:
         call itself is run eagerly by ``Module.__call__`` through ``_compiled_call_impl``: a
         wrapper around it records the region's inputs and outputs (kind ``compiled``; the
         root's inputs are the batch) without touching what is compiled."""
-        for _mid, (path, ref) in list(self.paths.items()):
+        for mid, (path, ref) in list(self.paths.items()):
             m = ref()
             impl = getattr(m, "_compiled_call_impl", None) if m is not None and path is not None else None
             if impl is None or getattr(impl, "_detfp_region", None) is self:
                 continue
+            if self.s._depth < 1 and mid not in self.roots:
+                continue  # level metrics: only the root, whose input is the batch
 
             def make(m: torch.nn.Module, impl: Callable) -> Callable:
                 def call(*args: Any, **kwargs: Any) -> Any:

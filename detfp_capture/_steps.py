@@ -64,7 +64,7 @@ class StepRecording:
             self._manifest["start_step"] = n
             self._write_manifest_safely()
         self._check_settings()
-        if self._regions_scans < 2 and self._depth >= 1:
+        if self._regions_scans < 2:
             # Modules compiled in place (module.compile()) once training starts: record their
             # regions' boundaries (the first two steps: a compile right after step 0 counts).
             self._regions_scans += 1
