@@ -305,6 +305,8 @@ def _walk_batch(
         # (framework bookkeeping whose control flow depends on the process: DDP's finalize
         # order, FSDP's buffer alignment): no value differs, so the state after it is equal.
         values = part.filter(pl.col("value") & ~pl.col("hz")).height
+        if values and by_rank[r]["state"] in ("reordered", "shifted") and _same_calls(run_a, run_b, r, pairs[r]):
+            values = 0  # the same calls, permuted within their families: occurrence keys only moved
         weak = None if values else ("hazards" if first["hz"] and nxt is None else "structure")
         if weak is None and first["hz"] and nxt is None:
             weak = "hazards"
@@ -375,17 +377,46 @@ _DIGESTS_DIFFER = (
     | (pl.col("digest_lo_a") != pl.col("digest_lo_b"))
     | pl.col("args_digest_a").ne_missing(pl.col("args_digest_b"))
 )
-#: An aligned row that is evidence of a value difference: a differing digest, a digested record
-#: on one side only, or, among calls in another order or number (reordered, shifted), a row
-#: whose digests differ or that holds a digest on the one side it is on. Reordered or shifted
-#: rows without any of that (allocations and views in another number) change no value.
-_VALUE = pl.col("state").is_in(["differ", "a_only", "b_only"]) | (
-    pl.col("state").is_in(["reordered", "shifted"])
+#: An aligned row that is evidence of a value difference: a differing digest, or a record on
+#: one side only that holds a digest there, or, among calls in another order or number
+#: (reordered, shifted), a row whose digests differ. Rows without any of that (an allocation or
+#: a view more on one side, records without digests in another order) change no value.
+_VALUE = (pl.col("state") == "differ") | (
+    pl.col("state").is_in(["a_only", "b_only", "reordered", "shifted"])
     & (
         (_BOTH & _OK_A & _OK_B & _DIGESTS_DIFFER.fill_null(True))
         | (~_BOTH & (_OK_A.fill_null(False) | _OK_B.fill_null(False)))
     )
 )
+
+
+#: Columns of a call's identity without its occurrence, and of its records' values.
+_FAMILY = ("microbatch", "phase", "module", "kind", "name")
+_SIGNATURE = ("role", "arg", "status", "digest_hi", "digest_lo", "args_digest")
+
+
+def _same_calls(run_a: Any, run_b: Any, rank: int, step: int) -> bool:
+    """Whether both runs made the same calls in the rank-step, up to their order within each
+    call-site family: per family, the multiset of calls (each its records' role, arg, status,
+    digests) is equal. Occurrence numbers key the alignment, so calls in another order (DDP
+    copying its buckets back in the order it packed them) read as values that differ; this is
+    the exact check, read only for a step whose first difference is such a reordering."""
+
+    def calls(run: Any) -> pl.DataFrame:
+        lf = run.scan("records", ranks=[rank], steps=[step]).filter(pl.col("step") == step)
+        # A record without a digest (a view, an allocation) holds no value: its arguments (a
+        # view's offset into a bucket) say nothing about numbers either.
+        args = pl.when(pl.col("status") == "ok").then(pl.col("args_digest"))
+        cols = [pl.col(c) for c in _SIGNATURE if c != "args_digest"] + [args]
+        sig = pl.concat_str([c.cast(pl.String).fill_null("-") for c in cols], separator="\x1f")
+        per_call = (
+            lf.select(*_FAMILY, "call_hash", sig.alias("sig"))
+            .group_by(*_FAMILY, "call_hash")
+            .agg(pl.col("sig").sort().str.join("\x1e").alias("call"))
+        )
+        return collect(per_call.group_by(*_FAMILY).agg(pl.col("call").sort()).sort(*_FAMILY))
+
+    return calls(run_a).equals(calls(run_b))
 
 
 def _advance(todo: dict[int, list[int]], r: int) -> None:
