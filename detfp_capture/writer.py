@@ -7,9 +7,16 @@ temporary name -> ``os.replace`` onto ``contract.shard_relpath``. A process kill
 moment (SIGKILL included) therefore leaves only complete shards under their final names;
 readers ignore dot-prefixed leftovers.
 
-A failed write (disk full, permissions, a value of the wrong type) disables the writer:
-``failed``/``error`` are set, ``on_error(msg)`` is called once, and later windows are
-dropped (counted in ``dropped_windows``). Nothing here ever raises into the training loop
+Completeness (``commitlog``): the writer creates ``manifest/rank=R/segment-S.commits``
+exclusively when it starts, appends a commit line for each window once all of its shards
+are in place, and a close line when ``close`` has handled every window; the reader trusts
+exactly the committed windows of a launch that closed cleanly.
+
+A failed write (disk full, file-size limit, permissions, a value of the wrong type) disables
+the writer: ``failed``/``error`` are set, a ``fail`` line goes to the commit log (its
+descriptor stays open, so this works even where new files can no longer be created),
+``on_error(msg)`` is called once, and later windows are dropped (counted in
+``dropped_windows``); the close line then says ``incomplete`` and why. Nothing here ever raises into the training loop
 after construction except on programming errors (unknown table or column), nothing ever
 talks to other ranks, and every rank only touches its own ``rank=R`` partitions.
 """
@@ -26,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from detfp_capture import contract
+from detfp_capture import _faults, commitlog, contract
 from detfp_capture.arrowschema import arrow_schema
 from detfp_capture.errors import RunExistsError, SchemaError
 
@@ -48,7 +56,8 @@ def existing_segments(run_dir: str | os.PathLike[str], rank: int) -> list[int]:
     found: set[int] = set()
     mdir = root / contract.MANIFEST_DIR / f"rank={rank}"
     if mdir.is_dir():
-        for p in mdir.glob("segment-*.json"):
+        # A commit log without a manifest (a launch killed while starting) occupies its segment too.
+        for p in (*mdir.glob("segment-*.json"), *mdir.glob("segment-*.commits")):
             digits = p.stem.removeprefix("segment-")
             if digits.isdigit():
                 found.add(int(digits))
@@ -84,26 +93,37 @@ def prepare_run_dir(run_dir: str | os.PathLike[str], rank: int, *, append: bool)
     return segments[-1] + 1
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write_bytes(path: Path, data: bytes, point: str = "manifest", index: int | None = None) -> None:
+    """Write ``data`` under a dot-prefixed temporary name, then rename it onto ``path``.
+
+    ``point``/``index`` name the fault points around the steps (``<point>-mid-write``, ...).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            _faults.hit(f"{point}-mid-write", index)
+            f.write(data[half:])
+        _faults.hit(f"{point}-before-rename", index)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _faults.hit(f"{point}-after-rename", index)
 
 
 def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
     """Write one rank's manifest atomically to ``manifest_relpath(rank, segment)``; returns its path.
 
-    The manifest must have exactly ``contract.MANIFEST_KEYS`` (SchemaError otherwise); values
+    The manifest must have every ``contract.MANIFEST_KEYS`` key and no key outside those and
+    ``contract.MANIFEST_OPTIONAL_KEYS`` (SchemaError otherwise); values
     must be JSON (NaN refused). JSON is written with sorted keys so that it is byte-stable.
     """
     keys = set(manifest)
     missing = sorted(set(contract.MANIFEST_KEYS) - keys)
-    unknown = sorted(keys - set(contract.MANIFEST_KEYS))
+    unknown = sorted(keys - set(contract.MANIFEST_KEYS) - set(contract.MANIFEST_OPTIONAL_KEYS))
     if missing or unknown:
         raise SchemaError(f"manifest keys do not match the contract: missing {missing}, unknown {unknown}")
     path = Path(run_dir) / contract.manifest_relpath(int(manifest["rank"]), int(manifest["segment"]))
@@ -199,11 +219,33 @@ def _check_columns(table: str, data: Mapping[str, Sequence[Any]]) -> int:
     return lengths.pop() if lengths else 0
 
 
+def _open_log(run_dir: Path, rank: int, segment: int) -> commitlog.CommitLog:
+    """Create this launch's commit log (exclusively) and write its open line."""
+    path = run_dir / commitlog.commit_log_relpath(rank, segment)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log = commitlog.CommitLog(path)
+    except FileExistsError:
+        raise RunExistsError(
+            f"{run_dir}: rank {rank} segment {segment} is already being written by another launch "
+            f"({path.name} exists); choose a new run directory, or pass append=True (--append) to continue it"
+        ) from None
+    try:
+        log.append({"t": "open", "version": commitlog.COMMIT_LOG_VERSION, "rank": rank, "segment": segment})
+    except BaseException:
+        log.close()
+        raise
+    return log
+
+
 class ShardWriter:
     """Writes one rank's flush windows as Parquet shards from a background thread.
 
     ``write_window`` blocks when ``max_pending_windows`` windows are already queued, so a
-    slow disk slows training down instead of growing memory without bound.
+    slow disk slows training down instead of growing memory without bound: at most
+    ``max_pending_windows`` queued windows plus the one being written are alive at once.
+    Creating it creates the commit log exclusively (RunExistsError when this rank and segment
+    already have one; OSError when the directory cannot be written).
     """
 
     def __init__(
@@ -215,12 +257,19 @@ class ShardWriter:
         max_pending_windows: int = 4,
         on_error: Callable[[str], None] | None = None,
         compression: str = "zstd",
+        commit_log: bool = True,
     ) -> None:
         if max_pending_windows < 1:
             raise ValueError("max_pending_windows must be >= 1")
         self.run_dir = Path(run_dir)
         self.rank = int(rank)
         self.segment = int(segment)
+        #: The commit log (None with ``commit_log=False``: a legacy run, for tests of old readers' data).
+        self._log: commitlog.CommitLog | None = None
+        if commit_log:
+            self._log = _open_log(self.run_dir, self.rank, self.segment)
+        #: Why the trace of this launch is incomplete although the writer did not fail (set by the session).
+        self._incomplete: str | None = None
         #: True once a write failed; the writer then drops every later window.
         self.failed = False
         #: One line saying why the writer failed (None while healthy).
@@ -235,6 +284,7 @@ class ShardWriter:
         self._on_error = on_error
         self._compression = compression
         self._next_window = 0
+        self._failed_window = 0
         self._closed = False
         self._stop_queued = False
         self._lock = threading.Lock()
@@ -267,8 +317,16 @@ class ShardWriter:
         self._queue.put((window, tables))
         return window
 
+    def mark_incomplete(self, reason: str) -> None:
+        """The session lost records the writer never saw (capture disabled after an error): the
+        close line will say ``incomplete`` with ``reason``. Call before ``close``."""
+        with self._lock:
+            if self._incomplete is None:
+                self._incomplete = " ".join(reason.split())[:2000]
+
     def close(self, timeout: float | None = None) -> bool:
-        """Drain the queue and stop the thread; True when everything queued was handled in time."""
+        """Drain the queue, write the close line and stop the thread; True when everything
+        queued was handled in time."""
         with self._lock:
             self._closed = True
             need_stop = not self._stop_queued
@@ -292,6 +350,7 @@ class ShardWriter:
         while True:
             item = self._queue.get()
             if item is _STOP:
+                self._close_log()
                 return
             window, tables = item
             if self.failed:
@@ -299,6 +358,7 @@ class ShardWriter:
                     self.dropped_windows += 1
                 continue
             try:
+                self._failed_window = window
                 self._write(window, tables)
             except Exception as exc:  # any failure disables capture; training must go on
                 self._fail(
@@ -307,22 +367,54 @@ class ShardWriter:
                 )
 
     def _write(self, window: int, tables: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        _faults.hit("window-start", window)
+        rows: dict[str, int] = {}
+        lo: int | None = None
+        hi: int | None = None
         for table in sorted(tables):
             t = build_table(table, tables[table], self.rank, self.segment)
             if t.num_rows == 0:
                 continue
+            span = pc.min_max(t.column("step"))
+            a, b = span["min"].as_py(), span["max"].as_py()
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                pq.write_table(t, tmp, compression=self._compression)
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            # Serialized in memory first: the file is then written in plain writes (a file-size
+            # limit or a full disk fails the write, never leaves a file under its final name).
+            sink = pa.BufferOutputStream()
+            pq.write_table(t, sink, compression=self._compression)
+            _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
+            rows[table] = t.num_rows
             self.rows_written += t.num_rows
             self.files_written += 1
+        _faults.hit("commit-before", window)
+        if self._log is not None:
+            record = {"t": "window", "window": window, "rows": rows, "steps": None if lo is None else [lo, hi]}
+            self._log.append(record, half=lambda: _faults.hit("commit-mid-write", window))
+        _faults.hit("commit-after", window)
         self.windows_written += 1
+
+    def _close_log(self) -> None:
+        """The close line: every window was handled; ``ok`` unless a window was lost."""
+        log = self._log
+        if log is None:
+            return
+        with self._lock:
+            reason = self.error or self._incomplete
+            if reason is None and self.dropped_windows:
+                reason = f"{self.dropped_windows} window(s) were dropped"
+            n = self._next_window
+        try:
+            _faults.hit("close-before")
+            record = {"t": "close", "windows": n, "status": "ok" if reason is None else "incomplete", "reason": reason}
+            log.append(record, half=lambda: _faults.hit("close-mid-write"))
+            _faults.hit("close-after")
+        except OSError:
+            pass  # no close line: readers see a launch that never closed, which is still the truth
+        finally:
+            log.close()
 
     def _fail(self, message: str) -> None:
         with self._lock:
@@ -331,6 +423,11 @@ class ShardWriter:
             self.failed = True
             self.error = message
             self.dropped_windows += 1
+        if self._log is not None:
+            # The log's descriptor is open already: this line usually lands even when no new
+            # file can be created (read-only or removed directory, file-size limit).
+            with contextlib.suppress(Exception):
+                self._log.append({"t": "fail", "window": self._failed_window, "reason": message[:2000]})
         if self._on_error is not None:
             # A broken callback must not kill the writer thread.
             with contextlib.suppress(Exception):
