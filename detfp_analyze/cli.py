@@ -13,6 +13,7 @@ from detfp_analyze._cli import certify as _certify
 from detfp_analyze._cli import env as _env
 from detfp_analyze._cli import sql as _sql
 from detfp_analyze._cli import summary as _summary
+from detfp_analyze._cli.common import OneLineGroup
 
 __all__ = ["app", "main"]
 
@@ -22,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=OneLineGroup,  # usage errors as one line, exit 2
 )
 app.command("summary")(_summary.command)
 app.command("bisect")(_bisect.command)

@@ -41,6 +41,8 @@ __all__ = [
     "check",
     "cutoffs",
     "format_steps",
+    "held_ranks",
+    "refusal",
     "restrict_pair",
 ]
 
@@ -391,6 +393,8 @@ def restrict_pair(run_a: Any, run_b: Any) -> tuple[Any, Any, tuple[str, ...]]:
     side only cannot be compared), so both runs see exactly the same (rank, step) pairs.
     """
     notes: list[str] = []
+    if run_a.completeness is None or run_b.completeness is None:
+        return run_a, run_b, ()
     ranks = sorted(set(run_a.excluded) | set(run_b.excluded))
     union = {r: _merge([*run_a.excluded.get(r, ()), *run_b.excluded.get(r, ())]) for r in ranks}
     for tag, run in (("A", run_a), ("B", run_b)):
@@ -408,3 +412,20 @@ def restrict_pair(run_a: Any, run_b: Any) -> tuple[Any, Any, tuple[str, ...]]:
     a = dataclasses.replace(run_a, excluded=MappingProxyType(union)) if union else run_a
     b = dataclasses.replace(run_b, excluded=MappingProxyType(union)) if union else run_b
     return a, b, tuple(notes)
+
+
+def held_ranks(run: Any, ranks: Sequence[int]) -> set[int]:
+    """Ranks of ``ranks`` holding at least one record or metric ``run.scan`` would return.
+
+    From the footers' row counts when nothing is excluded; otherwise one scan of the rank and
+    step columns (excluded steps are a row filter the footers cannot answer).
+    """
+    wanted = set(ranks)
+    tables = ("records", "metrics")
+    if not any(r in wanted for r in run.excluded):
+        return {s.rank for t in tables for s in run.shards.get(t, ()) if s.rank in wanted and s.num_rows}
+    held: set[int] = set()
+    for t in tables:
+        got = run.scan(t, ranks=sorted(wanted)).select("rank").unique().collect()
+        held.update(int(r) for r in got["rank"].to_list())
+    return held

@@ -430,6 +430,9 @@ class BisectResult:
     discriminator: Discriminator | None
     #: Extra facts for humans (tolerated problems, capture hints), sorted.
     notes: tuple[str, ...] = ()
+    #: False when a run was opened with allow_incomplete and held less than its commit logs
+    #: promise: only the steps both runs hold completely were compared (the rest is in notes).
+    complete: bool = True
 
     @property
     def diverged(self) -> bool:
@@ -460,4 +463,5 @@ class BisectResult:
             "resume": self.resume.to_json_dict(),
             "discriminator": None if self.discriminator is None else self.discriminator.to_json_dict(),
             "notes": list(self.notes),
+            "complete": self.complete,
         }

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, fail, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect import bisect
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_text
@@ -87,6 +87,7 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     try:
@@ -99,8 +100,8 @@ def command(
         fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
-    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
-    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
         result = bisect(a, b, ranks=rank_list, steps=step_range, level=level, force=force, progress=bar)
@@ -110,5 +111,5 @@ def command(
     if as_json:
         typer.echo(json.dumps(result.to_json_dict(), indent=2, sort_keys=True))
     else:
-        typer.echo(render_text(result), nl=False)
+        echo(render_text(result))
     raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_OK)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, handle_errors
 from detfp_analyze.envdiff import env_diff
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_env
@@ -28,14 +28,15 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Diff the ranks present even if some are missing.")
     ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
 ) -> None:
     """Print what differs between the two runs' manifests (versions, determinism, env, layout, hardware)."""
-    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
-    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     diffs = env_diff(a, b)
     if as_json:
         payload = {"a": a.label, "b": b.label, "env_diff": [d.to_json_dict() for d in diffs]}
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        typer.echo(render_env(diffs, a.label, b.label), nl=False)
+        echo(render_env(diffs, a.label, b.label))
     raise typer.Exit(EXIT_DIVERGED if diffs else EXIT_OK)
