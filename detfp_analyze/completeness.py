@@ -288,7 +288,7 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
                                 f"window {w} has no commit line"))  # fmt: skip
     tail = last if last is not None else _start(seg, earlier_last)
     if log.close is None:
-        what = f"windows 0-{n_windows - 1} committed" if n_windows else "no window committed"
+        what = {0: "no window committed", 1: "window 0 committed"}.get(n_windows, f"windows 0-{n_windows - 1} committed")
         seg.gaps.append(Gap("not_closed", r, s, None, None, tail, None,
                             f"the capture never closed ({what}; killed, crashed or still running)"))  # fmt: skip
     elif log.close[1] != "ok":
@@ -349,7 +349,7 @@ def check(
                 hi = g.last_step if limit is None else min(limit - 1, g.last_step if g.last_step is not None else limit)
                 if hi is not None and hi < g.first_step:
                     continue  # superseded by a later segment: the resumed launch captured those steps again
-                gaps.append(g)
+                gaps.append(dataclasses.replace(g, last_step=hi))
                 excluded.setdefault(rank, []).append((g.first_step, hi))
             dropped.extend(seg.dropped)
         if all_legacy and legacy_files == 0:

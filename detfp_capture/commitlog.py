@@ -106,7 +106,7 @@ def _record(state: LogState, rec: dict) -> bool:
     kind = rec["t"]
     if kind == "open":
         version = _int(rec.get("version"))
-        if version is None:
+        if version is None or state.opened:  # one open line per log, the first
             return False
         state.opened, state.version = True, version
         return True
