@@ -479,7 +479,7 @@ class Session(StepRecording):
 
         groups = dict(self._collectives.groups) if self._collectives is not None else {}
         self._manifest["groups"] = {k: list(v) for k, v in sorted(groups.items())}
-        _writer.write_manifest(self.out_dir, self._manifest)
+        _writer.write_manifest(self.out_dir, self._manifest, create=False)
 
     def _write_manifest_safely(self) -> None:
         try:

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from detfp_capture import _faults, commitlog, contract
@@ -114,12 +113,14 @@ def _atomic_write_bytes(path: Path, data: bytes, point: str = "manifest", index:
     _faults.hit(f"{point}-after-rename", index)
 
 
-def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, create: bool = True) -> Path:
     """Write one rank's manifest atomically to ``manifest_relpath(rank, segment)``; returns its path.
 
     The manifest must have every ``contract.MANIFEST_KEYS`` key and no key outside those and
     ``contract.MANIFEST_OPTIONAL_KEYS`` (SchemaError otherwise); values
     must be JSON (NaN refused). JSON is written with sorted keys so that it is byte-stable.
+    ``create=False``: the run directory must exist (a capture rewriting its manifest must not
+    recreate a directory removed under it).
     """
     keys = set(manifest)
     missing = sorted(set(contract.MANIFEST_KEYS) - keys)
@@ -127,7 +128,9 @@ def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any])
     if missing or unknown:
         raise SchemaError(f"manifest keys do not match the contract: missing {missing}, unknown {unknown}")
     path = Path(run_dir) / contract.manifest_relpath(int(manifest["rank"]), int(manifest["segment"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    _mkdirs(Path(run_dir), path.parent)
     text = json.dumps(dict(manifest), sort_keys=True, indent=2, allow_nan=False) + "\n"
     _atomic_write_bytes(path, text.encode("utf-8"))
     return path
@@ -219,10 +222,19 @@ def _check_columns(table: str, data: Mapping[str, Sequence[Any]]) -> int:
     return lengths.pop() if lengths else 0
 
 
+def _mkdirs(root: Path, target: Path) -> None:
+    """Create ``target`` and its parents below ``root``, never ``root`` itself: a run directory
+    removed mid-run must make writes fail, not be recreated holding a headless trace."""
+    here = root
+    for part in target.relative_to(root).parts:
+        here = here / part
+        here.mkdir(exist_ok=True)
+
+
 def _open_log(run_dir: Path, rank: int, segment: int) -> commitlog.CommitLog:
     """Create this launch's commit log (exclusively) and write its open line."""
     path = run_dir / commitlog.commit_log_relpath(rank, segment)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _mkdirs(run_dir, path.parent)
     try:
         log = commitlog.CommitLog(path)
     except FileExistsError:
@@ -267,6 +279,7 @@ class ShardWriter:
         #: The commit log (None with ``commit_log=False``: a legacy run, for tests of old readers' data).
         self._log: commitlog.CommitLog | None = None
         if commit_log:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # the start of the launch: later writes never recreate it
             self._log = _open_log(self.run_dir, self.rank, self.segment)
         #: Why the trace of this launch is incomplete although the writer did not fail (set by the session).
         self._incomplete: str | None = None
@@ -281,6 +294,10 @@ class ShardWriter:
         #: Rows and files written so far (by the writer thread).
         self.rows_written = 0
         self.files_written = 0
+        #: Windows handed over and not yet handled (queued, being written, or blocked in the
+        #: handover), and the most there ever were: at most ``max_pending_windows + 2``.
+        self.pending = 0
+        self.peak_pending = 0
         self._on_error = on_error
         self._compression = compression
         self._next_window = 0
@@ -314,6 +331,8 @@ class ShardWriter:
             window = self._next_window
             self._next_window += 1
             self.windows_queued += 1
+            self.pending += 1
+            self.peak_pending = max(self.peak_pending, self.pending)
         self._queue.put((window, tables))
         return window
 
@@ -353,9 +372,11 @@ class ShardWriter:
                 self._close_log()
                 return
             window, tables = item
+            del item
             if self.failed:
                 with self._lock:
                     self.dropped_windows += 1
+                    self.pending -= 1
                 continue
             try:
                 self._failed_window = window
@@ -365,6 +386,9 @@ class ShardWriter:
                     f"rank {self.rank}: writing window {window} to {self.run_dir} failed: "
                     f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                 )
+            del tables  # free the window before waiting for the next one
+            with self._lock:
+                self.pending -= 1
 
     def _write(self, window: int, tables: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         _faults.hit("window-start", window)
@@ -375,12 +399,11 @@ class ShardWriter:
             t = build_table(table, tables[table], self.rank, self.segment)
             if t.num_rows == 0:
                 continue
-            span = pc.min_max(t.column("step"))
-            a, b = span["min"].as_py(), span["max"].as_py()
-            lo = a if lo is None else min(lo, a)
-            hi = b if hi is None else max(hi, b)
+            steps = tables[table]["step"]  # plain ints: cheaper than an Arrow kernel (and its import)
+            lo = min(steps) if lo is None else min(lo, min(steps))
+            hi = max(steps) if hi is None else max(hi, max(steps))
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _mkdirs(self.run_dir, path.parent)
             # Serialized in memory first: the file is then written in plain writes (a file-size
             # limit or a full disk fails the write, never leaves a file under its final name).
             sink = pa.BufferOutputStream()
