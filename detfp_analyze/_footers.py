@@ -254,8 +254,13 @@ def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> lis
             if not visible(rdir.name):
                 continue
             rank = partition_rank(rdir.name, f"{label}/{table}")
-            if rank is None or not rdir.is_dir():
+            if rank is None:
                 continue
+            if not rdir.is_dir():
+                raise ShardError(
+                    f"{label}/{table}/{rdir.name}: not a directory (a file, a dangling link or a link loop); "
+                    "delete it or re-run the capture"
+                )
             if rank >= world_size:
                 raise ShardError(
                     f"{label}/{table}/{rdir.name}: rank {rank} is outside world size {world_size}; "
@@ -270,8 +275,14 @@ def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> lis
                     f"{label}/{table}/{rdir.name}: cannot list the directory ({type(exc).__name__}); check permissions"
                 ) from None
             for f in files:
-                if visible(f.name) and f.name.endswith(".parquet") and f.is_file():
-                    out.append((table, rank, f, f"{label}/{table}/{rdir.name}/{shown_name(f.name)}"))
+                if not (visible(f.name) and f.name.endswith(".parquet")):
+                    continue
+                shown = f"{label}/{table}/{rdir.name}/{shown_name(f.name)}"
+                if not f.is_file():  # silently skipping it would hide a shard
+                    raise ShardError(
+                        f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
+                    )
+                out.append((table, rank, f, shown))
     return out
 
 

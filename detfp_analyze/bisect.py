@@ -149,6 +149,8 @@ def bisect(
     if level not in LEVELS:
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
     user_steps = _norm_steps(steps)
+    if run_a.path == run_b.path:  # trivially identical: almost certainly a mistyped command line
+        raise IncomparableError(f"{run_a.label} and {run_b.label} are the same run directory; compare two runs")
     # Only the steps both runs hold completely are compared (runs opened with allow_incomplete).
     run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
     compared, one_sided = _compared_ranks(run_a, run_b, ranks)

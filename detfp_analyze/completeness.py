@@ -22,6 +22,7 @@ next, so a step is finished once a later one has begun.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,9 @@ def _read_log(path: Path, shown: str, manifest: Mapping[str, Any]) -> commitlog.
     """The parsed commit log, or None when there is none (legacy or lost: the caller decides)."""
     promised = manifest.get("commit_log")
     if promised is not None and (not isinstance(promised, int) or isinstance(promised, bool) or promised < 1):
-        raise ManifestError(f"{shown}: commit_log is {promised!r}, expected a positive integer; re-run the capture")
+        raise ManifestError(
+            f"{shown}: commit_log is {json.dumps(promised)[:40]}, expected a positive integer; re-run the capture"
+        )
     if isinstance(promised, int) and promised > commitlog.COMMIT_LOG_VERSION:
         raise SchemaVersionError(
             f"{shown}: commit_log version {promised} is not supported (this detfp reads "

@@ -407,7 +407,8 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False,
     label = shown_name(os.fspath(path))
     root = Path(os.fspath(path))
     if not root.exists():
-        raise NotARunError(f"{label}: no such directory; {_FIX_RUN}")
+        what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
+        raise NotARunError(f"{label}: {what}; {_FIX_RUN}")
     if not root.is_dir():
         raise NotARunError(f"{label}: not a directory; {_FIX_RUN}")
     found = _read_manifests(root, label)
