@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -42,9 +43,23 @@ def _rank(rank: int, planted: dict | None = None) -> dict:
     return {"records": records, "metrics": metrics, "events": events}
 
 
-def _run(path, planted=None, **kw):
-    """A complete 2-rank run; ``planted``: {(step, op name): digest} on rank 1."""
-    return write_run(path, {0: _rank(0), 1: _rank(1, planted)}, **kw)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(path, planted=None, **write_run_kw)``: a complete 2-rank run at ``path``; ``planted``:
+    {(step, op name): digest} on rank 1. Plain runs are written once and copied (the writer is
+    the slow part)."""
+    clean: dict[tuple, Path] = {}
+
+    def make(path, planted=None, **kw):
+        if planted:
+            return write_run(path, {0: _rank(0), 1: _rank(1, planted)}, **kw)
+        key = tuple(sorted(kw.items()))
+        if key not in clean:
+            clean[key] = write_run(tmp_path_factory.mktemp("clean") / "run", {0: _rank(0), 1: _rank(1)}, **kw)
+        shutil.copytree(clean[key], path)
+        return Path(path)
+
+    return make
 
 
 def _log(run, rank=1, segment=0):
@@ -73,8 +88,8 @@ def _one_line_error(r) -> str:
 
 
 # ---------------------------------------------------------------------------- the contract
-def test_a_clean_run_is_complete_and_its_log_says_why(tmp_path):
-    a = _run(tmp_path / "a")
+def test_a_clean_run_is_complete_and_its_log_says_why(tmp_path, runs):
+    a = runs(tmp_path / "a")
     lines = [commitlog._decode(line) for line in _log(a).read_bytes().splitlines()]
     assert lines[0] == {"t": "open", "version": 1, "rank": 1, "segment": 0}
     assert lines[1] == {"t": "window", "window": 0, "rows": {"events": 2, "metrics": 1, "records": 3}, "steps": [0, 0]}
@@ -83,7 +98,7 @@ def test_a_clean_run_is_complete_and_its_log_says_why(tmp_path):
     assert r.completeness.complete and r.excluded == {}
     assert {(s.status, s.windows, s.closed) for s in r.completeness.segments} == {("complete", 4, True)}
     assert summary_dict(summarize(r))["completeness"] == {"0-1": "complete"}
-    res = bisect(r, open_run(_run(tmp_path / "b")))
+    res = bisect(r, open_run(runs(tmp_path / "b")))
     assert res.status == "identical" and res.complete and res.to_json_dict()["complete"] is True
 
 
@@ -138,9 +153,9 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_each_damage_is_refused_reported_and_left_out(tmp_path, damage):
+def test_each_damage_is_refused_reported_and_left_out(tmp_path, damage, runs):
     fn, kinds, words, first = DAMAGES[damage]
-    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    a, b = runs(tmp_path / "a"), runs(tmp_path / "b")
     fn(b)
     with pytest.raises(IncompleteRunError) as err:
         open_run(b)
@@ -167,10 +182,10 @@ def test_each_damage_is_refused_reported_and_left_out(tmp_path, damage):
     assert held == [s for s in STEPS if s < first or (rb.excluded[1][0][1] is not None and s > rb.excluded[1][0][1])]
 
 
-def test_allow_incomplete_compares_complete_steps_and_still_finds_a_real_difference(tmp_path):
-    a = _run(tmp_path / "a")
-    late = _run(tmp_path / "late", planted={(3, "aten::add.Tensor"): hexdigest("x")})
-    early = _run(tmp_path / "early", planted={(1, "aten::add.Tensor"): hexdigest("x")})
+def test_allow_incomplete_compares_complete_steps_and_still_finds_a_real_difference(tmp_path, runs):
+    a = runs(tmp_path / "a")
+    late = runs(tmp_path / "late", planted={(3, "aten::add.Tensor"): hexdigest("x")})
+    early = runs(tmp_path / "early", planted={(1, "aten::add.Tensor"): hexdigest("x")})
     for b in (late, early):
         _cut_close(b)  # rank 1 killed during step 3: steps 3- are not held completely
     # A difference inside the incomplete steps is not a finding, and not "identical" either: complete is false.
@@ -183,8 +198,8 @@ def test_allow_incomplete_compares_complete_steps_and_still_finds_a_real_differe
     assert not res.complete
 
 
-def test_closed_incomplete_says_why(tmp_path):
-    run = _run(tmp_path / "r")
+def test_closed_incomplete_says_why(tmp_path, runs):
+    run = runs(tmp_path / "r")
     (run / "manifest" / "rank=1" / "segment-00000.commits").unlink()
     for table in ("records", "metrics", "events"):
         shutil.rmtree(run / table / "rank=1")
@@ -194,13 +209,15 @@ def test_closed_incomplete_says_why(tmp_path):
                                     "value": [1.0], "bits": [0], "dtype": ["float"]}})  # fmt: skip
     w.mark_incomplete("capture disabled at step 3 after an internal error (boom)")
     w.close()
-    with pytest.raises(IncompleteRunError, match=r"closed incomplete: capture disabled at step 3 .*\(steps 3 and later"):
+    with pytest.raises(
+        IncompleteRunError, match=r"closed incomplete: capture disabled at step 3 .*\(steps 3 and later"
+    ):
         open_run(run)
 
 
 # ---------------------------------------------------------------------------- the issue's two cases
-def test_a_rank_whose_records_are_missing_is_never_a_divergence(tmp_path):
-    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+def test_a_rank_whose_records_are_missing_is_never_a_divergence(tmp_path, runs):
+    a, b = runs(tmp_path / "a"), runs(tmp_path / "b")
     shutil.rmtree(b / "records" / "rank=1")  # a partial copy from the cluster
     line = _one_line_error(_cli("bisect", a, b))
     assert "rank 1 segment 0: records window 0 was committed with 3 row(s) but its shard is missing" in line
@@ -210,7 +227,7 @@ def test_a_rank_whose_records_are_missing_is_never_a_divergence(tmp_path):
     assert r.exit_code == 0 and report["complete"] is False and [x["rank"] for x in report["ranks"]] == [0]
     assert any(n.startswith("ranks 1 hold no record or metric in either run") for n in report["notes"])
     # The same partial copy of a legacy run (no commit log): a rank with a manifest and no data at all.
-    la, lb = _run(tmp_path / "la", legacy=True), _run(tmp_path / "lb", legacy=True)
+    la, lb = runs(tmp_path / "la", legacy=True), runs(tmp_path / "lb", legacy=True)
     for d in lb.glob("*/rank=1"):
         if d.parent.name != "manifest":
             shutil.rmtree(d)
@@ -244,16 +261,16 @@ def test_two_runs_that_captured_nothing_are_never_identical(tmp_path, legacy):
         bisect(open_run(a, allow_incomplete=True), open_run(b, allow_incomplete=True))
 
 
-def test_one_empty_side_is_nothing_to_compare_not_a_divergence(tmp_path):
-    a = _run(tmp_path / "a")
+def test_one_empty_side_is_nothing_to_compare_not_a_divergence(tmp_path, runs):
+    a = runs(tmp_path / "a")
     b = write_run(tmp_path / "b", {0: {"events": [dict(step=0)]}, 1: {"events": [dict(step=0)]}})
     line = _one_line_error(_cli("bisect", a, b))
     assert f"{b} holds no record or metric on rank(s) 0-1 while {a} does" in line
 
 
 # ---------------------------------------------------------------------------- resume
-def test_a_crashed_launch_resumed_by_a_later_segment_is_complete(tmp_path):
-    run = _run(tmp_path / "r")
+def test_a_crashed_launch_resumed_by_a_later_segment_is_complete(tmp_path, runs):
+    run = runs(tmp_path / "r")
     _cut_close(run)  # rank 1 killed in step 3 ...
     for rank in (0, 1):  # ... and the job resumed from the checkpoint of step 2 on every rank
         write_run(run, {rank: _rank(rank)}, world_size=2, segment=1, start_step=2)
@@ -287,8 +304,8 @@ def test_torn_last_line_is_ignored_and_a_mid_file_corruption_counted():
     assert st.bad_lines == 1  # not understood means not trusted
 
 
-def test_future_log_versions_and_huge_logs_are_refused(tmp_path):
-    run = _run(tmp_path / "r")
+def test_future_log_versions_and_huge_logs_are_refused(tmp_path, runs):
+    run = runs(tmp_path / "r")
     log = _log(run)
     log.write_bytes(commitlog.encode({"t": "open", "version": 2, "rank": 1, "segment": 0}) + log.read_bytes())
     with pytest.raises(SchemaVersionError, match="commit log version 2 is not supported"):

@@ -295,7 +295,7 @@ def _fuzz_targets(b: Path) -> list[Path]:
     return sorted(p for p in b.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_bytes_never_give_a_wrong_answer(pristine, data):
     a, b = pristine
