@@ -8,8 +8,8 @@ with the ``ALIGN_COLUMNS``. Pipeline:
    between the two runs of the same rank, never across ranks.
 2. ``align``: full outer join on (rank, step, key_hash, dup) where ``dup`` numbers repeated
    keys (a capture bug, but it must not explode the join). Each row gets a ``state``:
-   match, differ (digest, argument digest or a digest error), unknown (skipped on a side:
-   no evidence), a_only / b_only (structural: control flow differed), or reordered (both
+   match, differ (digest or argument digest), unknown (skipped or a digest error on a side:
+   no evidence either way), a_only / b_only (structural: control flow differed), or reordered (both
    sides hold the key but the matched records come in a different order, the mark of a
    shifted occurrence counter; reported as structural instead of a cascade of false value
    mismatches), or shifted (the call-site family, e.g. every aten::add in one module, has a
@@ -172,9 +172,7 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("a_only"))
         .when(pl.col("pos_a").is_null())
         .then(pl.lit("b_only"))
-        .when((pl.col("status_a") == "error") | (pl.col("status_b") == "error"))
-        .then(pl.lit("differ"))
-        .when((pl.col("status_a") == "skipped") | (pl.col("status_b") == "skipped"))
+        .when((pl.col("status_a") != "ok") | (pl.col("status_b") != "ok"))
         .then(pl.lit("unknown"))
         .when(ok & same_digest & same_args)
         .then(pl.lit("match"))

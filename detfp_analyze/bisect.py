@@ -92,9 +92,14 @@ def _divergence(
     diff: ValueDiff,
 ) -> Divergence:
     row = ex["row"]
-    verdict, explanation = local.verdict, local.explanation
+    verdict, explanation, depends = local.verdict, local.explanation, local.depends_on
     if gtest is not None:
         verdict, explanation = gtest.verdict, gtest.explanation
+        if local.verdict in ("reduction", "unobserved_producer") and verdict == "receiver":
+            depends = (
+                "a cross-rank reduction the capture did not see (a DDP or FSDP gradient reduction, a C++ collective): "
+                "capture the wrapper (session.watch on it) or the collective, and see certify"
+            )
     deep = LEVELS.index(level)
     shape = row.get("shape_a") if row.get("shape_a") is not None else row.get("shape_b")
     return Divergence(
@@ -124,6 +129,7 @@ def _divergence(
         kernels=kernels,
         diff=diff,
         explanation=explanation,
+        depends_on=depends,
     )
 
 
@@ -200,18 +206,27 @@ def bisect(
         # unless the capture missed it: scan up to that bound first, the rest only if needed.
         bound = max((r["step"] for r in metric.values()), default=hi)
         bound = min(max(bound, lo), hi)
-        cands = _walk.rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps")
+        errors = [0, 0]
+        cands = _walk.rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors)
         boundary = _resume.boundary_steps(run_a.manifests, run_b.manifests, rinfo)
-        if level != "step":
-            found = _walk.walk(run_a, run_b, cands, boundary, progress)
+        # Every level walks: a candidate step may hold only no-evidence differences (a digest
+        # error on one side, records under hazards), which only the walk can tell.
+        found = _walk.walk(run_a, run_b, cands, boundary, progress)
         if bound < hi:
-            rest = [r for r in compared if r not in found and (level != "step" or r not in cands)]
+            rest = [r for r in compared if r not in found or (found[r]["next"] is None and found[r]["first"]["hz"])]
             if rest:
-                more = _walk.rollup_candidates(run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)")
+                more = _walk.rollup_candidates(
+                    run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors
+                )
                 for r, s in more.items():
                     cands.setdefault(r, []).extend(s)
-                if level != "step":
-                    found.update(_walk.walk(run_a, run_b, more, boundary, progress))
+                more_found = _walk.walk(run_a, run_b, more, boundary, progress, found)
+                found.update(more_found)
+        if errors[0] or errors[1]:
+            notes.append(
+                f"records that could not be digested (status error): A {errors[0]}, B {errors[1]}; they are no "
+                "evidence either way and were left out of the comparison (see certify)"
+            )
         if rinfo.resumed and rinfo.first_common_step is not None and rinfo.first_common_step <= hi:
             s = rinfo.first_common_step
             n, d = _resume.boundary_counts(
@@ -219,24 +234,20 @@ def bisect(
             )
             rinfo = ResumeInfo(rinfo.resumed, rinfo.start_a, rinfo.start_b, s, n, d, rinfo.note)
     # Verdicts ---------------------------------------------------------------------------
-    locals_: dict[tuple[int, str], _verdict.LocalVerdict] = {}
-    groups: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
-    asks: list[tuple[int, int, int, tuple[int, ...]]] = []
-    every = _evidence.all_groups(run_a)
-    for r, f in found.items():
-        for which in ("first", "next"):
-            ex = f[which]
-            if ex is None:
-                continue
-            lv = _verdict.local_verdict(ex["row"], ex["call_rows"], ex["upstream"])
-            locals_[(r, which)] = lv
-            if lv.verdict == "collective":
-                row = ex["row"]
-                world = sorted(set(run_a.ranks) | set(run_b.ranks))
-                g = _verdict.group_of(row["name"], row["kind"], _evidence.groups_of(run_a, r, every), world)
-                groups[(r, which)] = g
-                asks.append((r, int(row["step"]), int(row["call_hash"]), tuple(p for p in g[1] if p != r)))
-    peer_states = _evidence.peer_inputs(run_a, run_b, asks) if asks else {}
+    # Ranks whose only differences sit under hazards (likely false roots) are identical.
+    false_roots = {r: f["first"] for r, f in found.items() if f["next"] is None and f["first"]["hz"]}
+    for r, ex in sorted(false_roots.items()):
+        del found[r]
+        row = ex["row"]
+        notes.append(
+            f"rank {r}: differences only under hazards ({', '.join(ex['hazards']) or 'hazard'}), from step "
+            f"{row['step']} {row['name']} ({row['kind']}) in {row['module'] or '<root>'}: likely false roots, and no "
+            "clean difference follows them"
+        )
+    restored = set(boundary) if window is not None and compared else set()
+    entry = restored | {x for x in (range_a and range_a[0], range_b and range_b[0]) if x is not None}
+    world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
+    verdicts = _resolve_verdicts(run_a, run_b, found, compared, entry, restored, world)
     record_keys = sorted(
         {
             (r, int(f[w]["row"]["step"]), int(f[w]["row"]["key_hash"]))
@@ -279,36 +290,19 @@ def bisect(
         if ex is None:
             return None
         row = ex["row"]
-        lv = locals_[(r, which)]
-        gtest = None
-        group = groups.get((r, which))
-        if lv.verdict == "collective" and row["kind"] == "p2p":
-            # A receive has no peer call with the same key (the peer ran a send): its output
-            # differing with matching local inputs means the sender's data differed.
-            gtest = _verdict.GroupTest(
-                "receiver",
-                (),
-                (),
-                f"{row['name']} in {row['module'] or '<root>'}: received over p2p"
-                f"{'' if group is None else ' in group ' + group[0]}; the difference started on the sending rank",
-            )
-        elif lv.verdict == "collective" and group is not None:
-            step, h = int(row["step"]), int(row["call_hash"])
-            own_inputs = [c for c in ex["call_rows"] if c["role"] == "input"]
-            states = {}
-            for p in group[1]:
-                if p == r:
-                    continue
-                st = peer_states.get((p, step, h))
-                if st is None and not own_inputs:
-                    st = _fallback_peer(found, p, step, h, compared)
-                states[p] = st or "unknown"
-            gtest = _verdict.group_verdict(
-                r, f"{row['name']} in {row['module'] or '<root>'}", group[0], group[1], states
-            )
+        lv, group, gtest = verdicts[(r, which)]
         key = (r, int(row["step"]), int(row["key_hash"]))
         dumps = (dump_a[key], dump_b[key]) if key in dump_a and key in dump_b else None
-        diff = classify(row["state"], det_a.get(key), det_b.get(key), dumps)
+        da, db = det_a.get(key), det_b.get(key)
+        texts = None
+        if da is not None and db is not None and da.get("args_digest") != db.get("args_digest"):
+            ta = _evidence.arg_texts(run_a, [r], [da["args_digest"]] if da.get("args_digest") else [])
+            tb = _evidence.arg_texts(run_b, [r], [db["args_digest"]] if db.get("args_digest") else [])
+            texts = (
+                ta.get(da["args_digest"]) if da.get("args_digest") else "",
+                tb.get(db["args_digest"]) if db.get("args_digest") else "",
+            )
+        diff = classify(row["state"], da, db, dumps, texts)
         kernels = None
         if kernels_on:
             ck = (r, int(row["step"]), int(row["call_hash"]))
@@ -323,8 +317,13 @@ def bisect(
             mkw = dict(
                 metric_step=int(mr["step"]), metric_name=mr["name"], metric_a=mr["value_a"], metric_b=mr["value_b"]
             )
-        if r in found:
+        if r in found and level == "step":
+            s = int((found[r]["next"] or found[r]["first"])["row"]["step"])
+            results[r] = RankResult(r, "diverged", min(s, mkw.get("metric_step", s)), record_step=s, **mkw)
+        elif r in found:
             first, nxt = build(r, "first"), build(r, "next")
+            if first is None:  # earlier steps differed only under hazards: the clean one is first
+                first, nxt = nxt, None
             assert first is not None
             step = first.step
             results[r] = RankResult(r, "diverged", step, record_step=first.step, first=first, next_clean=nxt, **mkw)
@@ -333,9 +332,6 @@ def bisect(
                     f"rank {r}: metric {mr['name']} differs at step {mr['step']}, before any record (step {first.step}): "
                     "widen the capture"
                 )
-        elif level == "step" and cands.get(r):
-            s = cands[r][0]
-            results[r] = RankResult(r, "diverged", min(s, mkw.get("metric_step", s)), record_step=s, **mkw)
         elif mr is not None:
             results[r] = RankResult(r, "diverged", int(mr["step"]), **mkw)
         else:
@@ -379,6 +375,89 @@ def bisect(
         notes=tuple(sorted(set(notes))),
         complete=not any(r.completeness is not None and r.completeness.gaps for r in (run_a, run_b)),
     )
+
+
+def _resolve_verdicts(
+    run_a: Any,
+    run_b: Any,
+    found: Mapping[int, Mapping[str, Any]],
+    compared: Sequence[int],
+    entry: set[int],
+    restored: set[int],
+    world: int,
+) -> dict[tuple[int, str], tuple[_verdict.LocalVerdict, tuple[str, tuple[int, ...]] | None, _verdict.GroupTest | None]]:
+    """(rank, "first"|"next") -> (local verdict, group, group or cross-rank test) for every walked extract.
+
+    Three passes: each rank's own records (``local_verdict``); the group-wide test of
+    collectives, from the peers' inputs to the same call; then the cross-rank test of
+    differences an uncaptured reduction may have carried, from every rank's first difference.
+    """
+    every = _evidence.all_groups(run_a)
+    ranks_all = sorted(set(run_a.ranks) | set(run_b.ranks))
+    local: dict[tuple[int, str], _verdict.LocalVerdict] = {}
+    groups: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
+    asks: list[tuple[int, int, int, tuple[int, ...]]] = []
+    for r, f in found.items():
+        for which in ("first", "next"):
+            ex = f[which]
+            if ex is None:
+                continue
+            row = ex["row"]
+            step = int(row["step"])
+            facts = _verdict.StepFacts(ex.get("kinds", frozenset()), step in entry, step in restored, world)
+            lv = _verdict.local_verdict(row, ex["call_rows"], ex["upstream"], facts)
+            local[(r, which)] = lv
+            if lv.verdict == "collective":
+                g = _verdict.group_of(row["name"], row["kind"], _evidence.groups_of(run_a, r, every), ranks_all)
+                groups[(r, which)] = g
+                asks.append((r, int(row["step"]), int(row["call_hash"]), tuple(p for p in g[1] if p != r)))
+    peer_states = _evidence.peer_inputs(run_a, run_b, asks) if asks else {}
+    tests: dict[tuple[int, str], _verdict.GroupTest | None] = {}
+    for (r, which), lv in local.items():
+        row = found[r][which]["row"]
+        label = f"{row['name']} in {row['module'] or '<root>'}"
+        group = groups.get((r, which))
+        gtest = None
+        if lv.verdict == "collective" and row["kind"] == "p2p":
+            # A receive has no peer call with the same key (the peer ran a send): its output
+            # differing with matching local inputs means the sender's data differed.
+            gtest = _verdict.GroupTest(
+                "receiver",
+                (),
+                (),
+                f"{label}: received over p2p{'' if group is None else ' in group ' + group[0]}; the difference "
+                "started on the sending rank",
+            )
+        elif lv.verdict == "collective" and group is not None:
+            step, h = int(row["step"]), int(row["call_hash"])
+            own_inputs = [c for c in found[r][which]["call_rows"] if c["role"] == "input"]
+            states = {}
+            for p in group[1]:
+                if p == r:
+                    continue
+                st = peer_states.get((p, step, h))
+                if st is None and not own_inputs:
+                    st = _fallback_peer(found, p, step, h, compared)
+                states[p] = st or "unknown"
+            gtest = _verdict.group_verdict(r, label, group[0], group[1], states)
+        tests[(r, which)] = gtest
+    # Every rank's first difference, as the diagnosis will see it (past a likely false root).
+    starts: dict[int, tuple[int, str]] = {}
+    for r, f in found.items():
+        which = "next" if f["next"] is not None and (f["first"] is None or f["first"]["hz"]) else "first"
+        gt = tests[(r, which)]
+        starts[r] = (int(f[which]["row"]["step"]), gt.verdict if gt is not None else local[(r, which)].verdict)
+    for (r, which), lv in local.items():
+        if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
+            continue
+        row = found[r][which]["row"]
+        g = _verdict.group_of(row["name"], "reduced_grad", _evidence.groups_of(run_a, r, every), ranks_all)
+        label = f"{row['kind']} {row['name']}"
+        ct = _verdict.cross_rank(r, int(row["step"]), lv, label, g[0], g[1], starts, compared)
+        if ct is not None:
+            groups[(r, which)] = g
+            tests[(r, which)] = ct
+    return {k: (lv, groups.get(k), tests[k]) for k, lv in local.items()}
 
 
 def _held(run_a: Any, run_b: Any, compared: list[int]) -> tuple[list[int], list[int]]:

@@ -5,10 +5,11 @@ when a clean divergence follows it) and the manifests' parallel coordinates. Out
 pattern (result.PATTERNS):
 
 * ``identical``: no rank differs.
-* ``all_ranks_same_op``: every compared rank is an origin at the same op: the op or its
-  kernel is nondeterministic (float atomics, split-K, tile scheduling). With one rank
-  compared this is the only origin pattern: a single rank cannot tell "this op" from
-  "this rank".
+* ``single_process``: one rank was compared (a single-process job, or ``--ranks`` picked one)
+  and the difference started there: one process cannot tell a nondeterministic op from a
+  cause local to it, so the report names the op and leaves the question open.
+* ``all_ranks_same_op``: every compared rank (two or more) is an origin at the same op: the
+  op or its kernel is nondeterministic (float atomics, split-K, tile scheduling).
 * ``all_ranks_different_ops``: every rank is an origin, at different ops.
 * ``single_rank`` / ``rank_subset``: the difference started on one or some ranks; the
   parallel coordinates those ranks share say where to look (topology, placement, input
@@ -100,6 +101,20 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
     first_op = ops[origin[0]][1]
     first_kind = ops[origin[0]][0]
     source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == "source"}
+    if len(compared) == 1:
+        r0 = origin[0]
+        if r0 in source:
+            why = (
+                f"the difference enters this process from outside the captured region at {first_kind} {first_op}: "
+                f"{_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
+            )
+        else:
+            why = (
+                f"the difference starts in this process at {first_kind} {first_op} with matching inputs; one process "
+                "cannot tell a nondeterministic op (float atomics, split-K, thread count) from a cause local to it: "
+                "run the pair again and see whether the same op is named"
+            )
+        return Diagnosis("single_process", (r0,), why, first_op, {}, counts)
     if origin == compared:
         if len(set(ops.values())) == 1:
             if source == set(origin):

@@ -1,8 +1,9 @@
 """What kind of difference a divergent record shows, and how big it is.
 
 Kinds, decided in this order: ``structure`` (record on one side only or out of order),
-``error`` (a digest failed on a side: no evidence of values, never equal), ``arguments``
-(tensor digests equal, non-tensor argument digests differ), ``permutation`` (row digests
+``error`` (a digest failed on a side: no evidence of values), ``arguments`` (the call's
+non-tensor arguments differ; by value, ``lr 0.1 -> 0.2``, where the runs recorded their
+texts), ``permutation`` (row digests
 equal as multisets but in a different order), ``values`` (everything else).
 
 Magnitude comes from what was captured: moments give |Δsum| and Δabsmax; dumps (raw bytes
@@ -24,7 +25,7 @@ import polars as pl
 
 from detfp_analyze.result import ValueDiff
 
-__all__ = ["classify", "compare_dumps"]
+__all__ = ["args_changes", "classify", "compare_dumps"]
 
 # dtype -> (array typecode of the raw bits, is floating, exponent+mantissa bits mask width)
 _BITS = {
@@ -109,6 +110,31 @@ def _ordered64(x: int, floating: bool) -> int:
     return sign - x if x >= sign else x
 
 
+def _parse_args(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if not text:
+        return out
+    for part in text.split("; "):
+        k, sep, v = part.partition("=")
+        out[k] = v if sep else ""
+    return out
+
+
+def args_changes(text_a: str | None, text_b: str | None) -> tuple[str, ...]:
+    """``("weight_decay 0.01 -> 0.02", ...)``: the arguments whose values differ between two
+    argument texts (``name=value; ...``), in name order; empty when either text is unknown."""
+    if text_a is None or text_b is None:
+        return ()
+    pa, pb = _parse_args(text_a), _parse_args(text_b)
+    out = []
+    for k in sorted(set(pa) | set(pb), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
+        va, vb = pa.get(k, "(absent)"), pb.get(k, "(absent)")
+        if va != vb:
+            name = f"args[{k}]" if k.isdigit() else k
+            out.append(f"{name} {va} -> {vb}")
+    return tuple(out)
+
+
 def _f(x: Any) -> float | None:
     return None if x is None else float(x)
 
@@ -126,11 +152,13 @@ def classify(
     a: Mapping[str, Any] | None,
     b: Mapping[str, Any] | None,
     dumps: tuple[bytes, bytes] | None = None,
+    args_text: tuple[str | None, str | None] | None = None,
 ) -> ValueDiff:
     """Kind and magnitude of one divergent record.
 
     ``a``/``b``: the record's columns on each side (status, digest_hi/lo, args_digest, dtype,
-    rows, m_sum, m_absmax), None for the missing side; ``dumps``: raw bytes of both sides.
+    rows, m_sum, m_absmax), None for the missing side; ``dumps``: raw bytes of both sides;
+    ``args_text``: the call's argument texts on both sides (the ``args`` table), when recorded.
     """
     if state in ("a_only", "b_only", "reordered", "shifted") or a is None or b is None:
         side = {
@@ -156,13 +184,19 @@ def classify(
         confirmed = "bytes"
         dump_fields = {k: cmp[k] for k in ("numel", "n_differing", "first_index", "max_ulp", "all_one_ulp")}
     same_tensor = a.get("digest_hi") == b.get("digest_hi") and a.get("digest_lo") == b.get("digest_lo")
-    if same_tensor and a.get("args_digest") != b.get("args_digest"):
+    if a.get("args_digest") != b.get("args_digest"):
+        # The call site passed different non-tensor values: that is the difference to name,
+        # whatever the tensors then did.
+        changes = args_changes(*(args_text or (None, None)))
+        what = "; ".join(changes) if changes else "values not recorded (digests only)"
+        tail = "same tensors" if same_tensor else "the tensors differ as a consequence"
         return ValueDiff(
             "arguments",
             confirmed,
             args_a=a.get("args_digest"),
             args_b=b.get("args_digest"),
-            detail="same tensors, different non-tensor arguments",
+            args_changes=changes,
+            detail=f"arguments differ: {what} ({tail})",
             **moments,
             **dump_fields,
         )

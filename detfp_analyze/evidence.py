@@ -19,7 +19,7 @@ from detfp_analyze.walk import DETAIL_COLUMNS as _DETAIL_COLUMNS
 from detfp_analyze.walk import collect, collect_pair
 from detfp_capture.contract import INPUTLESS_KINDS
 
-__all__ = ["all_groups", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
+__all__ = ["all_groups", "arg_texts", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
 
 #: Origin ranks the discriminator view looks at.
 DISCRIMINATOR_RANKS = 8
@@ -121,6 +121,16 @@ def dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int
         lf.select("rank", "step", "key_hash", "data").join(key.lazy(), on=["rank", "step", "key_hash"], how="semi")
     )
     return {(int(r), int(s), int(k)): d for r, s, k, d in df.iter_rows()}
+
+
+def arg_texts(run: Any, ranks: Sequence[int], digests: Sequence[str]) -> dict[str, str]:
+    """args digest -> its text (the ``args`` table) for the given ranks; digests the run did not
+    record a text for (too long, or a run written before the table existed) are absent."""
+    if not digests or "args" not in run.tables:
+        return {}
+    lf = run.scan("args", ranks=sorted(set(ranks))).filter(pl.col("args_digest").is_in(sorted(set(digests))))
+    df = collect(lf.select("args_digest", "text").unique("args_digest", keep="first", maintain_order=True))
+    return dict(df.iter_rows())
 
 
 def kernels(run: Any, calls: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], tuple[str, ...]]:

@@ -8,7 +8,7 @@ Pipeline (pure functions over polars LazyFrames, so they can be tested on in-mem
 2. ``step_rollup``: per (rank, step), over only narrow numeric columns, an order-free
    fingerprint of the step: the record count, the XOR of a hash of each record's key
    (structure), the XOR of a hash of (key, status, digest, args digest) (values) and the
-   number of error records (errors never compare equal). The aggregation streams, so
+   number of error records (no evidence: counted for the report). The aggregation streams, so
    memory stays bounded by the number of (rank, step) groups, not the records; the
    caller feeds rank batches and filters pushed into the Parquet scan.
 3. ``divergent_steps``: join the two rollups; a step differs when any part differs or a
@@ -98,7 +98,9 @@ def divergent_steps(rollup_a: pl.DataFrame, rollup_b: pl.DataFrame) -> pl.DataFr
         | (pl.col("kx") != pl.col("kx_b"))
     )
     errors = (pl.col("n_err").fill_null(0) + pl.col("n_err_b").fill_null(0)) > 0
-    differs = structural | errors | (pl.col("vx") != pl.col("vx_b"))
+    # A digest error is no evidence either way: it makes a step a candidate only through its
+    # status (an error on one side, a digest on the other), which the walk reads as unknown.
+    differs = structural | (pl.col("vx") != pl.col("vx_b"))
     return (
         j.filter(differs)
         .select(

@@ -67,6 +67,8 @@ def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
         )
     if d.contradiction:
         out.append(f"{indent}contradiction: {d.contradiction}")
+    if d.depends_on:
+        out.append(f"{indent}not captured: {d.depends_on}")
     if d.hazards:
         out.append(f"{indent}hazards: {', '.join(d.hazards)} (likely false root)")
     if d.kernels is not None:

@@ -39,6 +39,7 @@ VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural",
 #: Cross-rank patterns.
 PATTERNS = (
     "identical",
+    "single_process",
     "all_ranks_same_op",
     "all_ranks_different_ops",
     "rank_subset",
@@ -100,6 +101,9 @@ class ValueDiff:
     #: Non-tensor argument digests of the call on both sides (kind "arguments").
     args_a: str | None = None
     args_b: str | None = None
+    #: The arguments that differ, by value where the runs recorded their text
+    #: (``"weight_decay 0.01 -> 0.02"``); empty when no text was recorded.
+    args_changes: tuple[str, ...] = ()
     #: One line for humans.
     detail: str = ""
 
@@ -121,6 +125,7 @@ class ValueDiff:
             "rows_differing": self.rows_differing,
             "args_a": self.args_a,
             "args_b": self.args_b,
+            "args_changes": list(self.args_changes),
             "detail": self.detail,
         }
 
@@ -172,6 +177,9 @@ class Divergence:
     diff: ValueDiff | None = None
     #: One line explaining the verdict.
     explanation: str = ""
+    #: One line: what this difference depends on that the capture could not see (an uncaptured
+    #: reduction, a write-only argument, a compiled region, ...) and what to capture next.
+    depends_on: str | None = None
 
     @property
     def where(self) -> str:
@@ -206,6 +214,7 @@ class Divergence:
             "kernels": None if self.kernels is None else self.kernels.to_json_dict(),
             "diff": None if self.diff is None else self.diff.to_json_dict(),
             "explanation": self.explanation,
+            "depends_on": self.depends_on,
         }
 
 

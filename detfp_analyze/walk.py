@@ -70,9 +70,17 @@ def scan(run: Any, table: str, ranks: Sequence[int], lo: int, hi: int) -> pl.Laz
 
 
 def rollup_candidates(
-    run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str
+    run_a: Any,
+    run_b: Any,
+    ranks: Sequence[int],
+    lo: int,
+    hi: int,
+    progress: Progress | None,
+    stage: str,
+    errors: list[int] | None = None,
 ) -> dict[int, list[int]]:
-    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]."""
+    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]. ``errors``, when
+    given, accumulates [A, B] counts of records whose digest failed (no evidence)."""
     out: dict[int, list[int]] = {}
     batches = chunks(ranks, ROLLUP_BATCH)
     for i, batch in enumerate(batches):
@@ -80,6 +88,9 @@ def rollup_candidates(
             _narrow.step_rollup(scan(run_a, "records", batch, lo, hi)),
             _narrow.step_rollup(scan(run_b, "records", batch, lo, hi)),
         )
+        if errors is not None:
+            errors[0] += int(ra["n_err"].sum() or 0)
+            errors[1] += int(rb["n_err"].sum() or 0)
         d = _narrow.divergent_steps(ra, rb)
         for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
             out.setdefault(int(rank), []).append(int(step))
@@ -122,12 +133,14 @@ _CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "
 
 def _pick(al: pl.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
     """From one rank's narrow alignment: the divergent row, whether its call has a hazard,
-    and the call one hop upstream (hazard names come with the call's details)."""
+    the call one hop upstream (hazard names come with the call's details) and the record
+    kinds the rank-step holds (what else the capture saw there)."""
     call = al.filter(pl.col("call_hash") == row["call_hash"])
     start = call["o1"].min()
     prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
     upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
-    return {"row": row, "hz": bool(call["hz"].any()), "upstream_call": upstream}
+    kinds = frozenset(al["kind"].unique().to_list())
+    return {"row": row, "hz": bool(call["hz"].any()), "upstream_call": upstream, "kinds": kinds}
 
 
 def _hazard_names(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -214,13 +227,20 @@ def walk(
     cands: Mapping[int, list[int]],
     boundary: Sequence[int],
     progress: Progress | None,
+    found: dict[int, dict[str, Any]] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """rank -> {"first": extract, "next": extract|None} for ranks with a real divergence.
+
+    ``next`` is the first clean divergence after a ``first`` that carries a hazard (a likely
+    false root), from the same step or a later candidate step; None when only records under
+    hazards differ.
 
     Each batch is aligned on the narrow columns first; only the calls a verdict needs (the
     divergent call, the next clean one, the call one hop upstream) are then read in full.
     """
-    found: dict[int, dict[str, Any]] = {}
+    # ``found`` may hold ranks whose earlier steps differed only under hazards: their walk
+    # goes on from there (the dict is updated in place and returned).
+    found = {} if found is None else found
     todo = {r: list(s) for r, s in cands.items() if s}
     total = len(todo)
     # The next batch is read in a background thread while this one is aligned and enriched
@@ -269,7 +289,7 @@ def _walk_batch(
     by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
     # _pick only needs these columns: partitioning and filtering them per rank is far
     # cheaper than the full aligned frame (same rows, same order, so the same picks).
-    slim = al.select("rank", "call_hash", "o1", "hz")
+    slim = al.select("rank", "call_hash", "o1", "hz", "kind")
     parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
     picks: dict[int, dict[str, Any]] = {}
     for r in batch:
@@ -284,8 +304,22 @@ def _walk_batch(
             clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
             if clean.height:
                 nxt = _pick(parts[r], clean.row(0, named=True))
-        picks[r] = {"first": first, "next": nxt}
-        del todo[r]
+        held = found.get(r)
+        if held is not None:
+            # An earlier step differed only in records under a hazard: this step's first
+            # divergence is the clean one that follows them (or more of the same).
+            if first["hz"] and nxt is None:
+                _advance(todo, r)
+                continue
+            picks[r] = {"first": None, "next": nxt or first}
+        else:
+            picks[r] = {"first": first, "next": nxt}
+        if first["hz"] and nxt is None:
+            # Only likely false roots (uninitialized memory, an async write, a pointer table)
+            # differ here: keep looking for a clean divergence in the rank's later steps.
+            _advance(todo, r)
+        else:
+            del todo[r]
     calls: set[tuple[int, int, int]] = set()
     keys: set[tuple[int, int, int]] = set()
     for r, p in picks.items():
@@ -300,11 +334,11 @@ def _walk_batch(
     rich, det_a, det_b = _enrich(run_a, run_b, al, calls, keys) if calls else (al.clear(), {}, {})
     rparts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()} if calls else {}
     for r, p in picks.items():
-        out = {}
+        out = found.get(r) or {}
         for which in ("first", "next"):
             ex = p[which]
             if ex is None:
-                out[which] = None
+                out.setdefault(which, None)
                 continue
             rr = rparts[r]
             h = int(ex["row"]["call_hash"])
@@ -324,9 +358,20 @@ def _walk_batch(
                 "hazards": hazards,
                 "upstream": upstream,
                 "details": (det_a.get(k), det_b.get(k)),
+                "kinds": ex["kinds"],
+                "hz": ex["hz"],
             }
         found[r] = out
-    _attach_module_inputs(run_a, run_b, al, {r: found[r] for r in picks})
+    # Only the extracts made from this batch (a held first was completed in its own batch).
+    fresh = {r: {w: found[r][w] if p[w] is not None else None for w in ("first", "next")} for r, p in picks.items()}
+    _attach_module_inputs(run_a, run_b, al, fresh)
+
+
+def _advance(todo: dict[int, list[int]], r: int) -> None:
+    """Move rank ``r`` on to its next candidate step (dropping it after the last)."""
+    todo[r].pop(0)
+    if not todo[r]:
+        del todo[r]
 
 
 def _attach_module_inputs(run_a: Any, run_b: Any, al: pl.DataFrame, found: Mapping[int, dict[str, Any]]) -> None:

@@ -96,11 +96,14 @@ class Slot:
         return self if self.pending is BATCHED else self.pending
 
 
-def _modified(t: torch.Tensor) -> digest.Pending:
+def _modified(t: torch.Tensor, why: str = "modified in place") -> digest.Pending:
     """The digest of a deferred tensor written before its batch ran: an error, never a guess."""
     p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-    p.error = "modified in place before its deferred digest ran"
+    p.error = f"{why} before its deferred digest ran"
     return p
+
+
+_MOVED = "storage freed or reallocated"
 
 
 def storage_ptrs(t: torch.Tensor) -> list[int] | None:
@@ -121,7 +124,9 @@ def storage_ptrs(t: torch.Tensor) -> list[int] | None:
     out: list[int] = []
     for name in names:
         inner = getattr(t, name, None)
-        ptrs = storage_ptrs(inner) if isinstance(inner, torch.Tensor) else None
+        if not isinstance(inner, torch.Tensor):
+            continue  # a non-tensor component (DTensor's device mesh) holds no data
+        ptrs = storage_ptrs(inner)
         if ptrs is None:
             return None
         out += ptrs
@@ -134,6 +139,7 @@ class Batching:
     deferred: list[torch.Tensor | None]
     deferred_slots: list[Slot]
     deferred_versions: list[int | None]
+    deferred_addrs: list[int]
     deferred_bytes: int
     deferred_storages: dict[int, Any]
     staging: dict[torch.device, Staging]
@@ -148,16 +154,23 @@ class Batching:
         the staged batch is left to grow (one GEMM per 64 MiB or flush, not per write)."""
         if staging:
             self.run_staging()
-        tensors, slots, versions = self.deferred, self.deferred_slots, self.deferred_versions
+        tensors, slots, versions, addrs = (
+            self.deferred,
+            self.deferred_slots,
+            self.deferred_versions,
+            self.deferred_addrs,
+        )
         if not tensors:
             return
         self._reset_deferred()
         live_s, live_t = [], []
-        for s, t, v in zip(slots, tensors, versions, strict=True):
+        for s, t, v, a in zip(slots, tensors, versions, addrs, strict=True):
             if t is None:  # evicted: snapshotted before a write
                 continue
             if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
                 s.pending = _modified(t)
+            elif t.data_ptr() != a:  # reading it now could read freed memory
+                s.pending = _modified(t, _MOVED)
             else:
                 live_s.append(s)
                 live_t.append(t)
@@ -166,7 +179,7 @@ class Batching:
                 start_many(live_t, live_s)
 
     def _reset_deferred(self) -> None:
-        self.deferred, self.deferred_slots, self.deferred_versions = [], [], []
+        self.deferred, self.deferred_slots, self.deferred_versions, self.deferred_addrs = [], [], [], []
         self.deferred_bytes = 0
         self.deferred_storages = {}
 
@@ -190,6 +203,8 @@ class Batching:
                 s, v = self.deferred_slots[i], self.deferred_versions[i]
                 if v is not None and t._version != v:
                     s.pending = _modified(t)
+                elif t.data_ptr() != self.deferred_addrs[i]:
+                    s.pending = _modified(t, _MOVED)
                 elif Staging.fits(t):
                     ts.append(t)
                     ss.append(s)
@@ -197,6 +212,22 @@ class Batching:
                     s.pending = digest.start(t)
         if ts:
             self._stage_many(ts, ss)
+
+    def storage_changing(self, ptr: int) -> None:
+        """A storage is about to be freed or reallocated outside the dispatcher: what waits for a
+        batch in it is snapshotted now, and cached digests over it are dropped."""
+        self.enter()
+        try:
+            if ptr in self.deferred_storages:
+                self.evict_deferred([ptr])
+            vstor = self.vstor
+            ids = vstor.pop(ptr, None) if vstor else None
+            if ids is not None:
+                vc = self.vcache
+                for k in ids:
+                    vc.pop(k, None)
+        finally:
+            self.leave()
 
     def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now."""

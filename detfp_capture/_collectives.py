@@ -57,6 +57,12 @@ COLLECTIVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+#: Collectives that reduce (a gradient reduction is one of these in backward or the optimizer).
+_REDUCTIONS = frozenset(
+    {"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base"}
+)
+
+
 def _tensors(value: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(value, torch.Tensor):
         out.append((prefix, value))
@@ -131,6 +137,11 @@ class CollectiveTracer:
         self.in_batch = False
         self.ddp_hooked: set[int] = set()
         self.ddp_futures: list[Any] = []  # bucket futures of the running backward
+        # Reductions recorded in backward or optimizer phases this step (DDP buckets, FSDP's
+        # reduce-scatters, an explicit all-reduce of gradients), and whether a step without one
+        # on a multi-rank job has been reported.
+        self.reductions = 0
+        self.reported_unseen = False
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -169,6 +180,8 @@ class CollectiveTracer:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = self.rec
+            if self.s._auto_next is not None and not rec.busy:
+                self.s._auto_touch()  # launcher mode: a collective of the next step begins it
             if rec.busy or not rec.selected or rec.failed or self.in_batch or torch.compiler.is_compiling():
                 return orig(*args, **kwargs)
             call = None
@@ -186,6 +199,8 @@ class CollectiveTracer:
                 for p in out_params:
                     _tensors(a.get(p), p, outs)
                 module, phase = self.s._context()
+                if phase in ("backward", "optimizer") and fname in _REDUCTIONS:
+                    self.reductions += 1
                 other = {
                     k: v
                     for k, v in a.items()
@@ -297,6 +312,16 @@ class CollectiveTracer:
         return wrapper
 
     def step_end(self) -> None:
+        s = self.s
+        if s.world_size > 1 and s._grads_seen and not self.reductions and not self.reported_unseen:
+            self.reported_unseen = True
+            self.not_captured(
+                f"step {self.rec.step} of this {s.world_size}-rank job reduced no gradient that capture saw "
+                "(no DDP comm hook, no reduce collective in backward): if the job is data parallel, its "
+                "gradient reduction is not captured (a wrapper capture does not know, or one created by C++)"
+            )
+        self.reductions = 0
+        s._grads_seen = False
         if self.pending:
             names = sorted({n for n, _ in self.pending.values()})
             self.rec.event(
@@ -348,22 +373,30 @@ class CollectiveTracer:
         try:
             model.register_comm_hook(pg, hook)
         except Exception as exc:
-            self.rec.event(
-                "capture_error",
-                type(exc).__name__,
-                "",
-                None,
-                f"DDP comm hook not registered ({' '.join(str(exc).split())[:300]}); only module and optimizer boundaries see its gradients",
+            self.not_captured(
+                f"the DDP comm hook could not be registered ({' '.join(str(exc).split())[:300]}); only module and "
+                "optimizer boundaries see its gradients"
             )
             return False
         self.ddp_hooked.add(id(model))
         self._param_names = param_names
         return True
 
+    def not_captured(self, detail: str) -> None:
+        """A gradient reduction capture cannot record: an event (``certify`` reports it as
+        "gradient reduction not captured") and one warning per session."""
+        import warnings
+
+        self.rec.event("reduction_not_captured", "", "", None, detail)
+        if not self.reported_unseen:
+            self.reported_unseen = True
+            warnings.warn(f"detfp: gradient reduction not captured on rank {self.rec.rank}: {detail}", stacklevel=3)
+
     def _bucket_input(self, group: Any, bucket: Any, buf: torch.Tensor) -> tuple | None:
         rec = self.rec
         if rec.busy:
             return None
+        self.reductions += 1
         rec.enter()
         try:
             name = f"all_reduce@{self.name_of(group)}"

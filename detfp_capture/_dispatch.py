@@ -57,8 +57,10 @@ _EMPTY = frozenset(
         "aten::empty_permuted",
     }
 )
-# In-place ops whose result does not depend on the destination's previous contents.
-_OVERWRITE = frozenset(
+# In-place ops that overwrite every element of their destination without reading it: the
+# destination's prior contents are not evidence of anything (write-only, role ``dest``).
+# (resize_ is not here: it keeps the prior contents it does not cut off.)
+FULL_OVERWRITE = frozenset(
     {
         "aten::copy_",
         "aten::fill_",
@@ -72,6 +74,24 @@ _OVERWRITE = frozenset(
         "aten::log_normal_",
         "aten::bernoulli_",
         "aten::set_",
+        "aten::_foreach_copy_",
+        "aten::_foreach_zero_",
+    }
+)
+# In-place ops that write some elements of their destination without reading any (the rest is
+# kept): on a destination that is still unwritten (fresh from empty*), nothing is read, so no
+# hazard is raised; whether every element got written shows in the output.
+WRITE_NO_READ = frozenset(
+    {
+        "aten::index_put_",
+        "aten::_index_put_impl_",
+        "aten::index_copy_",
+        "aten::index_fill_",
+        "aten::masked_fill_",
+        "aten::masked_scatter_",
+        "aten::scatter_",
+        "aten::put_",
+        "aten::fill_diagonal_",
         "aten::resize_",
     }
 )
@@ -102,12 +122,14 @@ class OpInfo:
     __slots__ = (
         "async_out",
         "batch_inputs",
+        "dest_kw",
+        "dest_pos",
         "empty",
         "meta_read",
         "name",
+        "no_read",
         "nonblocking",
         "out_kwargs",
-        "overwrite",
         "skip",
         "writes",
         "writing",
@@ -126,42 +148,79 @@ class OpInfo:
                     outs.append(a.name)
                 else:
                     writes.append(i)
+        c10d = base.startswith("c10d::")
+        dest_pos: list[int] = []
+        if c10d:
+            # c10d schemas carry no alias annotations, yet the ops write their outputs (and
+            # all_reduce/broadcast their tensors in place), from another thread, after they
+            # return: the written arguments come from the names.
+            writes, dest_pos = _c10d_writes(base, schema)
         self.writes = tuple(writes)
         self.out_kwargs = tuple(outs)
         self.writing = bool(writes or outs)
         self.batch_inputs = not self.writing or base.startswith("aten::_foreach_")
         self.empty = base in _EMPTY
-        # c10d collectives write their outputs without reading them (on a broadcast's
-        # non-source ranks too): their written arguments count as overwrites.
-        self.overwrite = base in _OVERWRITE or bool(outs) or base.startswith("c10d::")
+        # Write-only arguments (role ``dest``, never digested): ``out=`` arguments (the schema
+        # marks them kwarg-only and written), the destinations of full overwrites, and the
+        # outputs of c10d ops. Their prior contents are garbage more often than not (DDP's
+        # gradient-bucket views, FSDP2's all-gather buffers, foreach out= calls).
+        full = base in FULL_OVERWRITE
+        self.dest_pos = frozenset(writes if full else dest_pos)
+        self.dest_kw = frozenset(outs)
+        self.no_read = full or bool(outs) or base in WRITE_NO_READ
         self.meta_read = base in _META_READ
-        # A c10d op returns before its (possibly asynchronous) write completes: its outputs are
-        # counted, not digested; the collective's own record (kind collective) is taken at wait().
-        self.async_out = base.startswith("c10d::")
+        # A collective returns before its (possibly asynchronous) write completes: its outputs
+        # are counted, not digested (the collective's own record, kind collective, is taken at
+        # wait(); a functional collective's result is digested where wait_tensor returns it).
+        self.async_out = c10d or (base.startswith(_FUNCTIONAL) and not base.endswith("::wait_tensor"))
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
 
 
-def _gather(args: tuple, kwargs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], tuple | None]:
-    """Input records and the non-tensor arguments (kept for args_digest; no tensor references)."""
+_FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
+#: c10d ops whose ``tensors`` argument is reduced or broadcast in place (read, then written).
+_C10D_INPLACE = frozenset({"c10d::allreduce_", "c10d::allreduce_coalesced_", "c10d::broadcast_", "c10d::reduce_"})
+
+
+def _c10d_writes(base: str, schema: Any) -> tuple[list[int], list[int]]:
+    """(written positions, write-only positions) of a c10d op, from its argument names."""
+    writes, dest = [], []
+    for i, a in enumerate(schema.arguments):
+        if "Tensor" not in str(a.type):
+            continue
+        if a.name.startswith("output") or (a.name == "tensors" and base.startswith("c10d::recv")):
+            writes.append(i)
+            dest.append(i)
+        elif a.name == "tensors" and base in _C10D_INPLACE:
+            writes.append(i)
+    return writes, dest
+
+
+def _gather(
+    args: tuple, kwargs: dict, dest_pos: frozenset = frozenset(), dest_kw: frozenset = frozenset()
+) -> tuple[list[tuple[str, str, torch.Tensor]], tuple | None]:
+    """Input records (role ``dest`` for write-only arguments) and the non-tensor arguments
+    (kept for args_digest; no tensor references)."""
     tensors: list[tuple[str, str, torch.Tensor]] = []
     other: list[Any] = []
     for i, a in enumerate(args):
+        role = "dest" if i in dest_pos else "input"
         if isinstance(a, torch.Tensor):
-            tensors.append(("input", f"args[{i}]", a))
+            tensors.append((role, f"args[{i}]", a))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor | None):
             for j, x in enumerate(a):
                 if isinstance(x, torch.Tensor):
-                    tensors.append(("input", f"args[{i}][{j}]", x))
+                    tensors.append((role, f"args[{i}][{j}]", x))
         else:
             other.append(a)
     kw: list[tuple[str, Any]] = []
     for k, v in kwargs.items():
+        role = "dest" if k in dest_kw else "input"
         if isinstance(v, torch.Tensor):
-            tensors.append(("input", f"kwargs.{k}", v))
+            tensors.append((role, f"kwargs.{k}", v))
         elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
             for j, x in enumerate(v):
                 if isinstance(x, torch.Tensor):
-                    tensors.append(("input", f"kwargs.{k}[{j}]", x))
+                    tensors.append((role, f"kwargs.{k}[{j}]", x))
         else:
             kw.append((k, v))
     return tensors, flat_args(other, kw)
@@ -388,50 +447,60 @@ class CaptureMode(TorchDispatchMode):
             # Only an allocation, a write or a copy changes the hazard state: other ops pay nothing.
             hz = self.s._hazard
             if hz is not None and (info.empty or info.writing or info.nonblocking):
-                return None, info, None
+                return None, info, None, False
             return None
         rec.busy = True
-        tensors, other = _gather(args, kwargs)
+        tensors, other = _gather(args, kwargs, info.dest_pos, info.dest_kw)
         hz = self.s._hazard
         flags = None
-        blank: list[int] = []  # destinations of an overwrite still (partly) unwritten
+        taint = False  # a read-modify-write of unwritten memory: its output is flagged too
         if hz is not None and hz.active and tensors:
             flags = {}
-            written = set()
-            if info.writes:
-                written = {f"args[{i}]" for i in info.writes}
-            for i, (_, arg, t) in enumerate(tensors):
+            written = {f"args[{i}]" for i in info.writes} if info.writes else ()
+            for i, (role, arg, t) in enumerate(tensors):
                 if info.meta_read:
                     break  # only the shape is read
                 f = hz.flags(t)
                 if not f:
                     continue
-                # The destination of an overwrite (bernoulli_, fill_, copy_, out=...) is written,
-                # not read: its unwritten bytes are no hazard (an async or non-blocking one is).
-                # Views and metadata ops do not read contents either: flagged, no event.
-                dest = info.overwrite and (arg in written or arg.startswith("kwargs."))
-                if dest and UNINIT in f:
-                    blank.append(i)
+                if UNINIT in f and (role == "dest" or arg in written or arg.partition("]")[0] + "]" in written):
+                    # A destination still (partly) unwritten: its bytes are garbage that differs
+                    # between runs. It is recorded write-only (no digest); only an op that reads
+                    # its destination (add_ into empty memory) reads garbage: an event, and the
+                    # output inherits the flag.
+                    if role != "dest":
+                        tensors[i] = ("dest", arg, t)
+                    if not info.no_read and not info.skip:
+                        hz.event(UNINIT, module, f"{info.name} {arg} read while {UNINIT}")
+                        taint = True
                     f = tuple(h for h in f if h != UNINIT)
                     if not f:
                         continue
-                really_read = not info.skip and not dest
                 flags[i] = f
-                if really_read:
+                # Views and metadata ops do not read contents; a write-only argument is not read
+                # either (an async or non-blocking hazard on it is still flagged): no event.
+                if not info.skip and tensors[i][0] != "dest":
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if blank:
-            # Their bytes are garbage that differs between runs and that the op never reads:
-            # recorded (counted), not digested.
+        if flags is None and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+            # Write-only arguments are counted, never digested: inputs first, then destinations.
+            ins = [x for x in tensors if x[0] == "input"]
+            dests = [x for x in tensors if x[0] == "dest"]
+            call = rec.record_call(
+                "op", info.name, module, phase, ins, args_src=other, digest_it=not info.skip, defer=info.batch_inputs
+            )
+            if dests:
+                rec.append_records(call, dests, digest_it=False)
+        elif flags is not None:
             call = rec.record_call("op", info.name, module, phase, [], args_src=other)
             for i, item in enumerate(tensors):
-                f = flags.get(i) if flags else None
+                f = flags.get(i)
                 rec.append_records(
                     call,
                     [item],
                     hazards={0: f} if f else None,
-                    digest_it=not info.skip and i not in blank,
+                    digest_it=not info.skip and item[0] != "dest",
                     defer=info.batch_inputs,
                 )
         else:
@@ -442,7 +511,6 @@ class CaptureMode(TorchDispatchMode):
                 phase,
                 tensors,
                 args_src=other,
-                hazards=flags,
                 digest_it=not info.skip,
                 # A writing op runs the batch right below, before the write: worth it for the many
                 # tensors of a _foreach_ op, not for a single in-place tensor.
@@ -451,10 +519,10 @@ class CaptureMode(TorchDispatchMode):
         if info.writing:
             before_write(rec, info, args, kwargs)
         rec.busy = False
-        return call, info, phase
+        return call, info, phase, taint
 
     def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
-        call, info, _phase = pre
+        call, info, _phase, taint = pre
         rec = self.rec
         rec.busy = True
         outs = _op_outputs(info, args, out)
@@ -465,11 +533,13 @@ class CaptureMode(TorchDispatchMode):
             if call is None:  # an op of a module left out by modules=: state only
                 rec.busy = False
                 return
-            if hz.active and outs and not info.empty:
+            if (hz.active or taint) and outs and not info.empty:
                 # A fresh empty* output is not a read of uninitialized memory (its readers are).
                 flags = {}
                 for i, (_, _, t) in enumerate(outs):
                     f = hz.flags(t)
+                    if taint and UNINIT not in f:
+                        f = (*f, UNINIT)  # computed from unwritten bytes it read
                     if f:
                         flags[i] = f
                 flags = flags or None

@@ -164,6 +164,8 @@ class ModuleHooks:
                 continue
             if getattr(m, "_detfp_hooked", None) is self:
                 continue
+            if self.s._depth < 1 and id(m) not in self.roots:
+                continue  # level metrics: only the data fed to the root (kind batch)
             self.handles.append(m.register_forward_pre_hook(self.pre, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self.post, with_kwargs=True, always_call=True))
             m._detfp_hooked = self  # type: ignore[attr-defined]
@@ -187,9 +189,15 @@ class ModuleHooks:
 
     # Global hooks carry no kwargs; names come from the root module of each forward.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if id(module) not in self.paths and not self.stack:
-            self._guarded(self.name_tree, module)
-            self.s._on_root(module)
+        if self.stack:
+            if self.s._depth < 1:
+                return  # level metrics: only roots (their input is the batch)
+        else:
+            if self.s._auto_next is not None:
+                self.s._auto_touch()  # the first forward of a step begins it (after the script seeded)
+            if id(module) not in self.paths:
+                self._guarded(self.name_tree, module)
+                self.s._on_root(module)
         self.pre(module, args, {})
 
     def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
@@ -242,7 +250,7 @@ class ModuleHooks:
             if compiled:
                 self.s._compiled_depth += 1
                 self.s._saw_compiled = True
-            if self.s._depth >= 1 and self.module_selected(path):
+            if (self.s._depth >= 1 or (root and phase == "forward")) and self.module_selected(path):
                 kind = "compiled" if compiled else ("batch" if root and phase == "forward" else "module_input")
                 hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
@@ -254,7 +262,7 @@ class ModuleHooks:
                     compiled=compiled,
                     hazards=hz,
                 )
-                if phase != "recompute" and torch.is_grad_enabled():
+                if self.s._depth >= 1 and phase != "recompute" and torch.is_grad_enabled():
                     self._hook_input_grads(module, path, tensors)
             if compiled:
                 # Compiled code writes without the dispatch mode seeing it (an input mutated in

@@ -14,12 +14,13 @@ is shared by the records of one call.
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import Any
 
 import torch
 
-__all__ = ["RecordBuffer", "args_text", "flat_args", "record_columns"]
+from detfp_capture._stable import stable_text
+
+__all__ = ["ARGS_TEXT_MAX", "RecordBuffer", "args_digest_text", "args_text", "flat_args", "record_columns"]
 
 
 class RecordBuffer:
@@ -123,45 +124,36 @@ def _unflatten(flat: tuple) -> tuple[list, list[tuple[str, Any]]]:
     return args, kwargs
 
 
-def _arg_repr(v: Any) -> str:
-    # Only values whose text is identical in every process: no addresses, no salted hashes.
-    if v is None or isinstance(v, (bool, int, str)):
-        return repr(v)
-    if isinstance(v, float):
-        return repr(v) if not math.isnan(v) else "nan"
-    if isinstance(v, (list, tuple)):
-        inner = ",".join(_arg_repr(x) for x in v)
-        return f"[{inner}]" if isinstance(v, list) else f"({inner})"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_arg_repr(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))) + "}"
-    if isinstance(v, torch.Tensor):
-        return "T"
-    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
-        return str(v)
-    if isinstance(v, complex):
-        return repr(v)
-    name = getattr(v, "name", None)  # enums such as ReduceOp.SUM: the member, not just the type
-    if isinstance(name, str):
-        return f"{type(v).__name__}.{name}"
-    return type(v).__name__
+#: Longest argument text kept by value (the ``args`` table); longer ones keep only their digest.
+ARGS_TEXT_MAX = 1024
 
 
 def args_text(src: Any) -> str | None:
     """16-hex digest of a call's non-tensor arguments, None when none.
 
     ``src`` = (args, kwargs), kwargs a dict or (name, value) pairs, or a ``flat_args`` tuple."""
+    got = args_digest_text(src)
+    return None if got is None else got[0]
+
+
+def args_digest_text(src: Any) -> tuple[str, str | None] | None:
+    """(16-hex digest, text) of a call's non-tensor arguments, None when none. The text is
+    ``name=value`` pairs joined by ``"; "`` (positional arguments named by index), None when
+    longer than ARGS_TEXT_MAX; the digest covers every argument whatever the length."""
     args, kwargs = _unflatten(src) if src and src[0] is _FLAT else src
     parts = []
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor):
-            parts.append(f"{i}={_arg_repr(a)}")
+            parts.append(f"{i}={stable_text(a)}")
     items = kwargs.items() if isinstance(kwargs, dict) else kwargs
     for k, v in sorted(items, key=lambda kv: kv[0]):
         if not isinstance(v, torch.Tensor):
-            parts.append(f"{k}={_arg_repr(v)}")
+            parts.append(f"{k}={stable_text(v)}")
     if not parts:
         return None
-    return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
+    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
+    text = "; ".join(parts)
+    return digest, (text if len(text) <= ARGS_TEXT_MAX else None)
 
 
 _ARGS_MEMO: dict[tuple, str | None] = {}
@@ -189,10 +181,13 @@ def _args_key(src: Any) -> tuple | None:
     return key
 
 
-def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[bool], list[str | None]]:
+def record_columns(
+    buf: RecordBuffer,
+) -> tuple[dict[str, list], list[Any], list[bool], list[str | None], dict[str, tuple[str, int, int]]]:
     """Columns of the records table from a buffer whose slots are resolved.
 
-    Returns (columns, fingerprint per record, ok per record, digest hex per record); the caller
+    Returns (columns, fingerprint per record, ok per record, digest hex per record, argument
+    texts: args digest -> (text, step, seq) of its first record in the window); the caller
     adds the ``hazards`` column (it may extend the hazards from the fingerprints). One
     comprehension per column: this runs once per flush over every record.
     """
@@ -217,7 +212,8 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
     adcache: dict[int, str | None] = {}
     ads = []
     memo = _ARGS_MEMO
-    for c in calls:
+    texts = {}
+    for i, c in enumerate(calls):
         src = c[7]
         if src is None:
             ads.append(None)
@@ -227,14 +223,16 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
             # The same op arguments recur every step: their digest is memoized across flushes
             # under an exact key (see _args_key), the text and BLAKE2b computed once.
             key = _args_key(src)
-            text = memo.get(key) if key is not None else None
-            if text is None:
-                text = args_text(src)
+            got = memo.get(key) if key is not None else None
+            if got is None:
+                got = args_digest_text(src) or (None, None)
                 if key is not None:
                     if len(memo) >= _ARGS_MEMO_LIMIT:
                         memo.clear()
-                    memo[key] = text
-            adcache[k] = text
+                    memo[key] = got
+            adcache[k] = got[0]
+            if got[1] is not None and got[0] not in texts:
+                texts[got[0]] = (got[1], c[0], buf.seq[i])
         ads.append(adcache[k])
     cols["args_digest"] = ads
     # fps: _resolve.resolve_raw tuples (digest, error, rows, moments, pointer_like) or None.
@@ -254,4 +252,4 @@ def record_columns(buf: RecordBuffer) -> tuple[dict[str, list], list[Any], list[
         cols["m_absmax"] = [None if m is None else m.absmax for m in ms]
         cols["m_nan"] = [None if m is None else m.nan for m in ms]
         cols["m_inf"] = [None if m is None else m.inf for m in ms]
-    return cols, fps, ok, digests
+    return cols, fps, ok, digests, texts

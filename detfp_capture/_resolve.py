@@ -279,7 +279,7 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         for n, f in comps.items():
             if f.error is not None:
                 return Fingerprint(dtype, shape, p.numel, "", components=view, error=f"component {n!r}: {f.error}")
-        digest = core.combine(p.type_name, dtype, shape, [(n, f.digest) for n, f in comps.items()])
+        digest = core.combine(p.type_name, dtype, shape, [*((n, f.digest) for n, f in comps.items()), *p.meta])
         return Fingerprint(dtype, shape, p.numel, digest, components=view)
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])

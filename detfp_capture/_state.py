@@ -72,6 +72,10 @@ class Recorder(Batching, FlushTables):
         self.events: list[tuple] = []
         self.kernels: list[tuple] = []
         self.dumps: list[tuple] = []
+        # Argument digests whose text this segment has written (the args table), and the rows
+        # a flush adds to it.
+        self.args_written: set[str] = set()
+        self.args_rows: dict[str, list] | None = None
         # Slot keyed by id(tensor): reuse digests of unchanged tensors (Slot.matches).
         self.vcache: dict[int, Slot] = {}
         # Level ops: (tensor, Slot, version) of the tensors the last op wrote, cached at the version
@@ -89,6 +93,9 @@ class Recorder(Batching, FlushTables):
         self.deferred: list[torch.Tensor | None] = []
         self.deferred_slots: list[Slot] = []
         self.deferred_versions: list[int | None] = []
+        # ... and its data address then: a storage freed or reallocated since (FSDP frees its
+        # unsharded parameters with storage.resize_(0), unseen by the dispatcher) moves it.
+        self.deferred_addrs: list[int] = []
         self.deferred_bytes = 0
         # Storage data pointer -> index (or indices) of deferred tensors in it: only a write into
         # one of them needs those digests taken first.
@@ -344,6 +351,7 @@ class Recorder(Batching, FlushTables):
                         deferred.append(t)
                         self.deferred_slots.append(s)
                         self.deferred_versions.append(None if fresh else version)
+                        self.deferred_addrs.append(t.data_ptr())
                         self.deferred_bytes += nb
                     elif fits(t):
                         # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a
@@ -532,7 +540,10 @@ class Recorder(Batching, FlushTables):
                 if slots:
                     self._resolve(slots)
                 tables: dict[str, dict[str, list]] = {}
+                self.args_rows = None
                 tables["records"] = self._record_columns(records)
+                if self.args_rows is not None:
+                    tables["args"] = self.args_rows
                 tables["metrics"] = _columns.metric_columns(metrics)
                 if kernels:
                     tables["kernels"] = _columns.kernel_columns(kernels, self.next_seq)

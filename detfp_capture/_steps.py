@@ -18,11 +18,28 @@ from typing import Any
 import torch
 
 from detfp_capture import contract
+from detfp_capture._records import flat_args
 
 __all__ = ["StepRecording"]
 
 #: A step end flushes at least this often (seconds), even when the window is not full.
 _FLUSH_SECONDS = 20.0
+
+
+def hyperparameters(group: dict) -> tuple | None:
+    """A param group's hyperparameters (lr as the scheduler left it, betas, eps, weight_decay,
+    momentum, foreach/fused/capturable flags, ...) as the arguments of its optimizer calls.
+    A one-element CPU tensor (a tensor lr) counts by value; other tensors only by presence
+    (reading a device tensor here would synchronize)."""
+    items = []
+    for k in sorted(group):
+        if k == "params":
+            continue
+        v = group[k]
+        if isinstance(v, torch.Tensor):
+            v = v.item() if v.numel() == 1 and v.device.type == "cpu" else v
+        items.append((k, v))
+    return flat_args([], items)
 
 
 class StepRecording:
@@ -45,6 +62,7 @@ class StepRecording:
             self._first_step = n
             self._manifest["start_step"] = n
             self._write_manifest_safely()
+        self._check_settings()
         if not sel:
             if self._hazard is not None:
                 self._hazard.unobserved()
@@ -75,6 +93,29 @@ class StepRecording:
             self._mode.__enter__()
             self._mode_entered = True
             rec.mode = self._mode
+
+    def _check_settings(self) -> None:
+        """The manifest's determinism settings and numerics environment are those in force when
+        the first step begins (a script sets them after the launcher opened the session); a
+        later change is a ``setting_changed`` event, which ``env`` and ``certify`` report."""
+        from detfp_capture.manifest import determinism_settings, numerics_env
+
+        try:
+            now = determinism_settings()
+        except Exception:
+            return
+        if self._settings is None:
+            self._settings = now
+            if self._manifest.get("determinism") != now or self._manifest.get("env") != numerics_env():
+                self._manifest["determinism"] = now
+                self._manifest["env"] = numerics_env()
+                self._write_manifest_safely()
+            return
+        changed = sorted(k for k in now if now[k] != self._settings.get(k))
+        if changed and not self._rec.failed:
+            detail = ", ".join(f"{k}: {self._settings.get(k)!r} -> {now[k]!r}" for k in changed)
+            self._rec.event("setting_changed", changed[0], "", len(changed), f"before step {self._rec.step}: {detail}")
+        self._settings = now
 
     def _end_step(self) -> None:
         if self._inert:
@@ -166,12 +207,26 @@ class StepRecording:
             rec.phase = "optimizer"
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
+            names = self._param_names
+            if any(id(p) not in names for g in opt.param_groups for p in g["params"]):
+                # Parameters replaced since watch() (FSDP2's fully_shard swaps in DTensors):
+                # name them again from the watched models.
+                for ref in self._models:
+                    m = ref()
+                    if m is not None:
+                        self._name_params(m)
             specs = []
             for gi, group in enumerate(opt.param_groups):
+                hp = hyperparameters(group)
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
-                    specs.append((None, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
+                    # One call per parameter: its value before (here) and after the step, with
+                    # the group's hyperparameters as the call's arguments.
+                    occ = rec.occurrence("optimizer", "", "param", name)
+                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp, False)
+                    specs.append((call, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
                     if p.grad is not None:
+                        self._grads_seen = True
                         specs.append((None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
             rec.record_many(specs, fresh=True)
             rec.microbatch = mb
@@ -191,12 +246,13 @@ class StepRecording:
             rec.microbatch = contract.NO_MICROBATCH
             specs = []
             for gi, group in enumerate(opt.param_groups):
+                hp = hyperparameters(group)
                 for pi, p in enumerate(group["params"]):
                     name = self._pname(p, gi, pi)
                     # The "after" side of the param call opened before the step (same occurrence).
                     key = (rec.microbatch, "optimizer", "", "param", name)
                     occ = max(0, rec.occ.get(key, 1) - 1)
-                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, None, False)
+                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp, False)
                     specs.append((call, "param", name, "", "optimizer", "output", f"group[{gi}]", p))
                     state = opt.state.get(p, {})
                     for sname in sorted(state, key=str):

@@ -19,6 +19,8 @@ class FlushTables:
     """Recorder methods that turn a flush window's records into its records table."""
 
     events: list[tuple]
+    args_written: set[str]
+    args_rows: dict[str, list] | None
     forward_outputs: dict[tuple, set[str]]
     recompute_checks: list[tuple]
     step: int
@@ -48,7 +50,18 @@ class FlushTables:
     def _record_columns(self, records: RecordBuffer) -> dict[str, list]:
         """Columns of the records table, plus what the resolved digests say: pointer-like
         hazards (flag and event) and the recompute check's inputs."""
-        cols, fps, ok, digests = record_columns(records)
+        cols, fps, ok, digests, texts = record_columns(records)
+        # Each argument text once per segment (the args table), in the window it first appears.
+        seen = self.args_written
+        new = sorted((v[1], v[2], d, v[0]) for d, v in texts.items() if d not in seen)
+        if new:
+            seen.update(d for _, _, d, _ in new)
+            self.args_rows = {
+                "step": [r[0] for r in new],
+                "seq": [r[1] for r in new],
+                "args_digest": [r[2] for r in new],
+                "text": [r[3] for r in new],
+            }
         calls, roles, args = records.call, records.role, records.arg
         hazards: list = records.hazards
         fwd = self.forward_outputs

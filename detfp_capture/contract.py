@@ -121,7 +121,11 @@ CALL_KEY_COLUMNS: tuple[str, ...] = tuple(c.name for c in _CALL_KEY)
 _RECORDS = (
     *_PROVENANCE,
     *_CALL_KEY,
-    _c("role", "string", "input | output | value: which side of the call the tensor is on."),
+    _c(
+        "role",
+        "string",
+        "input | output | value | dest: which side of the call the tensor is on (dest: a write-only argument, recorded before the call without a digest).",
+    ),
     _c(
         "arg",
         "string",
@@ -203,14 +207,27 @@ _DUMPS = (
     _c("data", "large_binary", "Raw bytes of the tensor, contiguous row-major, little-endian (never pickle)."),
 )
 
+_ARGS = (
+    *_PROVENANCE,
+    _c("args_digest", "string", "An args_digest of the records table this text belongs to."),
+    _c(
+        "text",
+        "string",
+        "The call's non-tensor arguments by value: name=value pairs joined by '; ' (positional arguments named by their index), each value as process-independent text (numbers, strings, dtypes, tuples; other objects by type name).",
+    ),
+)
+
 #: Every table of a run, in the order documented. ``records`` and ``metrics`` and
-#: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request.
+#: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request;
+#: ``args`` holds each distinct argument text once per (rank, segment), in the window where it
+#: first appears (step and seq of its first record), when the text is at most 1024 characters.
 TABLES: dict[str, tuple[Column, ...]] = {
     "records": _RECORDS,
     "metrics": _METRICS,
     "events": _EVENTS,
     "kernels": _KERNELS,
     "dumps": _DUMPS,
+    "args": _ARGS,
 }
 
 #: Record kinds. ``op``: an ATen op; ``module_input``/``module_output``: a module boundary
@@ -237,12 +254,20 @@ KINDS = (
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
 INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch")
-ROLES = ("input", "output", "value")
+#: ``dest``: a write-only argument of an op (an ``out=`` argument, the destination of a full
+#: overwrite such as ``copy_``/``fill_``/``zero_``, or a destination still unwritten since its
+#: ``empty*`` allocation). Its prior contents are never read, so it is recorded before the call
+#: without a digest (status ``skipped``): never evidence, never an input of the call.
+ROLES = ("input", "output", "value", "dest")
 #: ``step``: outside forward/backward/optimizer (step-start RNG, step-end parameters).
 PHASES = ("forward", "backward", "recompute", "optimizer", "step")
 STATUSES = ("ok", "skipped", "error")
 #: Hazard flags: records carrying one are likely false roots.
 HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")
+#: ``partial_step``: a step ended at close without an optimizer step (launcher mode: the forwards
+#: after the last one); ``setting_changed``: a determinism setting changed between steps (the
+#: manifest holds the values at the first step); ``reduction_not_captured``: a gradient
+#: reduction the capture could not record (an unhookable DDP, or none seen in a multi-rank step).
 EVENT_TYPES = (
     "step_begin",
     "step_end",
@@ -252,6 +277,9 @@ EVENT_TYPES = (
     "truncation",
     "capture_error",
     "capture_disabled",
+    "partial_step",
+    "setting_changed",
+    "reduction_not_captured",
 )
 
 

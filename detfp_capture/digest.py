@@ -29,6 +29,7 @@ import torch
 from detfp_capture import _digest_core as core
 from detfp_capture._digest_types import DigestError, Fingerprint, Moments
 from detfp_capture._resolve import resolve
+from detfp_capture._stable import stable_text
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
 
@@ -165,6 +166,7 @@ class Pending:
     arena_moments: bool = False  # moments / pointer flag come from the arena at seal
     arena_pointer: bool = False
     components: dict[str, Pending] | None = None  # flattened subclasses
+    meta: tuple[tuple[str, str], ...] = ()  # their non-tensor components and context, as text
     type_name: str = ""
     error: str | None = None
 
@@ -295,8 +297,23 @@ def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending
     tp = type(t)
     p = Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
     p.type_name = f"{tp.__module__}.{tp.__qualname__}"
-    names, _ctx = t.__tensor_flatten__()
-    p.components = {name: _start(getattr(t, name), rows, moments, False) for name in names}
+    names, ctx = t.__tensor_flatten__()
+    comps: dict[str, Pending] = {}
+    meta: list[tuple[str, str]] = []
+    for name in names:
+        v = getattr(t, name)
+        if isinstance(v, torch.Tensor):
+            comps[name] = _start(v, rows, moments, False)
+        else:
+            meta.append((name, stable_text(v, objects=True)))
+    if meta:
+        # A subclass with non-tensor components (DTensor: its local shard and device mesh) is
+        # its tensors plus how they are laid out: the mesh and the flatten context (placements,
+        # global shape) join the digest. Subclasses whose components are all tensors digest as
+        # before (their context never did), so no earlier digest changes.
+        meta.append(("ctx", stable_text(ctx, objects=True)))
+        p.meta = tuple(meta)
+    p.components = comps
     return p
 
 

@@ -142,6 +142,14 @@ class Session(StepRecording):
         self._patched: list[tuple[Any, str, Any]] = []
         self._groups_changed = False
         self._first_step: int | None = start_step
+        # Launcher mode: the step that begins at the next forward (or optimizer step), and
+        # whether the running step has seen an optimizer step (a trailing one has not).
+        self._auto_next: int | None = None
+        self._grads_seen = False  # the optimizer read gradients this step (see CollectiveTracer.step_end)
+        self._auto_stepped = False
+        # The determinism settings last seen at a step begin (the manifest holds the first).
+        self._settings: dict[str, Any] | None = None
+        self._wrappers_patched = False
         self._step_selected = False
         self._primary_opt: Any = None
         self._opt_stepped = False
@@ -196,6 +204,7 @@ class Session(StepRecording):
 
             self._mode = CaptureMode(self)
             self._patch_syncs()
+            self._patch_storage_resize()
 
     # ================================================================== public API
     def watch(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -205,9 +214,10 @@ class Session(StepRecording):
         try:
             self._name_params(model)
             self._models.append(weakref.ref(model))
+            self._hooks.watch(model)  # level metrics: the root only (its input is the batch)
             if self._depth >= 1:
-                self._hooks.watch(model)
                 self._maybe_hook_ddp(model)
+                self._find_wrappers()
         except Exception as exc:
             self._rec.fail(exc, "watch()")
         return model
@@ -303,6 +313,17 @@ class Session(StepRecording):
             return
         try:
             if self._rec.in_step:
+                if self._primary_opt is not None and not self._auto_stepped and self._rec.selected:
+                    # Launcher mode: forwards after the last optimizer step (an evaluation) form
+                    # a step no optimizer step ended; the analysis leaves it out.
+                    self._rec.event(
+                        "partial_step",
+                        "",
+                        "",
+                        None,
+                        f"step {self._rec.step} ended at close without an optimizer step (an evaluation or a "
+                        "trailing forward); it is not compared",
+                    )
                 self._end_step()
             self._flush_safely()
         finally:
@@ -365,6 +386,43 @@ class Session(StepRecording):
             return
         if isinstance(model, DistributedDataParallel):
             self._collectives.hook_ddp(model, self._param_names)
+
+    def _find_wrappers(self) -> None:
+        """Find a DistributedDataParallel wrapped around a watched module, whichever was created
+        first: its C++ reducer issues the gradient all-reduce unseen by the collective wrappers,
+        so it gets the recording comm hook at its first forward (before any backward). The
+        class's forward is wrapped while the session is open (a global module hook would make
+        torch.compile warn about every compiled module)."""
+        if self._wrappers_patched or self._collectives is None:
+            return
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except Exception:
+            return
+        paths = self._hooks.paths
+        hooked = self._collectives.ddp_hooked
+        session = self
+
+        def wrap(orig: Any) -> Any:
+            def forward(ddp: Any, *a: Any, **k: Any) -> Any:
+                if (
+                    id(ddp) not in hooked
+                    and id(getattr(ddp, "module", None)) in paths
+                    and not session._closed
+                    and not torch.compiler.is_compiling()
+                ):
+                    try:
+                        session._name_params(ddp)
+                        session._maybe_hook_ddp(ddp)
+                    except Exception as exc:
+                        session._rec.fail(exc, "hooking a DistributedDataParallel wrapper")
+                return orig(ddp, *a, **k)
+
+            forward.__wrapped__ = orig  # type: ignore[attr-defined]
+            return forward
+
+        self._patch(DDP, "forward", wrap)
+        self._wrappers_patched = True
 
     def _on_root(self, module: torch.nn.Module) -> None:
         """Launcher mode: a module ran forward as a root for the first time."""
@@ -515,6 +573,33 @@ class Session(StepRecording):
         if hasattr(torch.cuda, "Event"):
             self._patch(torch.cuda.Event, "synchronize", wrap)
 
+    def _patch_storage_resize(self) -> None:
+        """Observe storage resizes, which no dispatch mode sees: FSDP (and ZeRO-3) free the
+        unsharded parameters with ``storage.resize_(0)`` after a module's forward and allocate
+        them again before its backward. Digests still waiting for a batch over that storage are
+        taken first (reading it afterwards would read freed memory), and cached digests over it
+        are dropped (its next contents are new)."""
+        rec = self._rec
+
+        def wrap(orig: Any) -> Any:
+            def resize_(storage: Any, *a: Any, **k: Any) -> Any:
+                if not rec.busy and rec.selected and not rec.failed and (rec.deferred or rec.vcache):
+                    try:
+                        ptr = storage.data_ptr()
+                    except Exception:  # a fake or functional storage (torch.compile tracing): no data
+                        ptr = None
+                    if ptr:
+                        try:
+                            rec.storage_changing(ptr)
+                        except Exception as exc:
+                            rec.fail(exc, "storage resize")
+                return orig(storage, *a, **k)
+
+            resize_.__wrapped__ = orig  # type: ignore[attr-defined]
+            return resize_
+
+        self._patch(torch.UntypedStorage, "resize_", wrap)
+
     def _teardown(self) -> None:
         if self._mode_entered:
             self._mode_entered = False
@@ -543,16 +628,25 @@ class Session(StepRecording):
             return
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        if self._depth >= 1:
-            self._hooks.install_global()
+        self._hooks.install_global()  # level metrics: roots only
         self._opt_handles.append(register_optimizer_step_pre_hook(lambda opt, a, k: self._auto_pre(opt)))
         self._opt_handles.append(register_optimizer_step_post_hook(lambda opt, a, k: self._auto_post(opt)))
-        start = self._cfg.start_step or 0
-        self._begin_step(start)
+        # Step --start-step begins at the first forward (or optimizer step), not at launch: the
+        # script has seeded its RNGs and set its determinism flags by then.
+        self._auto_next = self._cfg.start_step or 0
+
+    def _auto_touch(self) -> None:
+        """Launcher mode: begin the pending step (first forward, collective or optimizer step of it)."""
+        n, self._auto_next = self._auto_next, None
+        if n is not None and not self._closed:
+            self._auto_stepped = False
+            self._begin_step(n)
 
     def _auto_pre(self, opt: Any) -> None:
         if self._primary_opt is None:
             self._primary_opt = weakref.ref(opt)
+        if self._auto_next is not None:
+            self._auto_touch()
         if self._depth >= 1:
             self._opt_pre(opt)
 
@@ -562,5 +656,6 @@ class Session(StepRecording):
         if self._closed or self._primary_opt is None or self._primary_opt() is not opt:
             return
         n = self._rec.step + 1
+        self._auto_stepped = True
         self._end_step()
-        self._begin_step(n)
+        self._auto_next = n  # begins at the next forward: no trailing step after the last one

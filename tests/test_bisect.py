@@ -260,14 +260,23 @@ def test_rank_subset_shared_coordinate(tmp_path):
     assert d.shared_coordinates == {"dp": 1}
 
 
-def test_skipped_is_no_evidence_and_error_never_equal(tmp_path):
+def test_skipped_and_digest_errors_are_no_evidence(tmp_path):
     skip = {"set": {"view.out": {"status": "skipped", "digest_hi": None, "digest_lo": None}}}
     a, b = build_pair(tmp_path / "skip", world=1, edits_b={(0, 1): {**skip, "change": ("view.out",)}})
     assert bisect(a, b).status == "identical"
+    # A digest error (on both sides, or one) is no evidence either way, never a divergence of an
+    # otherwise identical pair; the report counts the records left out.
     err = {"set": {"relu.out": {"status": "error", "error": "boom", "digest_hi": None, "digest_lo": None}}}
     a, b = build_pair(tmp_path / "err", world=1, edits_a={(0, 2): err}, edits_b={(0, 2): err})
+    res = bisect(a, b)
+    assert res.status == "identical"
+    assert any("could not be digested" in n and "A 1, B 1" in n for n in res.notes), res.notes
+    a, b = build_pair(tmp_path / "err1", world=1, edits_b={(0, 2): err})
+    assert bisect(a, b).status == "identical"
+    # ... but a real difference after it is still found.
+    a, b = build_pair(tmp_path / "err2", world=1, edits_a={(0, 1): err}, edits_b={(0, 1): {**err, "after": "mm2.out"}})
     f = bisect(a, b).rank(0).first
-    assert (f.step, f.op, f.diff_kind) == (2, "aten::relu.default", "error")
+    assert (f.step, f.verdict) == (1, "origin")
 
 
 def test_levels_truncate(tmp_path):

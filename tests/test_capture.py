@@ -50,7 +50,10 @@ def test_metrics_level_records(tmp_path):
     assert m["bits"].to_list() == losses
     assert [struct.unpack("<Q", struct.pack("<d", v))[0] for v in m["value"]] == losses
     recs = read(tmp_path / "r")
-    assert set(recs["kind"]) == {"rng_state", "param"}
+    assert set(recs["kind"]) == {"rng_state", "batch", "param"}
+    # The data fed to the root module: the cheapest evidence that a run's input differs.
+    batch = recs.filter(pl.col("kind") == "batch")
+    assert batch.select("step", "module", "role").rows() == [(0, "", "input"), (1, "", "input")]
     params = recs.filter(pl.col("kind") == "param")
     assert (params["phase"] == "step").all()
     assert params.filter(pl.col("step") == 0)["name"].to_list() == [n for n, _ in Net().named_parameters()]

@@ -28,6 +28,7 @@ rows per table:
   events   2
   kernels  1
   dumps    0
+  args     0
 records per kind:
   collective  1
   op          4

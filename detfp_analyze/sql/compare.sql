@@ -15,7 +15,7 @@
 -- @column kind        What was fingerprinted (op, collective, param, ...).
 -- @column name        Op overload, collective, parameter, probe or metric name.
 -- @column occurrence  Calls with the same key fields before this one on this rank.
--- @column role        input | output | value.
+-- @column role        input | output | value | dest (a write-only argument, never digested).
 -- @column arg         Argument path inside the call.
 -- @column match       same | differs | only_a | only_b | unknown (a side has no digest: status skipped or error).
 -- @column seq_a       seq of the record in A (null when only_b).
