@@ -282,13 +282,21 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
             what = f"{f.table} window {w}" if w is not None else f"{f.table} shard {f.path.name}"
             seg.gaps.append(Gap("uncommitted_window", r, s, f.table, w, flo, fhi,
                                 f"{what} was written but never committed"))  # fmt: skip
-    for w in range(n_windows):
-        if w not in committed and w not in seg.files:
-            below = [spans[k][1] for k in spans if k < w]
-            above = [spans[k][0] for k in spans if k > w]
-            lo = max(below) if below else _start(seg, earlier_last)
-            seg.gaps.append(Gap("uncommitted_window", r, s, None, w, lo, min(above) if above else None,
-                                f"window {w} has no commit line"))  # fmt: skip
+    # Windows below the count with neither a commit line nor a file: one gap per run of them
+    # (walked over the windows present, never over the count, which a damaged log could inflate).
+    present = sorted({w for w in committed if w < n_windows} | {w for w in seg.files if w is not None and w < n_windows})
+    holes, prev = [], -1
+    for w in [*present, n_windows]:
+        if w > prev + 1:
+            holes.append((prev + 1, w - 1))
+        prev = w
+    for first, last_w in holes:
+        below = [spans[k][1] for k in spans if k < first]
+        above = [spans[k][0] for k in spans if k > last_w]
+        lo = max(below) if below else _start(seg, earlier_last)
+        what = f"window {first} has" if first == last_w else f"windows {first}-{last_w} have"
+        seg.gaps.append(Gap("uncommitted_window", r, s, None, first, lo, min(above) if above else None,
+                            f"{what} no commit line"))  # fmt: skip
     tail = last if last is not None else _start(seg, earlier_last)
     if log.close is None:
         what = {0: "no window committed", 1: "window 0 committed"}.get(n_windows, f"windows 0-{n_windows - 1} committed")

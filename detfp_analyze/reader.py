@@ -339,6 +339,9 @@ def _load_manifest(path: Path, shown: str) -> dict:
         ) from None
     except RecursionError:
         raise ManifestError(f"{shown}: JSON nested too deeply; restore the file or re-run the capture") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        reason = " ".join(str(exc).split())[:80]
+        raise ManifestError(f"{shown}: not valid JSON ({reason}); restore the file or re-run the capture") from None
     if not isinstance(manifest, dict):
         raise ManifestError(f"{shown}: not a JSON object; restore the file or re-run the capture")
     missing = [k for k in contract.MANIFEST_KEYS if k not in manifest]

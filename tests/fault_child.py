@@ -19,6 +19,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import struct
 import time
 import tracemalloc
@@ -121,7 +122,7 @@ def train(
 ) -> None:
     """Train ``steps`` steps from ``first_step`` and write the result JSON to ``result``.
 
-    ``at_step``: step -> action at its start ("fill", "read_only", "remove", "big_probe");
+    ``at_step``: step -> action at its start ("fill", "read_only", "remove", "die", "big_probe");
     ``fsize``: RLIMIT_FSIZE for this process; ``tmpfs``: run on a private tmpfs of that many
     bytes (copied out to ``out`` at the end); ``measure``: tracemalloc peak and the writer's
     peak backlog; ``gloo``: init file of a process group (rank/world), ``collective_steps``:
@@ -171,7 +172,7 @@ def train(
             session.watch_optimizer(opt)
         for step in range(first_step, first_step + steps):
             action = (at_step or {}).get(step)
-            if action in ("fill", "read_only", "remove") and session is not None:
+            if action in ("fill", "read_only", "remove", "die") and session is not None:
                 _drained(session)  # the fault strikes after the earlier windows landed: they must survive it
             if action == "fill":
                 if info["mode"] == "tmpfs":
@@ -182,6 +183,8 @@ def train(
                 info["mode"] = _read_only(run_dir)
             elif action == "remove":
                 shutil.rmtree(run_dir)
+            elif action == "die":  # the rank dies between steps (OOM killer, node failure)
+                os.kill(os.getpid(), signal.SIGKILL)
             ctx = session.step(step) if session is not None else contextlib.nullcontext()
             with ctx:
                 x = torch.randn(16, 8, generator=gen)

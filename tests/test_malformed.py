@@ -138,6 +138,7 @@ CASES = [
     Case("manifest_not_an_object", lambda a, b: _manifest(b).write_text("[1, 2]"), "segment-00000.json: not a JSON object"),
     Case("manifest_huge", lambda a, b: _manifest(b).write_text(" " * (5 << 20) + "{}"), "segment-00000.json: larger than 4 MiB"),
     Case("manifest_not_utf8", lambda a, b: _manifest(b).write_bytes(b'{"rank": "\xff\xfe"}'), "segment-00000.json: not UTF-8 text"),
+    Case("manifest_huge_integer", lambda a, b: _manifest(b).write_text('{"rank": ' + "9" * 5000 + "}"), "segment-00000.json: not valid JSON (Exceeds the limit"),
     Case("manifest_nested_deeply", lambda a, b: _manifest(b).write_text("[" * 200000 + "]" * 200000), "segment-00000.json: "),
     Case("manifest_missing_key", lambda a, b: _manifest(b).write_text(json.dumps({k: v for k, v in json.loads(_manifest(b).read_text()).items() if k != "env"})), "missing key(s) env"),
     Case("manifest_world_size_is_text", lambda a, b: _edit_manifest(b, world_size="2"), 'world_size is "2", expected an integer in 1..1048576'),
