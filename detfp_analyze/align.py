@@ -13,7 +13,7 @@ with the ``ALIGN_COLUMNS``. Pipeline:
    sides hold the key but the matched records come in a different order, the mark of a
    shifted occurrence counter; reported as structural instead of a cascade of false value
    mismatches), or shifted (the call-site family, e.g. every aten::add in one module, has a
-   different number of calls on the two sides, so occurrence counters no longer line up;
+   different, non-zero number of calls on the two sides, so occurrence counters no longer line up;
    needs the call-site columns, so the walk re-aligns such steps with ALIGN_COLUMNS).
 3. ``first_divergences``: per rank, the first divergent row by (priority, min(pos_a,
    pos_b), max(...), key_hash). The order is symmetric in A and B, so swapping the runs
@@ -198,7 +198,8 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
                 pl.col("call_hash_a").drop_nulls().n_unique().alias("na"),
                 pl.col("call_hash_b").drop_nulls().n_unique().alias("nb"),
             )
-            .filter(pl.col("na") != pl.col("nb"))
+            # A family on one side only is an extra call (a_only/b_only), not a shifted count.
+            .filter((pl.col("na") != pl.col("nb")) & (pl.col("na") > 0) & (pl.col("nb") > 0))
             .select(*fam, pl.lit(True).alias("shifted"))
         )
         j = (

@@ -30,7 +30,7 @@ from detfp_analyze import verdict as _verdict
 from detfp_analyze import walk as _walk
 from detfp_analyze.diagnose import diagnose
 from detfp_analyze.diffkind import classify
-from detfp_analyze.envdiff import check_comparable, env_diff
+from detfp_analyze.envdiff import check_comparable, drop_keys, env_diff
 from detfp_analyze.errors import IncomparableError, SelectionError
 from detfp_analyze.result import (
     LEVELS,
@@ -141,6 +141,7 @@ def bisect(
     steps: Any = None,
     level: str = "op",
     force: bool = False,
+    ignore_env: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
@@ -148,7 +149,9 @@ def bisect(
     ``run_a``/``run_b``: opened runs (``reader.open_run``). ``ranks``: ranks to compare
     (default: every rank in both). ``steps``: inclusive (first, last) pair, an int or a range.
     ``level``: step | phase | module | op | kernel (how deep to narrow). ``force``: compare
-    even when the manifests say the comparison is meaningless. ``progress``: optional callback.
+    even when the manifests say the comparison is meaningless. ``ignore_env``: shell globs of
+    manifest keys left out of the environment diff (``host.*``; see ``envdiff.drop_keys``), listed
+    in ``notes``. ``progress``: optional callback.
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
@@ -160,9 +163,11 @@ def bisect(
     # Only the steps both runs hold completely are compared (runs opened with allow_incomplete).
     run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
     compared, one_sided = _compared_ranks(run_a, run_b, ranks)
-    diffs = env_diff(run_a, run_b, ranks=compared or None)
+    diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=compared or None), ignore_env)
     check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
     notes: list[str] = list(incomplete)
+    if ignored:
+        notes.append(f"environment differences ignored as asked: {', '.join(ignored)}")
     compared, nothing = _held(run_a, run_b, compared)
     if nothing:
         notes.append(
@@ -235,15 +240,23 @@ def bisect(
             rinfo = ResumeInfo(rinfo.resumed, rinfo.start_a, rinfo.start_b, s, n, d, rinfo.note)
     # Verdicts ---------------------------------------------------------------------------
     # Ranks whose only differences sit under hazards (likely false roots) are identical.
-    false_roots = {r: f["first"] for r, f in found.items() if f["next"] is None and f["first"]["hz"]}
-    for r, ex in sorted(false_roots.items()):
+    # Ranks where no value differs (only records under hazards, or calls in another order or
+    # number with matching records) are identical; what differed is noted.
+    weak = {r: f["first"] for r, f in found.items() if f["next"] is None and f["first"].get("weak")}
+    for r, ex in sorted(weak.items()):
         del found[r]
         row = ex["row"]
-        notes.append(
-            f"rank {r}: differences only under hazards ({', '.join(ex['hazards']) or 'hazard'}), from step "
-            f"{row['step']} {row['name']} ({row['kind']}) in {row['module'] or '<root>'}: likely false roots, and no "
-            "clean difference follows them"
-        )
+        where = f"from step {row['step']} {row['name']} ({row['kind']}) in {row['module'] or '<root>'}"
+        if ex["weak"] == "hazards":
+            notes.append(
+                f"rank {r}: differences only under hazards ({', '.join(ex['hazards']) or 'hazard'}), {where}: "
+                "likely false roots, and no clean difference follows them"
+            )
+        else:
+            notes.append(
+                f"rank {r}: calls in another order or number, {where}, with every record's value equal: a "
+                "control-flow difference that changed no value (framework bookkeeping), not a divergence"
+            )
     restored = set(boundary) if window is not None and compared else set()
     entry = restored | {x for x in (range_a and range_a[0], range_b and range_b[0]) if x is not None}
     world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
@@ -325,11 +338,13 @@ def bisect(
             if first is None:  # earlier steps differed only under hazards: the clean one is first
                 first, nxt = nxt, None
             assert first is not None
-            step = first.step
-            results[r] = RankResult(r, "diverged", step, record_step=first.step, first=first, next_clean=nxt, **mkw)
-            if mr is not None and mr["step"] < first.step:
+            # A likely false root followed by a clean divergence: the rank diverges where the
+            # evidence does (the false root stays in the report as ``first``).
+            step = nxt.step if first.hazards and nxt is not None else first.step
+            results[r] = RankResult(r, "diverged", step, record_step=step, first=first, next_clean=nxt, **mkw)
+            if mr is not None and mr["step"] < step:
                 notes.append(
-                    f"rank {r}: metric {mr['name']} differs at step {mr['step']}, before any record (step {first.step}): "
+                    f"rank {r}: metric {mr['name']} differs at step {mr['step']}, before any record (step {step}): "
                     "widen the capture"
                 )
         elif mr is not None:

@@ -11,6 +11,7 @@ import typer
 from detfp_analyze._cli import bisect as _bisect
 from detfp_analyze._cli import certify as _certify
 from detfp_analyze._cli import env as _env
+from detfp_analyze._cli import golden as _golden
 from detfp_analyze._cli import sql as _sql
 from detfp_analyze._cli import summary as _summary
 from detfp_analyze._cli.common import OneLineGroup
@@ -30,6 +31,7 @@ app.command("bisect")(_bisect.command)
 app.command("certify")(_certify.command)
 app.command("env")(_env.command)
 app.command("sql")(_sql.command)
+app.add_typer(_golden.app, name="golden")
 
 
 def main() -> None:

@@ -284,7 +284,9 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
                                 f"{what} was written but never committed"))  # fmt: skip
     # Windows below the count with neither a commit line nor a file: one gap per run of them
     # (walked over the windows present, never over the count, which a damaged log could inflate).
-    present = sorted({w for w in committed if w < n_windows} | {w for w in seg.files if w is not None and w < n_windows})
+    present = sorted(
+        {w for w in committed if w < n_windows} | {w for w in seg.files if w is not None and w < n_windows}
+    )
     holes, prev = [], -1
     for w in [*present, n_windows]:
         if w > prev + 1:
@@ -299,7 +301,9 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
                             f"{what} no commit line"))  # fmt: skip
     tail = last if last is not None else _start(seg, earlier_last)
     if log.close is None:
-        what = {0: "no window committed", 1: "window 0 committed"}.get(n_windows, f"windows 0-{n_windows - 1} committed")
+        what = {0: "no window committed", 1: "window 0 committed"}.get(
+            n_windows, f"windows 0-{n_windows - 1} committed"
+        )
         seg.gaps.append(Gap("not_closed", r, s, None, None, tail, None,
                             f"the capture never closed ({what}; killed, crashed or still running)"))  # fmt: skip
     elif log.close[1] != "ok":

@@ -18,14 +18,15 @@ off two opened runs.
 
 from __future__ import annotations
 
+import fnmatch
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from detfp_analyze.errors import IncomparableError
 
-__all__ = ["EnvDiff", "check_comparable", "env_diff", "flatten_manifest", "manifest_diff"]
+__all__ = ["EnvDiff", "check_comparable", "drop_keys", "env_diff", "flatten_manifest", "manifest_diff"]
 
 #: Top-level manifest keys that never say anything about numerics (always differ per rank or launch).
 _IGNORED = frozenset({"rank", "segment", "start_step", "command"})
@@ -148,6 +149,22 @@ def env_diff(run_a: Any, run_b: Any, *, ranks: Iterable[int] | None = None) -> t
     if run_a.world_size != run_b.world_size and not any(d.key == "world_size" for d in diffs):
         diffs.append(EnvDiff("world_size", run_a.world_size, run_b.world_size, None, True))
     return tuple(sorted(diffs, key=lambda d: (d.key, -1 if d.rank is None else d.rank)))
+
+
+def drop_keys(diffs: Iterable[EnvDiff], patterns: Sequence[str]) -> tuple[tuple[EnvDiff, ...], tuple[str, ...]]:
+    """Leave out the differences whose key matches a pattern (a shell glob on the dotted key:
+    ``git.commit``, ``host.*``, ``env.NCCL_*``): (the rest, the keys left out, sorted and unique).
+
+    For keys a golden-trace gate expects to differ between the golden run and a CI run. A
+    blocking key left out no longer blocks the comparison: the caller asked for that.
+    """
+    kept, dropped = [], set()
+    for d in diffs:
+        if any(fnmatch.fnmatchcase(d.key, p) for p in patterns):
+            dropped.add(d.key)
+        else:
+            kept.append(d)
+    return tuple(kept), tuple(sorted(dropped))
 
 
 def check_comparable(diffs: Iterable[EnvDiff], *, label_a: str = "A", label_b: str = "B", force: bool = False) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "DetfpError",
     "DuplicateRankError",
+    "ExpectationError",
     "IncomparableError",
     "IncompleteRunError",
     "ManifestError",
@@ -67,6 +68,10 @@ class IncomparableError(DetfpError):
 
 class SelectionError(DetfpError):
     """A rank/step selection or option names something the runs do not have (e.g. --ranks 9 of 8)."""
+
+
+class ExpectationError(DetfpError):
+    """An expected-divergences file (``bisect --expect``) is missing, malformed or names an unknown field."""
 
 
 class QueryError(DetfpError):

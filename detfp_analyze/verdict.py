@@ -18,6 +18,8 @@ outputs after, so the first divergent record of a rank is either
 * an input of a call -> ``unobserved_producer`` (no earlier record differs, so whatever
   wrote it was not captured; the call is the consumer to name), unless only the call's
   non-tensor arguments differ: then the call site changed them (``origin``, kind arguments);
+  below level ops a submodule's input was made by its parent's own code, which that level
+  does not capture by design: ``origin`` there (or the cross-rank test on a multi-rank job);
 * an output whose call's inputs all matched -> ``origin``, except that collectives
   (collective, p2p, reduced_grad) need the group-wide test (``group_verdict``): an origin
   only if every rank of the group had matching inputs for the same call, otherwise
@@ -298,6 +300,19 @@ def local_verdict(
         )
     if kind in DERIVED_KINDS:
         return _derived(rec, facts)
+    if kind == "module_input" and role == "input" and "op" not in facts.kinds:
+        # Below level ops the code a module runs between its submodules is not captured: a
+        # submodule's input that differs first was made there (every earlier record, the
+        # previous submodules' outputs included, matched).
+        parent = rec["module"].rsplit(".", 1)[0] if "." in rec["module"] else "<root>"
+        return LocalVerdict(
+            "reduction" if facts.world > 1 else "origin",
+            None,
+            None,
+            f"the input of {label} differs while every captured record before it matched: the code {parent} runs "
+            "between its submodules, not captured at this level, introduced it",
+            f"the ops of {parent} outside its submodules: {_recapture(int(rec['step']), 'ops')}",
+        )
     hop = f" look one hop upstream ({upstream})" if upstream else " look one hop upstream"
     inputs = [r for r in call_rows if r["role"] == "input"]
     differing = [r for r in inputs if r["state"] in _DIVERGENT]

@@ -232,8 +232,9 @@ def walk(
     """rank -> {"first": extract, "next": extract|None} for ranks with a real divergence.
 
     ``next`` is the first clean divergence after a ``first`` that carries a hazard (a likely
-    false root), from the same step or a later candidate step; None when only records under
-    hazards differ.
+    false root), from the same step or a later candidate step. When no step of the rank holds
+    a value difference (only records under hazards, or only calls in another order or number
+    whose records all match), ``next`` is None and ``first["weak"]`` says which.
 
     Each batch is aligned on the narrow columns first; only the calls a verdict needs (the
     divergent call, the next clean one, the call one hop upstream) are then read in full.
@@ -289,37 +290,41 @@ def _walk_batch(
     by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
     # _pick only needs these columns: partitioning and filtering them per rank is far
     # cheaper than the full aligned frame (same rows, same order, so the same picks).
-    slim = al.select("rank", "call_hash", "o1", "hz", "kind")
+    slim = al.select("rank", "call_hash", "o1", "hz", "kind", _VALUE.alias("value"))
     parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
     picks: dict[int, dict[str, Any]] = {}
     for r in batch:
         if r not in by_rank:
-            todo[r].pop(0)  # only no-evidence differences (skipped records) in that step
-            if not todo[r]:
-                del todo[r]
+            _advance(todo, r)  # only no-evidence differences (skipped records) in that step
             continue
-        first = _pick(parts[r], by_rank[r])
+        part = parts[r]
+        first = _pick(part, by_rank[r])
         nxt = None
         if first["hz"]:
             clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
             if clean.height:
-                nxt = _pick(parts[r], clean.row(0, named=True))
+                nxt = _pick(part, clean.row(0, named=True))
+        # A step is no divergence of the run when what differs is only records under hazards
+        # (likely false roots) or only the order or count of calls whose records all match
+        # (framework bookkeeping whose control flow depends on the process: DDP's finalize
+        # order, FSDP's buffer alignment): no value differs, so the state after it is equal.
+        values = part.filter(pl.col("value") & ~pl.col("hz")).height
+        weak = None if values else ("hazards" if first["hz"] and nxt is None else "structure")
+        if weak is None and first["hz"] and nxt is None:
+            weak = "hazards"
         held = found.get(r)
+        if weak is not None:
+            if held is None:
+                first["weak"] = weak
+                picks[r] = {"first": first, "next": None}
+            _advance(todo, r)  # keep looking for a divergence in the rank's later steps
+            continue
         if held is not None:
-            # An earlier step differed only in records under a hazard: this step's first
-            # divergence is the clean one that follows them (or more of the same).
-            if first["hz"] and nxt is None:
-                _advance(todo, r)
-                continue
+            # Earlier steps held no divergence (see above): this step's first divergence is it.
             picks[r] = {"first": None, "next": nxt or first}
         else:
             picks[r] = {"first": first, "next": nxt}
-        if first["hz"] and nxt is None:
-            # Only likely false roots (uninitialized memory, an async write, a pointer table)
-            # differ here: keep looking for a clean divergence in the rank's later steps.
-            _advance(todo, r)
-        else:
-            del todo[r]
+        del todo[r]
     calls: set[tuple[int, int, int]] = set()
     keys: set[tuple[int, int, int]] = set()
     for r, p in picks.items():
@@ -360,11 +365,32 @@ def _walk_batch(
                 "details": (det_a.get(k), det_b.get(k)),
                 "kinds": ex["kinds"],
                 "hz": ex["hz"],
+                "weak": ex.get("weak"),
             }
         found[r] = out
     # Only the extracts made from this batch (a held first was completed in its own batch).
     fresh = {r: {w: found[r][w] if p[w] is not None else None for w in ("first", "next")} for r, p in picks.items()}
     _attach_module_inputs(run_a, run_b, al, fresh)
+
+
+_BOTH = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()
+_OK_A, _OK_B = pl.col("status_a") == "ok", pl.col("status_b") == "ok"
+_DIGESTS_DIFFER = (
+    (pl.col("digest_hi_a") != pl.col("digest_hi_b"))
+    | (pl.col("digest_lo_a") != pl.col("digest_lo_b"))
+    | pl.col("args_digest_a").ne_missing(pl.col("args_digest_b"))
+)
+#: An aligned row that is evidence of a value difference: a differing digest, a digested record
+#: on one side only, or, among calls in another order or number (reordered, shifted), a row
+#: whose digests differ or that holds a digest on the one side it is on. Reordered or shifted
+#: rows without any of that (allocations and views in another number) change no value.
+_VALUE = pl.col("state").is_in(["differ", "a_only", "b_only"]) | (
+    pl.col("state").is_in(["reordered", "shifted"])
+    & (
+        (_BOTH & _OK_A & _OK_B & _DIGESTS_DIFFER.fill_null(True))
+        | (~_BOTH & (_OK_A.fill_null(False) | _OK_B.fill_null(False)))
+    )
+)
 
 
 def _advance(todo: dict[int, list[int]], r: int) -> None:

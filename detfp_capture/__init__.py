@@ -10,7 +10,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["CaptureError", "DigestError", "Fingerprint", "Moments", "Session", "fingerprint"]
+__all__ = [
+    "CaptureError",
+    "DigestError",
+    "Fingerprint",
+    "Moments",
+    "NotReproducibleError",
+    "RepeatResult",
+    "Session",
+    "assert_bitwise_reproducible",
+    "fingerprint",
+    "repeat_check",
+]
 
 _LAZY = {
     "Session": "detfp_capture.session",
@@ -19,11 +30,16 @@ _LAZY = {
     "Moments": "detfp_capture.digest",
     "DigestError": "detfp_capture.digest",
     "CaptureError": "detfp_capture.errors",
+    "repeat_check": "detfp_capture.repeat",
+    "RepeatResult": "detfp_capture.repeat",
+    "assert_bitwise_reproducible": "detfp_capture.repeat",
+    "NotReproducibleError": "detfp_capture.repeat",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint
     from detfp_capture.errors import CaptureError
+    from detfp_capture.repeat import NotReproducibleError, RepeatResult, assert_bitwise_reproducible, repeat_check
     from detfp_capture.session import Session
 
 

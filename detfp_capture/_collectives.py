@@ -341,30 +341,33 @@ class CollectiveTracer:
         pg = getattr(model, "process_group", None)
         from torch.distributed import distributed_c10d as c10d
 
-        allreduce = c10d.all_reduce  # the original: the hook's own all-reduce is recorded as the bucket
+        allreduce = c10d.all_reduce  # the original: recorded through its parameters, not as a collective
         tracer = self
 
         def hook(state: Any, bucket: Any) -> torch.futures.Future:
             group = state if state is not None else c10d._get_default_group()
             buf = bucket.buffer()
-            live = tracer.s._live()
-            call = None
             tracer.rec.settle()
-            if live:
-                call = tracer._bucket_input(group, bucket, buf)
+            before = tracer._bucket_before(group, bucket) if tracer.s._live() else None
             # The built-in path multiplies each gradient by 1/world_size while copying it into the
             # bucket, then sums: the same elementwise product here gives bitwise identical results.
-            buf.mul_(1.0 / group.size())
-            fut = allreduce(buf, group=group, async_op=True).get_future()
+            # These ops belong to the reduction, recorded per parameter: as ops they would follow
+            # DDP's bucket layout, which a resumed run's first step packs differently.
+            tracer.s._bookkeeping += 1
+            try:
+                buf.mul_(1.0 / group.size())
+                fut = allreduce(buf, group=group, async_op=True).get_future()
+            finally:
+                tracer.s._bookkeeping -= 1
 
             def done(f: torch.futures.Future) -> torch.Tensor:
                 out = f.value()[0]
-                if call is not None:
-                    tracer._bucket_output(call, bucket, out)
+                if before is not None:
+                    tracer._bucket_after(before, bucket)
                 return out
 
             chained = fut.then(done)
-            if call is not None:
+            if before is not None:
                 tracer._bucket_pending(chained)
             return chained
 
@@ -392,32 +395,37 @@ class CollectiveTracer:
             self.reported_unseen = True
             warnings.warn(f"detfp: gradient reduction not captured on rank {self.rec.rank}: {detail}", stacklevel=3)
 
-    def _bucket_input(self, group: Any, bucket: Any, buf: torch.Tensor) -> tuple | None:
+    # A bucket is DDP's packing of gradients, and its layout is not stable: DDP rebuilds its
+    # buckets after the first iteration, so a resumed run's first step packs them differently
+    # from the uninterrupted run's, and a bucket becomes ready whenever its last gradient does.
+    # So the reduction is recorded per parameter (kind reduced_grad: the gradient before the
+    # reduction as input, after it as output), and every record joins the stream at the end of
+    # the backward, in parameter-name order: the same stream whatever the packing and timing.
+    def _bucket_before(self, group: Any, bucket: Any) -> list | None:
+        """Start the digests of each parameter's gradient as the bucket holds it before the
+        reduction (read now: the all-reduce writes the bucket next)."""
         rec = self.rec
         if rec.busy:
             return None
         self.reductions += 1
-        rec.enter()
+        self.name_of(group)
         try:
-            name = f"all_reduce@{self.name_of(group)}"
-            return rec.record_call(
-                "collective",
-                name,
-                "",
-                "backward",
-                [("input", "bucket", buf)],
-                args_src=((), {"bucket": bucket.index()}),
-            )
+            with rec.on_any_thread():
+                return [self._started(g) for g in bucket.gradients()]
         except Exception as exc:
             rec.fail(exc, "DDP comm hook")
             return None
-        finally:
-            rec.leave()
+
+    @staticmethod
+    def _started(t: torch.Tensor) -> tuple:
+        from detfp_capture import digest
+        from detfp_capture._state import Slot, dtype_str
+
+        return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
 
     def _bucket_pending(self, fut: Any) -> None:
         """Track a bucket's future; at the end of the backward (an engine callback, on the thread
-        that ran it) the session waits for all of them and appends their records in bucket
-        order, so they land at the same place in every run whatever the completion timing."""
+        that ran it) the session waits for all of them and appends their records."""
         self.ddp_futures.append(fut)
         self.s._note_backward()
 
@@ -429,35 +437,27 @@ class CollectiveTracer:
             with contextlib.suppress(Exception):
                 f.wait()
 
-    def _bucket_output(self, call: tuple, bucket: Any, out: torch.Tensor) -> None:
+    def _bucket_after(self, before: list, bucket: Any) -> None:
         # May run on a backend thread, or inline on the training thread (inside the dispatch
         # mode) when the all-reduce had already finished: start the digests now (values at
-        # completion) with the mode hidden, append later in bucket order (key: the input's seq).
+        # completion) with the mode hidden, append later in parameter-name order.
         rec = self.rec
-        key = (call[0], call[1], call[6])  # step, microbatch, occurrence: the bucket issue order
+        step, mb = rec.step, rec.microbatch
         try:
-            from detfp_capture import digest
-            from detfp_capture._state import Slot, dtype_str
-
-            def started(t: torch.Tensor) -> tuple:
-                return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
-
-            grads = []
             names = getattr(self, "_param_names", {})
             with rec.on_any_thread():
-                items = [("output", "bucket", *started(out))]
                 # gradients() are views of the bucket buffer, which the all-reduce updated in place.
-                for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-                    grads.append((names.get(id(p), f"bucket{bucket.index()}.param"), started(g)))
+                after = [self._started(g) for g in bucket.gradients()]
+            params = list(bucket.parameters())
+            for i, (p, b, a) in enumerate(zip(params, before, after, strict=True)):
+                pname = names.get(id(p), f"bucket{bucket.index()}.param{i}")
 
-            def append() -> None:
-                if rec.failed or call[0] != rec.step:
-                    return
-                rec.append_started(call, items)
-                for pname, (dt, shape, numel, slot) in grads:
+                def append(pname: str = pname, b: tuple = b, a: tuple = a) -> None:
+                    if rec.failed or step != rec.step:
+                        return
                     c = rec.record_call("reduced_grad", pname, "", "backward", [], occurrence=None)
-                    rec.append_started(c, [("value", "grad", dt, shape, numel, slot)])
+                    rec.append_started(c, [("input", "grad", *b), ("output", "grad", *a)])
 
-            rec.foreign.append((key, append))
+                rec.foreign.append(((step, mb, pname), append))
         except Exception as exc:
-            rec.foreign.append((key, lambda e=exc: rec.fail(e, "DDP comm hook completion")))
+            rec.foreign.append(((step, mb, ""), lambda e=exc: rec.fail(e, "DDP comm hook completion")))

@@ -62,7 +62,12 @@ _DEV_WEIGHTS: dict[tuple[torch.device, int, bool, bool], torch.Tensor] = {}
 _COL_MAJOR_ROWS = 256
 #: Device types whose _int_mm takes any M; elsewhere rows are zero-padded to a multiple of 8, >= 32.
 ANY_M_DEVICES = frozenset({"cpu"})
-#: device type -> True when torch._int_mm works there, False for the float32 fallback.
+#: Rows per block of the exact float32 GEMM on CPU: a block (1 MiB as float32) stays in cache and
+#: is reused, where converting a whole batch at once wrote (and page-faulted) four times its bytes:
+#: about 5x slower on a 32 MiB batch (AVX2-only EPYC, one thread).
+_FLOAT_BLOCK_ROWS = 256
+#: device type -> True when torch._int_mm works there (and, on CPU, beats the float32 GEMM),
+#: False for the exact float32 GEMM.
 _INT_MM: dict[str, bool] = {}
 _STATE_LOCK = threading.Lock()
 
@@ -98,8 +103,34 @@ def use_int_mm(device: torch.device) -> bool:
             ok = torch._int_mm(a, weights(device, 0, False)).dtype == torch.int32
         except Exception:
             ok = False
+        if ok and device.type == "cpu":
+            ok = _int_mm_is_faster(device)
         _INT_MM[device.type] = ok
     return ok
+
+
+def _int_mm_is_faster(device: torch.device) -> bool:
+    """Whether ``torch._int_mm`` beats the exact float32 GEMM here, timed once per process.
+
+    Both give the same bits, so only speed decides. On CPUs without VNNI (an AVX2-only AMD EPYC)
+    the int8 GEMM runs a generic kernel: 3-5x slower per digest than converting to float32 and
+    using the float GEMM, while CPUs with VNNI run it several times faster than the float path.
+    """
+    import time
+
+    # Fixed data (not torch's RNG, which the training job owns): 512 rows of 1024 bytes.
+    x = (torch.arange(512 * K, dtype=torch.int32, device=device) % 251 - 125).to(torch.int8).view(512, K)
+    wi, wf = weights(device, 0, False, True), weights(device, 0, True)
+    best = {True: math.inf, False: math.inf}
+    for _ in range(3):
+        for use_int in (True, False):
+            t0 = time.perf_counter()
+            if use_int:
+                torch._int_mm(x, wi)
+            else:
+                (x.to(torch.float32) @ wf).to(torch.int32)
+            best[use_int] = min(best[use_int], time.perf_counter() - t0)
+    return best[True] <= best[False]
 
 
 def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -122,7 +153,19 @@ def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Te
     else:
         # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24,
         # and the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
-        y = (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
+        w = weights(dev, level, True)
+        m = x.shape[0]
+        if dev.type != "cpu" or m <= _FLOAT_BLOCK_ROWS:
+            y = (x.to(torch.float32) @ w).to(torch.int32)
+        else:
+            y = torch.empty(m, LANES, dtype=torch.int32) if out is None else out
+            buf = torch.empty(_FLOAT_BLOCK_ROWS, K, dtype=torch.float32)
+            acc = torch.empty(_FLOAT_BLOCK_ROWS, LANES, dtype=torch.float32)
+            for i in range(0, m, _FLOAT_BLOCK_ROWS):
+                n = min(_FLOAT_BLOCK_ROWS, m - i)
+                buf[:n].copy_(x[i : i + n])
+                torch.mm(buf[:n], w, out=acc[:n])
+                y[i : i + n].copy_(acc[:n])
     if out is not None and y is not out:
         out.copy_(y)
         return out

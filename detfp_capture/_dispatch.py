@@ -17,13 +17,14 @@ traces (``ignore_compile_internals``), ops pass straight through.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._batching import storage_ptrs
-from detfp_capture._hazards import UNINIT
+from detfp_capture._hazards import UNINIT, storage_key
 from detfp_capture._hooks import NODE_KEY
 from detfp_capture._records import flat_args
 
@@ -97,6 +98,16 @@ WRITE_NO_READ = frozenset(
 )
 
 
+# Outputs that are a kernel's opaque workspace for its own backward (reserve space), left partly
+# uninitialized by the kernel's C++ allocation: recorded without a digest (never evidence).
+WORKSPACE_OUTPUTS = {
+    "aten::mkldnn_rnn_layer": frozenset({3}),
+    "aten::_cudnn_rnn": frozenset({3}),
+    "aten::miopen_rnn": frozenset({4}),
+    "aten::cudnn_batch_norm": frozenset({3}),
+}
+
+
 # Ops that read only their input's metadata (shape, dtype, device), never its contents.
 _META_READ = frozenset(
     {
@@ -130,7 +141,9 @@ class OpInfo:
         "no_read",
         "nonblocking",
         "out_kwargs",
+        "reads",
         "skip",
+        "workspace",
         "writes",
         "writing",
     )
@@ -169,6 +182,10 @@ class OpInfo:
         self.dest_kw = frozenset(outs)
         self.no_read = full or bool(outs) or base in WRITE_NO_READ
         self.meta_read = base in _META_READ
+        # Whether the op's input records are digested: not for views and metadata ops (unless
+        # views=True), nor for ops that read only their inputs' shape (empty_like, new_zeros).
+        self.reads = not self.skip and not self.meta_read
+        self.workspace = WORKSPACE_OUTPUTS.get(base, frozenset())
         # A collective returns before its (possibly asynchronous) write completes: its outputs
         # are counted, not digested (the collective's own record, kind collective, is taken at
         # wait(); a functional collective's result is digested where wait_tensor returns it).
@@ -366,6 +383,14 @@ def promote(rec: Any) -> None:
     rec.written.clear()
 
 
+#: Autocast dispatch keys of the device types this build has (see CaptureMode._run).
+_AUTOCAST_KEYS = tuple(
+    getattr(torch._C.DispatchKey, n)
+    for n in ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS")
+    if hasattr(torch._C.DispatchKey, n)
+)
+
+
 class CaptureMode(TorchDispatchMode):
     """The op-level tracer; one per Session, entered for selected steps only."""
 
@@ -375,6 +400,10 @@ class CaptureMode(TorchDispatchMode):
         self.rec = session._rec
         self.hooks = session._hooks
         self.info: dict[Any, OpInfo] = {}
+        self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
+        # Storage -> weak reference of a workspace output (see WORKSPACE_OUTPUTS): its readers
+        # do not digest it either, while the tensor lives.
+        self.workspaces: dict[int, Any] = {}
         self.views = session._cfg.views
 
     @classmethod
@@ -386,22 +415,22 @@ class CaptureMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         rec = self.rec
-        if rec.busy or not rec.selected or rec.failed or self.s._compiled_depth:
-            return func(*args, **kwargs)
+        if rec.busy or not rec.selected or rec.failed or self.s._compiled_depth or self.s._bookkeeping:
+            return self._call(func, args, kwargs)
         try:
             pre = self._pre(func, args, kwargs)
         except Exception as exc:
             rec.busy = False
             rec.fail(exc, f"dispatch of {func}")
-            return func(*args, **kwargs)
+            return self._call(func, args, kwargs)
         if pre is None:
-            return func(*args, **kwargs)
+            return self._call(func, args, kwargs)
         kr = self.s._kernel_range
         if kr is not None and pre[0] is not None:
             with kr(pre[0]):
-                out = func(*args, **kwargs)
+                out = self._call(func, args, kwargs)
         else:
-            out = func(*args, **kwargs)
+            out = self._call(func, args, kwargs)
         try:
             self._post(pre, args, kwargs, out)
         except Exception as exc:
@@ -410,6 +439,36 @@ class CaptureMode(TorchDispatchMode):
         if rec.need_flush:
             self.s._flush_safely()
         return out
+
+    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func`` as it would run without the mode, where autocast is concerned.
+
+        A dispatch mode's handler runs with every key above the Python key excluded, autocast
+        included. An op whose autocast kernel is a fallthrough (custom ops, ops without an
+        autocast rule) normally runs with autocast still on, so whatever its kernel dispatches
+        (a custom op's Python body, a composite kernel's inner matmul) is autocast; called from
+        the handler it would not be, and the numbers would change. So the autocast keys that
+        were on when the op entered the dispatcher, and that have no kernel of their own for
+        this op, are turned back on for the call (only once the session has seen autocast)."""
+        if not self.s._autocast_seen:
+            return func(*args, **kwargs)
+        keys = self.autocast_keys.get(func)
+        if keys is None:
+            name = func.name()
+            keys = self.autocast_keys[func] = tuple(
+                k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
+            )
+        if keys:
+            with torch._C._RestorePythonTLSSnapshot():
+                on_entry = torch._C._dispatch_tls_local_exclude_set()
+            now = exclude = torch._C._dispatch_tls_local_exclude_set()
+            for k in keys:
+                if now.has(k) and not on_entry.has(k):
+                    exclude = exclude.remove(k)
+            if exclude is not now:
+                with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
 
     def _where(self) -> tuple[str, str] | None:
         stack = self.hooks.stack
@@ -454,6 +513,17 @@ class CaptureMode(TorchDispatchMode):
         hz = self.s._hazard
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
+        blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
+        ws = self.workspaces
+        if ws and tensors:
+            for i, (_, _, t) in enumerate(tensors):
+                k = storage_key(t)
+                ref = ws.get(k) if k is not None else None
+                if ref is not None:
+                    if ref() is None:
+                        del ws[k]  # its tensor died: the storage may hold anything now
+                    else:
+                        blind.add(i)
         if hz is not None and hz.active and tensors:
             flags = {}
             written = {f"args[{i}]" for i in info.writes} if info.writes else ()
@@ -477,30 +547,36 @@ class CaptureMode(TorchDispatchMode):
                     if not f:
                         continue
                 flags[i] = f
+                if UNINIT in f:
+                    # Read while (partly) unwritten: garbage that differs between processes, so
+                    # not digested (no evidence); what the op computes from it inherits the flag.
+                    # (An op without alias annotations may only be filling it: FSDP's copy-in.)
+                    blind.add(i)
+                    taint = taint or not info.skip
                 # Views and metadata ops do not read contents; a write-only argument is not read
                 # either (an async or non-blocking hazard on it is still flagged): no event.
                 if not info.skip and tensors[i][0] != "dest":
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if flags is None and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
             # Write-only arguments are counted, never digested: inputs first, then destinations.
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
             call = rec.record_call(
-                "op", info.name, module, phase, ins, args_src=other, digest_it=not info.skip, defer=info.batch_inputs
+                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=info.batch_inputs
             )
             if dests:
                 rec.append_records(call, dests, digest_it=False)
-        elif flags is not None:
+        elif flags is not None or blind:
             call = rec.record_call("op", info.name, module, phase, [], args_src=other)
             for i, item in enumerate(tensors):
-                f = flags.get(i)
+                f = flags.get(i) if flags else None
                 rec.append_records(
                     call,
                     [item],
                     hazards={0: f} if f else None,
-                    digest_it=not info.skip and item[0] != "dest",
+                    digest_it=info.reads and item[0] != "dest" and i not in blind,
                     defer=info.batch_inputs,
                 )
         else:
@@ -511,7 +587,7 @@ class CaptureMode(TorchDispatchMode):
                 phase,
                 tensors,
                 args_src=other,
-                digest_it=not info.skip,
+                digest_it=info.reads,
                 # A writing op runs the batch right below, before the write: worth it for the many
                 # tensors of a _foreach_ op, not for a single in-place tensor.
                 defer=info.batch_inputs,
@@ -548,7 +624,25 @@ class CaptureMode(TorchDispatchMode):
         # What was cached over the storages they write went in _pre (before_write), so the entries
         # made now for them are new ones (_note_written relies on that).
         fresh = info.writing
-        if outs:
+        if outs and info.workspace:
+            for i in info.workspace:
+                if i < len(outs):  # its readers (the op's backward) do not digest it either
+                    t = outs[i][2]
+                    k = storage_key(t)
+                    if k is not None:
+                        self.workspaces[k] = weakref.ref(t)
+            # Split off the workspace outputs (not digested), keeping each record's hazards.
+            for i, item in enumerate(outs):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
+                    fresh=fresh,
+                    defer=True,
+                )
+        elif outs:
             rec.append_records(
                 call,
                 outs,

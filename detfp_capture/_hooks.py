@@ -136,6 +136,8 @@ class ModuleHooks:
         self.selected_cache: dict[str, bool] = {}
         self.global_mode = False
         self.node_boxes: list[list] = []  # autograd nodes referenced by this step's hooks
+        # Modules compiled in place whose compiled call is wrapped: (module ref, original call).
+        self.compiled_regions: list[tuple[Any, Callable]] = []
 
     def release_nodes(self) -> None:
         """Drop this step's references to autograd nodes (their graph is done with at step end)."""
@@ -179,6 +181,11 @@ class ModuleHooks:
 
     def remove(self) -> None:
         self.release_nodes()
+        for ref, impl in self.compiled_regions:
+            m = ref()
+            if m is not None and getattr(m._compiled_call_impl, "__wrapped__", None) is impl:
+                m._compiled_call_impl = impl
+        self.compiled_regions.clear()
         for h in self.handles:
             h.remove()
         self.handles.clear()
@@ -189,6 +196,8 @@ class ModuleHooks:
 
     # Global hooks carry no kwargs; names come from the root module of each forward.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return  # watched too (Session.watch_all next to watch): its own hooks record it
         if self.stack:
             if self.s._depth < 1:
                 return  # level metrics: only roots (their input is the batch)
@@ -201,6 +210,8 @@ class ModuleHooks:
         self.pre(module, args, {})
 
     def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if getattr(module, "_detfp_hooked", None) is self:
+            return
         self.post(module, args, {}, output)
 
     def _guarded(self, fn: Callable, *a: Any) -> None:
@@ -226,7 +237,39 @@ class ModuleHooks:
             return path, phase
         return "", self.rec.phase
 
-    def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def wrap_compiled(self) -> None:
+        """Record the boundary of modules compiled in place (``module.compile()``).
+
+        ``module.compile()`` compiles the module's whole call, its hooks included, so the
+        hooks of this class never run there (they return while dynamo traces). The compiled
+        call itself is run eagerly by ``Module.__call__`` through ``_compiled_call_impl``: a
+        wrapper around it records the region's inputs and outputs (kind ``compiled``; the
+        root's inputs are the batch) without touching what is compiled."""
+        for _mid, (path, ref) in list(self.paths.items()):
+            m = ref()
+            impl = getattr(m, "_compiled_call_impl", None) if m is not None and path is not None else None
+            if impl is None or getattr(impl, "_detfp_region", None) is self:
+                continue
+
+            def make(m: torch.nn.Module, impl: Callable) -> Callable:
+                def call(*args: Any, **kwargs: Any) -> Any:
+                    self.pre(m, args, kwargs, compiled=True)
+                    try:
+                        out = impl(*args, **kwargs)
+                    except BaseException:
+                        self.post(m, args, kwargs, None, compiled=True, failed=True)
+                        raise
+                    self.post(m, args, kwargs, out, compiled=True)
+                    return out
+
+                call._detfp_region = self  # type: ignore[attr-defined]
+                call.__wrapped__ = impl  # type: ignore[attr-defined]
+                return call
+
+            m._compiled_call_impl = make(m, impl)
+            self.compiled_regions.append((weakref.ref(m), impl))
+
+    def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
         rec = self.rec
         if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
             return
@@ -246,12 +289,13 @@ class ModuleHooks:
             # Counted with the stack, selected or not: post() undoes it when it pops the module
             # (a compiled module that modules= left out once drove the count below zero, which
             # stopped op capture for the rest of the run).
-            compiled = type(module).__name__ == "OptimizedModule"
+            if compiled is None:
+                compiled = type(module).__name__ == "OptimizedModule"
             if compiled:
                 self.s._compiled_depth += 1
                 self.s._saw_compiled = True
             if (self.s._depth >= 1 or (root and phase == "forward")) and self.module_selected(path):
-                kind = "compiled" if compiled else ("batch" if root and phase == "forward" else "module_input")
+                kind = "batch" if root and phase == "forward" else ("compiled" if compiled else "module_input")
                 hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
                     kind,
@@ -275,15 +319,24 @@ class ModuleHooks:
         if rec.need_flush:
             self.s._flush_safely()
 
-    def post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def post(
+        self,
+        module: torch.nn.Module,
+        args: tuple,
+        kwargs: dict,
+        output: Any,
+        compiled: bool | None = None,
+        failed: bool = False,
+    ) -> None:
         rec = self.rec
         if not self.stack or self.stack[-1][0] != id(module):
             return
         _, path, phase, inputs, since = self.stack.pop()
-        compiled = type(module).__name__ == "OptimizedModule"
+        if compiled is None:
+            compiled = type(module).__name__ == "OptimizedModule"
         if compiled:
             self.s._compiled_depth -= 1  # whatever happens below: pre() counted it with the push
-        if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
+        if failed or rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
             return
         rec.enter()
         try:

@@ -79,7 +79,10 @@ class Staging:
         if v is None:
             with torch.inference_mode(False):  # cached: must not be an inference-mode view
                 if self.buf is None:
-                    self.buf = torch.zeros(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
+                    # Not zeroed: put_many zeroes each tensor's last-row tail itself (the buffer is
+                    # reused), and filling 64 MiB up front cost ~60 ms per session, most of a small
+                    # step's capture (a repeat check opens one session per call).
+                    self.buf = torch.empty(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
                     self.typed[torch.int8] = self.buf
                 v = self.typed[dt] = self.buf.view(dt)
         return v

@@ -63,6 +63,11 @@ class StepRecording:
             self._manifest["start_step"] = n
             self._write_manifest_safely()
         self._check_settings()
+        if self._regions_scans < 2 and self._depth >= 1:
+            # Modules compiled in place (module.compile()) once training starts: record their
+            # regions' boundaries (the first two steps: a compile right after step 0 counts).
+            self._regions_scans += 1
+            self._hooks.wrap_compiled()
         if not sel:
             if self._hazard is not None:
                 self._hazard.unobserved()
@@ -188,11 +193,11 @@ class StepRecording:
             m = ref()
             if m is None:
                 continue
-            for p in m.parameters():
+            for name, p in self._named_params(m):
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                specs.append((None, "param", self._param_names.get(id(p), "?"), "", "step", "value", "param", p))
+                specs.append((None, "param", name, "", "step", "value", "param", p))
         rec.record_many(specs, fresh=fresh)
 
     # ================================================================== optimizer

@@ -146,10 +146,12 @@ class Session(StepRecording):
         # whether the running step has seen an optimizer step (a trailing one has not).
         self._auto_next: int | None = None
         self._grads_seen = False  # the optimizer read gradients this step (see CollectiveTracer.step_end)
+        self._regions_scans = 0  # step begins that looked for modules compiled in place
         self._auto_stepped = False
         # The determinism settings last seen at a step begin (the manifest holds the first).
         self._settings: dict[str, Any] | None = None
-        self._wrappers_patched = False
+        self._autocast_seen = False  # an autocast region was entered while the session was open
+        self._bookkeeping = 0  # inside DDP's own work around the forward (level ops skips its ops)
         self._step_selected = False
         self._primary_opt: Any = None
         self._opt_stepped = False
@@ -197,6 +199,7 @@ class Session(StepRecording):
 
             self._collectives = CollectiveTracer(self)
             self._collectives.install()
+            self._patch_ddp()
             for name in self._group_names:
                 self._collectives.name_of(self._group_names[name])
         if cfg.depth >= 2:
@@ -204,6 +207,7 @@ class Session(StepRecording):
 
             self._mode = CaptureMode(self)
             self._patch_syncs()
+            self._patch_autocast()
             self._patch_storage_resize()
 
     # ================================================================== public API
@@ -217,7 +221,6 @@ class Session(StepRecording):
             self._hooks.watch(model)  # level metrics: the root only (its input is the batch)
             if self._depth >= 1:
                 self._maybe_hook_ddp(model)
-                self._find_wrappers()
         except Exception as exc:
             self._rec.fail(exc, "watch()")
         return model
@@ -230,6 +233,13 @@ class Session(StepRecording):
             self._opt_handles.append(optimizer.register_step_pre_hook(lambda opt, a, k: self._opt_pre(opt)))
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: self._opt_post(opt)))
         return optimizer
+
+    def watch_all(self) -> None:
+        """Record the boundaries of every module that runs forward and was not watched, named
+        from the root module of its forward (as the launcher does): models built after this call."""
+        if self._inert or self._closed or self._depth < 1 or self._hooks.global_mode:
+            return
+        self._hooks.install_global()
 
     @contextlib.contextmanager
     def step(self, n: int) -> Iterator[None]:
@@ -367,14 +377,20 @@ class Session(StepRecording):
             last = progress
 
     # ================================================================== helpers used by the parts
-    def _name_params(self, model: torch.nn.Module) -> None:
+    @staticmethod
+    def _named_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """(FQN, parameter) of a watched model, as its own code names them (a DDP wrapper is
+        transparent); a wrapper that swaps parameters in (FSDP2's DTensors) is named as it is now."""
         base = (
             model.module
             if isinstance(getattr(model, "module", None), torch.nn.Module)
             and type(model).__name__ == "DistributedDataParallel"
             else model
         )
-        for name, p in base.named_parameters(remove_duplicate=True):
+        return base.named_parameters(remove_duplicate=True)
+
+    def _name_params(self, model: torch.nn.Module) -> None:
+        for name, p in self._named_params(model):
             self._param_names.setdefault(id(p), name)
 
     def _maybe_hook_ddp(self, model: Any) -> None:
@@ -387,14 +403,19 @@ class Session(StepRecording):
         if isinstance(model, DistributedDataParallel):
             self._collectives.hook_ddp(model, self._param_names)
 
-    def _find_wrappers(self) -> None:
-        """Find a DistributedDataParallel wrapped around a watched module, whichever was created
-        first: its C++ reducer issues the gradient all-reduce unseen by the collective wrappers,
-        so it gets the recording comm hook at its first forward (before any backward). The
-        class's forward is wrapped while the session is open (a global module hook would make
-        torch.compile warn about every compiled module)."""
-        if self._wrappers_patched or self._collectives is None:
-            return
+    def _patch_ddp(self) -> None:
+        """While the session is open, wrap DistributedDataParallel's forward and its bookkeeping.
+
+        * ``forward``: a DDP wrapped around a watched module, whichever was created first, gets
+          the recording comm hook at its first forward (before any backward): its C++ reducer
+          issues the gradient all-reduce unseen by the collective wrappers. (A class patch,
+          not a global module hook, which would make torch.compile warn about every module.)
+        * ``_pre_forward``/``_post_forward`` (level ops): DDP's own work around the model's
+          forward (rebuilding its buckets after the first iteration, syncing buffers) is not
+          the model's computation, and when it happens depends on the process (a resumed run
+          rebuilds one step later): its ops are not recorded. Digests waiting for a batch are
+          taken before it, and cached ones dropped after it (it writes buffers unseen).
+        """
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except Exception:
@@ -402,8 +423,9 @@ class Session(StepRecording):
         paths = self._hooks.paths
         hooked = self._collectives.ddp_hooked
         session = self
+        rec = self._rec
 
-        def wrap(orig: Any) -> Any:
+        def wrap_forward(orig: Any) -> Any:
             def forward(ddp: Any, *a: Any, **k: Any) -> Any:
                 if (
                     id(ddp) not in hooked
@@ -415,14 +437,31 @@ class Session(StepRecording):
                         session._name_params(ddp)
                         session._maybe_hook_ddp(ddp)
                     except Exception as exc:
-                        session._rec.fail(exc, "hooking a DistributedDataParallel wrapper")
+                        rec.fail(exc, "hooking a DistributedDataParallel wrapper")
                 return orig(ddp, *a, **k)
 
             forward.__wrapped__ = orig  # type: ignore[attr-defined]
             return forward
 
-        self._patch(DDP, "forward", wrap)
-        self._wrappers_patched = True
+        def wrap_bookkeeping(orig: Any) -> Any:
+            def bookkeeping(ddp: Any, *a: Any, **k: Any) -> Any:
+                if not rec.selected or rec.failed:
+                    return orig(ddp, *a, **k)
+                rec.settle()
+                session._bookkeeping += 1
+                try:
+                    return orig(ddp, *a, **k)
+                finally:
+                    session._bookkeeping -= 1
+                    rec.clear_vcache()
+
+            bookkeeping.__wrapped__ = orig  # type: ignore[attr-defined]
+            return bookkeeping
+
+        self._patch(DDP, "forward", wrap_forward)
+        if self._depth >= 2:
+            self._patch(DDP, "_pre_forward", wrap_bookkeeping)
+            self._patch(DDP, "_post_forward", wrap_bookkeeping)
 
     def _on_root(self, module: torch.nn.Module) -> None:
         """Launcher mode: a module ran forward as a root for the first time."""
@@ -572,6 +611,23 @@ class Session(StepRecording):
             self._patch(torch.cuda.Stream, "synchronize", wrap)
         if hasattr(torch.cuda, "Event"):
             self._patch(torch.cuda.Event, "synchronize", wrap)
+
+    def _patch_autocast(self) -> None:
+        """Note that the job uses autocast (``CaptureMode._call`` then keeps each op's autocast
+        state as it would be without the mode; until then that check costs nothing)."""
+        session = self
+
+        def wrap(orig: Any) -> Any:
+            def enter(ctx: Any, *a: Any, **k: Any) -> Any:
+                session._autocast_seen = True
+                return orig(ctx, *a, **k)
+
+            enter.__wrapped__ = orig  # type: ignore[attr-defined]
+            return enter
+
+        self._patch(torch.amp.autocast_mode.autocast, "__enter__", wrap)
+        if torch.is_autocast_enabled() or torch.is_autocast_enabled("cpu"):
+            self._autocast_seen = True  # the session was opened inside an autocast region
 
     def _patch_storage_resize(self) -> None:
         """Observe storage resizes, which no dispatch mode sees: FSDP (and ZeRO-3) free the

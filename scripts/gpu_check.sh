@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for detfp (needs one CUDA machine; about 3-4 minutes). Run from anywhere:
+# GPU check for detfp (needs one CUDA machine; about 4-5 minutes). Run from anywhere:
 #
 #     bash scripts/gpu_check.sh            # NPROC=1|2, BACKEND=nccl|gloo, ROUNDS=10 to override
 #     DEVICE=cpu bash scripts/gpu_check.sh # smoke-test this script itself on a machine without a GPU
@@ -10,7 +10,10 @@
 # 3. host synchronizations during one ops-level step, counted with the profiler: fails if the
 #    capture adds anything like one per op (digests must stay on the device until a flush);
 # 4. the GPU-marked tests (pytest -m gpu), if any;
-# 5. the capture-overhead table (benchmarks/capture_overhead.py --device cuda).
+# 5. repeat checks on the device: index_add_ with duplicate indices (float atomics) is caught within 5
+#    repeats, at that op, as an origin; the same op under torch.use_deterministic_algorithms(True) and a
+#    transformer block forward+backward pass; then the repeat-check cost (benchmarks/repeat_check.py);
+# 6. the capture-overhead table (benchmarks/capture_overhead.py --device cuda).
 # Exits non-zero, naming the failed check, on the first failure; with KEEP_GOING=1 it runs every
 # check and names all the failures at the end (one lease on a time-boxed GPU machine shows them all).
 set -euo pipefail
@@ -54,7 +57,7 @@ else
 fi
 echo "ranks $NPROC, backend $BACKEND"
 
-step "1/5 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
+step "1/6 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
 for level in metrics boundaries ops; do
   steps=3; extra=""
   if [ "$level" = ops ]; then steps=2; extra="--capture-steps 1 --kernels 1"; fi
@@ -89,7 +92,7 @@ assert dev.height > 0, f"ops: kernels table has no {device} kernels (device type
 print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
-step "2/5 device digests == CPU reference digests (single, batched, staged)"
+step "2/6 device digests == CPU reference digests (single, batched, staged)"
 "$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
 import os, torch
 from detfp_capture import fingerprint
@@ -155,7 +158,7 @@ for k in range(3):
 raise SystemExit(1 if bad else 0)
 EOF
 
-step "3/5 host synchronizations in one ops-level step (profiler count)"
+step "3/6 host synchronizations in one ops-level step (profiler count)"
 "$PY" - "$WORK" <<'EOF' || die "capture at ops level synchronizes with the host per op (see counts above)"
 import importlib.util, os, sys, types
 from pathlib import Path
@@ -191,7 +194,7 @@ assert n_ops > 0, "no op records for the profiled step"
 raise SystemExit(0 if extra <= max(16, n_ops // 20) else 1)
 EOF
 
-step "4/5 GPU-marked tests"
+step "4/6 GPU-marked tests"
 if [ "$DEVICE" = cuda ]; then
   # Only the files that hold GPU tests are collected: the rest of the suite needs the analysis
   # and notebook dependencies, which a GPU box carrying just torch may not have.
@@ -204,7 +207,47 @@ else
   echo "skipped on $DEVICE"
 fi
 
-step "5/5 capture overhead on $DEVICE"
+step "5/6 repeat checks on $DEVICE: float atomics caught, deterministic code passes"
+CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} "$PY" - <<'EOF' || die "repeat check on $DEVICE (see above)"
+import os, torch
+from detfp_capture import repeat_check
+dev = os.environ["DEVICE"]
+g = torch.Generator().manual_seed(0)
+src = torch.randn(1 << 18, 16, generator=g).to(dev)
+index = torch.randint(0, 100, (1 << 18,), generator=g).to(dev)  # ~2600 duplicates per row: float atomics
+out = torch.zeros(100, 16, device=dev)
+combine = lambda o, i, s: o.index_add_(0, i, s)
+bad = 0
+res = repeat_check(combine, out, index, src, runs=5, backward=False)
+d = res.divergence
+print(f"index_add_ with duplicate indices: ok={res.ok} runs={res.runs}",
+      "" if d is None else f"-> {d.verdict} at {d.op} ({res.diff.detail if res.diff else ''})")
+if dev == "cuda":  # must be caught within the 5 runs, at that op, as an origin
+    bad += res.ok or d is None or d.verdict != "origin" or not d.op.startswith("aten::index_add")
+    if res.kernels is not None:
+        print("  kernels:", ", ".join(res.kernels.a[:3]))
+torch.use_deterministic_algorithms(True)
+try:
+    res = repeat_check(combine, out, index, src, runs=3, backward=False)
+    print(f"same op under use_deterministic_algorithms(True): ok={res.ok}")
+    bad += not res.ok
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True).to(dev)
+    x = torch.randn(8, 128, 256, device=dev)
+    res = repeat_check(block, x, runs=3)
+    print(f"transformer block forward+backward: ok={res.ok}")
+    if not res.ok:
+        print(res.report)
+    bad += not res.ok
+finally:
+    torch.use_deterministic_algorithms(False)
+raise SystemExit(1 if bad else 0)
+EOF
+CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout 240 \
+  "$PY" benchmarks/repeat_check.py --device "$DEVICE" --trials 3 --deterministic \
+  || die "benchmarks/repeat_check.py --device $DEVICE"
+
+step "6/6 capture overhead on $DEVICE"
 timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" --rounds "$ROUNDS" --trials 1 \
   || die "benchmarks/capture_overhead.py --device $DEVICE"
 

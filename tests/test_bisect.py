@@ -327,8 +327,17 @@ def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
     f = bisect(a, b).rank(0).first
     assert (f.kind, f.verdict) == ("module_output", "origin")
     assert "all 1 input(s) of Block in blk matched" in f.explanation
+    # Below level ops a submodule's input is made by its parent's own code, which that level
+    # does not capture: a local start there, with what to recapture.
     c = open_run(str(write_run(tmp_path / "c", {0: {"records": recs("o2", "i2")}})))
     f = bisect(a, c).rank(0).first
+    assert (f.kind, f.role, f.verdict) == ("module_input", "input", "origin")
+    assert "the code <root> runs between its submodules" in f.explanation and "level ops" in f.depends_on
+    # With ops captured, the same input differing first has an uncaptured producer.
+    op = dict(step=0, kind="op", module="", name="aten::mul.Tensor", role="output", arg="out", digest=hexdigest("m"))
+    d = open_run(str(write_run(tmp_path / "d", {0: {"records": [op, *recs("o", "i")]}})))
+    e = open_run(str(write_run(tmp_path / "e", {0: {"records": [op, *recs("o2", "i2")]}})))
+    f = bisect(d, e).rank(0).first
     assert (f.kind, f.role, f.verdict, f.consumer) == ("module_input", "input", "unobserved_producer", "Block in blk")
 
 

@@ -97,6 +97,7 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
         ts += [torch.randn(128, 512, generator=g).t(), torch.randn(256, 512, generator=g).to(torch.bfloat16)]
         before = [t.clone() for t in ts]
         st = Staging(torch.device("cpu"), cap_bytes=4 << 20)
+        st._typed(torch.int8).fill_(0x5A)  # whatever a reused (or never zeroed) buffer holds
         slots = [Slot(None) for _ in ts]
         assert st.put_many(ts, slots)
         assert len(st.direct[0]) == 3 and len(st.items[0]) == len(ts) - 3

@@ -180,16 +180,25 @@ def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch):
     g = torch.Generator().manual_seed(0)
     extreme = torch.full((1024 * 40,), -128, dtype=torch.int8)  # largest |partial sum|
     ts = [torch.randn(70000, generator=g), extreme, torch.randint(-128, 128, (5000,), dtype=torch.int8, generator=g)]
-    x = torch.randint(-128, 128, (64, 1024), dtype=torch.int8, generator=g)
+    x = torch.randint(-128, 128, (600, 1024), dtype=torch.int8, generator=g)  # blocks of 256 rows and a rest
+    monkeypatch.setitem(core._INT_MM, "cpu", True)  # whichever path the speed test picked here
     exact = core.mm(x, 0)
     want = [fp(t) for t in ts]
     monkeypatch.setitem(core._INT_MM, "cpu", False)
-    assert torch.equal(core.mm(x, 0), exact)
+    assert torch.equal(core.mm(x, 0), exact) and torch.equal(core.mm(x[:64], 0), exact[:64])
+    into = torch.full((600, 16), 7, dtype=torch.int32)
+    assert core.mm(x, 0, out=into) is into and torch.equal(into, exact)
     assert torch.equal(
         core.mm(extreme[:2048].view(2, 1024), 0),
         -128 * core.weights(x.device, 0, False).sum(0, dtype=torch.int32).expand(2, 16),
     )
     assert [fp(t) for t in ts] == want
+
+
+def test_the_faster_exact_gemm_is_chosen_without_touching_the_rng():
+    rng = torch.get_rng_state()
+    assert core._int_mm_is_faster(torch.device("cpu")) in (True, False)
+    assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_row_padding_for_accelerator_kernels_is_exact(monkeypatch):

@@ -1,7 +1,9 @@
 """`detfp-analyze bisect A B`: where two runs stopped being bitwise identical, and why.
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
-docs/report.md). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr). A
+docs/report.md). Exit 0 identical, 1 diverged, 2 bad input (one line on stderr); with
+``--expect FILE`` (a golden-trace gate, ``gate.py``) 0 also when every divergence is expected,
+and the report gains a gate section (``gate`` in the JSON). A
 progress bar is drawn on stderr only when stderr is a terminal, so logs stay byte-stable.
 """
 
@@ -15,6 +17,7 @@ import typer
 
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect import bisect
+from detfp_analyze.gate import evaluate, load_expectations, render_gate
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_text
 from detfp_analyze.result import LEVELS
@@ -88,6 +91,14 @@ def command(
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
     allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+    ignore_env: Annotated[
+        list[str] | None,
+        typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
+    ] = None,
+    expect: Annotated[
+        str | None,
+        typer.Option("--expect", metavar="FILE", help="Expected divergences (TOML/JSON): exit 0 if only they occur."),
+    ] = None,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     try:
@@ -100,16 +111,24 @@ def command(
         fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    expectations = None if expect is None else load_expectations(expect)
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
-        result = bisect(a, b, ranks=rank_list, steps=step_range, level=level, force=force, progress=bar)
+        result = bisect(
+            a, b, ranks=rank_list, steps=step_range, level=level, force=force, ignore_env=ignore_env or (), progress=bar
+        )
     finally:
         if bar is not None:
             bar.close()
+    gate = None if expectations is None else evaluate(result, expectations, expect or "")
     if as_json:
-        typer.echo(json.dumps(result.to_json_dict(), indent=2, sort_keys=True))
+        doc = result.to_json_dict()
+        if gate is not None:
+            doc["gate"] = gate.to_json_dict()
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        echo(render_text(result))
-    raise typer.Exit(EXIT_DIVERGED if result.diverged else EXIT_OK)
+        echo(render_text(result) + ("" if gate is None else render_gate(gate)))
+    failed = result.diverged if gate is None else not gate.passed
+    raise typer.Exit(EXIT_DIVERGED if failed else EXIT_OK)

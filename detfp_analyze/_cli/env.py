@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, handle_errors
-from detfp_analyze.envdiff import env_diff
+from detfp_analyze.envdiff import drop_keys, env_diff
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_env
 
@@ -29,11 +29,15 @@ def command(
         bool, typer.Option("--allow-missing-ranks", help="Diff the ranks present even if some are missing.")
     ] = False,
     allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+    ignore_env: Annotated[
+        list[str] | None,
+        typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
+    ] = None,
 ) -> None:
     """Print what differs between the two runs' manifests (versions, determinism, env, layout, hardware)."""
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
-    diffs = env_diff(a, b)
+    diffs, _ = drop_keys(env_diff(a, b), ignore_env or ())
     if as_json:
         payload = {"a": a.label, "b": b.label, "env_diff": [d.to_json_dict() for d in diffs]}
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
