@@ -266,27 +266,27 @@ def test_a_run_directory_removed_mid_run_is_not_recreated(kids, reference):
 
 def test_a_slow_file_system_bounds_memory_and_never_deadlocks(kids):
     # Every step flushes a window holding a 512-row digest probe (~40 KiB of Python objects);
-    # the disk takes 25 ms per shard. Without backpressure 24 steps would hold 24 windows.
+    # the disk takes 25 ms per shard. Without backpressure 18 steps would hold 18 windows.
     slow, kw = "shard-before-rename:sleep=0.025", dict(level="metrics", measure=True, probe_rows=512)
     jobs = {
-        "fast": dict(steps=24, **kw),
-        "slow-8": dict(steps=8, fault=slow, **kw),
-        "slow-24": dict(steps=24, fault=slow, **kw),
+        "fast": dict(steps=18, **kw),
+        "slow-6": dict(steps=6, fault=slow, **kw),
+        "slow-18": dict(steps=18, fault=slow, **kw),
     }
     got = {k: v[1] for k, v in kids.run(jobs).items()}
     for name in jobs:
         assert open_run(kids.root / name).completeness.complete, name  # everything flushed arrived
-    fast, s8, s24 = got["fast"], got["slow-8"], got["slow-24"]
-    assert 4 <= s24["peak_pending"] <= 4 + 2  # the queue filled (backpressure engaged) and never overflowed
-    assert s24["seconds"] > fast["seconds"]  # training waited for the disk instead of buffering
-    per_step = (s24["traced_peak"] - s8["traced_peak"]) / 16
+    fast, s6, s18 = got["fast"], got["slow-6"], got["slow-18"]
+    assert 4 <= s18["peak_pending"] <= 4 + 2  # the queue filled (backpressure engaged) and never overflowed
+    assert s18["seconds"] > fast["seconds"]  # training waited for the disk instead of buffering
+    per_step = (s18["traced_peak"] - s6["traced_peak"]) / 12
     # Three times the steps, about the same peak: far less than one window per extra step.
-    assert s24["traced_peak"] < s8["traced_peak"] * 1.25, (s8, s24)
+    assert s18["traced_peak"] < s6["traced_peak"] * 1.25, (s6, s18)
     print(
-        f"\nslow FS (25 ms per shard, ~40 KiB windows): peak backlog {s24['peak_pending']} windows; traced peak "
-        f"{s8['traced_peak'] >> 10} KiB at 8 steps, {s24['traced_peak'] >> 10} KiB at 24 steps "
+        f"\nslow FS (25 ms per shard, ~40 KiB windows): peak backlog {s18['peak_pending']} windows; traced peak "
+        f"{s6['traced_peak'] >> 10} KiB at 6 steps, {s18['traced_peak'] >> 10} KiB at 18 steps "
         f"({per_step / 1024:+.1f} KiB per extra step), fast disk {fast['traced_peak'] >> 10} KiB; "
-        f"{s24['seconds'] / 24 * 1e3:.0f} ms per step vs {fast['seconds'] / 24 * 1e3:.0f} ms"
+        f"{s18['seconds'] / 18 * 1e3:.0f} ms per step vs {fast['seconds'] / 18 * 1e3:.0f} ms"
     )
 
 
