@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from detfp_analyze import completeness as _completeness
 from detfp_analyze import evidence as _evidence
 from detfp_analyze import narrow as _narrow
 from detfp_analyze import resume as _resume
@@ -161,12 +162,21 @@ def bisect(
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
     run_a, run_b = as_run(run_a), as_run(run_b)
     user_steps = _norm_steps(steps)
+    if run_a.path == run_b.path:  # trivially identical: almost certainly a mistyped command line
+        raise IncomparableError(f"{run_a.label} and {run_b.label} are the same run directory; compare two runs")
+    # Only the steps both runs hold completely are compared (runs opened with allow_incomplete).
+    run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
     compared, one_sided = _compared_ranks(run_a, run_b, ranks)
     diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=compared or None), ignore_env)
     check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
-    notes: list[str] = []
+    notes: list[str] = list(incomplete)
     if ignored:
         notes.append(f"environment differences ignored as asked: {', '.join(ignored)}")
+    compared, nothing = _held(run_a, run_b, compared)
+    if nothing:
+        notes.append(
+            f"ranks {_verdict.format_ranks(nothing)} hold no record or metric in either run and were not compared"
+        )
     if run_a.missing_ranks or run_b.missing_ranks:
         notes.append(
             f"missing ranks tolerated: A {_verdict.format_ranks(run_a.missing_ranks) or 'none'}, "
@@ -177,6 +187,12 @@ def bisect(
     range_a = _resume.step_range(run_a, compared)
     range_b = _resume.step_range(run_b, compared)
     window, rinfo = _resume.plan_window(range_a, range_b, user_steps)
+    if compared and (range_a is None) != (range_b is None):
+        empty, other = (run_a, run_b) if range_a is None else (run_b, run_a)
+        raise IncomparableError(
+            f"{empty.label} holds no record or metric on rank(s) {_verdict.format_ranks(compared)} while "
+            f"{other.label} does: there is nothing of it to compare (check the capture with detfp-analyze summary)"
+        )
     if window is None and range_a is not None and range_b is not None:
         raise IncomparableError(
             f"{run_a.label} (steps {range_a[0]}-{range_a[1]}) and {run_b.label} (steps {range_b[0]}-{range_b[1]}) "
@@ -376,6 +392,7 @@ def bisect(
         resume=rinfo,
         discriminator=disc,
         notes=tuple(sorted(set(notes))),
+        complete=not any(r.completeness is not None and r.completeness.gaps for r in (run_a, run_b)),
     )
 
 
@@ -460,6 +477,23 @@ def _resolve_verdicts(
             groups[(r, which)] = g
             tests[(r, which)] = ct
     return {k: (lv, groups.get(k), tests[k]) for k, lv in local.items()}
+
+
+def _held(run_a: Any, run_b: Any, compared: list[int]) -> tuple[list[int], list[int]]:
+    """Compared ranks that hold something in either run, and those that hold nothing in both.
+
+    A comparison of nothing is never ``identical``: IncomparableError when no rank holds anything.
+    """
+    if not compared:
+        return compared, []
+    held = _completeness.held_ranks(run_a, compared) | _completeness.held_ranks(run_b, compared)
+    if not held:
+        raise IncomparableError(
+            f"{run_a.label} vs {run_b.label}: neither run holds a record or metric on rank(s) "
+            f"{_verdict.format_ranks(compared)}; there is nothing to compare (check the captures with "
+            "detfp-analyze summary)"
+        )
+    return [r for r in compared if r in held], [r for r in compared if r not in held]
 
 
 def _fallback_peer(

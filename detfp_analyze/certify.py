@@ -5,6 +5,10 @@ false root (a hazard, a pending collective) or may be missing (a truncated step,
 missing rank). Checks, each a pure function over the run's lazy scans and manifests:
 
 * ``missing_rank``: a rank of 0..world_size-1 has no manifest;
+* completeness (check ``completeness``): each gap between a launch's commit log and the files
+  on disk, under its gap kind (``missing_shard``, ``row_mismatch``, ``uncommitted_window``,
+  ``not_closed``, ``closed_incomplete``, ``missing_commit_log``, ``damaged_commit_log``,
+  ``no_data``; see ``completeness.GAP_KINDS``);
 * ``incomplete_step``: a step some rank captured lacks its step_begin or step_end event
   on another (or the same) rank: the capture was cut short or the rank did not run it;
 * ``sequence``: seq not strictly increasing within (rank, segment) in a table's write order;
@@ -28,9 +32,11 @@ Problems are sorted (kind, rank, step, module, detail), so the JSON is byte-stab
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import polars as pl
@@ -127,6 +133,28 @@ def _missing_ranks(run: Run) -> list[Problem]:
         Problem("missing_rank", r, None, None, f"no manifest for rank {r} of world size {run.world_size}")
         for r in run.missing_ranks
     ]
+
+
+def _completeness(run: Run) -> list[Problem]:
+    comp = run.completeness
+    if comp is None:
+        return []
+    out = []
+    for g in comp.gaps:
+        where = ", ".join(
+            p
+            for p in (
+                f"segment {g.segment}",
+                g.table and f"table {g.table}",
+                g.window is not None and f"window {g.window}",
+            )
+            if p
+        )
+        steps = g.steps()
+        out.append(
+            Problem(g.kind, g.rank, g.first_step, None, f"{where}: {g.detail}" + (f" ({steps})" if steps else ""))
+        )
+    return out
 
 
 def _steps_seen(run: Run) -> set[tuple[int, int]]:
@@ -345,7 +373,9 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
     rank is one of the problems reported). ``checks``: restrict to some of ``CHECKS`` (default all).
     Raises the reader's typed errors when the directory is not a usable run at all.
     """
-    r = run if isinstance(run, Run) else open_run(run, allow_missing_ranks=True)
+    # Missing ranks and incomplete launches are problems this reports, not reasons to refuse.
+    r = run if isinstance(run, Run) else open_run(run, allow_missing_ranks=True, allow_incomplete=True)
+    r = dataclasses.replace(r, excluded=MappingProxyType({}))  # check every committed row
     wanted = set(CHECKS if checks is None else checks)
     unknown = wanted - set(CHECKS)
     if unknown:
@@ -355,6 +385,8 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
     nsteps = 0
     if "missing_rank" in wanted:
         problems += _missing_ranks(r)
+    if "completeness" in wanted:
+        problems += _completeness(r)
     if "incomplete_step" in wanted:
         found, nsteps = _incomplete_steps(r, events)
         problems += found
@@ -377,6 +409,7 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
 #: Names accepted by ``certify(checks=...)``.
 CHECKS = (
     "missing_rank",
+    "completeness",
     "incomplete_step",
     "sequence",
     "events",

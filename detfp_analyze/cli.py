@@ -16,7 +16,7 @@ from detfp_analyze._cli import golden as _golden
 from detfp_analyze._cli import plot as _plot
 from detfp_analyze._cli import sql as _sql
 from detfp_analyze._cli import summary as _summary
-from detfp_analyze._cli.common import Command
+from detfp_analyze._cli.common import Command, OneLineGroup
 
 __all__ = ["app", "main"]
 
@@ -30,6 +30,7 @@ app = typer.Typer(
     # readable in a terminal, in a CI log, and in docs/cli.md, which is generated from it.
     rich_markup_mode=None,
     context_settings={"max_content_width": 100},
+    cls=OneLineGroup,  # usage errors as one line, exit 2
 )
 _COMMANDS = (
     ("summary", _summary.command, "What a run holds: ranks, steps, levels, counts."),

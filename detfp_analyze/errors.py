@@ -12,6 +12,7 @@ __all__ = [
     "DuplicateRankError",
     "ExpectationError",
     "IncomparableError",
+    "IncompleteRunError",
     "ManifestError",
     "MissingRankError",
     "NotARunError",
@@ -54,6 +55,11 @@ class DuplicateRankError(TraceError):
 
 class ShardError(TraceError):
     """A shard is not Parquet, lacks columns, or its rank column disagrees with its partition."""
+
+
+class IncompleteRunError(TraceError):
+    """A run holds less than its commit logs promise (a missing or uncommitted shard, a launch that
+    never closed or closed incomplete); use --allow-incomplete to analyze the steps held completely."""
 
 
 class IncomparableError(DetfpError):

@@ -1,19 +1,22 @@
 """Open a detfp run directory: validate it cheaply, then scan its tables lazily (no torch).
 
-Pipeline of ``open_run``: manifests (``manifest/rank=R/segment-S.json``: JSON, keys,
-versions, world size, ranks) -> shard footers (``<table>/rank=R/*.parquet``: Parquet
-magic, contract columns and types, and, from the column statistics, the rank column
-against the partition, nulls in non-nullable columns, and each shard's step range) ->
-a frozen ``Run``. Only footers are read, in a small thread pool, so validating thousands
-of shards costs milliseconds each and never reads data. Dot- and underscore-prefixed
-files (the writer's temporaries, ``_SUCCESS``) and non-Parquet names are ignored.
+Pipeline of ``open_run``: manifests (``manifest/rank=R/segment-S.json``: size-limited JSON,
+keys, versions, world size, ranks) -> shard footers (``_footers``: Parquet magic, footer
+size, contract columns and types, and, from the column statistics, the rank column against
+the partition, nulls in non-nullable columns, and each shard's step range) -> completeness
+(``completeness``: each launch's commit log against the shards on disk) -> a frozen
+``Run``. Only footers, manifests and commit logs are read, in a small thread pool, so
+validating thousands of shards costs milliseconds each and never reads data. Dot- and
+underscore-prefixed files (the writer's temporaries, ``_SUCCESS``) and non-Parquet names
+are ignored.
 
 ``Run.scan`` returns a polars LazyFrame over the chosen shards: rank selection prunes
 files, step selection prunes files by their footer step range and pushes the predicate
-down to row groups, and rows of a (rank, step) that a later segment (a resume appended
-to the same directory) captured again are dropped. Every error is a typed
-``detfp_analyze.errors`` error whose one-line message names the file, the problem and
-the fix.
+down to row groups, rows of a (rank, step) that a later segment (a resume appended to the
+same directory) captured again are dropped, and so are rows of steps the run does not
+hold completely (only when opened with ``allow_incomplete``; otherwise such a run is
+refused). Every error is a typed ``detfp_analyze.errors`` error whose one-line message
+names the file, the problem and the fix.
 """
 
 from __future__ import annotations
@@ -21,28 +24,26 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from detfp_analyze import completeness as _completeness
+from detfp_analyze._footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
 from detfp_analyze.errors import (
     DuplicateRankError,
+    IncompleteRunError,
     ManifestError,
     MissingRankError,
     NotARunError,
     SchemaVersionError,
-    ShardError,
 )
 from detfp_capture import contract
-from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
 
-__all__ = ["Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
+__all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
 #: A step selection: one step, a ``range`` (``range(3, 7)`` is steps 3..6), or any collection of steps.
 Steps = int | range | Iterable[int]
@@ -58,32 +59,15 @@ _POLARS_TYPES: dict[str, pl.DataType] = {
     "list<int64>": pl.List(pl.Int64()),
     "list<string>": pl.List(pl.String()),
 }
-_FIX_SHARD = "delete it or re-run the capture"
+#: Manifests larger than this are refused before parsing (a real one is a few KiB; the largest
+#: part, the command line, is bounded by the OS at about 2 MiB).
+MAX_MANIFEST_BYTES = 4 << 20
 _FIX_RUN = "pass the directory given to detfp_capture.Session(...) or --out"
 
 
 def polars_schema(table: str) -> pl.Schema:
     """The polars schema of a contract table (column order as in the contract)."""
     return pl.Schema({c.name: _POLARS_TYPES[c.type] for c in contract.columns(table)})
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """What one shard's footer says (no data read)."""
-
-    #: Absolute path of the Parquet file.
-    path: Path
-    #: Table the shard belongs to.
-    table: str
-    #: Rank of its ``rank=R`` partition (checked against the rank column statistics).
-    rank: int
-    #: Segment of its rows (segment column statistics; the file name when statistics are absent).
-    segment: int
-    #: Number of rows.
-    num_rows: int
-    #: Smallest and largest step in the shard; None when the footer has no statistics.
-    step_min: int | None
-    step_max: int | None
 
 
 # eq=False: identity equality and hashing, so a Run can key caches (its mappings are unhashable).
@@ -105,8 +89,15 @@ class Run:
     manifests: Mapping[int, tuple[dict, ...]]
     #: Tables with at least one shard.
     tables: frozenset[str]
-    #: table -> its shards, sorted by (rank, file name); only ranks with a manifest.
+    #: table -> its shards, sorted by (rank, file name); only ranks with a manifest, and none the
+    #: completeness check dropped (never committed, or not what their window committed).
     shards: Mapping[str, tuple[ShardInfo, ...]] = field(repr=False)
+    #: What the commit logs say against what is on disk (gaps, per-segment status).
+    completeness: _completeness.Completeness | None = field(default=None, repr=False)
+    #: rank -> inclusive step ranges (last None: open-ended) whose rows ``scan`` leaves out: steps
+    #: this run (or, after ``completeness.restrict_pair``, the run it is compared with) does not
+    #: hold completely. Empty unless opened with ``allow_incomplete``.
+    excluded: Mapping[int, _completeness.StepRanges] = field(default_factory=lambda: MappingProxyType({}), repr=False)
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -146,6 +137,11 @@ class Run:
         """
         return tuple(sorted((r, s, c) for (r, s), c in self._cutoffs().items()))
 
+    def exclusions(self) -> tuple[tuple[int, int, int | None], ...]:
+        """(rank, first_step, last_step) triples (last None: open-ended) whose rows ``scan`` leaves
+        out because they are not held completely; for readers that bypass ``scan``. Sorted."""
+        return tuple((r, lo, hi) for r, ranges in sorted(self.excluded.items()) for lo, hi in ranges)
+
     def scan(self, table: str, ranks: Iterable[int] | None = None, steps: Steps | None = None) -> pl.LazyFrame:
         """Lazy frame of ``table`` with exactly the contract's columns and types.
 
@@ -171,6 +167,9 @@ class Run:
         dropped = self._superseded({s.rank for s in shards})
         if dropped is not None:
             lf = lf.filter(~dropped)
+        excluded = self._excluded_expr({s.rank for s in shards})
+        if excluded is not None:
+            lf = lf.filter(~excluded)
         return lf
 
     # -------------------------------------------------------------- internals
@@ -191,16 +190,19 @@ class Run:
 
     def _cutoffs(self) -> dict[tuple[int, int], int]:
         """(rank, segment) -> first step a later segment of that rank captured again."""
-        out: dict[tuple[int, int], int] = {}
-        for rank, manifests in self.manifests.items():
-            later: int | None = None
-            for m in reversed(manifests):
-                if later is not None:
-                    out[(rank, m["segment"])] = later
-                start = m.get("start_step")
-                if start is not None:
-                    later = start if later is None else min(later, start)
-        return out
+        return _completeness.cutoffs(self.manifests)
+
+    def _excluded_expr(self, ranks: set[int]) -> pl.Expr | None:
+        """Predicate true on rows of steps not held completely (None when nothing is excluded)."""
+        expr: pl.Expr | None = None
+        for rank, ranges in self.excluded.items():
+            if rank not in ranks:
+                continue
+            for lo, hi in ranges:
+                term = pl.col("step") >= lo if hi is None else pl.col("step").is_between(lo, hi)
+                term = (pl.col("rank") == rank) & term
+                expr = term if expr is None else expr | term
+        return expr
 
     def _superseded(self, ranks: set[int]) -> pl.Expr | None:
         """Predicate true on rows superseded by a later segment (None when nothing is)."""
@@ -254,35 +256,41 @@ def _ranges(values: Iterable[int]) -> str:
     return ", ".join(parts) if parts else "none"
 
 
-def _partition_rank(name: str) -> int | None:
-    if not name.startswith("rank="):
-        return None
-    digits = name[len("rank=") :]
-    return int(digits) if digits.isdigit() else None
-
-
-def _visible(name: str) -> bool:
-    # Writer temporaries are dot-prefixed; Spark/Hadoop markers are underscore-prefixed.
-    return not name.startswith((".", "_"))
-
-
 # ------------------------------------------------------------------- manifests
+#: World sizes above this are refused: no job has a million ranks, and the reader enumerates them.
+_MAX_WORLD = 1 << 20
+#: Manifest keys that hold JSON objects, and the one that holds a list of strings.
+_OBJECT_KEYS = ("parallel", "groups", "versions", "host", "determinism", "env", "git", "capture")
+
+
+def _listdir(path: Path, shown: str) -> list[Path]:
+    try:
+        return sorted(path.iterdir(), key=lambda p: p.name)
+    except OSError as exc:
+        raise ManifestError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
+
+
 def _read_manifests(root: Path, label: str) -> dict[int, dict[int, dict]]:
     mroot = root / contract.MANIFEST_DIR
     if not mroot.is_dir():
         raise NotARunError(f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/ directory); {_FIX_RUN}")
     found: dict[int, dict[int, dict]] = {}
-    for rdir in sorted(mroot.iterdir()):
-        rank = _partition_rank(rdir.name)
-        if rank is None or not rdir.is_dir():
+    for rdir in _listdir(mroot, f"{label}/{contract.MANIFEST_DIR}"):
+        if not visible(rdir.name):
             continue
-        for mfile in sorted(rdir.iterdir()):
+        rank = partition_rank(rdir.name, f"{label}/{contract.MANIFEST_DIR}")
+        if rank is None:
+            continue
+        rshown = f"{label}/{contract.MANIFEST_DIR}/{rdir.name}"
+        if not rdir.is_dir():
+            raise ManifestError(f"{rshown}: not a directory (a file, a dangling link or a link loop); delete it")
+        for mfile in _listdir(rdir, rshown):
             name = mfile.name
-            if not _visible(name) or not (name.startswith("segment-") and name.endswith(".json")):
+            if not visible(name) or not (name.startswith("segment-") and name.endswith(".json")):
                 continue
             digits = name[len("segment-") : -len(".json")]
-            shown = f"{label}/{contract.MANIFEST_DIR}/{rdir.name}/{name}"
-            if not digits.isdigit():
+            shown = f"{rshown}/{shown_name(name)}"
+            if not (digits.isascii() and digits.isdigit()):
                 raise ManifestError(f"{shown}: file name is not segment-<number>.json; rename or delete it")
             segment = int(digits)
             manifest = _load_manifest(mfile, shown)
@@ -305,19 +313,43 @@ def _read_manifests(root: Path, label: str) -> dict[int, dict[int, dict]]:
     return found
 
 
-def _load_manifest(path: Path, shown: str) -> dict:
+def _read_limited(path: Path, shown: str) -> bytes:
+    """The manifest's bytes, refusing anything that is not a regular file or is too large to be one."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as f:
+            if not os.path.isfile(path):
+                raise ManifestError(f"{shown}: not a regular file; delete it or re-run the capture")
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
         raise ManifestError(
-            f"{shown}: unreadable ({type(exc).__name__}); check permissions or re-run the capture"
+            f"{shown}: unreadable ({type(exc).__name__}: a dangling link, a link loop or no permission); "
+            "check the file or re-run the capture"
         ) from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{shown}: larger than {MAX_MANIFEST_BYTES >> 20} MiB, far beyond any manifest; "
+            "it was not written by detfp, restore the file or re-run the capture"
+        )
+    return data
+
+
+def _load_manifest(path: Path, shown: str) -> dict:
+    data = _read_limited(path, shown)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ManifestError(f"{shown}: not UTF-8 text; restore the file or re-run the capture") from None
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(
             f"{shown}: not valid JSON ({exc.msg} at line {exc.lineno}); restore the file or re-run the capture"
         ) from None
+    except RecursionError:
+        raise ManifestError(f"{shown}: JSON nested too deeply; restore the file or re-run the capture") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        reason = " ".join(str(exc).split())[:80]
+        raise ManifestError(f"{shown}: not valid JSON ({reason}); restore the file or re-run the capture") from None
     if not isinstance(manifest, dict):
         raise ManifestError(f"{shown}: not a JSON object; restore the file or re-run the capture")
     missing = [k for k in contract.MANIFEST_KEYS if k not in manifest]
@@ -328,207 +360,66 @@ def _load_manifest(path: Path, shown: str) -> dict:
         )
     for key in ("schema_version", "digest_version"):
         want = contract.SCHEMA_VERSION if key == "schema_version" else contract.DIGEST_VERSION
-        if manifest[key] != want:
+        if manifest[key] != want or isinstance(manifest[key], bool):
             raise SchemaVersionError(
-                f"{shown}: {key} {manifest[key]!r} is not supported (this detfp reads {key} {want}); "
+                f"{shown}: {key} {_short(manifest[key])} is not supported (this detfp reads {key} {want}); "
                 "analyze it with the detfp release that wrote it, or re-run the capture with this one"
             )
-    for key in ("rank", "world_size", "segment"):
+    for key, top in (("rank", _MAX_WORLD), ("world_size", _MAX_WORLD + 1), ("segment", 1 << 31)):
         v = manifest[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < (1 if key == "world_size" else 0):
-            raise ManifestError(f"{shown}: {key} is {v!r}, expected a non-negative integer; re-run the capture")
+        if not isinstance(v, int) or isinstance(v, bool) or not (1 if key == "world_size" else 0) <= v < top:
+            raise ManifestError(
+                f"{shown}: {key} is {_short(v)}, expected an integer in "
+                f"{1 if key == 'world_size' else 0}..{top - 1}; re-run the capture"
+            )
     start = manifest["start_step"]
-    if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
-        raise ManifestError(f"{shown}: start_step is {start!r}, expected an integer or null; re-run the capture")
+    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < (1 << 62)):
+        raise ManifestError(
+            f"{shown}: start_step is {_short(start)}, expected a non-negative integer or null; re-run the capture"
+        )
+    for key in _OBJECT_KEYS:
+        if not isinstance(manifest[key], dict):
+            raise ManifestError(
+                f"{shown}: {key} is {_short(manifest[key])}, expected a JSON object; restore the file or re-run the capture"
+            )
+    groups = manifest["groups"]
+    if not all(isinstance(v, list) and all(_is_rank(x, manifest["world_size"]) for x in v) for v in groups.values()):
+        raise ManifestError(
+            f"{shown}: groups must map names to lists of ranks below world_size {manifest['world_size']}; "
+            "restore the file or re-run the capture"
+        )
+    if not isinstance(manifest["command"], list) or not all(isinstance(x, str) for x in manifest["command"]):
+        raise ManifestError(f"{shown}: command must be a list of strings; restore the file or re-run the capture")
+    if not isinstance(manifest["digest_algorithm"], str):
+        raise ManifestError(f"{shown}: digest_algorithm must be a string; restore the file or re-run the capture")
     return manifest
 
 
-# ---------------------------------------------------------------------- shards
-@dataclass
-class _SchemaCheck:
-    """Result of checking one distinct Parquet schema (shared by all shards that have it)."""
-
-    problem: str | None
-    #: column name -> leaf column index, for the columns whose statistics are read.
-    index: dict[str, int]
+def _is_rank(x: Any, world_size: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world_size
 
 
-def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
-    # Other producers may pick the large/small variant of the same logical type.
-    def norm(t: pa.DataType) -> pa.DataType:
-        if pa.types.is_large_string(t):
-            return pa.string()
-        if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            return pa.large_binary()
-        if pa.types.is_string_view(t):
-            return pa.string()
-        if pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
-            return pa.list_(norm(t.value_type))
-        if pa.types.is_list(t):
-            return pa.list_(norm(t.value_type))
-        if pa.types.is_binary(t):
-            return pa.large_binary()
-        return t
-
-    return norm(actual).equals(norm(expected))
+def _short(value: Any) -> str:
+    """A JSON value for a one-line message: at most 40 characters, no control characters."""
+    text = shown_name(json.dumps(value, ensure_ascii=False)[:60])
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
-    try:
-        actual = md.schema.to_arrow_schema()
-    except Exception as exc:  # pyarrow raises several types for exotic footers
-        return _SchemaCheck(f"footer schema unreadable ({type(exc).__name__})", {})
-    expected = arrow_schema(table)
-    missing = [f.name for f in expected if f.name not in actual.names]
-    if missing:
-        return _SchemaCheck(f"missing column(s) {', '.join(missing)} of table {table}", {})
-    for f in expected:
-        got = actual.field(f.name).type
-        if not _type_ok(got, f.type):
-            return _SchemaCheck(f"column {f.name} has type {got}, the contract says {f.type}", {})
-    paths = [md.schema.column(i).path for i in range(md.num_columns)]
-    want = {c.name for c in contract.columns(table) if c.name in ("rank", "segment", "step") or not c.nullable}
-    index = {p: i for i, p in enumerate(paths) if p in want}
-    return _SchemaCheck(None, index)
-
-
-def _read_footer(path: Path) -> pq.FileMetaData | str:
-    try:
-        return pq.read_metadata(path)
-    except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
-        return " ".join(str(exc).split())[:160] or type(exc).__name__
-
-
-def _file_segment(name: str) -> int:
-    if name.startswith("part-s"):
-        digits = name[len("part-s") :].split("-", 1)[0]
-        if digits.isdigit():
-            return int(digits)
-    return -1
-
-
-#: Columns whose footer min/max a ShardInfo needs (the rest are only checked for nulls).
-_RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
-
-
-def _shard_info(
-    table: str,
-    rank: int,
-    path: Path,
-    shown: str,
-    md: pq.FileMetaData,
-    check: _SchemaCheck,
-    nullable: Mapping[str, bool],
-) -> ShardInfo:
-    lo: dict[str, Any] = {}
-    hi: dict[str, Any] = {}
-    no_stats: set[str] = set()
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        if rg.num_rows == 0:
-            continue
-        for name, i in check.index.items():
-            st = rg.column(i).statistics
-            if st is None:
-                no_stats.add(name)
-                continue
-            if not nullable[name] and st.has_null_count and st.null_count:
-                raise ShardError(f"{shown}: column {name} holds nulls, the contract does not allow them; {_FIX_SHARD}")
-            if name not in _RANGE_COLUMNS:
-                continue  # only null counts are checked: decoding min/max costs ~12 us a column
-            if not st.has_min_max:
-                no_stats.add(name)
-                continue
-            lo[name] = st.min if name not in lo else min(lo[name], st.min)
-            hi[name] = st.max if name not in hi else max(hi[name], st.max)
-    if "rank" in lo and (lo["rank"] != rank or hi["rank"] != rank):
-        held = str(lo["rank"]) if lo["rank"] == hi["rank"] else f"{lo['rank']}..{hi['rank']}"
-        raise ShardError(
-            f"{shown}: rank column holds {held} but the file is in partition rank={rank}; "
-            f"move it to its rank's partition or re-run the capture"
-        )
-    segment = lo["segment"] if "segment" in lo and lo["segment"] == hi["segment"] else _file_segment(path.name)
-    full = md.num_rows > 0 and "step" in lo and "step" not in no_stats
-    return ShardInfo(
-        path=path,
-        table=table,
-        rank=rank,
-        segment=int(segment),
-        num_rows=md.num_rows,
-        step_min=int(lo["step"]) if full else None,
-        step_max=int(hi["step"]) if full else None,
-    )
-
-
-#: Footers read per thread-pool task.
-_FOOTER_CHUNK = 64
-
-
-def _scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> dict[str, tuple[ShardInfo, ...]]:
-    candidates: list[tuple[str, int, Path, str]] = []
-    for table in contract.TABLES:
-        tdir = root / table
-        if not tdir.is_dir():
-            continue
-        for rdir in sorted(tdir.iterdir(), key=lambda p: p.name):
-            rank = _partition_rank(rdir.name)
-            if rank is None or not rdir.is_dir():
-                continue
-            if rank >= world_size:
-                raise ShardError(
-                    f"{label}/{table}/{rdir.name}: rank {rank} is outside world size {world_size}; "
-                    "delete the partition or check that it belongs to this run"
-                )
-            if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
-                continue
-            for f in sorted(rdir.iterdir(), key=lambda p: p.name):
-                if _visible(f.name) and f.name.endswith(".parquet") and f.is_file():
-                    candidates.append((table, rank, f, f"{label}/{table}/{rdir.name}/{f.name}"))
-    # Footers in chunks: one pool task per file costs more in task overhead than the
-    # parsing it overlaps (measured on thousands of small shards). Results are consumed in
-    # candidate order as they arrive, so checking them overlaps reading the next chunks.
-    step = _FOOTER_CHUNK
-    chunked = [[c[2] for c in candidates[i : i + step]] for i in range(0, len(candidates), step)]
-    nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
-    checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
-    out: dict[str, list[ShardInfo]] = {}
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        footers = (md for part in pool.map(lambda ps: [_read_footer(p) for p in ps], chunked) for md in part)
-        for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
-            if isinstance(md, str):
-                raise ShardError(f"{shown}: not a Parquet file ({md}); {_FIX_SHARD}")
-            version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
-            if version is not None and version != str(contract.SCHEMA_VERSION).encode():
-                raise SchemaVersionError(
-                    f"{shown}: schema version {version.decode(errors='replace')} is not supported (this detfp reads "
-                    f"schema version {contract.SCHEMA_VERSION}); analyze it with the detfp release that wrote it"
-                )
-            # Shards of one writer share their schema: check each distinct schema once.
-            known = checks.setdefault(table, [])
-            check = next((c for s, c in known if s.equals(md.schema)), None)
-            if check is None:
-                check = _check_schema(table, md)
-                known.append((md.schema, check))
-            if check.problem is not None:
-                raise ShardError(
-                    f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
-                )
-            out.setdefault(table, []).append(_shard_info(table, rank, path, shown, md, check, nullables[table]))
-    return {t: tuple(v) for t, v in out.items()}
-
-
-def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False) -> Run:
-    """Validate a run directory and return a ``Run`` (nothing but footers and manifests is read).
+def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False, allow_incomplete: bool = False) -> Run:
+    """Validate a run directory and return a ``Run`` (nothing but footers, manifests and commit logs is read).
 
     Raises NotARunError, ManifestError, SchemaVersionError, MissingRankError (unless
     ``allow_missing_ranks``: then the absent ranks are listed in ``Run.missing_ranks``),
-    DuplicateRankError or ShardError; each message is one line naming the file, the
-    problem and the fix.
+    DuplicateRankError, ShardError or IncompleteRunError (unless ``allow_incomplete``: then
+    ``Run.completeness`` lists the gaps, shards that were never committed are left out, and
+    ``scan`` leaves out the steps not held completely); each message is one line naming the
+    file, the problem and the fix.
     """
-    label = os.fspath(path)
-    root = Path(label)
+    label = shown_name(os.fspath(path))
+    root = Path(os.fspath(path))
     if not root.exists():
-        raise NotARunError(f"{label}: no such directory; {_FIX_RUN}")
+        what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
+        raise NotARunError(f"{label}: {what}; {_FIX_RUN}")
     if not root.is_dir():
         raise NotARunError(f"{label}: not a directory; {_FIX_RUN}")
     found = _read_manifests(root, label)
@@ -556,8 +447,13 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False)
             "pass allow_missing_ranks=True (--allow-missing-ranks) to analyze the ranks present"
         )
     ranks = tuple(sorted(found))
-    shards = _scan_shards(root.resolve(), label, set(ranks), world_size)
+    shards = scan_shards(root.resolve(), label, set(ranks), world_size)
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
+    comp = _completeness.check(root.resolve(), label, manifests, shards)
+    if comp.gaps and not allow_incomplete:
+        raise IncompleteRunError(_completeness.refusal(label, comp))
+    if comp.dropped:
+        shards = {t: tuple(s for s in v if s.path not in comp.dropped) for t, v in shards.items()}
     return Run(
         path=root.resolve(),
         label=label,
@@ -567,6 +463,8 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False)
         manifests=MappingProxyType(manifests),
         tables=frozenset(t for t, v in shards.items() if v),
         shards=MappingProxyType(shards),
+        completeness=comp,
+        excluded=MappingProxyType(dict(comp.excluded) if allow_incomplete else {}),
     )
 
 

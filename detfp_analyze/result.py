@@ -439,6 +439,9 @@ class BisectResult:
     discriminator: Discriminator | None
     #: Extra facts for humans (tolerated problems, capture hints), sorted.
     notes: tuple[str, ...] = ()
+    #: False when a run was opened with allow_incomplete and held less than its commit logs
+    #: promise: only the steps both runs hold completely were compared (the rest is in notes).
+    complete: bool = True
 
     def __repr__(self) -> str:
         # Short on purpose: a result of thousands of ranks would print all of them.
@@ -476,4 +479,5 @@ class BisectResult:
             "resume": self.resume.to_json_dict(),
             "discriminator": None if self.discriminator is None else self.discriminator.to_json_dict(),
             "notes": list(self.notes),
+            "complete": self.complete,
         }

@@ -6,7 +6,15 @@ rank column coming from the files, rows superseded by a later segment filtered o
 reader's rule, an empty typed view when a table has no shard) -> the documented views of the
 ``.sql`` files next to this module (``run.sql`` per run, then ``union_*.sql``, then
 ``compare.sql`` for two runs). Everything stays lazy: DuckDB reads Parquet only when a query
-runs, with projection and filter pushdown.
+runs, with projection and filter pushdown. Runs opened with ``allow_incomplete`` show only the
+steps held completely (with two runs: the steps both hold completely, as bisect compares).
+
+File access is confined (unless ``allow_file_access``): after the views are created, DuckDB may
+open exactly the runs' shard files and nothing else (``allowed_paths``, external access off,
+no spill directory, configuration locked), so user SQL cannot read ``/etc/passwd``, write a
+file with ``COPY ... TO``, attach a database or load an extension; ``query`` also refuses
+statements that write or attach (``COPY``, ``EXPORT``, ``ATTACH``, ``INSTALL``, ``LOAD``), since
+DuckDB would let ``COPY`` overwrite one of the allowed shard files themselves.
 
 The SQL files are the API. Each view has a header comment and an ``-- @column name doc`` line
 per column it adds; connect() copies them into DuckDB (``COMMENT ON``), filling contract
@@ -19,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -26,6 +35,7 @@ from string import Template
 import duckdb
 import pyarrow as pa
 
+from detfp_analyze.completeness import restrict_pair
 from detfp_analyze.errors import QueryError
 from detfp_analyze.reader import Run, open_run
 from detfp_capture import contract
@@ -101,7 +111,8 @@ def _lit(s: str) -> str:
 
 
 def _source_sql(run: Run, table: str) -> str:
-    """SELECT of one table's rows: contract columns + shard, superseded rows dropped."""
+    """SELECT of one table's rows: contract columns + shard, superseded rows and steps not held
+    completely dropped."""
     cols = contract.columns(table)
     files = run.files(table)
     if not files:
@@ -112,8 +123,17 @@ def _source_sql(run: Run, table: str) -> str:
     # hive_partitioning off: the rank column is in every file (the reader checked it equals the
     # rank=R partition), and a hive column would be inferred as BIGINT instead of INTEGER.
     sql = f"SELECT {names}, filename AS shard FROM read_parquet([{paths}], hive_partitioning = false, filename = true)"
-    drop = _superseded(run)
+    drop = " OR ".join(t for t in (_superseded(run), _excluded(run)) if t)
     return f"{sql} WHERE NOT ({drop})" if drop else sql
+
+
+def _excluded(run: Run) -> str:
+    """SQL predicate true on rows of steps the run is not held completely (mirrors Run.scan)."""
+    terms = []
+    for rank, lo, hi in run.exclusions():
+        steps = f"step >= {lo}" if hi is None else f"step BETWEEN {lo} AND {hi}"
+        terms.append(f"(rank = {rank} AND {steps})")
+    return " OR ".join(terms)
 
 
 def _superseded(run: Run) -> str:
@@ -170,8 +190,20 @@ class _Views:
             self.create(v.name, v.sql, v.doc, dict(v.columns))
 
 
-def _as_run(x: str | os.PathLike[str] | Run, allow_missing_ranks: bool) -> Run:
-    return x if isinstance(x, Run) else open_run(x, allow_missing_ranks=allow_missing_ranks)
+def _as_run(x: str | os.PathLike[str] | Run, allow_missing_ranks: bool, allow_incomplete: bool) -> Run:
+    if isinstance(x, Run):
+        return x
+    return open_run(x, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+
+
+def _confine(con: duckdb.DuckDBPyConnection, runs: Iterable[Run]) -> None:
+    """Let DuckDB open exactly the runs' shard files from now on, and lock that setting."""
+    paths = sorted({str(f) for run in runs for table in contract.TABLES for f in run.files(table)})
+    con.execute(f"SET allowed_paths = [{', '.join(_lit(p) for p in paths)}]")
+    # No spill directory: DuckDB allows writing into it, and it would be a directory outside the runs.
+    con.execute("SET temp_directory = ''")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def connect(
@@ -179,6 +211,8 @@ def connect(
     b: str | os.PathLike[str] | Run | None = None,
     *,
     allow_missing_ranks: bool = False,
+    allow_incomplete: bool = False,
+    allow_file_access: bool = False,
     database: str = ":memory:",
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the documented views over run ``a`` (and ``b``); see docs/sql.md.
@@ -186,12 +220,16 @@ def connect(
     ``a``/``b`` are run directories or ``Run`` objects. Views of one run: ``a_records``,
     ``a_metrics``, ``a_events``, ``a_kernels``, ``a_dumps`` (and ``b_*``), unions ``records``,
     ``metrics``, ``events`` with a ``run`` column; with two runs also ``pairs``,
-    ``first_divergence``, ``metric_pairs`` and ``step_summary``. Raises the reader's typed
-    errors for unusable runs.
+    ``first_divergence``, ``metric_pairs`` and ``step_summary``. ``allow_incomplete``: open runs
+    that hold less than their commit logs promise; the views then hold only the steps both runs
+    hold completely. ``allow_file_access``: let queries read and write other files (by default
+    DuckDB may open the runs' shards and nothing else; see the module docstring). Raises the
+    reader's typed errors for unusable runs.
     """
-    runs = {"a": _as_run(a, allow_missing_ranks)}
+    runs = {"a": _as_run(a, allow_missing_ranks, allow_incomplete)}
     if b is not None:
-        runs["b"] = _as_run(b, allow_missing_ranks)
+        runs["b"] = _as_run(b, allow_missing_ranks, allow_incomplete)
+        runs["a"], runs["b"], _ = restrict_pair(runs["a"], runs["b"])
     con = duckdb.connect(database)
     try:
         # Byte-stable output in the CLI: no progress bar. Inside Jupyter without ipywidgets DuckDB
@@ -211,6 +249,8 @@ def connect(
         views.create_file("union_ab.sql" if b is not None else "union_a.sql", "a")
         if b is not None:
             views.create_file("compare.sql", "a")
+        if not allow_file_access:
+            _confine(con, runs.values())
     except BaseException:
         con.close()
         raise
@@ -226,12 +266,27 @@ def two_run_views() -> tuple[str, ...]:
     return tuple(sorted(n for n in names if not n.startswith("_")))
 
 
+#: Statement types ``query`` refuses on a confined connection: they write files, attach databases or load code.
+_WRITING = frozenset(("COPY", "EXPORT", "ATTACH", "DETACH", "INSTALL", "LOAD", "COPY_DATABASE"))
+
+
 def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run ``sql`` on a connection from ``connect`` and return an Arrow table.
 
-    A failing query raises QueryError carrying DuckDB's reason on one line.
+    A failing query raises QueryError carrying DuckDB's reason on one line. On a confined
+    connection (``connect`` without ``allow_file_access``) statements that write files, attach
+    databases or load extensions are refused before they run.
     """
     try:
+        locked = con.execute("SELECT current_setting('enable_external_access')").fetchall()[0][0] is False
+        if locked:
+            for st in con.extract_statements(sql):
+                kind = st.type.name
+                if kind in _WRITING:
+                    raise QueryError(
+                        f"query refused: {kind} statements are not allowed, queries may only read the runs; "
+                        "pass --allow-file-access (allow_file_access=True) to lift this"
+                    )
         rel = con.sql(sql)
         if rel is None:  # a statement without a result (CREATE, SET, ...)
             return pa.table({})

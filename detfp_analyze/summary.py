@@ -4,17 +4,21 @@
 ``status``, ``hazards``, ``type`` and ``name`` columns through ``Run.scan`` (so rows
 superseded by a resumed segment are not counted) and the manifests, and returns a frozen
 ``RunSummary``. ``format_summary`` renders it as byte-stable plain text and
-``summary_dict`` as JSON-ready data; only the CLI prints. Environment facts are taken from
+``summary_dict`` as JSON-ready data; only the CLI prints. Completeness is shown per rank (from
+the commit logs: complete, incomplete and why, or legacy); counts cover every committed row,
+including steps an incomplete launch may not hold completely. Environment facts are taken from
 each rank's latest manifest; a fact that differs between ranks is shown with the ranks
 holding each value, so a single summary already shows a rank with a different setting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any
 
 import polars as pl
@@ -71,6 +75,9 @@ class RunSummary:
     #: Environment facts ("versions.torch", "determinism.cudnn_benchmark", "env.NCCL_ALGO", "git.commit"),
     #: sorted by name; a value differing between ranks reads "a (ranks 0-3); b (ranks 4-7)".
     environment: tuple[tuple[str, str], ...]
+    #: Completeness per rank: (ranks as a range string, "complete" | "legacy (...)" | "incomplete: ..."),
+    #: ranks with the same status folded together, in rank order.
+    completeness: tuple[tuple[str, str], ...] = ()
 
 
 def _render(value: Any) -> str:
@@ -116,9 +123,31 @@ def _environment(manifests: Mapping[int, dict]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _completeness(run: Run) -> tuple[tuple[str, str], ...]:
+    comp = run.completeness
+    if comp is None:
+        return ()
+    by_status: dict[str, list[int]] = {}
+    for rank in run.ranks:
+        status = comp.rank_status(rank)
+        if status == "legacy":
+            status = "legacy (no commit log: written before the completeness contract, not verified)"
+        elif status == "incomplete":
+            parts = []
+            for g in comp.gaps:
+                if g.rank == rank:
+                    steps = g.steps()
+                    parts.append(f"{g.kind} (segment {g.segment}{', ' + steps if steps else ''})")
+            status = "incomplete: " + "; ".join(parts)
+        by_status.setdefault(status, []).append(rank)
+    return tuple((_ranges(rs), st) for st, rs in sorted(by_status.items(), key=lambda kv: kv[1][0]))
+
+
 def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
     """Summarize a run (a ``Run`` or a run directory; reads a few columns of every table; see RunSummary)."""
     run = as_run(run)
+    completeness = _completeness(run)
+    run = dataclasses.replace(run, excluded=MappingProxyType({}))  # count every committed row
     records = run.scan("records").select("step", "kind", "status", "hazards").collect()
     metrics = run.scan("metrics").select("step", "name").collect()
     events = run.scan("events").select("step", "type").collect()
@@ -157,13 +186,14 @@ def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
         events=_counts(events, "type"),
         metrics=tuple(sorted(set(metrics["name"].to_list()))),
         environment=_environment({r: ms[-1] for r, ms in run.manifests.items()}),
+        completeness=completeness,
     )
 
 
 def summary_dict(summary: RunSummary) -> dict[str, Any]:
     """JSON-ready form of a summary (pairs become objects, keys keep their sorted order)."""
     d = asdict(summary)
-    for key in ("tables", "kinds", "statuses", "hazards", "events", "environment"):
+    for key in ("tables", "kinds", "statuses", "hazards", "events", "environment", "completeness"):
         d[key] = dict(getattr(summary, key))
     # Tuples become lists, exactly as a JSON reader will see them.
     return json.loads(json.dumps(d))
@@ -188,6 +218,10 @@ def format_summary(summary: RunSummary) -> str:
         f"run: {s.label}",
         f"world size: {s.world_size}",
         f"ranks: {s.ranks} (missing: {s.missing_ranks})",
+        *_block(
+            "completeness",
+            tuple((f"rank {r}" if "-" not in r and "," not in r else f"ranks {r}", v) for r, v in s.completeness),
+        ),
         "segments:",
         *seg_lines,
         f"steps: {steps}",

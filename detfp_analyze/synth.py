@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from detfp_analyze._synth_template import _Template, _template
 from detfp_capture import contract
 from detfp_capture.arrowschema import arrow_schema
+from detfp_capture.commitlog import COMMIT_LOG_VERSION, commit_log_relpath, encode
 
 __all__ = ["Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
 
@@ -180,6 +181,7 @@ def _manifest(spec: SynthSpec, rank: int) -> dict:
         "num_interop_threads": 1,
     }
     m = {
+        "commit_log": COMMIT_LOG_VERSION,
         "schema_version": contract.SCHEMA_VERSION,
         "digest_version": contract.DIGEST_VERSION,
         "digest_algorithm": contract.DIGEST_ALGORITHM,
@@ -211,7 +213,7 @@ def _manifest(spec: SynthSpec, rank: int) -> dict:
         "command": ["synthetic"],
         "capture": {"level": "op", "steps": None, "ranks": None, "synthetic": True},
     }
-    assert set(m) == set(contract.MANIFEST_KEYS)  # invariant of this module, not input validation
+    assert set(m) == set(contract.MANIFEST_KEYS) | set(contract.MANIFEST_OPTIONAL_KEYS)  # an invariant, not validation
     return m
 
 
@@ -239,6 +241,30 @@ def _write(table: pa.Table, run: Path, name: str, rank: int, window: int, compre
     pq.write_table(table, tmp, compression=compression)
     tmp.replace(path)
     return path
+
+
+def _write_commit_log(run: Path, rank: int) -> None:
+    """The commit log a capture writes next to the manifest (``detfp_capture.commitlog``): the
+    windows written, each with its rows per table and step range, then a clean close."""
+    windows: dict[int, dict] = {}
+    for table in contract.TABLES:
+        base = run / table / f"rank={rank}"
+        for path in sorted(base.glob("part-s00000-w*.parquet")) if base.is_dir() else ():
+            w = int(path.stem.rsplit("-w", 1)[1])
+            steps = pq.read_table(path, columns=["step"]).column("step")
+            entry = windows.setdefault(w, {"rows": {}, "lo": None, "hi": None})
+            entry["rows"][table] = len(steps)
+            if len(steps):
+                lo, hi = pc.min(steps).as_py(), pc.max(steps).as_py()
+                entry["lo"] = lo if entry["lo"] is None else min(entry["lo"], lo)
+                entry["hi"] = hi if entry["hi"] is None else max(entry["hi"], hi)
+    lines = [encode({"t": "open", "version": COMMIT_LOG_VERSION, "rank": rank, "segment": 0})]
+    for w in sorted(windows):
+        e = windows[w]
+        steps = None if e["lo"] is None else [e["lo"], e["hi"]]
+        lines.append(encode({"t": "window", "window": w, "rows": e["rows"], "steps": steps}))
+    lines.append(encode({"t": "close", "windows": len(windows), "status": "ok", "reason": None}))
+    (run / commit_log_relpath(rank, 0)).write_bytes(b"".join(lines))
 
 
 def _mkparent(path: Path) -> Path:
@@ -469,7 +495,13 @@ class _Writer:
             _write_manifest(run, _manifest(spec, rank))
         if spec.windows == "run":
             self._write_rank_whole(rank)
-            return
+        else:
+            self._write_rank_steps(rank)
+        for run in (self.a, self.b):
+            _write_commit_log(run, rank)
+
+    def _write_rank_steps(self, rank: int) -> None:
+        spec = self.spec
         plan = self.plans.get(rank)
         for w, step in enumerate(range(spec.first_step, spec.first_step + spec.steps)):
             hi, lo = _digests(spec, 0, rank, step, self.idx)

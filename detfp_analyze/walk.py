@@ -22,6 +22,7 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze import align as _align
+from detfp_analyze import integrity as _integrity
 from detfp_analyze import narrow as _narrow
 from detfp_analyze import resume as _resume
 from detfp_capture.contract import STATUSES, call_key, key_hash
@@ -114,8 +115,11 @@ def _pairs_scan(run: Any, pairs: Mapping[int, int], columns: Sequence[str]) -> p
 def _read_pairs(
     run_a: Any, run_b: Any, pairs: Mapping[int, int], columns: Sequence[str]
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Both runs' records of the (rank, step) ``pairs``, prepared for the alignment."""
+    """Both runs' records of the (rank, step) ``pairs``, prepared for the alignment (after
+    ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
     a, b = collect_pair(_pairs_scan(run_a, pairs, columns), _pairs_scan(run_b, pairs, columns))
+    _integrity.check_stream(a, run_a.label)
+    _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
 
 
@@ -353,6 +357,7 @@ def _walk_batch(
                 if up.height:
                     upstream = _label(up.sort("o1").row(0, named=True))
             hazards = _hazard_names(call_rows)
+            _integrity.check_shapes(call_rows, f"{run_a.label} vs {run_b.label}", ("shape_a", "shape_b"))
             k = (r, int(row["step"]), int(row["key_hash"]))
             out[which] = {
                 "row": row,

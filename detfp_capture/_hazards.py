@@ -10,8 +10,9 @@
   synchronization (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``) or step end.
 * ``pointer_like``: set at resolve from the digest's on-device pointer check (see _state).
 
-Entries hold a weak reference to the tensor that created them: when it dies, so does the
-entry, so a reused allocation never inherits a stale state. The dispatch mode only pays for
+Entries hold a weak reference to the tensor that created them: when it dies, or its storage
+is freed or moved under it (FSDP's ``resize_(0)``), so does the entry, so a reused allocation
+never inherits a stale state. The dispatch mode only pays for
 these checks while at least one storage is tracked (``active``).
 """
 
@@ -47,6 +48,14 @@ def byte_span(t: torch.Tensor) -> tuple[int, int, bool]:
     b = a + extent * item
     dense = extent == t.numel()
     return a, b, dense
+
+
+def _holds(ref: Any, key: int) -> bool:
+    """Whether the tensor an entry was made for still lives and still owns the storage at
+    ``key``: a storage can be freed under a living tensor (FSDP's ``resize_(0)``) and the
+    address handed to another, which must not inherit the entry."""
+    t = ref()
+    return t is not None and storage_key(t) == key
 
 
 class _Uninit:
@@ -107,7 +116,7 @@ class HazardTracker:
         u = self.uninit.get(key) if key is not None else None
         if u is None:
             return
-        if u.ref() is None:
+        if not _holds(u.ref, key):
             del self.uninit[key]
             return
         a, b, dense = byte_span(t)
@@ -158,7 +167,7 @@ class HazardTracker:
         out: list[str] = []
         u = self.uninit.get(key)
         if u is not None:
-            if u.ref() is None:
+            if not _holds(u.ref, key):
                 del self.uninit[key]
             else:
                 a, b, _ = byte_span(t)
@@ -166,13 +175,13 @@ class HazardTracker:
                     out.append(UNINIT)
         p = self.async_pending.get(key)
         if p is not None:
-            if p[0]() is None:
+            if not _holds(p[0], key):
                 del self.async_pending[key]
             else:
                 out.append(ASYNC)
         p = self.nb_pending.get(key)
         if p is not None:
-            if p[0]() is None:
+            if not _holds(p[0], key):
                 del self.nb_pending[key]
             else:
                 out.append(NONBLOCKING)

@@ -111,6 +111,8 @@ class Recorder(Batching, FlushTables):
         self.mode: Any = None  # the session's dispatch mode while it is entered
         self._popped: Any = None
         self.failed = False
+        #: Why capture stopped (set by ``fail``): the commit log's close line carries it.
+        self.fail_reason: str | None = None
         self.flushes = 0
         self.records_in_step = 0
         self.need_flush = False
@@ -562,6 +564,7 @@ class Recorder(Batching, FlushTables):
             return
         self.failed = True
         detail = f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]
+        self.fail_reason = f"capture disabled at step {self.step} after an internal error ({detail})"
         warnings.warn(
             f"detfp capture disabled on rank {self.rank} after an internal error ({detail})",
             RuntimeWarning,

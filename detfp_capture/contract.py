@@ -29,6 +29,7 @@ __all__ = [
     "KINDS",
     "MANIFEST_DIR",
     "MANIFEST_KEYS",
+    "MANIFEST_OPTIONAL_KEYS",
     "NO_MICROBATCH",
     "PHASES",
     "ROLES",
@@ -341,4 +342,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "git": "object: commit, dirty (bool), root of the training code's repository; nulls outside git.",
     "command": "list[str]: sys.argv of the training process.",
     "capture": "object: the capture configuration (level, steps, ranks, modules, rows, moments, dumps, kernels, poison, ...).",
+}
+
+#: Manifest keys added after schema version 1 was first written: writers of this release
+#: always write them, readers accept manifests without them (older runs) and say so.
+MANIFEST_OPTIONAL_KEYS: dict[str, str] = {
+    "commit_log": "int: version of the commit log next to this manifest (segment-S.commits: committed flush windows and the clean-close line). Absent in runs written before the completeness contract: readers treat those as legacy and cannot verify their completeness.",
 }

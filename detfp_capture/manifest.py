@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -19,9 +20,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from detfp_capture import contract
+from detfp_capture import commitlog, contract
 
-__all__ = ["ENV_NAMES", "ENV_PREFIXES", "collect_manifest", "determinism_settings", "git_info", "numerics_env"]
+__all__ = [
+    "ENV_NAMES",
+    "ENV_PREFIXES",
+    "OPTION_MARKERS",
+    "SECRET_MARKERS",
+    "SECRET_NAMES",
+    "collect_manifest",
+    "determinism_settings",
+    "git_info",
+    "looks_secret",
+    "numerics_env",
+    "redact_command",
+]
 
 #: Environment-variable prefixes whose variables can change numerics (kernels, algorithms, threads).
 ENV_PREFIXES = (
@@ -43,20 +56,96 @@ ENV_PREFIXES = (
 )
 #: Individual variables that change numerics or ordering.
 ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "PYTHONHASHSEED", "LD_PRELOAD", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-# Never record values that look like credentials, even under a numerics prefix.
-_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "AUTH")
+#: Name fragments of variables and command-line options that hold credentials: never recorded,
+#: even under a numerics prefix (manifests are shared with whoever reads the trace).
+SECRET_MARKERS = (
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASSPHRASE",
+    "CREDENTIAL",
+    "KEY",
+    "AUTH",
+    "COOKIE",
+    "SESSION",
+    "SIGNATURE",
+    "PRIVATE",
+    "CONNECTION_STRING",
+    "SAS",
+)
+#: Whole names of cloud and tracking-service credentials that no fragment above catches.
+SECRET_NAMES = frozenset(
+    (
+        "AWS_ACCESS_KEY_ID",
+        "AZURE_CLIENT_ID",
+        "AZURE_TENANT_ID",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_URI",
+        "WANDB_BASE_URL",
+        "NETRC",
+    )
+)
+#: Option-name fragments redacted on the command line: narrower than SECRET_MARKERS, because an
+#: option like ``--key-dim 64`` or ``--session-dir`` is part of how the run was made.
+OPTION_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "API_KEY", "APIKEY",
+                  "ACCESS_KEY", "PRIVATE_KEY")  # fmt: skip
+_REDACTED = "<redacted>"
+# user:password@ inside a URL (a rendezvous endpoint, a tracking URI) is a credential too.
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 _GIT_TIMEOUT_S = 10.0
 
 
+def looks_secret(name: str, markers: Sequence[str] = SECRET_MARKERS) -> bool:
+    """True when an environment variable (or, with OPTION_MARKERS, an option) name looks like a credential."""
+    upper = name.upper().lstrip("-").replace("-", "_")
+    return upper in SECRET_NAMES or any(m in upper for m in markers)
+
+
+def _scrub(value: str) -> str:
+    return _URL_USERINFO.sub(lambda m: m.group("scheme") + _REDACTED + "@", value)
+
+
 def numerics_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The numerics-relevant variables of ``environ`` (default ``os.environ``), sorted by name."""
+    """The numerics-relevant variables of ``environ`` (default ``os.environ``), sorted by name.
+
+    Variables whose names look like credentials (``looks_secret``) are dropped, and
+    ``user:password@`` inside URL values is redacted.
+    """
     env = os.environ if environ is None else environ
     out = {}
     for name in sorted(env):
-        if any(m in name.upper() for m in _SECRET_MARKERS):
+        if looks_secret(name):
             continue
         if name in ENV_NAMES or name.startswith(ENV_PREFIXES):
-            out[name] = env[name]
+            out[name] = _scrub(env[name])
+    return out
+
+
+def redact_command(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of credential-like options redacted.
+
+    ``--api-key=X`` and ``--api-key X`` become ``--api-key=<redacted>`` and ``--api-key
+    <redacted>``; ``NAME=value`` arguments with a credential-like name and URL userinfo are
+    redacted the same way. Everything else is kept: the command line says how the run was made.
+    """
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        arg = str(arg)
+        if hide_next:
+            out.append(_REDACTED)
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if eq and looks_secret(name, OPTION_MARKERS) and (name.startswith("-") or name.replace("_", "").isalnum()):
+            out.append(f"{name}={_REDACTED}")
+        elif arg.startswith("-") and looks_secret(arg, OPTION_MARKERS):
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(_scrub(arg))
     return out
 
 
@@ -188,7 +277,7 @@ def collect_manifest(
     capture: Mapping[str, Any] | None = None,
     git_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """This rank's manifest (exactly contract.MANIFEST_KEYS); see MANIFEST_KEYS for each value's meaning."""
+    """This rank's manifest: contract.MANIFEST_KEYS then MANIFEST_OPTIONAL_KEYS (see them for each value's meaning)."""
     manifest = {
         "schema_version": contract.SCHEMA_VERSION,
         "digest_version": contract.DIGEST_VERSION,
@@ -204,7 +293,8 @@ def collect_manifest(
         "determinism": determinism_settings(),
         "env": numerics_env(),
         "git": git_info(git_path),
-        "command": list(sys.argv),
+        "command": redact_command(sys.argv),
         "capture": dict(capture or {}),
+        "commit_log": commitlog.COMMIT_LOG_VERSION,
     }
     return manifest

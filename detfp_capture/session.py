@@ -169,10 +169,14 @@ class Session(StepRecording):
         from detfp_capture import writer as _writer
         from detfp_capture.manifest import collect_manifest
 
-        self.segment = _writer.prepare_run_dir(
-            self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
-        )
-        self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, on_error=self._writer_failed)
+        try:
+            self.segment = _writer.prepare_run_dir(
+                self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
+            )
+            self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, on_error=self._writer_failed)
+        except OSError as exc:  # read-only, full or vanished file system: the job must still run
+            self._disable_at_start(exc)
+            return
         self._writer_error: str | None = None
         self._rec = Recorder(cfg, self._writer, rank=self.rank, on_fail=self._on_fail)
         self._hooks = ModuleHooks(self)
@@ -192,7 +196,13 @@ class Session(StepRecording):
             groups={},
             capture=cfg.describe(),
         )
-        self._write_manifest()
+        try:
+            self._write_manifest()
+        except OSError as exc:
+            self._writer.mark_incomplete(f"the manifest could not be written: {type(exc).__name__}: {exc}")
+            self._writer.close(timeout=_CLOSE_TIMEOUT_S)
+            self._disable_at_start(exc)
+            return
         if cfg.depth >= 1:
             from detfp_capture._collectives import CollectiveTracer
 
@@ -344,6 +354,9 @@ class Session(StepRecording):
             self._teardown()
             with contextlib.suppress(Exception):
                 self._write_manifest()
+            if self._rec.failed and self._rec.fail_reason:
+                # Records the writer never saw were dropped: the commit log's close line says so.
+                self._writer.mark_incomplete(self._rec.fail_reason)
             self._close_writer()
             if self._writer.error and not self._warned_writer:
                 warnings.warn(f"detfp: trace writer failed: {self._writer.error}", RuntimeWarning, stacklevel=2)
@@ -572,6 +585,16 @@ class Session(StepRecording):
                 self._kernels.stop(discard=True)
             self._kernels = self._kernel_range = None
 
+    def _disable_at_start(self, exc: OSError) -> None:
+        """The run directory cannot be written at all: capture nothing, warn once, train on."""
+        self._inert = True
+        warnings.warn(
+            f"detfp capture disabled on rank {self.rank}: cannot write the trace to {self.out_dir} "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); training continues without capture",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _writer_failed(self, msg: str) -> None:
         self._writer_error = msg  # called on the writer thread; acted upon at the next step boundary
 
@@ -588,7 +611,7 @@ class Session(StepRecording):
 
         groups = dict(self._collectives.groups) if self._collectives is not None else {}
         self._manifest["groups"] = {k: list(v) for k, v in sorted(groups.items())}
-        _writer.write_manifest(self.out_dir, self._manifest)
+        _writer.write_manifest(self.out_dir, self._manifest, create=False)
 
     def _write_manifest_safely(self) -> None:
         try:

@@ -7,9 +7,16 @@ temporary name -> ``os.replace`` onto ``contract.shard_relpath``. A process kill
 moment (SIGKILL included) therefore leaves only complete shards under their final names;
 readers ignore dot-prefixed leftovers.
 
-A failed write (disk full, permissions, a value of the wrong type) disables the writer:
-``failed``/``error`` are set, ``on_error(msg)`` is called once, and later windows are
-dropped (counted in ``dropped_windows``). Nothing here ever raises into the training loop
+Completeness (``commitlog``): the writer creates ``manifest/rank=R/segment-S.commits``
+exclusively when it starts, appends a commit line for each window once all of its shards
+are in place, and a close line when ``close`` has handled every window; the reader trusts
+exactly the committed windows of a launch that closed cleanly.
+
+A failed write (disk full, file-size limit, permissions, a value of the wrong type) disables
+the writer: ``failed``/``error`` are set, a ``fail`` line goes to the commit log (its
+descriptor stays open, so this works even where new files can no longer be created),
+``on_error(msg)`` is called once, and later windows are dropped (counted in
+``dropped_windows``); the close line then says ``incomplete`` and why. Nothing here ever raises into the training loop
 after construction except on programming errors (unknown table or column), nothing ever
 talks to other ranks, and every rank only touches its own ``rank=R`` partitions.
 """
@@ -29,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from detfp_capture import contract
+from detfp_capture import _faults, commitlog, contract
 from detfp_capture.arrowschema import arrow_schema
 from detfp_capture.errors import RunExistsError, SchemaError
 
@@ -49,7 +56,8 @@ def existing_segments(run_dir: str | os.PathLike[str], rank: int) -> list[int]:
     found: set[int] = set()
     mdir = root / contract.MANIFEST_DIR / f"rank={rank}"
     if mdir.is_dir():
-        for p in mdir.glob("segment-*.json"):
+        # A commit log without a manifest (a launch killed while starting) occupies its segment too.
+        for p in (*mdir.glob("segment-*.json"), *mdir.glob("segment-*.commits")):
             digits = p.stem.removeprefix("segment-")
             if digits.isdigit():
                 found.add(int(digits))
@@ -126,30 +134,45 @@ def clear_rank(run_dir: str | os.PathLike[str], rank: int, world_size: int | Non
                 shutil.rmtree(part)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write_bytes(path: Path, data: bytes, point: str = "manifest", index: int | None = None) -> None:
+    """Write ``data`` under a dot-prefixed temporary name, then rename it onto ``path``.
+
+    ``point``/``index`` name the fault points around the steps (``<point>-mid-write``, ...).
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            half = len(data) // 2
+            f.write(data[:half])
+            f.flush()
+            _faults.hit(f"{point}-mid-write", index)
+            f.write(data[half:])
+        _faults.hit(f"{point}-before-rename", index)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _faults.hit(f"{point}-after-rename", index)
 
 
-def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
+def write_manifest(run_dir: str | os.PathLike[str], manifest: Mapping[str, Any], *, create: bool = True) -> Path:
     """Write one rank's manifest atomically to ``manifest_relpath(rank, segment)``; returns its path.
 
-    The manifest must have exactly ``contract.MANIFEST_KEYS`` (SchemaError otherwise); values
+    The manifest must have every ``contract.MANIFEST_KEYS`` key and no key outside those and
+    ``contract.MANIFEST_OPTIONAL_KEYS`` (SchemaError otherwise); values
     must be JSON (NaN refused). JSON is written with sorted keys so that it is byte-stable.
+    ``create=False``: the run directory must exist (a capture rewriting its manifest must not
+    recreate a directory removed under it).
     """
     keys = set(manifest)
     missing = sorted(set(contract.MANIFEST_KEYS) - keys)
-    unknown = sorted(keys - set(contract.MANIFEST_KEYS))
+    unknown = sorted(keys - set(contract.MANIFEST_KEYS) - set(contract.MANIFEST_OPTIONAL_KEYS))
     if missing or unknown:
         raise SchemaError(f"manifest keys do not match the contract: missing {missing}, unknown {unknown}")
     path = Path(run_dir) / contract.manifest_relpath(int(manifest["rank"]), int(manifest["segment"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    _mkdirs(Path(run_dir), path.parent)
     text = json.dumps(dict(manifest), sort_keys=True, indent=2, allow_nan=False) + "\n"
     _atomic_write_bytes(path, text.encode("utf-8"))
     return path
@@ -241,11 +264,42 @@ def _check_columns(table: str, data: Mapping[str, Sequence[Any]]) -> int:
     return lengths.pop() if lengths else 0
 
 
+def _mkdirs(root: Path, target: Path) -> None:
+    """Create ``target`` and its parents below ``root``, never ``root`` itself: a run directory
+    removed mid-run must make writes fail, not be recreated holding a headless trace."""
+    here = root
+    for part in target.relative_to(root).parts:
+        here = here / part
+        here.mkdir(exist_ok=True)
+
+
+def _open_log(run_dir: Path, rank: int, segment: int) -> commitlog.CommitLog:
+    """Create this launch's commit log (exclusively) and write its open line."""
+    path = run_dir / commitlog.commit_log_relpath(rank, segment)
+    _mkdirs(run_dir, path.parent)
+    try:
+        log = commitlog.CommitLog(path)
+    except FileExistsError:
+        raise RunExistsError(
+            f"{run_dir}: rank {rank} segment {segment} is already being written by another launch "
+            f"({path.name} exists); choose a new run directory, or pass append=True (--append) to continue it"
+        ) from None
+    try:
+        log.append({"t": "open", "version": commitlog.COMMIT_LOG_VERSION, "rank": rank, "segment": segment})
+    except BaseException:
+        log.close()
+        raise
+    return log
+
+
 class ShardWriter:
     """Writes one rank's flush windows as Parquet shards from a background thread.
 
     ``write_window`` blocks when ``max_pending_windows`` windows are already queued, so a
-    slow disk slows training down instead of growing memory without bound.
+    slow disk slows training down instead of growing memory without bound: at most
+    ``max_pending_windows`` queued windows plus the one being written are alive at once.
+    Creating it creates the commit log exclusively (RunExistsError when this rank and segment
+    already have one; OSError when the directory cannot be written).
     """
 
     def __init__(
@@ -257,12 +311,20 @@ class ShardWriter:
         max_pending_windows: int = 4,
         on_error: Callable[[str], None] | None = None,
         compression: str = "zstd",
+        commit_log: bool = True,
     ) -> None:
         if max_pending_windows < 1:
             raise ValueError("max_pending_windows must be >= 1")
         self.run_dir = Path(run_dir)
         self.rank = int(rank)
         self.segment = int(segment)
+        #: The commit log (None with ``commit_log=False``: a legacy run, for tests of old readers' data).
+        self._log: commitlog.CommitLog | None = None
+        if commit_log:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # the start of the launch: later writes never recreate it
+            self._log = _open_log(self.run_dir, self.rank, self.segment)
+        #: Why the trace of this launch is incomplete although the writer did not fail (set by the session).
+        self._incomplete: str | None = None
         #: True once a write failed; the writer then drops every later window.
         self.failed = False
         #: One line saying why the writer failed (None while healthy).
@@ -274,9 +336,14 @@ class ShardWriter:
         #: Rows and files written so far (by the writer thread).
         self.rows_written = 0
         self.files_written = 0
+        #: Windows handed over and not yet handled (queued, being written, or blocked in the
+        #: handover), and the most there ever were: at most ``max_pending_windows + 2``.
+        self.pending = 0
+        self.peak_pending = 0
         self._on_error = on_error
         self._compression = compression
         self._next_window = 0
+        self._failed_window = 0
         self._closed = False
         self._stop_queued = False
         self._lock = threading.Lock()
@@ -306,11 +373,21 @@ class ShardWriter:
             window = self._next_window
             self._next_window += 1
             self.windows_queued += 1
+            self.pending += 1
+            self.peak_pending = max(self.peak_pending, self.pending)
         self._queue.put((window, tables))
         return window
 
+    def mark_incomplete(self, reason: str) -> None:
+        """The session lost records the writer never saw (capture disabled after an error): the
+        close line will say ``incomplete`` with ``reason``. Call before ``close``."""
+        with self._lock:
+            if self._incomplete is None:
+                self._incomplete = " ".join(reason.split())[:2000]
+
     def close(self, timeout: float | None = None) -> bool:
-        """Drain the queue and stop the thread; True when everything queued was handled in time."""
+        """Drain the queue, write the close line and stop the thread; True when everything
+        queued was handled in time."""
         with self._lock:
             self._closed = True
             need_stop = not self._stop_queued
@@ -334,37 +411,75 @@ class ShardWriter:
         while True:
             item = self._queue.get()
             if item is _STOP:
+                self._close_log()
                 return
             window, tables = item
+            del item
             if self.failed:
                 with self._lock:
                     self.dropped_windows += 1
+                    self.pending -= 1
                 continue
             try:
+                self._failed_window = window
                 self._write(window, tables)
             except Exception as exc:  # any failure disables capture; training must go on
                 self._fail(
                     f"rank {self.rank}: writing window {window} to {self.run_dir} failed: "
                     f"{type(exc).__name__}: {' '.join(str(exc).split())}"
                 )
+            del tables  # free the window before waiting for the next one
+            with self._lock:
+                self.pending -= 1
 
     def _write(self, window: int, tables: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        _faults.hit("window-start", window)
+        rows: dict[str, int] = {}
+        lo: int | None = None
+        hi: int | None = None
         for table in sorted(tables):
             t = build_table(table, tables[table], self.rank, self.segment)
             if t.num_rows == 0:
                 continue
+            steps = tables[table]["step"]  # plain ints: cheaper than an Arrow kernel (and its import)
+            lo = min(steps) if lo is None else min(lo, min(steps))
+            hi = max(steps) if hi is None else max(hi, max(steps))
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            try:
-                pq.write_table(t, tmp, compression=self._compression)
-                os.replace(tmp, path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            _mkdirs(self.run_dir, path.parent)
+            # Serialized in memory first: the file is then written in plain writes (a file-size
+            # limit or a full disk fails the write, never leaves a file under its final name).
+            sink = pa.BufferOutputStream()
+            pq.write_table(t, sink, compression=self._compression)
+            _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
+            rows[table] = t.num_rows
             self.rows_written += t.num_rows
             self.files_written += 1
+        _faults.hit("commit-before", window)
+        if self._log is not None:
+            record = {"t": "window", "window": window, "rows": rows, "steps": None if lo is None else [lo, hi]}
+            self._log.append(record, half=lambda: _faults.hit("commit-mid-write", window))
+        _faults.hit("commit-after", window)
         self.windows_written += 1
+
+    def _close_log(self) -> None:
+        """The close line: every window was handled; ``ok`` unless a window was lost."""
+        log = self._log
+        if log is None:
+            return
+        with self._lock:
+            reason = self.error or self._incomplete
+            if reason is None and self.dropped_windows:
+                reason = f"{self.dropped_windows} window(s) were dropped"
+            n = self._next_window
+        try:
+            _faults.hit("close-before")
+            record = {"t": "close", "windows": n, "status": "ok" if reason is None else "incomplete", "reason": reason}
+            log.append(record, half=lambda: _faults.hit("close-mid-write"))
+            _faults.hit("close-after")
+        except OSError:
+            pass  # no close line: readers see a launch that never closed, which is still the truth
+        finally:
+            log.close()
 
     def _fail(self, message: str) -> None:
         with self._lock:
@@ -373,6 +488,11 @@ class ShardWriter:
             self.failed = True
             self.error = message
             self.dropped_windows += 1
+        if self._log is not None:
+            # The log's descriptor is open already: this line usually lands even when no new
+            # file can be created (read-only or removed directory, file-size limit).
+            with contextlib.suppress(Exception):
+                self._log.append({"t": "fail", "window": self._failed_window, "reason": message[:2000]})
         if self._on_error is not None:
             # A broken callback must not kill the writer thread.
             with contextlib.suppress(Exception):

@@ -38,6 +38,15 @@ def layout_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def layout_twin(layout_pair, tmp_path_factory):
+    """A copy of the layout pair's run A: the identical run to compare it with (a run is never
+    compared with itself: the same directory twice is refused)."""
+    import shutil
+
+    return shutil.copytree(layout_pair.a, tmp_path_factory.mktemp("layout_twin") / "a")
+
+
+@pytest.fixture(scope="session")
 def report_page(layout_pair, tmp_path_factory):
     """``bisect --html`` of the layout pair as the command line writes it, in a process of its own
     with a fixed hash seed (tests render pages and pictures again in this process, under another

@@ -16,7 +16,7 @@ column gets a default, and shards and manifests are written by ``ShardWriter`` a
 Signature::
 
     write_run(path, ranks, *, world_size=None, segment=0, start_step=None,
-              manifest_overrides=None, windows="step", manifests=True) -> Path
+              manifest_overrides=None, windows="step", manifests=True, legacy=False) -> Path
 
 * ``ranks``: rank -> table name -> list of row dicts (a rank with ``{}`` gets a manifest only).
 * ``world_size``: defaults to ``max(ranks) + 1``.
@@ -24,6 +24,7 @@ Signature::
 * ``manifest_overrides``: dict merged into every rank's manifest, or ``{rank: dict}``.
 * ``windows``: ``"step"`` writes one flush window per distinct step, ``"single"`` one window.
 * ``manifests``: False to write shards only (for invalid-run tests).
+* ``legacy``: True to write no commit log (a run from before the completeness contract).
 
 Defaults (records): microbatch -1, phase "forward", module "", kind "op", name
 "aten::mm.default", role "output", arg "out[0]" (or "args[0]" for inputs, "" for values),
@@ -253,6 +254,7 @@ def write_run(
     manifest_overrides: Mapping[Any, Any] | None = None,
     windows: str = "step",
     manifests: bool = True,
+    legacy: bool = False,
 ) -> Path:
     """Write an inline run (see the module docstring); returns ``Path(path)``."""
     root = Path(path)
@@ -274,7 +276,7 @@ def write_run(
             tables[table] = [fill[table](r) for r in rows]
         steps = sorted({r["step"] for rows in tables.values() for r in rows})
         groups = [steps] if windows == "single" else [[s] for s in steps]
-        writer = ShardWriter(root, rank, segment)
+        writer = ShardWriter(root, rank, segment, commit_log=not legacy)
         try:
             for group in groups:
                 writer.write_window(

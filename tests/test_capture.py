@@ -10,6 +10,8 @@ import polars as pl
 import pytest
 import torch
 
+from detfp_analyze.errors import IncompleteRunError
+from detfp_analyze.reader import open_run
 from detfp_capture import Session
 from detfp_capture.errors import ConfigError, RunExistsError
 from tests.test_capture_models import Net, digest_hi, read, train
@@ -232,7 +234,10 @@ def test_capture_error_disables_and_training_continues(tmp_path, baseline, monke
             got = train(s, steps=3)
     assert got == baseline
     assert sum("capture disabled" in str(w.message) for w in caught) == 1
-    ev = read(tmp_path / "r", "events")
+    # The trace says it is incomplete and why (the commit log's close line), and keeps the events.
+    with pytest.raises(IncompleteRunError, match=r"closed incomplete: capture disabled at step 0 .*planted failure"):
+        open_run(tmp_path / "r")
+    ev = pl.read_parquet(open_run(tmp_path / "r", allow_incomplete=True).files("events"), hive_partitioning=False)
     err = ev.filter(pl.col("type") == "capture_error")
     assert err.height == 1 and "planted failure" in err["detail"][0]
     assert "capture_disabled" in set(ev["type"])

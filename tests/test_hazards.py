@@ -183,3 +183,20 @@ def test_pointer_like_int64_flagged_at_resolve(tmp_path):
     assert [h.to_list() for h in p["hazards"]] == [["pointer_like"], []]
     ev = _hazard_events(tmp_path / "r", "pointer_like")
     assert ev.height == 1 and "ptr_table" in ev["detail"][0]
+
+
+def test_an_address_reused_after_a_storage_is_freed_inherits_no_hazard():
+    """FSDP frees a storage under a living tensor (resize_(0)) and the allocator hands the
+    address to another: the entry of the first must not flag the second (it flagged FSDP2's
+    gathered parameters uninitialized in one run of an identical pair)."""
+    from detfp_capture._hazards import HazardTracker, storage_key
+
+    hz = HazardTracker(rec=None, poison_byte=None)
+    fresh = torch.empty(16)
+    hz.born_empty(fresh)
+    assert hz.flags(fresh) == ("uninitialized",)
+    other = torch.zeros(16)
+    # The same entry, as if the allocator had reused fresh's address for other's storage.
+    hz.uninit[storage_key(other)] = hz.uninit.pop(storage_key(fresh))
+    assert hz.flags(other) == ()
+    assert not hz.uninit

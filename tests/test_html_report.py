@@ -145,9 +145,9 @@ def test_report_in_headless_chromium(chromium, report_page, tmp_path):
     assert shutil.which("true")  # the browser process is gone; nothing left running
 
 
-def test_page_of_identical_runs(layout_pair):
-    res = bisect(layout_pair.a, layout_pair.a)
-    text = html_report(res, layout_pair.a, layout_pair.a, pictures=False)
+def test_page_of_identical_runs(layout_pair, layout_twin):
+    res = bisect(layout_pair.a, layout_twin)
+    text = html_report(res, layout_pair.a, layout_twin, pictures=False)
     assert '<span id="status" class="status identical">identical</span>' in text
     assert "pictures were not requested" in text and "<svg" not in text
     assert "No discriminator: there is no origin op to discriminate." in text

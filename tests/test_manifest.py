@@ -18,7 +18,8 @@ def test_manifest_has_exactly_the_contract_keys_and_is_json(tmp_path):
         rank=1, world_size=4, segment=2, start_step=7, parallel={"dp": 1, "dp_size": 4},
         groups={"tp": (0, 1), "dp": [1, 3]}, capture={"level": "ops"},
     )  # fmt: skip
-    assert list(m) == list(contract.MANIFEST_KEYS)
+    assert list(m) == [*contract.MANIFEST_KEYS, *contract.MANIFEST_OPTIONAL_KEYS]
+    assert m["commit_log"] == 1
     assert (m["rank"], m["world_size"], m["segment"], m["start_step"]) == (1, 4, 2, 7)
     assert m["groups"] == {"dp": [1, 3], "tp": [0, 1]} and m["parallel"] == {"dp": 1, "dp_size": 4}
     assert m["schema_version"] == contract.SCHEMA_VERSION and m["digest_version"] == contract.DIGEST_VERSION

@@ -194,8 +194,8 @@ def test_plot_command_writes_byte_stable_files(layout_pair, report_page, tmp_pat
     assert "rank 29" in svg and "pp 3" in svg and "origin: inputs matched, output differs" in svg
 
 
-def test_plot_of_identical_runs_says_what_it_left_out(layout_pair, tmp_path):
-    res = CliRunner().invoke(app, ["plot", str(layout_pair.a), str(layout_pair.a), "--out", str(tmp_path)])
+def test_plot_of_identical_runs_says_what_it_left_out(layout_pair, layout_twin, tmp_path):
+    res = CliRunner().invoke(app, ["plot", str(layout_pair.a), str(layout_twin), "--out", str(tmp_path)])
     assert res.exit_code == 0
     assert "skipped ranks_modules: no record differs, so there is no divergent step to open" in res.output
     assert "skipped discriminator: no origin op to discriminate (the runs are identical)" in res.output

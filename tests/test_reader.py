@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from detfp_analyze.errors import (
     DuplicateRankError,
+    IncompleteRunError,
     ManifestError,
     MissingRankError,
     NotARunError,
@@ -127,7 +128,7 @@ def test_unknown_digest_version(run):
 def test_bad_world_size_value(run):
     _edit_manifest(run, world_size="2")
     assert _err(ManifestError, run) == (
-        f"{run}/manifest/rank=0/segment-00000.json: world_size is '2', expected a non-negative integer; "
+        f'{run}/manifest/rank=0/segment-00000.json: world_size is "2", expected an integer in 1..1048576; '
         "re-run the capture"
     )
 
@@ -280,8 +281,16 @@ def test_foreign_producer_with_optional_fields_and_large_types_is_accepted(run):
     t = pa.Table.from_pylist([row], schema=pa.schema(fields))
     (run / "events" / "rank=1").mkdir(parents=True)
     pq.write_table(t, run / "events" / "rank=1" / "anything.parquet", compression="snappy")
-    df = open_run(run).scan("events").collect()
+    # Dropped into a run whose commit logs do not list it, the file is refused as uncommitted;
+    # a producer that writes no commit log makes a legacy run, read as it is.
+    with pytest.raises(IncompleteRunError, match=r"anything\.parquet was written but never committed"):
+        open_run(run)
+    for log in run.glob("manifest/rank=*/*.commits"):
+        log.unlink()
+    r = open_run(run)
+    df = r.scan("events").collect()
     assert df.to_dicts() == [row] and df.schema == polars_schema("events")
+    assert r.completeness.legacy_ranks == (0, 1) and r.completeness.complete
 
 
 # ---------------------------------------------------------------------------- scans

@@ -71,6 +71,29 @@ def test_doc_hash_example_is_right():
     assert f"`key_hash` {contract.key_hash(contract.record_key(ck, 'output', 'out'))}" in text
 
 
+def test_doc_lists_optional_manifest_keys_and_a_valid_commit_log_example():
+    import re
+
+    from detfp_capture import commitlog
+
+    text = DOC.read_text(encoding="utf-8")
+    for key, meaning in contract.MANIFEST_OPTIONAL_KEYS.items():
+        assert f"| `{key}` | {meaning} |" in text
+    example = [line for line in text.splitlines() if re.fullmatch(r"[0-9a-f]{8} \{.*\}", line)]
+    state = commitlog.parse(("\n".join(example) + "\n").encode())
+    assert len(example) == 3 and state.opened and state.close == (5, "ok", None) and state.bad_lines == 0
+
+
+def test_reliability_and_certify_docs_name_every_gap_kind():
+    from detfp_analyze.completeness import GAP_KINDS
+
+    docs = DOC.parent
+    for name in ("reliability.md", "certify.md"):
+        text = (docs / name).read_text(encoding="utf-8")
+        missing = [k for k in GAP_KINDS if f"`{k}`" not in text]
+        assert not missing, f"docs/{name} does not describe {missing}"
+
+
 if __name__ == "__main__":
     print(render_tables())
     print(render_manifest_keys())

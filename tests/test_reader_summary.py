@@ -15,6 +15,8 @@ GOLDEN = """\
 run: {label}
 world size: 3
 ranks: 0-1 (missing: 2)
+completeness:
+  ranks 0-1  complete
 segments:
   0  ranks 0-1, start step -
   1  ranks 0, start step 2

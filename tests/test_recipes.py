@@ -47,6 +47,8 @@ def test_session_scripts_get_their_command_and_the_session_arguments():
     assert not any(r.title.endswith("of run B at level ops with kernel identities") for r in got)  # no manifests for B
 
 
-def test_identical_runs_only_reproduce():
-    res = bisect(OPS[0], OPS[0])
+def test_identical_runs_only_reproduce(tmp_path):
+    import shutil
+
+    res = bisect(OPS[0], shutil.copytree(OPS[0], tmp_path / "a"))
     assert [r.title for r in recipes(res)] == ["reproduce this comparison"]

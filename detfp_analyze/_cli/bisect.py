@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, fail, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect import bisect
 from detfp_analyze.gate import evaluate, load_expectations, render_gate
 from detfp_analyze.reader import open_run
@@ -98,6 +98,7 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
     ignore_env: Annotated[
         list[str] | None,
         typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
@@ -125,8 +126,8 @@ def command(
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
     expectations = None if expect is None else load_expectations(expect)
-    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
-    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     bar = _Bar() if sys.stderr.isatty() else None
     try:
         result = bisect(
@@ -147,6 +148,6 @@ def command(
             doc["gate"] = gate.to_json_dict()
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        typer.echo(render_text(result) + ("" if gate is None else render_gate(gate)), nl=False)
+        echo(render_text(result) + ("" if gate is None else render_gate(gate)))
     failed = result.diverged if gate is None else not gate.passed
     raise typer.Exit(EXIT_DIVERGED if failed else EXIT_OK)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, handle_errors
+from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, echo, handle_errors
 from detfp_analyze.certify import CertifyResult, certify
 
 __all__ = ["command", "format_certify"]
@@ -47,5 +47,5 @@ def command(
     if as_json:
         typer.echo(json.dumps(res.to_json_dict(), indent=2))
     else:
-        typer.echo(format_certify(res), nl=False)
+        echo(format_certify(res))
     raise typer.Exit(EXIT_OK if res.ok else EXIT_DIVERGED)

@@ -1,19 +1,49 @@
-"""Shared CLI plumbing: exit codes and the translation of typed errors into one line."""
+"""Shared CLI plumbing: exit codes, the translation of errors into one line, safe text output.
+
+Exit 1 means "diverged" (or "problems found") to a CI gate, so nothing else may ever end a
+command with 1: typed errors, a trace file that cannot be decoded and detfp's own bugs all
+exit 2 with one line on stderr (``DETFP_DEBUG=1`` shows the traceback of the last kind).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from detfp_analyze.errors import DetfpError
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_DIVERGED", "EXIT_OK", "Command", "fail", "handle_errors"]
+try:  # typer >= 0.20 vendors click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import UsageError
+
+    NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
+
+#: The --allow-incomplete option's help, shared by the commands that take it.
+ALLOW_INCOMPLETE_HELP = (
+    "Use a run that holds less than its commit logs promise (killed capture, missing shards): "
+    "only the steps held completely are used, the rest is listed in notes."
+)
+
+__all__ = [
+    "ALLOW_INCOMPLETE_HELP",
+    "EXIT_BAD_INPUT",
+    "EXIT_DIVERGED",
+    "EXIT_OK",
+    "Command",
+    "OneLineGroup",
+    "echo",
+    "fail",
+    "handle_errors",
+    "one_line",
+]
 
 #: Runs identical / single run has no problems.
 EXIT_OK = 0
@@ -25,14 +55,50 @@ EXIT_BAD_INPUT = 2
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# C0 and C1 control characters (but newline and tab) and lone surrogates: escaped in what we print,
+# so names taken from a trace can neither break a line nor drive a terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(m: re.Match) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def one_line(message: str) -> str:
+    """``message`` as one printable line: whitespace runs collapsed, control characters escaped."""
+    return _CONTROL.sub(_escape, " ".join(message.split()))
+
+
+def echo(text: str) -> None:
+    """Print report text on stdout (no extra newline), control characters escaped."""
+    typer.echo(_CONTROL.sub(_escape, text), nl=False)
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     """Print ``detfp-analyze: <message>`` on stderr and exit with ``code``."""
-    print(f"detfp-analyze: {message}", file=sys.stderr)
+    print(f"detfp-analyze: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)
 
 
+def _unexpected(exc: Exception) -> str:
+    """One line for an exception no library function turned into a typed error."""
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    if isinstance(exc, OSError):
+        return f"cannot read a file of the trace ({reason}); check the path and its permissions"
+    module = type(exc).__module__.split(".")[0]
+    if module in ("polars", "pyarrow", "duckdb") or isinstance(exc, (UnicodeDecodeError, OverflowError)):
+        # Footers and commit logs were valid, the data inside a shard is not.
+        return (
+            f"a shard could not be decoded ({reason}); it is damaged: run detfp-analyze certify on each run, "
+            "then delete the shard or re-run the capture"
+        )
+    return f"internal error ({reason}); this is a bug in detfp, please report it (DETFP_DEBUG=1 shows the traceback)"
+
+
 def handle_errors(fn: F) -> F:
-    """Turn any DetfpError raised by ``fn`` into one line on stderr and exit code 2."""
+    """Turn any DetfpError raised by ``fn`` into one line on stderr and exit code 2; any other
+    exception too (never a traceback, never exit 1: see the module docstring)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -40,10 +106,38 @@ def handle_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except DetfpError as exc:
             # One line only: a multi-line message would break log scrapers and CI annotations.
-            fail(" ".join(str(exc).split()))
+            fail(str(exc))
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if os.environ.get("DETFP_DEBUG"):
+                raise
+            fail(_unexpected(exc))
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+class OneLineGroup(TyperGroup):
+    """The command group, with usage errors (a mistyped option, a missing argument, a bad value)
+    printed as one line and exit 2, like every other error, instead of a boxed block."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as exc:
+            if isinstance(exc, NoArgsIsHelpError) and exc.ctx is not None:
+                typer.echo(exc.ctx.get_help())  # bare `detfp-analyze`: the help, as before
+                sys.exit(EXIT_BAD_INPUT)
+            path = exc.ctx.command_path if exc.ctx is not None else "detfp-analyze"
+            print(f"detfp-analyze: {one_line(exc.format_message()).rstrip('.')}; see: {path} --help", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        except typer.Abort:
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
 class Command(TyperCommand):

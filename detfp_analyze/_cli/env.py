@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, handle_errors
 from detfp_analyze.envdiff import drop_keys, env_diff, setting_changes
 from detfp_analyze.reader import open_run
 from detfp_analyze.report import render_env
@@ -29,14 +29,15 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Diff the ranks present even if some are missing.")
     ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
     ignore_env: Annotated[
         list[str] | None,
         typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
     ] = None,
 ) -> None:
     """Print what differs between the two runs' manifests (versions, determinism, env, layout, hardware)."""
-    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
-    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     diffs, _ = drop_keys(env_diff(a, b), ignore_env or ())
     changes = (setting_changes(a), setting_changes(b))
     if as_json:
@@ -49,5 +50,5 @@ def command(
         }
         typer.echo(json.dumps(payload, indent=2, sort_keys=True))
     else:
-        typer.echo(render_env(diffs, a.label, b.label, changes), nl=False)
+        echo(render_env(diffs, a.label, b.label, changes))
     raise typer.Exit(EXIT_DIVERGED if diffs or changes[0] != changes[1] else EXIT_OK)

@@ -3,7 +3,8 @@
 Output as an aligned text table (default), CSV, JSON (an array of objects; uint64 digests
 stay exact integers) or Parquet (needs --output). Byte-stable for a given result: no
 timestamps, no terminal-width dependent truncation. Exit 0 on success, 2 with one line on
-stderr for a bad run directory or a failing query (DuckDB's reason).
+stderr for a bad run directory or a failing query (DuckDB's reason). The query can read only
+the runs' shards unless --allow-file-access is given (see ``detfp_analyze.sql``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
-from detfp_analyze._cli.common import fail, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, fail, handle_errors
 from detfp_analyze.sql import connect, query
 
 __all__ = ["command", "format_table"]
@@ -111,12 +112,26 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Open runs even if some ranks are missing.")
     ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+    allow_file_access: Annotated[
+        bool,
+        typer.Option(
+            "--allow-file-access",
+            help="Let the query read and write files other than the runs' shards (off: it can read only the runs).",
+        ),
+    ] = False,
 ) -> None:
     """Run a SQL query over one or two runs' views: a_records, pairs, first_divergence, step_summary, ..."""
     if len(args) not in (2, 3):
         fail(f'sql takes RUN_A [RUN_B] "QUERY", got {len(args)} argument(s); quote the query as one argument')
     *runs, sql = args
-    con = connect(runs[0], runs[1] if len(runs) == 2 else None, allow_missing_ranks=allow_missing_ranks)
+    con = connect(
+        runs[0],
+        runs[1] if len(runs) == 2 else None,
+        allow_missing_ranks=allow_missing_ranks,
+        allow_incomplete=allow_incomplete,
+        allow_file_access=allow_file_access,
+    )
     try:
         result = query(con, sql)
     finally:

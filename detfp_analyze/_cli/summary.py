@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import handle_errors
+from detfp_analyze._cli.common import echo, handle_errors
 from detfp_analyze.reader import open_run
 from detfp_analyze.summary import format_summary, summarize, summary_dict
 
@@ -26,8 +26,9 @@ def command(
     ] = False,
 ) -> None:
     """Print what a run holds: ranks, segments, steps, capture levels, row counts, hazards, environment."""
-    summary = summarize(open_run(run, allow_missing_ranks=allow_missing_ranks))
+    # Incomplete runs are summarized, not refused: the summary says what each rank holds completely.
+    summary = summarize(open_run(run, allow_missing_ranks=allow_missing_ranks, allow_incomplete=True))
     if as_json:
         typer.echo(json.dumps(summary_dict(summary), indent=2, sort_keys=False))
     else:
-        typer.echo(format_summary(summary), nl=False)
+        echo(format_summary(summary))

@@ -1,0 +1,323 @@
+"""Shard discovery and footer validation for ``reader.open_run`` (metadata only, never data).
+
+Pipeline: list ``<table>/rank=R/*.parquet`` (partition names must be ``rank=<decimal>``;
+dot- and underscore-prefixed names are writer temporaries or markers and are skipped) ->
+read each footer in a small thread pool, refusing one larger than ``MAX_FOOTER_BYTES``
+before parsing it -> check the schema version key, the contract columns and types (once per
+distinct schema), then from the column statistics: nulls in non-nullable columns, the rank
+column against the partition, and the step range (no negative step, none past ``MAX_STEP``)
+-> one ``ShardInfo`` per file. Every problem is a ``ShardError`` or ``SchemaVersionError``
+whose one-line message names the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from detfp_analyze.errors import SchemaVersionError, ShardError
+from detfp_capture import contract
+from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
+
+__all__ = ["MAX_FOOTER_BYTES", "MAX_STEP", "ShardInfo", "partition_rank", "scan_shards", "shown_name", "visible"]
+
+#: Footers larger than this are refused before pyarrow parses them (a real shard's footer is a
+#: few KiB to a few hundred KiB; a hostile one could claim gigabytes).
+MAX_FOOTER_BYTES = 16 << 20
+#: Steps at or past this are refused: no job runs 2^62 steps, and step arithmetic must not overflow.
+MAX_STEP = 1 << 62
+FIX_SHARD = "delete it or re-run the capture"
+_SHARD_NAME = re.compile(r"part-s(\d{5,})-w(\d{7,})\.parquet")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What one shard's footer says (no data read)."""
+
+    #: Absolute path of the Parquet file.
+    path: Path
+    #: Table the shard belongs to.
+    table: str
+    #: Rank of its ``rank=R`` partition (checked against the rank column statistics).
+    rank: int
+    #: Segment of its rows (segment column statistics; the file name when statistics are absent).
+    segment: int
+    #: Number of rows.
+    num_rows: int
+    #: Smallest and largest step in the shard; None when the footer has no statistics.
+    step_min: int | None
+    step_max: int | None
+    #: Flush window from the file name ``part-sSSSSS-wWWWWWWW.parquet``; None for other names.
+    window: int | None = None
+
+
+def shown_name(name: str) -> str:
+    """A file name as it may appear in a one-line message: control characters and bytes that
+    are not UTF-8 are escaped, so a hostile name cannot break the line or drive a terminal."""
+    out = []
+    for ch in name:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte os.listdir could not decode (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def partition_rank(name: str, where: str) -> int | None:
+    """Rank of a ``rank=R`` directory name; None for names that are not partitions at all.
+
+    A ``rank=`` name that is not a plain decimal (``rank=abc``, ``rank=01``, ``rank=-1``) is a
+    ShardError: silently skipping it would hide a rank's data.
+    """
+    if not name.startswith("rank="):
+        return None
+    digits = name[len("rank=") :]
+    if not (digits.isascii() and digits.isdigit()) or str(int(digits)) != digits:
+        raise ShardError(
+            f"{where}/{shown_name(name)}: partition name is not rank=<decimal rank> (no sign, no padding); "
+            "rename or delete the directory"
+        )
+    return int(digits)
+
+
+def visible(name: str) -> bool:
+    """Readers skip writer temporaries (dot-prefixed) and Spark/Hadoop markers (underscore-prefixed)."""
+    return not name.startswith((".", "_"))
+
+
+@dataclass
+class _SchemaCheck:
+    """Result of checking one distinct Parquet schema (shared by all shards that have it)."""
+
+    problem: str | None
+    #: column name -> leaf column index, for the columns whose statistics are read.
+    index: dict[str, int]
+
+
+def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
+    # Other producers may pick the large/small variant of the same logical type.
+    def norm(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_large_string(t):
+            return pa.string()
+        if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+            return pa.large_binary()
+        if pa.types.is_string_view(t):
+            return pa.string()
+        if pa.types.is_large_list(t) or pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+            return pa.list_(norm(t.value_type))
+        if pa.types.is_list(t):
+            return pa.list_(norm(t.value_type))
+        if pa.types.is_binary(t):
+            return pa.large_binary()
+        return t
+
+    return norm(actual).equals(norm(expected))
+
+
+def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
+    try:
+        actual = md.schema.to_arrow_schema()
+    except Exception as exc:  # pyarrow raises several types for exotic footers
+        return _SchemaCheck(f"footer schema unreadable ({type(exc).__name__})", {})
+    expected = arrow_schema(table)
+    missing = [f.name for f in expected if f.name not in actual.names]
+    if missing:
+        return _SchemaCheck(f"missing column(s) {', '.join(missing)} of table {table}", {})
+    for f in expected:
+        if actual.get_field_index(f.name) < 0:  # the name occurs more than once
+            return _SchemaCheck(f"column {f.name} occurs more than once", {})
+        got = actual.field(f.name).type
+        if not _type_ok(got, f.type):
+            return _SchemaCheck(f"column {f.name} has type {got}, the contract says {f.type}", {})
+    paths = [md.schema.column(i).path for i in range(md.num_columns)]
+    want = {c.name for c in contract.columns(table) if c.name in ("rank", "segment", "step") or not c.nullable}
+    index = {p: i for i, p in enumerate(paths) if p in want}
+    return _SchemaCheck(None, index)
+
+
+def _read_footer(path: Path) -> pq.FileMetaData | str:
+    """The footer, or one line saying why the file is not usable Parquet."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return f"{size} bytes, too short for Parquet"
+            f.seek(size - 8)
+            tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            return "no Parquet magic at the end (truncated or foreign file)"
+        length = int.from_bytes(tail[:4], "little")
+        if length > size - 12:
+            return f"footer length {length} exceeds the file ({size} bytes): truncated"
+        if length > MAX_FOOTER_BYTES:
+            return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
+        return pq.read_metadata(path)
+    except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
+        return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def _file_segment(name: str) -> int:
+    m = _SHARD_NAME.fullmatch(name)
+    return int(m.group(1)) if m else -1
+
+
+#: Columns whose footer min/max a ShardInfo needs (the rest are only checked for nulls).
+_RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
+
+
+def _shard_info(
+    table: str,
+    rank: int,
+    path: Path,
+    shown: str,
+    md: pq.FileMetaData,
+    check: _SchemaCheck,
+    nullable: Mapping[str, bool],
+) -> ShardInfo:
+    lo: dict[str, Any] = {}
+    hi: dict[str, Any] = {}
+    no_stats: set[str] = set()
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        if rg.num_rows == 0:
+            continue
+        for name, i in check.index.items():
+            st = rg.column(i).statistics
+            if st is None:
+                no_stats.add(name)
+                continue
+            if not nullable[name] and st.has_null_count and st.null_count:
+                raise ShardError(f"{shown}: column {name} holds nulls, the contract does not allow them; {FIX_SHARD}")
+            if name not in _RANGE_COLUMNS:
+                continue  # only null counts are checked: decoding min/max costs ~12 us a column
+            if not st.has_min_max:
+                no_stats.add(name)
+                continue
+            lo[name] = st.min if name not in lo else min(lo[name], st.min)
+            hi[name] = st.max if name not in hi else max(hi[name], st.max)
+    if "rank" in lo and (lo["rank"] != rank or hi["rank"] != rank):
+        held = str(lo["rank"]) if lo["rank"] == hi["rank"] else f"{lo['rank']}..{hi['rank']}"
+        raise ShardError(
+            f"{shown}: rank column holds {held} but the file is in partition rank={rank}; "
+            f"move it to its rank's partition or re-run the capture"
+        )
+    if "step" in lo and (lo["step"] < 0 or hi["step"] >= MAX_STEP):
+        bad = lo["step"] if lo["step"] < 0 else hi["step"]
+        raise ShardError(
+            f"{shown}: step column holds {bad}, outside 0..2^62; the shard is corrupt or not a detfp trace; {FIX_SHARD}"
+        )
+    if "segment" in lo and (lo["segment"] < 0 or hi["segment"] >= MAX_STEP):
+        raise ShardError(f"{shown}: segment column holds {lo['segment']}, expected 0 or more; {FIX_SHARD}")
+    segment = lo["segment"] if "segment" in lo and lo["segment"] == hi["segment"] else _file_segment(path.name)
+    full = md.num_rows > 0 and "step" in lo and "step" not in no_stats
+    m = _SHARD_NAME.fullmatch(path.name)
+    return ShardInfo(
+        path=path,
+        table=table,
+        rank=rank,
+        segment=int(segment),
+        num_rows=md.num_rows,
+        step_min=int(lo["step"]) if full else None,
+        step_max=int(hi["step"]) if full else None,
+        window=int(m.group(2)) if m else None,
+    )
+
+
+#: Footers read per thread-pool task.
+_FOOTER_CHUNK = 64
+
+
+def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> list[tuple[str, int, Path, str]]:
+    out: list[tuple[str, int, Path, str]] = []
+    for table in contract.TABLES:
+        tdir = root / table
+        if not tdir.is_dir():
+            continue
+        try:
+            entries = sorted(tdir.iterdir(), key=lambda p: p.name)
+        except OSError as exc:
+            raise ShardError(
+                f"{label}/{table}: cannot list the directory ({type(exc).__name__}); check permissions"
+            ) from None
+        for rdir in entries:
+            if not visible(rdir.name):
+                continue
+            rank = partition_rank(rdir.name, f"{label}/{table}")
+            if rank is None:
+                continue
+            if not rdir.is_dir():
+                raise ShardError(
+                    f"{label}/{table}/{rdir.name}: not a directory (a file, a dangling link or a link loop); "
+                    "delete it or re-run the capture"
+                )
+            if rank >= world_size:
+                raise ShardError(
+                    f"{label}/{table}/{rdir.name}: rank {rank} is outside world size {world_size}; "
+                    "delete the partition or check that it belongs to this run"
+                )
+            if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
+                continue
+            try:
+                files = sorted(rdir.iterdir(), key=lambda p: p.name)
+            except OSError as exc:
+                raise ShardError(
+                    f"{label}/{table}/{rdir.name}: cannot list the directory ({type(exc).__name__}); check permissions"
+                ) from None
+            for f in files:
+                if not (visible(f.name) and f.name.endswith(".parquet")):
+                    continue
+                shown = f"{label}/{table}/{rdir.name}/{shown_name(f.name)}"
+                if not f.is_file():  # silently skipping it would hide a shard
+                    raise ShardError(
+                        f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
+                    )
+                out.append((table, rank, f, shown))
+    return out
+
+
+def scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> dict[str, tuple[ShardInfo, ...]]:
+    """Every shard of ``ranks`` under ``root``, validated from its footer, by table, sorted by (rank, name)."""
+    candidates = _candidates(root, label, ranks, world_size)
+    # Footers in chunks: one pool task per file costs more in task overhead than the
+    # parsing it overlaps (measured on thousands of small shards). Results are consumed in
+    # candidate order as they arrive, so checking them overlaps reading the next chunks.
+    step = _FOOTER_CHUNK
+    chunked = [[c[2] for c in candidates[i : i + step]] for i in range(0, len(candidates), step)]
+    nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
+    checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
+    out: dict[str, list[ShardInfo]] = {}
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        footers = (md for part in pool.map(lambda ps: [_read_footer(p) for p in ps], chunked) for md in part)
+        for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
+            if isinstance(md, str):
+                raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
+            version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
+            if version is not None and version != str(contract.SCHEMA_VERSION).encode():
+                raise SchemaVersionError(
+                    f"{shown}: schema version {shown_name(version.decode(errors='replace'))[:40]} is not supported "
+                    f"(this detfp reads schema version {contract.SCHEMA_VERSION}); "
+                    "analyze it with the detfp release that wrote it"
+                )
+            # Shards of one writer share their schema: check each distinct schema once.
+            known = checks.setdefault(table, [])
+            check = next((c for s, c in known if s.equals(md.schema)), None)
+            if check is None:
+                check = _check_schema(table, md)
+                known.append((md.schema, check))
+            if check.problem is not None:
+                raise ShardError(
+                    f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
+                )
+            out.setdefault(table, []).append(_shard_info(table, rank, path, shown, md, check, nullables[table]))
+    return {t: tuple(v) for t, v in out.items()}

@@ -1,0 +1,204 @@
+"""The commit log: what one rank's process launch committed, and whether it closed cleanly (stdlib only).
+
+Completeness contract (docs/trace-format.md §5a, docs/reliability.md). Next to each manifest,
+``manifest/rank=R/segment-S.commits`` is an append-only log of checksummed lines:
+
+    <crc32 of JSON, 8 hex> <JSON object>\\n
+
+* ``{"t": "open", "version": 1, "rank": R, "segment": S}`` first, written when the writer
+  starts; the file is created with ``O_EXCL``, so two launches can never share a segment;
+* ``{"t": "window", "window": W, "rows": {table: n, ...}, "steps": [lo, hi] | null}`` after
+  every shard of flush window W is renamed into place (tables with no rows are left out;
+  windows are numbered 0, 1, 2, ... without gaps);
+* ``{"t": "fail", "window": W, "reason": "..."}`` when the writer stops at window W (disk full,
+  file-size limit, permissions): W and every later window are lost;
+* ``{"t": "close", "windows": N, "status": "ok" | "incomplete", "reason": str | null}`` last,
+  once the session closed and every window was handled.
+
+A line is one ``write`` on an ``O_APPEND`` descriptor, so a process killed mid-append leaves
+at most one torn last line; its checksum (or its missing newline) marks it, and the reader
+ignores it. Any unreadable line can only make a run look *less* complete (a commit that is
+not read is a window that is not trusted), never more. The reader needs nothing but this
+file, the manifest and the shard footers to decide what a run holds completely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "COMMIT_LOG_MAX_BYTES",
+    "COMMIT_LOG_VERSION",
+    "CommitLog",
+    "LogState",
+    "commit_log_relpath",
+    "encode",
+    "parse",
+]
+
+#: Version of the commit-log format; a manifest written with a commit log says so in its
+#: ``commit_log`` key (absent: a legacy run written before the completeness contract).
+COMMIT_LOG_VERSION = 1
+#: Readers refuse larger logs (a window line is ~150 bytes: this is ~400,000 windows).
+COMMIT_LOG_MAX_BYTES = 64 << 20
+#: Longer lines are unreadable (a legitimate line is a few hundred bytes; a reason is capped).
+_MAX_LINE = 64 << 10
+_MAX_REASON = 2000
+
+
+def commit_log_relpath(rank: int, segment: int) -> str:
+    """Path of one rank's commit log for one process launch, next to its manifest."""
+    return f"manifest/rank={rank}/segment-{segment:05d}.commits"
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    """One log line: crc32 (8 hex) of the compact, key-sorted JSON, a space, the JSON, a newline."""
+    body = json.dumps(dict(record), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+    data = body.encode("ascii")
+    return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+def _decode(line: bytes) -> dict | None:
+    """The record of one complete line (without its newline), or None when it is unreadable."""
+    if len(line) > _MAX_LINE or len(line) < 10 or line[8:9] != b" ":
+        return None
+    head, body = line[:8], line[9:]
+    try:
+        if int(head, 16) != zlib.crc32(body):
+            return None
+        rec = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("t"), str) else None
+
+
+@dataclass
+class LogState:
+    """What a commit log says, as parsed by ``parse`` (facts only; judging them is the reader's job)."""
+
+    #: The open record was read (the writer started and follows COMMIT_LOG_VERSION or later).
+    opened: bool = False
+    #: Version from the open record (None when it was not read).
+    version: int | None = None
+    #: window -> (rows per table, (first step, last step) or None) for every readable commit.
+    windows: dict[int, tuple[dict[str, int], tuple[int, int] | None]] = field(default_factory=dict)
+    #: (window, reason) of the writer's failure record, when one was read.
+    failure: tuple[int, str] | None = None
+    #: The close record: (windows, status, reason); None when the session never closed.
+    close: tuple[int, str, str | None] | None = None
+    #: Lines that could not be read: a torn last line (killed mid-append) or damage.
+    bad_lines: int = 0
+    #: The last line is incomplete (no newline): the writer was stopped mid-append.
+    torn_tail: bool = False
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 62) else None
+
+
+def _record(state: LogState, rec: dict) -> bool:
+    """Fold one decoded record into ``state``; False when its fields are not what the format says."""
+    kind = rec["t"]
+    if kind == "open":
+        version = _int(rec.get("version"))
+        if version is None or state.opened:  # one open line per log, the first
+            return False
+        state.opened, state.version = True, version
+        return True
+    if kind == "window":
+        w, rows, steps = _int(rec.get("window")), rec.get("rows"), rec.get("steps")
+        if w is None or not isinstance(rows, dict):
+            return False
+        counts = {str(t): _int(n) for t, n in rows.items()}
+        if any(n is None for n in counts.values()):
+            return False
+        span = None
+        if steps is not None:
+            if not (isinstance(steps, list) and len(steps) == 2):
+                return False
+            lo, hi = _int(steps[0]), _int(steps[1])
+            if lo is None or hi is None or lo > hi:
+                return False
+            span = (lo, hi)
+        state.windows[w] = (counts, span)  # type: ignore[assignment]
+        return True
+    if kind == "fail":
+        w, reason = _int(rec.get("window")), rec.get("reason")
+        if w is None or not isinstance(reason, str):
+            return False
+        if state.failure is None:
+            state.failure = (w, reason[:_MAX_REASON])
+        return True
+    if kind == "close":
+        n, status, reason = _int(rec.get("windows")), rec.get("status"), rec.get("reason")
+        if n is None or status not in ("ok", "incomplete") or not (reason is None or isinstance(reason, str)):
+            return False
+        state.close = (n, status, None if reason is None else reason[:_MAX_REASON])
+        return True
+    return False  # an unknown record type from a newer writer: not understood, not trusted
+
+
+def parse(data: bytes) -> LogState:
+    """Parse a whole commit log (the caller enforces COMMIT_LOG_MAX_BYTES). Never raises."""
+    state = LogState()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    if tail:
+        state.torn_tail = True
+        state.bad_lines += 1
+    for line in lines:
+        rec = _decode(line)
+        if rec is None or not _record(state, rec):
+            state.bad_lines += 1
+    return state
+
+
+class CommitLog:
+    """The writer's side: create the log exclusively, then append one record per ``os.write``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # O_EXCL: the create-only rule holds even when two launches race for one segment.
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self.path = os.fspath(path)
+        #: An append failed or was short: the log may hold a torn line, later lines start fresh.
+        self.damaged = False
+
+    def append(self, record: Mapping[str, Any], *, half: Any = None) -> None:
+        """Append one record; raises OSError (the caller decides what a failed append means).
+
+        ``half``: a callable run after writing the first half of the line (fault injection only).
+        """
+        if self._fd is None:
+            raise OSError("commit log is closed")
+        line = encode(record)
+        if self.damaged:
+            line = b"\n" + line  # end a torn fragment, so this line stays readable on its own
+        try:
+            if half is not None:
+                cut = len(line) // 2
+                self._write_all(line[:cut])
+                half()
+                self._write_all(line[cut:])
+            else:
+                self._write_all(line)
+        except BaseException:
+            self.damaged = True
+            raise
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)  # type: ignore[arg-type]
+            if n <= 0:
+                raise OSError("short write to the commit log")
+            view = view[n:]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
