@@ -8,7 +8,9 @@ gloo, CPU; one 4-rank job) and the tests assert many things per job:
 * capture never perturbs: losses and final parameters equal a capture-off job;
 * two unplanted jobs are record-for-record identical;
 * each planted cause lands where expected, and ``bisect`` names it (step, op, verdict,
-  pattern, difference kind), including a resume with and without restored RNG state.
+  pattern, difference kind). A changed sample on one rank and a resume with and without the
+  RNG state are checked on the example's recorded pairs (``test_example_samples.py``) and on
+  five third-party stacks live (``test_zoo.py``).
 
 Jobs run under ``torchrun`` (the level and 4-rank runs) or, to save the launcher's start-up
 time, as plain processes given the same environment torchrun provides (RANK, WORLD_SIZE,
@@ -112,9 +114,9 @@ def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
 
 
 NONDET = "nondet_op,uninit,async_early"
-# name -> (example arguments, ranks, under torchrun). "a" saves the checkpoint the resumes use.
+# name -> (example arguments, ranks, under torchrun).
 JOBS = {
-    "a": (["--level", "boundaries", "--steps", "3", "--rows", "--save-ckpt", "2", "{ckpt}"], 2, True),
+    "a": (["--level", "boundaries", "--steps", "3", "--rows"], 2, True),
     "b": (["--level", "boundaries", "--steps", "3", "--rows"], 2, False),
     "off": (["--steps", "3"], 2, False),
     "metrics": (["--level", "metrics", "--steps", "3"], 2, False),
@@ -123,18 +125,7 @@ JOBS = {
     # uninitialized read comes before the planted combine, so bisect must look past it.
     "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET], 2, True),
     "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET], 2, False),
-    "data_rank": (
-        ["--level", "boundaries", "--steps", "3", "--rows", "--plant", "data_rank", "--plant-rank", "1"],
-        2,
-        False,
-    ),
     "moe_permute": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "moe_permute"], 2, False),
-    "resumed_norng": (
-        ["--level", "boundaries", "--steps", "3", "--rows", "--resume", "{ckpt}", "--no-restore-rng"],
-        2,
-        False,
-    ),
-    "resumed": (["--level", "boundaries", "--steps", "3", "--rows", "--resume", "{ckpt}"], 2, False),
 }
 
 
@@ -145,7 +136,6 @@ def jobs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     # on the assertions); by default every session starts from scratch.
     keep = os.environ.get("DETFP_EXAMPLE_JOBS")
     root = Path(keep) if keep else tmp_path_factory.mktemp("example")
-    ckpt = str(root / "ckpt")
 
     def run(name: str) -> tuple[Path, str]:
         args, nproc, torchrun = JOBS[name]
@@ -154,7 +144,7 @@ def jobs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
         if keep and log.exists():
             return out, log.read_text()
         shutil.rmtree(out, ignore_errors=True)  # a half-written trace of an interrupted session
-        argv = [a.replace("{ckpt}", ckpt) for a in args]
+        argv = list(args)
         if name != "off":
             argv += ["--out", str(out)]
         t0 = time.perf_counter()
@@ -165,13 +155,8 @@ def jobs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
         return out, stdout
 
     # Two jobs at a time: one job's start-up (imports, rendezvous) overlaps another's training.
-    # The resumes need the checkpoint that job "a" writes, so they go last.
-    first = [n for n in JOBS if not n.startswith("resumed")]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(first, pool.map(run, first), strict=True))
-        later = [n for n in JOBS if n not in done]
-        done.update(zip(later, pool.map(run, later), strict=True))
-    return done
+        return dict(zip(JOBS, pool.map(run, JOBS), strict=True))
 
 
 def _records(path: Path) -> pl.DataFrame:
@@ -352,21 +337,6 @@ def test_nondet_op_is_an_origin_at_the_combine_on_every_rank(jobs):
         assert "index_add" in rank["op"] and rank["module"].endswith("blocks.0.moe")
 
 
-def test_data_rank_is_a_source_on_the_planted_rank_only(jobs):
-    a, b = _records(jobs["a"][0]), _records(jobs["data_rank"][0])
-    batch_a, batch_b = _digests(a, kind="batch"), _digests(b, kind="batch")
-    diff = batch_a.join(batch_b, on=["rank", "step", "key_hash"]).filter(
-        (pl.col("digest_hi") != pl.col("digest_hi_right")) | (pl.col("digest_lo") != pl.col("digest_lo_right"))
-    )
-    assert diff.select("rank", "step").unique().sort("step").rows() == [(1, 1), (1, 2)]
-    r = _bisect(jobs["a"][0], jobs["data_rank"][0])
-    assert r["first_step"] == 1 and r["diagnosis"]["pattern"] == "single_rank"
-    assert r["diagnosis"]["origin_ranks"] == [1]
-    by_rank = {x["rank"]: x for x in r["ranks"]}
-    assert by_rank[1]["verdict"] == "source" and by_rank[1]["kind"] == "batch" and by_rank[1]["step"] == 1
-    assert by_rank[0]["verdict"] == "receiver"
-
-
 def test_moe_permute_is_a_permutation_of_the_dispatch_rows(jobs):
     a, b = _records(jobs["a"][0]), _records(jobs["moe_permute"][0])
     pa = _digests(a, kind="probe", name="moe.dispatch", step=1)
@@ -386,21 +356,6 @@ def test_moe_permute_is_a_permutation_of_the_dispatch_rows(jobs):
     r = _bisect(jobs["a"][0], jobs["moe_permute"][0])
     assert r["first_step"] == 1 and r["diff"]["kind"] == "permutation"
     assert {x["kind"] for x in r["ranks"] if x["step"] == 1} == {"probe"}
-
-
-def test_resume_without_rng_restore_is_an_rng_source_and_with_it_identical(jobs):
-    full = jobs["a"][0]
-    r = _bisect(full, jobs["resumed_norng"][0])
-    assert r["status"] == "diverged" and r["first_step"] == 2
-    # Only the overlap is compared, and the resume is recognised as such.
-    assert (r["window"]["steps"], r["window"]["steps_a"], r["window"]["steps_b"]) == ([2, 2], [0, 2], [2, 2])
-    assert r["resume"]["resumed"] and r["resume"]["start_b"] == 2
-    for rank in r["ranks"]:
-        assert rank["verdict"] == "source" and rank["kind"] == "rng_state" and rank["step"] == 2
-    ok = _bisect(full, jobs["resumed"][0])
-    assert ok["status"] == "identical", ok
-    # The resumed runs numbered their steps absolutely.
-    assert set(_records(jobs["resumed"][0])["step"].unique()) == {2}
 
 
 # ----------------------------------------------------------------------------- the CLI
