@@ -39,7 +39,7 @@ def test_every_entry_point_takes_a_path_or_a_run():
 def test_reprs_are_short():
     a, b = OPS
     run = open_run(a)
-    assert repr(run) == f"Run({a!r}: world size 2, ranks 0-1, tables events, metrics, records)"
+    assert repr(run) == f"Run({a!r}: world size 2, ranks 0-1, tables args, events, metrics, records)"
     res = bisect(a, b)
     assert repr(res) == f"BisectResult({a!r} vs {b!r}: diverged, first step 1, pattern all_ranks_same_op, 2 rank(s))"
 
