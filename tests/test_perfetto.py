@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
-from detfp_analyze.perfetto import trace
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.render.perfetto import trace
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
 SAMPLES = Path(__file__).parent.parent / "sample_traces"
 _META = {

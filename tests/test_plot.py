@@ -7,9 +7,9 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
+from detfp_analyze.render.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
 from detfp_analyze.sql import connect
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
 pytest.importorskip("matplotlib")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from detfp_analyze.sql import connect, view_docs
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
 DOC = (Path(__file__).parent.parent / "docs" / "sql.md").read_text(encoding="utf-8")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from detfp_analyze.reader import open_run
-from detfp_analyze.synth import Plant, SynthSpec, write_pair, write_run
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair, write_run
 
 SPEC = SynthSpec(ranks=4, steps=3, records=300)
 
