@@ -161,7 +161,7 @@ def test_records_of_one_run_only_sit_where_that_run_made_them(tmp_path):
         tmp_path / "a",
         tmp_path / "b",
         SynthSpec(ranks=2, steps=1, records=120),
-        Plant(rank=1, step=0, index=40, structural=True),
+        Plant(rank=1, step=0, index=40, how="structural"),
     )
     res = bisect(p.a, p.b)
     obj = trace(p.a, p.b, res)

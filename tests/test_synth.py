@@ -98,7 +98,7 @@ def test_late_divergence_without_later_all_reduce_stays_local(tmp_path):
 
 
 def test_structural_insertion_is_one_sided(tmp_path):
-    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=0, step=1, index=30, structural=True))
+    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=0, step=1, index=30, how="structural"))
     (e,) = p.expected
     assert e.verdict == "structural" and e.name == "aten::clone.default"
     found = first_divergence(p.a, p.b)

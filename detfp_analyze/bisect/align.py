@@ -1,23 +1,21 @@
 """Record alignment inside one step: match A to B by call-site key, in each rank's own order.
 
-Input: the records of a set of (rank, step) pairs from each run (one step per rank),
-with the ``ALIGN_COLUMNS``. Pipeline:
+Input: the records of a set of (rank, step) pairs from each run (one step per rank), with the
+``ALIGN_COLUMNS`` (or the ``NARROW_COLUMNS``) and each record's ``hazard`` flag
+(``HAZARD_FLAG``). Record equality and the structural refinements are ``detfp_analyze.rule``'s;
+this module is their polars implementation:
 
-1. ``prepare``: number each rank's records by (segment, seq): ``pos`` is the record's
-   index in that rank's stream for the step (rows are not moved). Positions are only ever compared
+1. ``prepare``: number each rank's records by (segment, seq): ``pos`` is the record's index in
+   that rank's stream for the step (rows are not moved). Positions are only ever compared
    between the two runs of the same rank, never across ranks.
 2. ``align``: full outer join on (rank, step, key_hash, dup) where ``dup`` numbers repeated
-   keys (a capture bug, but it must not explode the join). Each row gets a ``state``:
-   match, differ (digest or argument digest), unknown (skipped or a digest error on a side:
-   no evidence either way), a_only / b_only (structural: control flow differed), or reordered (both
-   sides hold the key but the matched records come in a different order, the mark of a
-   shifted occurrence counter; reported as structural instead of a cascade of false value
-   mismatches), or shifted (the call-site family, e.g. every aten::add in one module, has a
-   different, non-zero number of calls on the two sides, so occurrence counters no longer line up;
-   needs the call-site columns, so the walk re-aligns such steps with ALIGN_COLUMNS).
-3. ``first_divergences``: per rank, the first divergent row by (priority, min(pos_a,
-   pos_b), max(...), key_hash). The order is symmetric in A and B, so swapping the runs
-   changes nothing but labels. ``priority`` lets resume put boundary-state records first.
+   keys (a capture bug, but it must not explode the join). Each row gets its ``state``
+   (``rule.STATES``): the pair's ``rule.MATCH``, refined to ``shifted`` (a call-site family
+   with a different non-zero number of calls; needs the call-site columns, so the walk
+   re-aligns such steps with ALIGN_COLUMNS) and ``reordered`` (matched records in another order).
+3. ``first_divergences``: per rank, the first divergent row by (priority, min(pos_a, pos_b),
+   max(...), key_hash). The order is symmetric in A and B, so swapping the runs changes
+   nothing but labels. ``priority`` puts resume boundary-state records first.
 
 The output of ``align`` keeps both sides' columns with ``_a``/``_b`` suffixes.
 """
@@ -27,6 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import polars as pl
+
+from detfp_analyze import rule
+from detfp_analyze.rule.to_polars import to_polars
 
 __all__ = [
     "ALIGN_COLUMNS",
@@ -74,6 +75,7 @@ NARROW_COLUMNS = (
     "step",
     "seq",
     "kind",
+    "role",
     "call_hash",
     "key_hash",
     "status",
@@ -81,14 +83,23 @@ NARROW_COLUMNS = (
     "digest_lo",
     "args_digest",
 )
-#: Computed on the narrow read instead of materializing the hazards lists: any hazard flag.
-HAZARD_FLAG = (pl.col("hazards").list.len().fill_null(0) > 0).alias("hzf")
+#: Each record's ``hazard`` (``rule.RECORD_HAZARD``), computed where the records are read instead
+#: of materializing the hazards lists.
+HAZARD_FLAG = to_polars(rule.RECORD_HAZARD).alias("hazard")
 #: Call-site columns that are equal on both sides of a match: coalesced into one column.
 _SHARED = ("microbatch", "phase", "module", "kind", "name", "occurrence", "role", "arg", "call_hash")
 #: States that are a divergence.
-DIVERGENT_STATES = ("differ", "a_only", "b_only", "reordered", "shifted")
+DIVERGENT_STATES = rule.DIVERGENT
 #: States that mean control flow differed (structural).
-STRUCTURAL_STATES = ("a_only", "b_only", "reordered", "shifted")
+STRUCTURAL_STATES = rule.STRUCTURAL
+_MATCH = to_polars(rule.MATCH)
+#: Whether the tensors / the call's arguments are equal (``rule``): what makes a difference an
+#: arguments-only one, for the verdict and the difference kind.
+_EQUALITY = (
+    to_polars(rule.TENSORS_EQUAL).fill_null(False).alias("tensors_same"),
+    to_polars(rule.ARGS_EQUAL).alias("args_same"),
+)
+_HAZARD = to_polars(rule.HAZARD).alias("hz")
 
 
 def prepare(records: pl.DataFrame, *, one_step_per_rank: bool = False) -> pl.DataFrame:
@@ -141,9 +152,10 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     Columns: rank, step, key_hash, dup, the call-site columns present in the input
     (microbatch, phase, module, kind, name, occurrence, role, arg, call_hash; from whichever
     side has the record), every other input column of each side suffixed _a/_b,
-    pos_a/pos_b, state (str), o1/o2 (the symmetric order keys), hz (bool: the record carries
-    a hazard on either side). Works on ALIGN_COLUMNS or on the NARROW_COLUMNS subset plus
-    the ``hzf`` hazard flag (HAZARD_FLAG).
+    pos_a/pos_b, state (str, ``rule.STATES``), tensors_same / args_same (bool: the digests / the
+    call's arguments are equal, ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``), o1/o2 (the symmetric order keys), hz (bool: the
+    record carries a hazard on either side, ``rule.HAZARD``). Works on ALIGN_COLUMNS or on the
+    NARROW_COLUMNS subset, each with the ``hazard`` flag (HAZARD_FLAG).
     """
     keys = list(KEY_COLUMNS)
     # Fast path: the same keys in the same order on both sides (values-only divergence, the
@@ -164,34 +176,15 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     else:
         j = j.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in _SHARED if c in a.columns])
     both = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()
-    ok = (pl.col("status_a") == "ok") & (pl.col("status_b") == "ok")
-    same_digest = (pl.col("digest_hi_a") == pl.col("digest_hi_b")) & (pl.col("digest_lo_a") == pl.col("digest_lo_b"))
-    same_args = pl.col("args_digest_a").eq_missing(pl.col("args_digest_b"))
-    state = (
-        pl.when(pl.col("pos_b").is_null())
-        .then(pl.lit("a_only"))
-        .when(pl.col("pos_a").is_null())
-        .then(pl.lit("b_only"))
-        .when((pl.col("status_a") != "ok") | (pl.col("status_b") != "ok"))
-        .then(pl.lit("unknown"))
-        .when(ok & same_digest & same_args)
-        .then(pl.lit("match"))
-        .otherwise(pl.lit("differ"))
-    )
-    j = j.with_columns(state.alias("state"))
-    if "hzf" in a.columns:
-        hz = (pl.col("hzf_a").fill_null(False) | pl.col("hzf_b").fill_null(False)).alias("hz")
-    else:
-        hz = (
-            (pl.col("hazards_a").list.len().fill_null(0) > 0) | (pl.col("hazards_b").list.len().fill_null(0) > 0)
-        ).alias("hz")
+    j = j.with_columns(_MATCH.alias("state"), *_EQUALITY)
+    hz = _HAZARD
     if same_keys:
         return j.with_columns(pl.col("pos_a").alias("o1"), pl.col("pos_a").alias("o2"), hz)
     if "name" in a.columns:
         # A call-site family (same module, kind, name...) with a different number of calls on
         # the two sides has shifted occurrence counters: its divergent rows are structural,
         # whatever their digests say.
-        fam = ["rank", "step", "microbatch", "phase", "module", "kind", "name"]
+        fam = ["rank", "step", *rule.FAMILY]
         shifted = (
             j.group_by(fam)
             .agg(
@@ -205,8 +198,8 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
         j = (
             j.join(shifted, on=fam, how="left", nulls_equal=True)
             .with_columns(
-                pl.when(pl.col("shifted").fill_null(False) & pl.col("state").is_in(["differ", "a_only", "b_only"]))
-                .then(pl.lit("shifted"))
+                pl.when(pl.col("shifted").fill_null(False) & pl.col("state").is_in(rule.SHIFTABLE))
+                .then(pl.lit(rule.SHIFTED))
                 .otherwise(pl.col("state"))
                 .alias("state")
             )
@@ -228,8 +221,8 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
         .select(*KEY_COLUMNS, pl.lit(True).alias("moved"))
     )
     j = j.join(idx, on=list(KEY_COLUMNS), how="left").with_columns(
-        pl.when(pl.col("moved").fill_null(False) & (pl.col("state") != "unknown"))
-        .then(pl.lit("reordered"))
+        pl.when(pl.col("moved").fill_null(False) & (pl.col("state") != rule.UNKNOWN))
+        .then(pl.lit(rule.REORDERED))
         .otherwise(pl.col("state"))
         .alias("state"),
         pl.min_horizontal("pos_a", "pos_b").alias("o1"),

@@ -23,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect.result import ValueDiff
 
 __all__ = ["args_changes", "classify", "compare_dumps"]
@@ -153,18 +154,23 @@ def classify(
     b: Mapping[str, Any] | None,
     dumps: tuple[bytes, bytes] | None = None,
     args_text: tuple[str | None, str | None] | None = None,
+    *,
+    tensors_same: bool = False,
+    args_same: bool = True,
 ) -> ValueDiff:
     """Kind and magnitude of one divergent record.
 
-    ``a``/``b``: the record's columns on each side (status, digest_hi/lo, args_digest, dtype,
-    rows, m_sum, m_absmax), None for the missing side; ``dumps``: raw bytes of both sides;
-    ``args_text``: the call's argument texts on both sides (the ``args`` table), when recorded.
+    ``state``: its ``rule.STATES`` value; ``a``/``b``: the record's columns on each side (status,
+    digest_hi/lo, args_digest, dtype, rows, m_sum, m_absmax), None for the missing side;
+    ``dumps``: raw bytes of both sides; ``args_text``: the call's argument texts on both sides
+    (the ``args`` table), when recorded; ``tensors_same`` / ``args_same``: the aligned pair's
+    ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``.
     """
-    if state in ("a_only", "b_only", "reordered", "shifted") or a is None or b is None:
+    if state in rule.STRUCTURAL or a is None or b is None:
         side = {
-            "a_only": "run A only",
-            "b_only": "run B only",
-            "shifted": "both runs, but its call sequence has a different number of calls",
+            rule.ONLY_A: "run A only",
+            rule.ONLY_B: "run B only",
+            rule.SHIFTED: "both runs, but its call sequence has a different number of calls",
         }.get(state, "both runs, in a different order")
         return ValueDiff("structure", detail=f"record present in {side}")
     sums = (_f(a.get("m_sum")), _f(b.get("m_sum")))
@@ -183,13 +189,12 @@ def classify(
         cmp = compare_dumps(dumps[0], dumps[1], a.get("dtype"))
         confirmed = "bytes"
         dump_fields = {k: cmp[k] for k in ("numel", "n_differing", "first_index", "max_ulp", "all_one_ulp")}
-    same_tensor = a.get("digest_hi") == b.get("digest_hi") and a.get("digest_lo") == b.get("digest_lo")
-    if a.get("args_digest") != b.get("args_digest"):
+    if not args_same:
         # The call site passed different non-tensor values: that is the difference to name,
         # whatever the tensors then did.
         changes = args_changes(*(args_text or (None, None)))
         what = "; ".join(changes) if changes else "values not recorded (digests only)"
-        tail = "same tensors" if same_tensor else "the tensors differ as a consequence"
+        tail = "same tensors" if tensors_same else "the tensors differ as a consequence"
         return ValueDiff(
             "arguments",
             confirmed,

@@ -13,14 +13,18 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
 from detfp_analyze.bisect.walk import DETAIL_COLUMNS as _DETAIL_COLUMNS
 from detfp_analyze.bisect.walk import collect, collect_pair
+from detfp_analyze.rule.to_polars import names_for, to_polars
 from detfp_capture.contract import INPUTLESS_KINDS
 
 __all__ = ["all_groups", "arg_texts", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
 
+#: ``rule.MATCH`` on a join of run A's columns with run B's (suffix ``_b``).
+_MATCH = to_polars(rule.MATCH, names_for("", "_b"))
 #: Origin ranks the discriminator view looks at.
 DISCRIMINATOR_RANKS = 8
 
@@ -48,42 +52,31 @@ def groups_of(run: Any, rank: int, every: Mapping[str, list[int]]) -> dict[str, 
 def peer_inputs(
     run_a: Any, run_b: Any, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]
 ) -> dict[tuple[int, int, int], str]:
-    """(peer, step, call_hash) -> match|differ|unknown for the inputs of that call on the peer."""
+    """(peer, step, call_hash) -> ``rule.DIFFERS`` when an input of that call on the peer diverges
+    (``rule.MATCH``), ``rule.SAME`` otherwise; calls the peer does not hold are absent."""
     peers = sorted({p for _, _, _, g in asks for p in g})
     steps = sorted({s for _, s, _, _ in asks})
     hashes = sorted({h for _, _, h, _ in asks})
-    cols = ["rank", "step", "call_hash", "key_hash", "status", "digest_hi", "digest_lo", "args_digest"]
+    cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
     have = set(run_a.ranks) & set(run_b.ranks)
     sel = [p for p in peers if p in have]
 
     def side(run: Any) -> pl.LazyFrame:
         if not sel:
-            return pl.LazyFrame(schema={c: pl.Int64 for c in cols})
+            return pl.LazyFrame(schema={c: pl.String if c in ("role", "status") else pl.Int64 for c in cols})
         lf = run.scan("records", ranks=sel, steps=steps)
         return lf.filter(pl.col("call_hash").is_in(hashes) & (pl.col("role") == "input")).select(cols)
 
     a, b = collect_pair(side(run_a), side(run_b))
     out: dict[tuple[int, int, int], str] = {}
     if a.height or b.height:
-        j = a.join(b, on=["rank", "step", "call_hash", "key_hash"], how="full", coalesce=True, suffix="_b")
-        differs = (
-            pl.col("status").is_null()
-            | pl.col("status_b").is_null()
-            | (pl.col("status") == "error")
-            | (pl.col("status_b") == "error")
-            | (
-                (pl.col("status") == "ok")
-                & (pl.col("status_b") == "ok")
-                & (
-                    (pl.col("digest_hi") != pl.col("digest_hi_b"))
-                    | (pl.col("digest_lo") != pl.col("digest_lo_b"))
-                    | ~pl.col("args_digest").eq_missing(pl.col("args_digest_b"))
-                )
-            )
-        )
+        j = a.join(b.drop("role"), on=["rank", "step", "call_hash", "key_hash"], how="full", coalesce=True, suffix="_b")
+        # An input without evidence on a side (skipped, a digest error) is no evidence either way,
+        # as in the rank's own call: only a divergent match makes the peer's inputs differ.
+        differs = _MATCH.is_in(rule.DIVERGENT)
         g = j.group_by("rank", "step", "call_hash").agg(differs.any().alias("d"))
         for rank, step, h, d in g.iter_rows():
-            out[(int(rank), int(step), int(h))] = "differ" if d else "match"
+            out[(int(rank), int(step), int(h))] = rule.DIFFERS if d else rule.SAME
     return out
 
 
@@ -170,7 +163,7 @@ def discriminator(run_a: Any, run_b: Any, results: Sequence[RankResult], diag: D
         key = pl.DataFrame(
             {"rank": list(pairs), "step": list(pairs.values())}, schema={"rank": pl.Int32, "step": pl.Int64}
         )
-        lf = lf.filter((pl.col("name") == op) & (pl.col("kind") == kind)).select(cols)
+        lf = lf.filter((pl.col("name") == op) & (pl.col("kind") == kind)).select(*cols, _align.HAZARD_FLAG)
         return _align.prepare(collect(lf.join(key.lazy(), on=["rank", "step"], how="semi")), one_step_per_rank=True)
 
     al = _align.align(side(run_a), side(run_b))

@@ -22,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from detfp_analyze import rule
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect import resume as _resume
+from detfp_analyze.bisect import scope as _scope
 from detfp_analyze.bisect import verdict as _verdict
 from detfp_analyze.bisect import walk as _walk
 from detfp_analyze.bisect.diagnose import diagnose
@@ -51,37 +53,6 @@ __all__ = ["BisectResult", "Progress", "bisect"]
 
 #: progress(stage, done, total): called between batches; the CLI draws a bar with it.
 Progress = _walk.Progress
-
-
-def _norm_steps(steps: Any) -> tuple[int, int] | None:
-    if steps is None:
-        return None
-    if isinstance(steps, int):
-        return steps, steps
-    if isinstance(steps, range):
-        if len(steps) == 0:
-            raise SelectionError(f"step range {steps} is empty; pass e.g. steps=(3, 5)")
-        return min(steps), max(steps)
-    vals = [int(s) for s in steps]
-    if len(vals) != 2 or vals[0] > vals[1]:
-        raise SelectionError(f"steps={steps!r} is not an inclusive (first, last) pair; pass e.g. steps=(3, 5)")
-    return vals[0], vals[1]
-
-
-def _compared_ranks(run_a: Any, run_b: Any, ranks: Iterable[int] | None) -> tuple[list[int], list[int]]:
-    both = sorted(set(run_a.ranks) & set(run_b.ranks))
-    one = sorted(set(run_a.ranks) ^ set(run_b.ranks))
-    if ranks is None:
-        return both, one
-    wanted = sorted({int(r) for r in ranks})
-    unknown = [r for r in wanted if r not in run_a.ranks and r not in run_b.ranks]
-    if unknown:
-        have = format_ranks(sorted(set(run_a.ranks) | set(run_b.ranks)))
-        raise SelectionError(
-            f"{run_a.label} vs {run_b.label}: rank(s) {format_ranks(unknown)} are in neither run "
-            f"(ranks present: {have}); pick ranks from those"
-        )
-    return [r for r in wanted if r in both], [r for r in wanted if r in one]
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -162,22 +133,22 @@ def bisect(
     if level not in LEVELS:
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
     run_a, run_b = as_run(run_a), as_run(run_b)
-    user_steps = _norm_steps(steps)
+    user_steps = _scope.norm_steps(steps)
     if run_a.path == run_b.path:  # trivially identical: almost certainly a mistyped command line
         raise IncomparableError(f"{run_a.label} and {run_b.label} are the same run directory; compare two runs")
     # Only the steps both runs hold completely are compared (runs opened with allow_incomplete).
     run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
-    compared, one_sided = _compared_ranks(run_a, run_b, ranks)
-    diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=compared or None), ignore_env)
+    both, one_sided = _scope.compared_ranks(run_a, run_b, ranks)
+    diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=both or None), ignore_env)
     check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
+    scope = _scope.plan(run_a, run_b, steps=user_steps, compared=(both, one_sided))
+    _scope.check(scope, run_a, run_b)
+    compared = list(scope.ranks)
     notes: list[str] = list(incomplete)
     if ignored:
         notes.append(f"environment differences ignored as asked: {', '.join(ignored)}")
-    compared, nothing = _held(run_a, run_b, compared)
-    if nothing:
-        notes.append(
-            f"ranks {format_ranks(nothing)} hold no record or metric in either run and were not compared"
-        )
+    if scope.empty:
+        notes.append(f"ranks {format_ranks(scope.empty)} hold no record or metric in either run and were not compared")
     if run_a.missing_ranks or run_b.missing_ranks:
         notes.append(
             f"missing ranks tolerated: A {format_ranks(run_a.missing_ranks) or 'none'}, "
@@ -185,20 +156,7 @@ def bisect(
         )
     if one_sided:
         notes.append(f"ranks {format_ranks(one_sided)} exist in one run only and were not compared")
-    range_a = _resume.step_range(run_a, compared)
-    range_b = _resume.step_range(run_b, compared)
-    window, rinfo = _resume.plan_window(range_a, range_b, user_steps)
-    if compared and (range_a is None) != (range_b is None):
-        empty, other = (run_a, run_b) if range_a is None else (run_b, run_a)
-        raise IncomparableError(
-            f"{empty.label} holds no record or metric on rank(s) {format_ranks(compared)} while "
-            f"{other.label} does: there is nothing of it to compare (check the capture with detfp-analyze summary)"
-        )
-    if window is None and range_a is not None and range_b is not None:
-        raise IncomparableError(
-            f"{run_a.label} (steps {range_a[0]}-{range_a[1]}) and {run_b.label} (steps {range_b[0]}-{range_b[1]}) "
-            "share no step in the selected window; pick overlapping runs or --steps"
-        )
+    range_a, range_b, window, rinfo = scope.range_a, scope.range_b, scope.window, scope.resume
     win = Window(
         window, range_a, range_b, tuple(compared), run_a.missing_ranks, run_b.missing_ranks, tuple(one_sided), level
     )
@@ -218,12 +176,13 @@ def bisect(
         bound = min(max(bound, lo), hi)
         errors = [0, 0]
         cands = _walk.rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors)
-        boundary = _resume.boundary_steps(run_a.manifests, run_b.manifests, rinfo)
+        boundary = scope.boundary
         # Every level walks: a candidate step may hold only no-evidence differences (a digest
         # error on one side, records under hazards), which only the walk can tell.
         found = _walk.walk(run_a, run_b, cands, boundary, progress)
         if bound < hi:
-            rest = [r for r in compared if r not in found or (found[r]["next"] is None and found[r]["first"]["hz"])]
+            # Ranks without a divergence that changes a value yet (none, or only passed-over steps).
+            rest = [r for r in compared if r not in found or (found[r]["next"] is None and found[r]["first"].get("weak"))]
             if rest:
                 more = _walk.rollup_candidates(
                     run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors
@@ -262,7 +221,7 @@ def bisect(
                 f"rank {r}: calls in another order or number, {where}, with every record's value equal: a "
                 "control-flow difference that changed no value (framework bookkeeping), not a divergence"
             )
-    restored = set(boundary) if window is not None and compared else set()
+    restored = set(scope.boundary)
     entry = restored | {x for x in (range_a and range_a[0], range_b and range_b[0]) if x is not None}
     world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
     verdicts = _resolve_verdicts(run_a, run_b, found, compared, entry, restored, world)
@@ -313,14 +272,16 @@ def bisect(
         dumps = (dump_a[key], dump_b[key]) if key in dump_a and key in dump_b else None
         da, db = det_a.get(key), det_b.get(key)
         texts = None
-        if da is not None and db is not None and da.get("args_digest") != db.get("args_digest"):
+        if da is not None and db is not None and not row["args_same"]:
             ta = _evidence.arg_texts(run_a, [r], [da["args_digest"]] if da.get("args_digest") else [])
             tb = _evidence.arg_texts(run_b, [r], [db["args_digest"]] if db.get("args_digest") else [])
             texts = (
                 ta.get(da["args_digest"]) if da.get("args_digest") else "",
                 tb.get(db["args_digest"]) if db.get("args_digest") else "",
             )
-        diff = classify(row["state"], da, db, dumps, texts)
+        diff = classify(
+            row["state"], da, db, dumps, texts, tensors_same=bool(row["tensors_same"]), args_same=bool(row["args_same"])
+        )
         kernels = None
         if kernels_on:
             ck = (r, int(row["step"]), int(row["call_hash"]))
@@ -458,7 +419,7 @@ def _resolve_verdicts(
                 st = peer_states.get((p, step, h))
                 if st is None and not own_inputs:
                     st = _fallback_peer(found, p, step, h, compared)
-                states[p] = st or "unknown"
+                states[p] = st or rule.UNKNOWN
             gtest = _verdict.group_verdict(r, label, group[0], group[1], states)
         tests[(r, which)] = gtest
     # Every rank's first difference, as the diagnosis will see it (past a likely false root).
@@ -480,33 +441,16 @@ def _resolve_verdicts(
     return {k: (lv, groups.get(k), tests[k]) for k, lv in local.items()}
 
 
-def _held(run_a: Any, run_b: Any, compared: list[int]) -> tuple[list[int], list[int]]:
-    """Compared ranks that hold something in either run, and those that hold nothing in both.
-
-    A comparison of nothing is never ``identical``: IncomparableError when no rank holds anything.
-    """
-    if not compared:
-        return compared, []
-    held = _completeness.held_ranks(run_a, compared) | _completeness.held_ranks(run_b, compared)
-    if not held:
-        raise IncomparableError(
-            f"{run_a.label} vs {run_b.label}: neither run holds a record or metric on rank(s) "
-            f"{format_ranks(compared)}; there is nothing to compare (check the captures with "
-            "detfp-analyze summary)"
-        )
-    return [r for r in compared if r in held], [r for r in compared if r not in held]
-
-
 def _fallback_peer(
     found: Mapping[int, Mapping[str, Any]], peer: int, step: int, h: int, compared: Sequence[int]
 ) -> str:
     """Peer state for a call without input records (e.g. reduced_grad): from the peer's own first divergence."""
     if peer not in compared:
-        return "unknown"
+        return rule.UNKNOWN
     f = found.get(peer)
     if f is None:
-        return "match"
+        return rule.SAME
     row = f["first"]["row"]
     if int(row["step"]) > step or (int(row["step"]) == step and int(row["call_hash"]) == h):
-        return "match"
-    return "differ"
+        return rule.SAME
+    return rule.DIFFERS

@@ -21,12 +21,15 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect.result import ResumeInfo
+from detfp_analyze.rule.to_polars import names_for, to_polars
 
 __all__ = ["BOUNDARY_KINDS", "boundary_counts", "boundary_steps", "plan_window", "step_range"]
 
-#: Kinds holding the state a resume must restore.
-BOUNDARY_KINDS = ("param", "optimizer_state", "rng_state")
+#: Kinds holding the state a resume must restore (the rule's ordering puts them first at a boundary).
+BOUNDARY_KINDS = rule.BOUNDARY_KINDS
+_MATCH = to_polars(rule.MATCH, names_for("", "_b"))
 
 
 def step_range(
@@ -95,12 +98,13 @@ def boundary_steps(manifests_a: Any, manifests_b: Any, info: ResumeInfo) -> tupl
 
 
 def boundary_counts(records_a: pl.LazyFrame, records_b: pl.LazyFrame, step: int) -> tuple[int, int]:
-    """(compared, differing) restored-state records at ``step``: matched by (rank, key_hash);
-    a record on one side only counts as differing, skipped ones are not counted.
+    """(compared, differing) restored-state records at ``step``, matched by (rank, key_hash) with
+    ``rule.MATCH``: a pair without evidence (``unknown``: skipped, a digest error) is not counted,
+    a divergent one (``differs``, or a record on one side only) counts as differing.
 
     Restored state is what a resume must bring back: ``rng_state`` records and ``param`` /
     ``optimizer_state`` records with role ``input`` (as the optimizer received them)."""
-    cols = ["rank", "key_hash", "status", "digest_hi", "digest_lo"]
+    cols = ["rank", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
 
     # Only records that hold the restored state itself: RNG states at step start, and parameters
     # (and optimizer state, where captured) as the optimizer received them, before its update.
@@ -114,14 +118,7 @@ def boundary_counts(records_a: pl.LazyFrame, records_b: pl.LazyFrame, step: int)
         return lf.filter((pl.col("step") == step) & restored).select(cols)
 
     j = side(records_a).join(side(records_b), on=["rank", "key_hash"], how="full", coalesce=True, suffix="_b")
-    j = j.filter((pl.col("status").fill_null("ok") != "skipped") & (pl.col("status_b").fill_null("ok") != "skipped"))
-    differs = (
-        pl.col("status").is_null()
-        | pl.col("status_b").is_null()
-        | (pl.col("status") == "error")
-        | (pl.col("status_b") == "error")
-        | (pl.col("digest_hi") != pl.col("digest_hi_b"))
-        | (pl.col("digest_lo") != pl.col("digest_lo_b"))
-    )
-    got = j.select(pl.len().alias("n"), differs.sum().alias("d")).collect()
+    j = j.with_columns(pl.coalesce("role", "role_b").alias("role")).with_columns(_MATCH.alias("match"))
+    j = j.filter(pl.col("match") != rule.UNKNOWN)
+    got = j.select(pl.len().alias("n"), pl.col("match").is_in(rule.DIVERGENT).sum().alias("d")).collect()
     return int(got["n"][0]), int(got["d"][0] or 0)

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from detfp_analyze import rule
 from detfp_analyze.ranks import format_ranks
 
 __all__ = [
@@ -92,8 +93,6 @@ VIEW_OPS = frozenset(
 #: Pure data movement: deterministic copies, typical first consumers of an unseen producer.
 COPY_OPS = frozenset({"aten::cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"})
 
-_STRUCTURAL = ("a_only", "b_only", "reordered", "shifted")
-_DIVERGENT = ("differ", "a_only", "b_only", "reordered", "shifted")
 
 
 def is_view_op(name: str) -> bool:
@@ -262,12 +261,12 @@ def local_verdict(
     facts = facts or StepFacts()
     state, kind, role = rec["state"], rec["kind"], rec["role"]
     label = _call_label(rec)
-    if state in _STRUCTURAL:
+    if state in rule.STRUCTURAL:
         where = {
-            "a_only": "only in run A",
-            "b_only": "only in run B",
-            "reordered": "in a different order",
-            "shifted": "in a call sequence whose number of calls differs (occurrence counters shifted)",
+            rule.ONLY_A: "only in run A",
+            rule.ONLY_B: "only in run B",
+            rule.REORDERED: "in a different order",
+            rule.SHIFTED: "in a call sequence whose number of calls differs (occurrence counters shifted)",
         }[state]
         return LocalVerdict(
             "structural",
@@ -283,8 +282,7 @@ def local_verdict(
             f"{kind} record {rec['name']} differs and has no inputs: the difference entered from outside the "
             "captured region (data pipeline, checkpoint restore, RNG state)",
         )
-    same_tensor = rec.get("digest_hi_a") == rec.get("digest_hi_b") and rec.get("digest_lo_a") == rec.get("digest_lo_b")
-    args_differ = rec.get("args_digest_a") != rec.get("args_digest_b")
+    same_tensor, args_differ = bool(rec["tensors_same"]), not rec["args_same"]
     if same_tensor and args_differ:
         # Arguments belong to the call: the call site passed different non-tensor values (a
         # config or hyperparameter), a local start whichever of its records comes first.
@@ -316,7 +314,7 @@ def local_verdict(
         )
     hop = f" look one hop upstream ({upstream})" if upstream else " look one hop upstream"
     inputs = [r for r in call_rows if r["role"] == "input"]
-    differing = [r for r in inputs if r["state"] in _DIVERGENT]
+    differing = [r for r in inputs if r["state"] in rule.DIVERGENT]
     view = is_view_op(rec["name"])
     compiled = kind == "compiled" or bool(rec.get("compiled"))
     if role == "input" or differing:
@@ -399,12 +397,12 @@ def group_verdict(
     group: Sequence[int],
     peer_inputs: Mapping[int, str],
 ) -> GroupTest:
-    """Group-wide test. ``peer_inputs``: peer rank -> "match" (all its inputs to this call
-    matched), "differ" or "unknown" (not traced / call absent). The rank itself is excluded.
+    """Group-wide test. ``peer_inputs``: peer rank -> ``rule.SAME`` (no input of this call differs
+    there), ``rule.DIFFERS`` or ``rule.UNKNOWN`` (not traced / call absent). The rank itself is excluded.
     """
     peers = [p for p in group if p != rank]
-    differing = tuple(sorted(p for p in peers if peer_inputs.get(p, "unknown") == "differ"))
-    unknown = tuple(sorted(p for p in peers if peer_inputs.get(p, "unknown") == "unknown"))
+    differing = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.DIFFERS))
+    unknown = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.UNKNOWN))
     if differing:
         return GroupTest(
             "receiver",

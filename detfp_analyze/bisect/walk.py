@@ -21,10 +21,12 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect import resume as _resume
 from detfp_analyze.io import integrity as _integrity
+from detfp_analyze.rule.to_polars import to_polars
 from detfp_capture.contract import STATUSES, call_key, key_hash
 
 __all__ = [
@@ -281,7 +283,7 @@ def _walk_batch(
     al = _align.align(*read)
     # Steps with records on one side only: re-align with the call-site columns, so a
     # shifted occurrence counter reads as structural, not as a value mismatch.
-    one_sided = al.filter(pl.col("state").is_in(["a_only", "b_only"]))["rank"].unique().to_list()
+    one_sided = al.filter(pl.col("state").is_in(rule.ONE_SIDED))["rank"].unique().to_list()
     if one_sided:
         sub = {r: pairs[r] for r in one_sided}
         full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
@@ -315,14 +317,18 @@ def _walk_batch(
         if weak is None and first["hz"] and nxt is None:
             weak = "hazards"
         held = found.get(r)
+        # A false root (a step whose only divergences sit under hazards) is kept as the rank's
+        # first; a step that changes no value otherwise is passed over, kept only for the note
+        # on a rank where nothing else differs.
+        false_root = held is not None and held["first"] is not None and held["first"].get("weak") == "hazards"
         if weak is not None:
-            if held is None:
+            if held is None or (weak == "hazards" and not false_root):
                 first["weak"] = weak
                 picks[r] = {"first": first, "next": None}
             _advance(todo, r)  # keep looking for a divergence in the rank's later steps
             continue
-        if held is not None:
-            # Earlier steps held no divergence (see above): this step's first divergence is it.
+        if false_root:
+            # The false root stays ``first``: this step's first clean divergence is ``next``.
             picks[r] = {"first": None, "next": nxt or first}
         else:
             picks[r] = {"first": first, "next": nxt}
@@ -375,29 +381,8 @@ def _walk_batch(
     _attach_module_inputs(run_a, run_b, al, fresh)
 
 
-_BOTH = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()
-_OK_A, _OK_B = pl.col("status_a") == "ok", pl.col("status_b") == "ok"
-_DIGESTS_DIFFER = (
-    (pl.col("digest_hi_a") != pl.col("digest_hi_b"))
-    | (pl.col("digest_lo_a") != pl.col("digest_lo_b"))
-    | pl.col("args_digest_a").ne_missing(pl.col("args_digest_b"))
-)
-#: An aligned row that is evidence of a value difference: a differing digest, or a record on
-#: one side only that holds a digest there, or, among calls in another order or number
-#: (reordered, shifted), a row whose digests differ. Rows without any of that (an allocation or
-#: a view more on one side, records without digests in another order) change no value.
-_VALUE = (pl.col("state") == "differ") | (
-    pl.col("state").is_in(["a_only", "b_only", "reordered", "shifted"])
-    & (
-        (_BOTH & _OK_A & _OK_B & _DIGESTS_DIFFER.fill_null(True))
-        | (~_BOTH & (_OK_A.fill_null(False) | _OK_B.fill_null(False)))
-    )
-)
-
-
-#: Columns of a call's identity without its occurrence, and of its records' values.
-_FAMILY = ("microbatch", "phase", "module", "kind", "name")
-_SIGNATURE = ("role", "arg", "status", "digest_hi", "digest_lo", "args_digest")
+#: An aligned row that is evidence of a value difference (``rule.VALUE``).
+_VALUE = to_polars(rule.VALUE)
 
 
 def _same_calls(run_a: Any, run_b: Any, rank: int, step: int) -> bool:
@@ -409,17 +394,13 @@ def _same_calls(run_a: Any, run_b: Any, rank: int, step: int) -> bool:
 
     def calls(run: Any) -> pl.DataFrame:
         lf = run.scan("records", ranks=[rank], steps=[step]).filter(pl.col("step") == step)
-        # A record without a digest (a view, an allocation) holds no value: its arguments (a
-        # view's offset into a bucket) say nothing about numbers either.
-        args = pl.when(pl.col("status") == "ok").then(pl.col("args_digest"))
-        cols = [pl.col(c) for c in _SIGNATURE if c != "args_digest"] + [args]
-        sig = pl.concat_str([c.cast(pl.String).fill_null("-") for c in cols], separator="\x1f")
+        sig = pl.concat_str([to_polars(c).cast(pl.String).fill_null("-") for c in rule.SIGNATURE], separator="\x1f")
         per_call = (
-            lf.select(*_FAMILY, "call_hash", sig.alias("sig"))
-            .group_by(*_FAMILY, "call_hash")
+            lf.select(*rule.FAMILY, "call_hash", sig.alias("sig"))
+            .group_by(*rule.FAMILY, "call_hash")
             .agg(pl.col("sig").sort().str.join("\x1e").alias("call"))
         )
-        return collect(per_call.group_by(*_FAMILY).agg(pl.col("call").sort()).sort(*_FAMILY))
+        return collect(per_call.group_by(*rule.FAMILY).agg(pl.col("call").sort()).sort(*rule.FAMILY))
 
     return calls(run_a).equals(calls(run_b))
 

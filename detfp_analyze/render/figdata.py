@@ -23,12 +23,15 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect.narrow import METRIC_KEY
 from detfp_analyze.bisect.result import VERDICTS, BisectResult, Divergence, RankResult
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.reader import Run, as_run
+from detfp_analyze.rule.to_polars import names_for, to_polars
 
 __all__ = [
+    "MATCH_COLUMNS",
     "STATES",
     "STATE_COLORS",
     "STATE_HELP",
@@ -85,6 +88,8 @@ STATE_HELP = {
     "origin": "inputs matched, output differs",
 }
 _BATCH = 64
+#: The records columns ``match_expr`` reads from each side.
+MATCH_COLUMNS = ("role", "status", "digest_hi", "digest_lo", "args_digest")
 
 
 class UnknownStateError(DetfpError):
@@ -105,23 +110,10 @@ def state_of(verdict: str | None, rank: int | None = None) -> str:
 
 
 def match_expr(suffix: str = "_b") -> pl.Expr:
-    """Record-pair equality as the ``pairs`` SQL view defines it: ``only_b`` / ``only_a`` (one side
-    lacks the record), ``unknown`` (a side without a digest), ``same`` or ``differs`` (digests)."""
-    sa, sb = pl.col("status"), pl.col(f"status{suffix}")
-    return (
-        pl.when(sa.is_null())
-        .then(pl.lit("only_b"))
-        .when(sb.is_null())
-        .then(pl.lit("only_a"))
-        .when((sa != "ok") | (sb != "ok"))
-        .then(pl.lit("unknown"))
-        .when(
-            (pl.col("digest_hi") == pl.col(f"digest_hi{suffix}"))
-            & (pl.col("digest_lo") == pl.col(f"digest_lo{suffix}"))
-        )
-        .then(pl.lit("same"))
-        .otherwise(pl.lit("differs"))
-    )
+    """Record-pair equality (``rule.MATCH``: only_a, only_b, unknown, same or differs) on a join of
+    run A's columns (no suffix) with run B's (``suffix``): role, status, digest_hi, digest_lo and
+    args_digest of each side (``MATCH_COLUMNS``)."""
+    return to_polars(rule.MATCH, names_for("", suffix))
 
 
 def _cells(r: RankResult) -> dict[int, str]:
@@ -220,7 +212,7 @@ def module_frame(
     if step is None:
         return _positioned(pl.DataFrame(schema=schema), layout)
     ranks = list(result.window.ranks)
-    cols = ["rank", "seq", "module", "key_hash", "status", "digest_hi", "digest_lo"]
+    cols = ["rank", "seq", "module", "key_hash", *MATCH_COLUMNS]
     parts = []
     for i in range(0, len(ranks), _BATCH):
         batch = ranks[i : i + _BATCH]
@@ -228,7 +220,8 @@ def module_frame(
         lb = rb.scan("records", ranks=batch, steps=step).select(cols)
         j = la.join(lb, on=["rank", "key_hash"], how="full", suffix="_b", coalesce=True)
         parts.append(
-            j.with_columns(
+            j.with_columns(pl.coalesce("role", "role_b").alias("role"))
+            .with_columns(
                 match_expr().alias("m"),
                 pl.coalesce("module", "module_b").alias("module"),
                 pl.coalesce("seq", "seq_b").alias("at"),

@@ -16,7 +16,7 @@
   the verdict as the name, the explanation and the location in the args.
 
 Records are read for the selected ranks and steps only, 64 ranks at a time; record equality is
-``figdata.match_expr`` (as the ``pairs`` SQL view). ``count_records`` sizes a selection first,
+``rule.MATCH`` (``figdata.match_expr``, as the ``pairs`` SQL view). ``count_records`` sizes a selection first,
 so the caller can refuse a trace too large to open.
 """
 
@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.render.figdata import match_expr
@@ -40,8 +41,8 @@ _BATCH = 64
 #: Empty time between two steps of one track (microseconds = records).
 _STEP_GAP = 8
 _COLS = ["rank", "step", "seq", "microbatch", "phase", "module", "kind", "name", "role", "arg", "call_hash", "key_hash",
-         "status", "digest_hi", "digest_lo"]  # fmt: skip
-_DIFFERENT = ("differs", "only_a", "only_b")
+         "status", "digest_hi", "digest_lo", "args_digest"]  # fmt: skip
+_DIFFERENT = rule.DIVERGENT
 
 
 def count_records(run: Run | str | os.PathLike[str], ranks: Sequence[int], steps: tuple[int, int]) -> int:
@@ -53,7 +54,7 @@ def count_records(run: Run | str | os.PathLike[str], ranks: Sequence[int], steps
 
 def _ordered(a: pl.LazyFrame, b: pl.LazyFrame) -> pl.DataFrame:
     """Both runs' records of some ranks joined by key, in each rank's execution order."""
-    keep = ["rank", "step", "key_hash", "seq", "status", "digest_hi", "digest_lo"]
+    keep = ["rank", "step", "key_hash", "seq", "status", "digest_hi", "digest_lo", "args_digest"]
     j = a.join(b.select(keep), on=["rank", "step", "key_hash"], how="full", coalesce=True, suffix="_b")
     j = j.with_columns(match_expr().alias("match"))
     b_only = j.filter(pl.col("match") == "only_b").select("rank", "step", "key_hash")

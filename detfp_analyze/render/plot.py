@@ -23,7 +23,7 @@ import polars as pl
 
 from detfp_analyze._deps import require
 from detfp_analyze.io.reader import as_run
-from detfp_analyze.render.figdata import STATE_COLORS, STATES, match_expr, rank_step_frame
+from detfp_analyze.render.figdata import MATCH_COLUMNS, STATE_COLORS, STATES, match_expr, rank_step_frame
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 
@@ -39,7 +39,7 @@ def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> p
     """
     ra, rb = as_run(a), as_run(b)
     wanted = sorted(set(ra.ranks) | set(rb.ranks) if ranks is None else set(ranks))
-    cols = ["rank", "step", "key_hash", "status", "digest_hi", "digest_lo"]
+    cols = ["rank", "step", "key_hash", *MATCH_COLUMNS]
     out = []
     for i in range(0, len(wanted), _BATCH):
         batch = wanted[i : i + _BATCH]
@@ -47,7 +47,8 @@ def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> p
         lb = rb.scan("records", ranks=batch).select(cols)
         j = la.join(lb, on=["rank", "step", "key_hash"], how="full", suffix="_b", coalesce=True)
         out.append(
-            j.with_columns(match_expr().alias("m"))
+            j.with_columns(pl.coalesce("role", "role_b").alias("role"))
+            .with_columns(match_expr().alias("m"))
             .group_by("rank", "step")
             .agg(
                 pl.len().cast(pl.Int64).alias("records"),

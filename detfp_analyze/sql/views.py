@@ -5,7 +5,9 @@ table (``_a_records_src``: ``read_parquet`` over exactly the run's validated sha
 rank column coming from the files, rows superseded by a later segment filtered out with the
 reader's rule, an empty typed view when a table has no shard) -> the documented views of the
 ``.sql`` files next to this module (``run.sql`` per run, then ``union_*.sql``, then
-``compare.sql`` for two runs). Everything stays lazy: DuckDB reads Parquet only when a query
+``compare.sql`` and ``first_divergence.sql`` for two runs; their ``${...}`` fragments are the
+comparison rule rendered to SQL from ``detfp_analyze.rule``, and bisect's scope of the pair
+becomes private views, so ``first_divergence`` names the record ``bisect`` does). Everything stays lazy: DuckDB reads Parquet only when a query
 runs, with projection and filter pushdown. Runs opened with ``allow_incomplete`` show only the
 steps held completely (with two runs: the steps both hold completely, as bisect compares).
 
@@ -35,9 +37,12 @@ from string import Template
 import duckdb
 import pyarrow as pa
 
+from detfp_analyze import rule
+from detfp_analyze.bisect.scope import Scope, plan
 from detfp_analyze.errors import QueryError
 from detfp_analyze.io.completeness import restrict_pair
 from detfp_analyze.io.reader import Run, open_run
+from detfp_analyze.rule.to_sql import qualified, suffixed, to_sql
 from detfp_capture import contract
 
 __all__ = ["ViewDoc", "connect", "query", "two_run_views", "view_docs"]
@@ -76,13 +81,41 @@ def _sql_text(name: str) -> str:
     return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
+def _sql_list(values: Iterable[str]) -> str:
+    return ", ".join(_lit(v) for v in values)
+
+
+def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
+    """The ``${...}`` fragments of the comparison ``.sql`` files, rendered from ``detfp_analyze.rule``.
+
+    ``match`` reads a join of aliases ``a`` and ``b``; ``value``, ``hazard`` and ``signature``
+    read suffixed or one-run columns; the rest are the rule's vocabulary and column lists.
+    """
+    fam = rule.FAMILY
+    sig = ", ".join(f"coalesce(CAST({to_sql(c, suffixed, dialect)} AS VARCHAR), '-')" for c in rule.SIGNATURE)
+    return {
+        "match": to_sql(rule.MATCH, qualified, dialect),
+        "value": to_sql(rule.VALUE, suffixed, dialect),
+        "hazard": to_sql(rule.HAZARD, suffixed, dialect),
+        "record_hazard": to_sql(rule.RECORD_HAZARD, suffixed, dialect),
+        "signature": f"concat_ws(chr(31), {sig})",
+        "family": ", ".join(fam),
+        "family_on": " AND ".join(f"s.{c} = j.{c}" for c in fam),
+        "family_on_ab": " AND ".join(f"a.{c} = b.{c}" for c in fam),
+        "divergent": _sql_list(rule.DIVERGENT),
+        "shiftable": _sql_list(rule.SHIFTABLE),
+        "boundary_kinds": _sql_list(rule.BOUNDARY_KINDS),
+        **{s: s for s in rule.STATES},
+    }
+
+
 def view_docs(file: str, run: str = "a") -> tuple[ViewDoc, ...]:
     """Parse one ``.sql`` file of this package into its documented views (``${run}`` set to ``run``).
 
     A statement ends with ``;`` at the end of a line; the comment lines right above its
     CREATE VIEW are its doc, ``-- @column name doc`` lines its column docs.
     """
-    text = Template(_sql_text(file)).substitute(run=run)
+    text = Template(_sql_text(file)).substitute(run=run, **rule_fragments())
     views = []
     for chunk in re.split(r";[ \t]*$", text, flags=re.MULTILINE):
         lines = chunk.strip("\n").splitlines()
@@ -178,12 +211,13 @@ class _Views:
         con.execute(sql)
         table = _contract_table(name)
         seed = _table_docs(table) if table else {}
-        con.execute(f"COMMENT ON VIEW {name} IS {_lit(doc)}")
+        comments = [f"COMMENT ON VIEW {name} IS {_lit(doc)}"]
         for (col,) in con.execute(f"SELECT column_name FROM (DESCRIBE {name})").fetchall():
             cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
             self.known.setdefault(col, cdoc)
             if cdoc:
-                con.execute(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+                comments.append(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+        con.execute(";\n".join(comments))  # one round trip: connect() documents hundreds of columns
 
     def create_file(self, file: str, run: str) -> None:
         for v in view_docs(file, run):
@@ -204,6 +238,40 @@ def _confine(con: duckdb.DuckDBPyConnection, runs: Iterable[Run]) -> None:
     con.execute("SET temp_directory = ''")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
+
+
+#: The files of views that compare two runs.
+_TWO_RUN_FILES = ("compare.sql", "first_divergence.sql")
+
+
+def _values(column: str, sql_type: str, values: Iterable[int]) -> str:
+    vals = sorted(set(values))
+    if not vals:
+        return f"SELECT CAST(NULL AS {sql_type}) AS {column} WHERE false"
+    return f"SELECT CAST(x AS {sql_type}) AS {column} FROM (VALUES {', '.join(f'({v})' for v in vals)}) AS t(x)"
+
+
+def _create_scope(views: _Views, scope: Scope) -> None:
+    """Bisect's scope of the two runs as private views: first_divergence compares what bisect does."""
+    lo, hi = scope.window if scope.window is not None else ("NULL", "NULL")
+    views.create(
+        "_scope_ranks",
+        f"CREATE VIEW _scope_ranks AS {_values('rank', 'INTEGER', scope.ranks)}",
+        "Private: the ranks bisect compares (in both runs, holding something).",
+        {"rank": "A compared rank."},
+    )
+    views.create(
+        "_scope_window",
+        f"CREATE VIEW _scope_window AS SELECT CAST({lo} AS BIGINT) AS lo, CAST({hi} AS BIGINT) AS hi",
+        "Private: the inclusive step window bisect compares (the steps both runs hold).",
+        {"lo": "First compared step (null: none).", "hi": "Last compared step (null: none)."},
+    )
+    views.create(
+        "_scope_boundary",
+        f"CREATE VIEW _scope_boundary AS {_values('step', 'BIGINT', scope.boundary)}",
+        "Private: resume boundary steps, where restored state is compared first.",
+        {"step": "A boundary step."},
+    )
 
 
 def connect(
@@ -236,6 +304,9 @@ def connect(
         # refuses to change the setting at all (and draws no bar there anyway), so that error is moot.
         with contextlib.suppress(duckdb.Error):
             con.execute("SET enable_progress_bar = false")
+        # Every view's creation and documentation binds it down to read_parquet: read each shard's
+        # footer once per connection, not once per bind (the shards never change under a connection).
+        con.execute("SET parquet_metadata_cache = true")
         views = _Views(con)
         for tag, run in runs.items():
             for table in contract.TABLES:
@@ -249,6 +320,8 @@ def connect(
         views.create_file("union_ab.sql" if b is not None else "union_a.sql", "a")
         if b is not None:
             views.create_file("compare.sql", "a")
+            _create_scope(views, plan(runs["a"], runs["b"]))
+            views.create_file("first_divergence.sql", "a")
         if not allow_file_access:
             _confine(con, runs.values())
     except BaseException:
@@ -262,7 +335,7 @@ _MISSING_RE = re.compile(r"Table with name (\w+) does not exist", re.IGNORECASE)
 
 def two_run_views() -> tuple[str, ...]:
     """Public views that exist only on a two-run connection (``b_*`` and the comparisons), sorted."""
-    names = [v.name for f in ("compare.sql",) for v in view_docs(f)] + [v.name for v in view_docs("run.sql", "b")]
+    names = [v.name for f in _TWO_RUN_FILES for v in view_docs(f)] + [v.name for v in view_docs("run.sql", "b")]
     return tuple(sorted(n for n in names if not n.startswith("_")))
 
 
