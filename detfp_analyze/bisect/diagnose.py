@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detfp_analyze.bisect.result import Diagnosis, RankResult
+from detfp_analyze.bisect.result import Diagnosis, Divergence, RankResult
 from detfp_analyze.ranks import format_ranks
 
 __all__ = ["diagnose", "shared_coordinates"]
@@ -46,7 +46,7 @@ _SOURCE_HINT = {
 _COORDS = ("tp", "pp", "dp", "cp", "ep")
 
 
-def _site(d: Any) -> str:
+def _site(d: Divergence) -> str:
     """The op, or below --level op the module (or phase) of a divergence, for messages and grouping."""
     if d.op is not None:
         return d.op

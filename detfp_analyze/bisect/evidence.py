@@ -8,20 +8,31 @@ their calls, and every instance of the origin op in the origin ranks' divergent 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
+from detfp_analyze.bisect.reads import collect, collect_pair
+from detfp_analyze.bisect.records import CallKey, Found, RecordKey
 from detfp_analyze.bisect.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
-from detfp_analyze.bisect.walk import DETAIL_COLUMNS as _DETAIL_COLUMNS
-from detfp_analyze.bisect.walk import collect, collect_pair
+from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import names_for, to_polars
 from detfp_capture.contract import INPUTLESS_KINDS
 
-__all__ = ["all_groups", "arg_texts", "details", "discriminator", "dumps", "groups_of", "kernels", "peer_inputs"]
+__all__ = [
+    "Evidence",
+    "all_groups",
+    "arg_texts",
+    "discriminator",
+    "dumps",
+    "gather",
+    "groups_of",
+    "kernels",
+    "peer_inputs",
+]
 
 #: ``rule.MATCH`` on a join of run A's columns with run B's (suffix ``_b``).
 _MATCH = to_polars(rule.MATCH, names_for("", "_b"))
@@ -29,7 +40,7 @@ _MATCH = to_polars(rule.MATCH, names_for("", "_b"))
 DISCRIMINATOR_RANKS = 8
 
 
-def all_groups(run: Any) -> dict[str, list[int]]:
+def all_groups(run: Run) -> dict[str, list[int]]:
     """Every logical group any rank's latest manifest names (first definition wins, by rank)."""
     groups: dict[str, list[int]] = {}
     for r in sorted(run.manifests):
@@ -40,7 +51,7 @@ def all_groups(run: Any) -> dict[str, list[int]]:
     return groups
 
 
-def groups_of(run: Any, rank: int, every: Mapping[str, list[int]]) -> dict[str, list[int]]:
+def groups_of(run: Run, rank: int, every: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """Groups as ``rank`` sees them: its own manifest first, then any rank's."""
     groups = dict(every)
     own = run.manifests.get(rank)
@@ -49,9 +60,7 @@ def groups_of(run: Any, rank: int, every: Mapping[str, list[int]]) -> dict[str, 
     return groups
 
 
-def peer_inputs(
-    run_a: Any, run_b: Any, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]
-) -> dict[tuple[int, int, int], str]:
+def peer_inputs(run_a: Run, run_b: Run, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
     """(peer, step, call_hash) -> ``rule.DIFFERS`` when an input of that call on the peer diverges
     (``rule.MATCH``), ``rule.SAME`` otherwise; calls the peer does not hold are absent."""
     peers = sorted({p for _, _, _, g in asks for p in g})
@@ -61,14 +70,14 @@ def peer_inputs(
     have = set(run_a.ranks) & set(run_b.ranks)
     sel = [p for p in peers if p in have]
 
-    def side(run: Any) -> pl.LazyFrame:
+    def side(run: Run) -> pl.LazyFrame:
         if not sel:
             return pl.LazyFrame(schema={c: pl.String if c in ("role", "status") else pl.Int64 for c in cols})
         lf = run.scan("records", ranks=sel, steps=steps)
         return lf.filter(pl.col("call_hash").is_in(hashes) & (pl.col("role") == "input")).select(cols)
 
     a, b = collect_pair(side(run_a), side(run_b))
-    out: dict[tuple[int, int, int], str] = {}
+    out: dict[CallKey, str] = {}
     if a.height or b.height:
         j = a.join(b.drop("role"), on=["rank", "step", "call_hash", "key_hash"], how="full", coalesce=True, suffix="_b")
         # An input without evidence on a side (skipped, a digest error) is no evidence either way,
@@ -76,32 +85,12 @@ def peer_inputs(
         differs = _MATCH.is_in(rule.DIVERGENT)
         g = j.group_by("rank", "step", "call_hash").agg(differs.any().alias("d"))
         for rank, step, h, d in g.iter_rows():
-            out[(int(rank), int(step), int(h))] = rule.DIFFERS if d else rule.SAME
+            out[CallKey(int(rank), int(step), int(h))] = rule.DIFFERS if d else rule.SAME
     return out
 
 
-def _details_scan(run: Any, keys: Sequence[tuple[int, int, int]]) -> pl.LazyFrame:
-    key = pl.DataFrame(
-        {"rank": [k[0] for k in keys], "step": [k[1] for k in keys], "key_hash": [k[2] for k in keys]},
-        schema={"rank": pl.Int32, "step": pl.Int64, "key_hash": pl.UInt64},
-    )
-    lf = run.scan("records", ranks=sorted({k[0] for k in keys}), steps=sorted({k[1] for k in keys}))
-    lf = lf.filter(pl.col("key_hash").is_in(key["key_hash"].unique().to_list())).select(list(_DETAIL_COLUMNS))
-    return lf.join(key.lazy(), on=["rank", "step", "key_hash"], how="semi")
-
-
-def _by_key(df: pl.DataFrame) -> dict[tuple[int, int, int], dict[str, Any]]:
-    return {(int(r["rank"]), int(r["step"]), int(r["key_hash"])): r for r in df.to_dicts()}
-
-
-def details(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], dict[str, Any]]:
-    """(rank, step, key_hash) -> the record's detail columns (moments, rows, errors, digests)."""
-    if not keys:
-        return {}
-    return _by_key(collect(_details_scan(run, keys)))
-
-
-def dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], bytes]:
+def dumps(run: Run, keys: Collection[RecordKey]) -> dict[RecordKey, bytes]:
+    """RecordKey -> the record's dumped bytes, for the ``keys`` the run dumped."""
     if not keys or "dumps" not in run.tables:
         return {}
     key = pl.DataFrame(
@@ -113,10 +102,10 @@ def dumps(run: Any, keys: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int
     df = collect(
         lf.select("rank", "step", "key_hash", "data").join(key.lazy(), on=["rank", "step", "key_hash"], how="semi")
     )
-    return {(int(r), int(s), int(k)): d for r, s, k, d in df.iter_rows()}
+    return {RecordKey(int(r), int(s), int(k)): d for r, s, k, d in df.iter_rows()}
 
 
-def arg_texts(run: Any, ranks: Sequence[int], digests: Sequence[str]) -> dict[str, str]:
+def arg_texts(run: Run, ranks: Sequence[int], digests: Sequence[str]) -> dict[str, str]:
     """args digest -> its text (the ``args`` table) for the given ranks; digests the run did not
     record a text for (too long, or a run written before the table existed) are absent."""
     if not digests or "args" not in run.tables:
@@ -126,7 +115,8 @@ def arg_texts(run: Any, ranks: Sequence[int], digests: Sequence[str]) -> dict[st
     return dict(df.iter_rows())
 
 
-def kernels(run: Any, calls: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int, int], tuple[str, ...]]:
+def kernels(run: Run, calls: Collection[CallKey]) -> dict[CallKey, tuple[str, ...]]:
+    """CallKey -> the kernel names launched under that call, in launch order."""
     if not calls:
         return {}
     key = pl.DataFrame(
@@ -140,13 +130,46 @@ def kernels(run: Any, calls: Sequence[tuple[int, int, int]]) -> dict[tuple[int, 
             key.lazy(), on=["rank", "step", "call_hash"], how="semi"
         )
     ).sort("rank", "step", "call_hash", "index")
-    out: dict[tuple[int, int, int], list[str]] = {}
+    out: dict[CallKey, list[str]] = {}
     for r, s, h, _, k in df.iter_rows():
-        out.setdefault((int(r), int(s), int(h)), []).append(k)
+        out.setdefault(CallKey(int(r), int(s), int(h)), []).append(k)
     return {k: tuple(v) for k, v in out.items()}
 
 
-def discriminator(run_a: Any, run_b: Any, results: Sequence[RankResult], diag: Diagnosis) -> Discriminator | None:
+@dataclass(frozen=True)
+class Evidence:
+    """What was read for the records a report names, beyond the walk's own reads."""
+
+    #: Dumped bytes of the named records, per run (empty unless both runs dumped them).
+    dumps_a: dict[RecordKey, bytes] = field(default_factory=dict)
+    dumps_b: dict[RecordKey, bytes] = field(default_factory=dict)
+    #: Kernels under the named calls, per run; None unless ``--level kernel`` and both runs captured them.
+    kernels_a: dict[CallKey, tuple[str, ...]] | None = None
+    kernels_b: dict[CallKey, tuple[str, ...]] | None = None
+    #: A hint when kernels were captured but not asked for.
+    notes: tuple[str, ...] = ()
+
+
+def gather(run_a: Run, run_b: Run, found: Mapping[int, Found], level: str) -> Evidence:
+    """Dumps (and kernels at level kernel) of every record the walk found."""
+    extracts = [x for f in found.values() for x in (f.first, f.next_clean) if x is not None]
+    keys = sorted({x.record.key for x in extracts})
+    both_kernels = "kernels" in run_a.tables and "kernels" in run_b.tables
+    if level == "kernel" and both_kernels:
+        calls = sorted({x.record.call for x in extracts})
+        kern = (kernels(run_a, calls), kernels(run_b, calls))
+        notes: tuple[str, ...] = ()
+    else:
+        kern = (None, None)
+        notes = (
+            ("kernel identities were captured: rerun with --level kernel to compare them",)
+            if both_kernels and found
+            else ()
+        )
+    return Evidence(dumps(run_a, keys), dumps(run_b, keys), kern[0], kern[1], notes)
+
+
+def discriminator(run_a: Run, run_b: Run, results: Sequence[RankResult], diag: Diagnosis) -> Discriminator | None:
     origin = [r for r in results if r.rank in diag.origin_ranks and r.effective is not None]
     if not origin or origin[0].effective is None or origin[0].effective.op is None:
         return None
@@ -158,7 +181,7 @@ def discriminator(run_a: Any, run_b: Any, results: Sequence[RankResult], diag: D
     pairs = {r.rank: r.effective.step for r in chosen if r.effective}
     cols = list(_align.ALIGN_COLUMNS)
 
-    def side(run: Any) -> pl.DataFrame:
+    def side(run: Run) -> pl.DataFrame:
         lf = run.scan("records", ranks=sorted(pairs), steps=sorted(set(pairs.values())))
         key = pl.DataFrame(
             {"rank": list(pairs), "step": list(pairs.values())}, schema={"rank": pl.Int32, "step": pl.Int64}

@@ -9,7 +9,7 @@ field is renamed, removed or changes meaning; adding a field does not bump it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from detfp_analyze.io.envdiff import EnvDiff
@@ -30,6 +30,8 @@ __all__ = [
     "ResumeInfo",
     "ValueDiff",
     "Window",
+    "check_pattern",
+    "check_verdict",
 ]
 
 #: Version of the JSON report (``report_version``).
@@ -51,6 +53,41 @@ PATTERNS = (
 DIFF_KINDS = ("values", "permutation", "arguments", "structure", "error")
 #: How deep the narrowing goes (each level includes the ones before).
 LEVELS = ("step", "phase", "module", "op", "kernel")
+
+
+def _check(value: str, known: tuple[str, ...], what: str, name: str) -> str:
+    if value not in known:
+        raise ValueError(
+            f"{what} {value!r} is not one of {', '.join(known)} (detfp_analyze.bisect.result.{name}); "
+            f"a new {what} is added there first, then to every consumer the tests name"
+        )
+    return value
+
+
+def _json(x: Any) -> Any:
+    """Plain JSON values: nested results as their JSON, tuples as lists, dicts sorted by key."""
+    if hasattr(x, "to_json_dict"):
+        return x.to_json_dict()
+    if isinstance(x, (tuple, list)):
+        return [_json(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _json(v) for k, v in sorted(x.items())}
+    return x
+
+
+def _fields_json(obj: Any) -> dict[str, Any]:
+    """Every field of a result dataclass as JSON, under its own name."""
+    return {f.name: _json(getattr(obj, f.name)) for f in fields(obj)}
+
+
+def check_verdict(verdict: str) -> str:
+    """``verdict`` when it is one of VERDICTS; ValueError naming the known verdicts otherwise."""
+    return _check(verdict, VERDICTS, "verdict", "VERDICTS")
+
+
+def check_pattern(pattern: str) -> str:
+    """``pattern`` when it is one of PATTERNS; ValueError naming the known patterns otherwise."""
+    return _check(pattern, PATTERNS, "pattern", "PATTERNS")
 
 
 @dataclass(frozen=True)
@@ -108,26 +145,7 @@ class ValueDiff:
     detail: str = ""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "confirmed": self.confirmed,
-            "sum_a": self.sum_a,
-            "sum_b": self.sum_b,
-            "abs_dsum": self.abs_dsum,
-            "absmax_a": self.absmax_a,
-            "absmax_b": self.absmax_b,
-            "d_absmax": self.d_absmax,
-            "numel": self.numel,
-            "n_differing": self.n_differing,
-            "first_index": self.first_index,
-            "max_ulp": self.max_ulp,
-            "all_one_ulp": self.all_one_ulp,
-            "rows_differing": self.rows_differing,
-            "args_a": self.args_a,
-            "args_b": self.args_b,
-            "args_changes": list(self.args_changes),
-            "detail": self.detail,
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -181,41 +199,17 @@ class Divergence:
     #: reduction, a write-only argument, a compiled region, ...) and what to capture next.
     depends_on: str | None = None
 
+    def __post_init__(self) -> None:
+        check_verdict(self.verdict)
+        _check(self.diff_kind, DIFF_KINDS, "difference kind", "DIFF_KINDS")
+
     @property
     def where(self) -> str:
         """``phase module kind:name`` for humans."""
         return f"{self.phase} {self.module or '<root>'} {self.op}"
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "microbatch": self.microbatch,
-            "phase": self.phase,
-            "module": self.module,
-            "kind": self.kind,
-            "op": self.op,
-            "occurrence": self.occurrence,
-            "role": self.role,
-            "arg": self.arg,
-            "presence": self.presence,
-            "verdict": self.verdict,
-            "diff_kind": self.diff_kind,
-            "hazards": list(self.hazards),
-            "seq_a": self.seq_a,
-            "seq_b": self.seq_b,
-            "dtype": self.dtype,
-            "shape": None if self.shape is None else list(self.shape),
-            "consumer": self.consumer,
-            "contradiction": self.contradiction,
-            "upstream": self.upstream,
-            "group": self.group,
-            "group_ranks": list(self.group_ranks),
-            "peers_differing": list(self.peers_differing),
-            "kernels": None if self.kernels is None else self.kernels.to_json_dict(),
-            "diff": None if self.diff is None else self.diff.to_json_dict(),
-            "explanation": self.explanation,
-            "depends_on": self.depends_on,
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -297,15 +291,13 @@ class Diagnosis:
     #: verdict -> number of diverged ranks with it (effective divergences).
     verdict_counts: dict[str, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        check_pattern(self.pattern)
+        for v in self.verdict_counts:
+            check_verdict(v)
+
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "pattern": self.pattern,
-            "origin_ranks": list(self.origin_ranks),
-            "explanation": self.explanation,
-            "op": self.op,
-            "shared_coordinates": dict(sorted(self.shared_coordinates.items())),
-            "verdict_counts": dict(sorted(self.verdict_counts.items())),
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -328,17 +320,7 @@ class Window:
     level: str = "op"
 
     def to_json_dict(self) -> dict[str, Any]:
-        rng = lambda r: None if r is None else list(r)  # noqa: E731
-        return {
-            "steps": rng(self.steps),
-            "steps_a": rng(self.steps_a),
-            "steps_b": rng(self.steps_b),
-            "ranks": list(self.ranks),
-            "missing_ranks_a": list(self.missing_ranks_a),
-            "missing_ranks_b": list(self.missing_ranks_b),
-            "one_sided_ranks": list(self.one_sided_ranks),
-            "level": self.level,
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -360,15 +342,7 @@ class ResumeInfo:
     note: str = ""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "resumed": self.resumed,
-            "start_a": self.start_a,
-            "start_b": self.start_b,
-            "first_common_step": self.first_common_step,
-            "boundary_compared": self.boundary_compared,
-            "boundary_differing": self.boundary_differing,
-            "note": self.note,
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)
@@ -384,14 +358,7 @@ class DiscriminatorRow:
     divergent: int
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "shape": None if self.shape is None else list(self.shape),
-            "module": self.module,
-            "phase": self.phase,
-            "clean": self.clean,
-            "divergent": self.divergent,
-        }
+        return _fields_json(self)
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ column when footers carry no statistics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.result import ResumeInfo
+from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import names_for, to_polars
 
 __all__ = ["BOUNDARY_KINDS", "boundary_counts", "boundary_steps", "plan_window", "step_range"]
@@ -33,7 +33,7 @@ _MATCH = to_polars(rule.MATCH, names_for("", "_b"))
 
 
 def step_range(
-    run: Any, ranks: Iterable[int], tables: Sequence[str] = ("records", "metrics")
+    run: Run, ranks: Iterable[int], tables: Sequence[str] = ("records", "metrics")
 ) -> tuple[int, int] | None:
     """Inclusive (first, last) step captured by ``ranks`` of ``run`` over ``tables``; None when empty."""
     wanted = set(ranks)
@@ -84,7 +84,9 @@ def plan_window(
     return window, ResumeInfo(resumed, start_a, start_b, first_common, note=note)
 
 
-def boundary_steps(manifests_a: Any, manifests_b: Any, info: ResumeInfo) -> tuple[int, ...]:
+def boundary_steps(
+    manifests_a: Mapping[int, Sequence[Mapping]], manifests_b: Mapping[int, Sequence[Mapping]], info: ResumeInfo
+) -> tuple[int, ...]:
     """Steps whose boundary-state records the walk compares first (sorted)."""
     steps = set()
     if info.resumed and info.first_common_step is not None:

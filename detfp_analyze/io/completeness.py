@@ -27,11 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from detfp_analyze.errors import ManifestError, SchemaVersionError
 from detfp_analyze.io.footers import ShardInfo
 from detfp_capture import commitlog
+
+if TYPE_CHECKING:  # the reader imports this module
+    from detfp_analyze.io.reader import Run
 
 __all__ = [
     "GAP_KINDS",
@@ -401,7 +404,7 @@ def refusal(label: str, comp: Completeness) -> str:
 
 
 # ------------------------------------------------------------------------------ pairs
-def restrict_pair(run_a: Any, run_b: Any) -> tuple[Any, Any, tuple[str, ...]]:
+def restrict_pair(run_a: Run, run_b: Run) -> tuple[Run, Run, tuple[str, ...]]:
     """Runs A and B limited to the steps both hold completely, and notes on what was left out.
 
     Every rank's excluded step ranges become the union of both runs' (a step complete on one
@@ -429,7 +432,7 @@ def restrict_pair(run_a: Any, run_b: Any) -> tuple[Any, Any, tuple[str, ...]]:
     return a, b, tuple(notes)
 
 
-def held_ranks(run: Any, ranks: Sequence[int]) -> set[int]:
+def held_ranks(run: Run, ranks: Sequence[int]) -> set[int]:
     """Ranks of ``ranks`` holding at least one record or metric ``run.scan`` would return.
 
     From the footers' row counts when nothing is excluded; otherwise one scan of the rank and

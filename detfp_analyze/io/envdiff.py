@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze.errors import IncomparableError
-from detfp_analyze.io.reader import as_run
+from detfp_analyze.io.reader import Run, as_run
 
 __all__ = [
     "EnvDiff",
@@ -84,7 +84,7 @@ class SettingChange:
         return {"rank": self.rank, "step": self.step, "detail": self.detail}
 
 
-def setting_changes(run: Any) -> tuple[SettingChange, ...]:
+def setting_changes(run: Run) -> tuple[SettingChange, ...]:
     """Every ``setting_changed`` event of ``run``, sorted by rank then step."""
     ev = run.scan("events").filter(pl.col("type") == "setting_changed").select("rank", "step", "detail").collect()
     return tuple(sorted(SettingChange(int(r), int(s), d or "") for r, s, d in ev.iter_rows()))
@@ -163,7 +163,7 @@ def _diff_pairs(pairs: Mapping[Any, tuple[dict, dict]]) -> tuple[EnvDiff, ...]:
     return tuple(out)
 
 
-def _latest(run: Any, ranks: Iterable[int] | None) -> dict[int, dict]:
+def _latest(run: Run, ranks: Iterable[int] | None) -> dict[int, dict]:
     wanted = None if ranks is None else set(ranks)
     out = {}
     for rank, segs in run.manifests.items():
@@ -172,7 +172,7 @@ def _latest(run: Any, ranks: Iterable[int] | None) -> dict[int, dict]:
     return out
 
 
-def env_diff(run_a: Any, run_b: Any, *, ranks: Iterable[int] | None = None) -> tuple[EnvDiff, ...]:
+def env_diff(run_a: Run | str, run_b: Run | str, *, ranks: Iterable[int] | None = None) -> tuple[EnvDiff, ...]:
     """Manifest diff of two runs (``reader.Run`` or run directories), each rank's latest segment.
 
     ``world_size`` is taken from the runs themselves too, so a job that lost ranks still

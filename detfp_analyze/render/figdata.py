@@ -36,6 +36,7 @@ __all__ = [
     "STATE_COLORS",
     "STATE_HELP",
     "UnknownStateError",
+    "check_state",
     "discriminator_frame",
     "first_record_step",
     "match_expr",
@@ -97,16 +98,27 @@ class UnknownStateError(DetfpError):
 
 
 def state_of(verdict: str | None, rank: int | None = None) -> str:
-    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--level step``)."""
+    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--level step``).
+
+    Raises UnknownStateError for a value that is not one of ``result.VERDICTS``, or a verdict
+    the pictures have no state (colour, legend) for: never drawn as something else."""
     if verdict is None:
         return "differs"
-    if verdict not in STATES:
+    if verdict not in VERDICTS or verdict not in STATES:
         where = "" if rank is None else f" (rank {rank})"
         raise UnknownStateError(
-            f"verdict {verdict!r}{where} has no picture state; known verdicts: {', '.join(VERDICTS)}; add it to "
-            "detfp_analyze.render.figdata.STATES, STATE_COLORS and STATE_HELP"
+            f"verdict {verdict!r}{where} has no picture state; known verdicts: {', '.join(VERDICTS)}; a verdict is "
+            "added to detfp_analyze.bisect.result.VERDICTS, then to detfp_analyze.render.figdata.STATES, "
+            "STATE_COLORS and STATE_HELP"
         )
     return verdict
+
+
+def check_state(state: str) -> str:
+    """``state`` when it is one of STATES (a cell state); UnknownStateError otherwise."""
+    if state not in STATES:
+        raise UnknownStateError(f"cell state {state!r} is not one of {', '.join(STATES)} (detfp_analyze.render.figdata.STATES)")
+    return state
 
 
 def match_expr(suffix: str = "_b") -> pl.Expr:

@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze._deps import require
-from detfp_analyze.render.figdata import STATE_COLORS, STATE_HELP, STATES, state_of
+from detfp_analyze.render.figdata import STATE_COLORS, STATE_HELP, STATES, check_state
 
 __all__ = ["discriminator_figure", "figure_bytes", "metric_figure", "rank_module_figure", "rank_step_figure"]
 
@@ -50,7 +50,7 @@ def _grid(frame: pl.DataFrame, row: str, col: str, nrows: int, ncols: int, rper:
     import numpy as np
 
     for s in frame["state"].unique().to_list():
-        state_of(s)  # fail loudly on a state this module cannot colour
+        check_state(s)  # fail loudly on a state this module cannot colour
     codes = (
         frame.select(
             (pl.col(row) // rper).alias("r"),

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult, check_verdict
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.recipes import Recipe
+
+if TYPE_CHECKING:
+    from detfp_analyze.io.reader import Run
 
 __all__ = ["Figure", "html_report", "render_html", "svg_for_html"]
 
@@ -130,8 +134,17 @@ _JS = """
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 
+def verdict_classes() -> frozenset[str]:
+    """Verdicts the page's style sheet colours (``.v-<verdict>``)."""
+    return frozenset(re.findall(r"\.v-(\w+)\{", _CSS))
+
+
 def _verdict(v: str | None) -> str:
-    return "" if v is None else f'<span class="v v-{_e(v)}">{_e(v)}</span>'
+    if v is None:
+        return ""
+    if check_verdict(v) not in verdict_classes():
+        raise ValueError(f"verdict {v!r} has no colour in the HTML report; add .v-{v} to detfp_analyze.render.html._CSS")
+    return f'<span class="v v-{_e(v)}">{_e(v)}</span>'
 
 
 def _table(
@@ -328,7 +341,7 @@ def render_html(
     )
 
 
-def html_report(result: BisectResult, a: Any, b: Any, *, pictures: bool = True, max_rows: int = 256) -> str:
+def html_report(result: BisectResult, a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, pictures: bool = True, max_rows: int = 256) -> str:
     """The page for ``result``, a bisect of runs ``a`` and ``b`` (Runs or directories): pictures
     drawn when matplotlib is installed (otherwise the page says how to get them), the rank layout
     and the commands from the runs' manifests."""

@@ -16,13 +16,14 @@ canvas without pyplot, so nothing global (backend, current figure) changes.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
-from typing import Any
 
 import polars as pl
 
 from detfp_analyze._deps import require
-from detfp_analyze.io.reader import as_run
+from detfp_analyze.bisect.result import BisectResult
+from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.render.figdata import MATCH_COLUMNS, STATE_COLORS, STATES, match_expr, rank_step_frame
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
@@ -30,7 +31,7 @@ __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 _BATCH = 64
 
 
-def divergence_frame(a: Any, b: Any, *, ranks: Iterable[int] | None = None) -> pl.DataFrame:
+def divergence_frame(a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> pl.DataFrame:
     """Per (rank, step): how many record pairs are the same, differ, or exist on one side.
 
     ``a``/``b``: Runs or run directories. Columns (as the ``step_summary`` SQL view):
@@ -71,7 +72,7 @@ _MATCH_COLUMNS = (
 )
 
 
-def bisect_frame(result: Any, steps: Iterable[int] | None = None) -> pl.DataFrame:
+def bisect_frame(result: BisectResult, steps: Iterable[int] | None = None) -> pl.DataFrame:
     """Per (rank, step), the state a BisectResult implies, without reading the runs again.
 
     Columns: ``rank``, ``step``, ``state`` (one of STATES; ``figdata.rank_step_frame`` explains

@@ -1,55 +1,28 @@
-"""Verdicts: did this rank's first divergent record start the difference, or receive it?
+"""What one rank's own records say about its first divergent record (``local_verdict``).
 
-Pure functions over aligned rows (dicts from ``align.align``). A call is the set of records
-sharing a call_hash on one rank and step: its inputs are written before it runs, its
-outputs after, so the first divergent record of a rank is either
-
-* on one side only or out of order -> ``structural`` (control flow differed);
-* of a kind fed from outside the captured region (batch, rng_state, probe), or a parameter
-  read by the first optimizer step of a segment -> ``source`` (data pipeline, restore, RNG);
-* a record derived inside the step whose producer the capture did not see in full
-  (``DERIVED_KINDS``: parameters, gradients and optimizer state), judged by what produced it:
-  the optimizer step (its parameters and gradients matched: ``origin`` at the optimizer
-  step, its hyperparameters are its arguments), the backward of the parameter's module (a
-  gradient: ``origin`` there, or ``unobserved_producer`` when ops were captured), a write
-  after the optimizer step (``unobserved_producer``), or the whole step's computation at
-  level metrics. When that producer includes an uncaptured cross-rank reduction, the verdict
-  waits for the cross-rank test (``reduction``, see ``cross_rank``);
-* an input of a call -> ``unobserved_producer`` (no earlier record differs, so whatever
-  wrote it was not captured; the call is the consumer to name), unless only the call's
-  non-tensor arguments differ: then the call site changed them (``origin``, kind arguments);
-  below level ops a submodule's input was made by its parent's own code, which that level
-  does not capture by design: ``origin`` there (or the cross-rank test on a multi-rank job);
-* an output whose call's inputs all matched -> ``origin``, except that collectives
-  (collective, p2p, reduced_grad) need the group-wide test (``group_verdict``): an origin
-  only if every rank of the group had matching inputs for the same call, otherwise
-  ``receiver`` (a carrier of a difference that started on a peer).
-
-A view or pure data-movement op cannot create a difference: an "origin" there is reported
-as ``unobserved_producer`` with a ``contradiction`` pointing one hop upstream. Each verdict
-may carry ``depends_on``: one line on what the capture could not see and what to capture next.
+Pure functions over aligned records (``records.Aligned``): structural, source, a derived record
+(parameters, gradients, optimizer state) judged by its uncaptured producer, an input whose
+producer was not captured, arguments-only differences, views and copies that cannot create a
+difference, and outputs whose inputs all matched. Collectives get ``collective`` here and wait
+for the group-wide test; a difference an uncaptured cross-rank reduction may have carried gets
+``reduction`` and waits for the cross-rank test (``peers``). The package docstring lists the rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from detfp_analyze import rule
-from detfp_analyze.ranks import format_ranks
+from detfp_analyze.bisect.records import Aligned
 
 __all__ = [
     "COLLECTIVE_KINDS",
     "COPY_OPS",
     "DERIVED_KINDS",
     "VIEW_OPS",
-    "GroupTest",
     "LocalVerdict",
     "StepFacts",
-    "cross_rank",
-    "group_of",
-    "group_verdict",
     "is_view_op",
     "local_verdict",
 ]
@@ -94,7 +67,6 @@ VIEW_OPS = frozenset(
 COPY_OPS = frozenset({"aten::cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"})
 
 
-
 def is_view_op(name: str) -> bool:
     """True for view/metadata or pure copy ops, with or without an overload suffix."""
     base = name.split(".", 1)[0] if name.startswith("aten::") else name
@@ -133,9 +105,9 @@ class StepFacts:
     world: int = 1
 
 
-def _call_label(rec: Mapping[str, Any]) -> str:
-    mod = rec.get("module") or "<root>"
-    return f"{rec['name']} in {mod}"
+def _call_label(rec: Aligned) -> str:
+    mod = rec.module or "<root>"
+    return f"{rec.name} in {mod}"
 
 
 def _owner(param: str) -> str:
@@ -147,9 +119,9 @@ def _recapture(step: int, level: str) -> str:
     return f"recapture step {step} at level {level} (--level {level} --steps {step})"
 
 
-def _derived(rec: Mapping[str, Any], facts: StepFacts) -> LocalVerdict:
+def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
     """Verdict of a first divergent parameter, gradient or optimizer-state record."""
-    kind, phase, role, name, step = rec["kind"], rec["phase"], rec["role"], rec["name"], int(rec["step"])
+    kind, phase, role, name, step = rec.kind, rec.phase, rec.role, rec.name, rec.step
     ops = "op" in facts.kinds
     optimizer_seen = bool({"grad", "optimizer_state"} & facts.kinds)
     many = facts.world > 1
@@ -250,8 +222,8 @@ def _derived(rec: Mapping[str, Any], facts: StepFacts) -> LocalVerdict:
 
 
 def local_verdict(
-    rec: Mapping[str, Any],
-    call_rows: Sequence[Mapping[str, Any]],
+    rec: Aligned,
+    call_rows: Sequence[Aligned],
     upstream: str | None,
     facts: StepFacts | None = None,
 ) -> LocalVerdict:
@@ -259,7 +231,7 @@ def local_verdict(
     ``call_rows`` every aligned row of its call (same rank, step, call_hash), ``facts`` what
     else the rank-step holds."""
     facts = facts or StepFacts()
-    state, kind, role = rec["state"], rec["kind"], rec["role"]
+    state, kind, role = rec.state, rec.kind, rec.role
     label = _call_label(rec)
     if state in rule.STRUCTURAL:
         where = {
@@ -272,17 +244,17 @@ def local_verdict(
             "structural",
             None,
             None,
-            f"{label} ({role} {rec['arg']}) is {where}: control flow differed (config or data)",
+            f"{label} ({role} {rec.arg}) is {where}: control flow differed (config or data)",
         )
     if kind in _SOURCE_KINDS:
         return LocalVerdict(
             "source",
             None,
             None,
-            f"{kind} record {rec['name']} differs and has no inputs: the difference entered from outside the "
+            f"{kind} record {rec.name} differs and has no inputs: the difference entered from outside the "
             "captured region (data pipeline, checkpoint restore, RNG state)",
         )
-    same_tensor, args_differ = bool(rec["tensors_same"]), not rec["args_same"]
+    same_tensor, args_differ = bool(rec.tensors_same), not rec.args_same
     if same_tensor and args_differ:
         # Arguments belong to the call: the call site passed different non-tensor values (a
         # config or hyperparameter), a local start whichever of its records comes first.
@@ -291,7 +263,7 @@ def local_verdict(
                 "origin",
                 None,
                 None,
-                f"the optimizer step for {rec['name']} ran with different hyperparameters (its param group's "
+                f"the optimizer step for {rec.name} ran with different hyperparameters (its param group's "
                 "lr, betas, eps, weight_decay, ...) on matching parameters",
             )
         return LocalVerdict(
@@ -303,22 +275,22 @@ def local_verdict(
         # Below level ops the code a module runs between its submodules is not captured: a
         # submodule's input that differs first was made there (every earlier record, the
         # previous submodules' outputs included, matched).
-        parent = rec["module"].rsplit(".", 1)[0] if "." in rec["module"] else "<root>"
+        parent = rec.module.rsplit(".", 1)[0] if "." in rec.module else "<root>"
         return LocalVerdict(
             "reduction" if facts.world > 1 else "origin",
             None,
             None,
             f"the input of {label} differs while every captured record before it matched: the code {parent} runs "
             "between its submodules, not captured at this level, introduced it",
-            f"the ops of {parent} outside its submodules: {_recapture(int(rec['step']), 'ops')}",
+            f"the ops of {parent} outside its submodules: {_recapture(rec.step, 'ops')}",
         )
     hop = f" look one hop upstream ({upstream})" if upstream else " look one hop upstream"
-    inputs = [r for r in call_rows if r["role"] == "input"]
-    differing = [r for r in inputs if r["state"] in rule.DIVERGENT]
-    view = is_view_op(rec["name"])
-    compiled = kind == "compiled" or bool(rec.get("compiled"))
+    inputs = [r for r in call_rows if r.role == "input"]
+    differing = [r for r in inputs if r.state in rule.DIVERGENT]
+    view = is_view_op(rec.name)
+    compiled = kind == "compiled"
     if role == "input" or differing:
-        contradiction = f"{rec['name']} only moves data;{hop}" if view else None
+        contradiction = f"{rec.name} only moves data;{hop}" if view else None
         return LocalVerdict(
             "unobserved_producer",
             label,
@@ -334,7 +306,7 @@ def local_verdict(
         return LocalVerdict(
             "unobserved_producer",
             label,
-            f"{rec['name']} is a view or copy and cannot create a difference;{hop}",
+            f"{rec.name} is a view or copy and cannot create a difference;{hop}",
             f"{label} appears to create the difference, which a view or copy cannot: something wrote its "
             "input's memory after it was fingerprinted",
         )
@@ -349,7 +321,7 @@ def local_verdict(
             "the ops inside a torch.compile region are not captured: rerun the step with the region uncompiled "
             "(TORCHDYNAMO_DISABLE=1) to see them"
         )
-    elif any(r["role"] == "dest" for r in call_rows):
+    elif any(r.role == "dest" for r in call_rows):
         depends = (
             "the op writes into a destination that is not compared (write-only or still uninitialized): if it does "
             "not write every element, the rest is uninitialized memory"
@@ -358,124 +330,6 @@ def local_verdict(
         "origin",
         None,
         None,
-        f"all {n} input(s) of {label} matched and its {role} {rec['arg']} differs: this call introduced the difference",
+        f"all {n} input(s) of {label} matched and its {role} {rec.arg} differs: this call introduced the difference",
         depends,
     )
-
-
-def group_of(
-    name: str, kind: str, groups: Mapping[str, Sequence[int]], world: Sequence[int]
-) -> tuple[str, tuple[int, ...]]:
-    """(group name, ranks) of a collective named ``<op>@<group>``; the world when unnamed or unknown.
-
-    ``reduced_grad`` records reduce over the data-parallel group: ``dp`` when the manifests
-    name one, else the world.
-    """
-    gname = name.rsplit("@", 1)[1] if "@" in name else ("dp" if kind == "reduced_grad" else "world")
-    ranks = groups.get(gname)
-    if ranks is None:
-        return (gname if gname in groups else "world"), tuple(sorted(world))
-    return gname, tuple(sorted(int(r) for r in ranks))
-
-
-@dataclass(frozen=True)
-class GroupTest:
-    """Outcome of the group-wide test for one collective call."""
-
-    verdict: str
-    #: Peers whose inputs to the same call differed (or whose first difference came earlier).
-    peers_differing: tuple[int, ...]
-    #: Peers that could not be checked (not traced, or the call is missing there).
-    peers_unknown: tuple[int, ...]
-    explanation: str
-
-
-def group_verdict(
-    rank: int,
-    label: str,
-    gname: str,
-    group: Sequence[int],
-    peer_inputs: Mapping[int, str],
-) -> GroupTest:
-    """Group-wide test. ``peer_inputs``: peer rank -> ``rule.SAME`` (no input of this call differs
-    there), ``rule.DIFFERS`` or ``rule.UNKNOWN`` (not traced / call absent). The rank itself is excluded.
-    """
-    peers = [p for p in group if p != rank]
-    differing = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.DIFFERS))
-    unknown = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.UNKNOWN))
-    if differing:
-        return GroupTest(
-            "receiver",
-            differing,
-            unknown,
-            f"{label}: this rank's inputs matched but {len(differing)} of {len(peers)} peer(s) in group {gname} "
-            f"had differing inputs (ranks {format_ranks(differing)}): a carrier of a difference that started elsewhere",
-        )
-    if unknown:
-        return GroupTest(
-            "receiver",
-            (),
-            unknown,
-            f"{label}: inputs matched here, but peers {format_ranks(unknown)} of group {gname} were not traced, so an "
-            "origin cannot be proven; treat it as received until they are",
-        )
-    return GroupTest(
-        "origin",
-        (),
-        (),
-        f"{label}: every rank of group {gname} ({len(group)} ranks) had matching inputs and the result differs: "
-        "the collective itself is nondeterministic (reduction order, algorithm, topology)",
-    )
-
-
-#: Verdicts that say a rank started the difference itself.
-_LOCAL_STARTS = ("origin", "source")
-
-
-def cross_rank(
-    rank: int,
-    step: int,
-    local: LocalVerdict,
-    label: str,
-    gname: str,
-    group: Sequence[int],
-    starts: Mapping[int, tuple[int, str]],
-    compared: Sequence[int],
-) -> GroupTest | None:
-    """The cross-rank test for a first difference that an uncaptured cross-rank reduction may
-    have carried (local verdict ``reduction``, or ``unobserved_producer`` in a multi-rank job).
-
-    ``starts``: compared rank -> (step, verdict) of its first difference (ranks without one are
-    clean). A peer of ``group`` started the difference when its first difference comes at an
-    earlier step, or at the same step as a local start (origin or source). Any such peer makes
-    this rank a ``receiver``; otherwise a ``reduction`` is an ``origin`` when every peer was
-    compared (a ``receiver`` that cannot be proven otherwise when some were not), and an
-    ``unobserved_producer`` stays one (None).
-    """
-    peers = [p for p in group if p != rank]
-    unknown = tuple(sorted(p for p in peers if p not in compared))
-    started = []
-    for p in peers:
-        got = starts.get(p)
-        if got is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS)):
-            started.append(p)
-    differing = tuple(sorted(started))
-    if differing:
-        return GroupTest(
-            "receiver",
-            differing,
-            unknown,
-            f"{label}: ranks {format_ranks(differing)} of group {gname} started a difference at or before step {step}, "
-            "and an uncaptured cross-rank reduction (data-parallel gradients) carries it here",
-        )
-    if local.verdict != "reduction":
-        return None
-    if unknown:
-        return GroupTest(
-            "receiver",
-            (),
-            unknown,
-            f"{label}: no compared rank of group {gname} started a difference, but ranks {format_ranks(unknown)} were "
-            "not compared, so a local start cannot be proven; treat it as received until they are",
-        )
-    return GroupTest("origin", (), (), local.explanation)
