@@ -10,16 +10,22 @@ itself to ``ENGINES``-style checks here with the same cases.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from detfp_analyze import rule
 from detfp_analyze.bisect import bisect
 from detfp_analyze.bisect.result import BisectResult, Divergence
 from detfp_analyze.io.reader import open_run
+from detfp_analyze.rule.expr import Case, Lit
 from detfp_analyze.sql import connect
 from detfp_analyze.testing.plants import HOWS
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
@@ -77,6 +83,12 @@ def assert_same_records(a, b) -> BisectResult:
     res = bisect(a, b)
     assert by_sql(a, b) == by_bisect(res)
     return res
+
+
+def test_every_sample_run_is_in_a_pair():
+    """A run added to sample_traces/ joins the golden test (its pair goes into SAMPLE_PAIRS)."""
+    runs = {str(m.parent.parent.relative_to(SAMPLES)) for m in SAMPLES.glob("*/*/manifest/rank=0")}
+    assert runs == {r for pair in SAMPLE_PAIRS for r in pair}
 
 
 @pytest.mark.parametrize(("a", "b"), SAMPLE_PAIRS, ids=[f"{a}:{b}" for a, b in SAMPLE_PAIRS])
@@ -142,3 +154,55 @@ def test_random_edits(edits):
     with tempfile.TemporaryDirectory() as d:
         a, b = build_pair(Path(d), world=2, steps=range(3), edits_b=by_site, open_runs=False)
         assert_same_records(str(a), str(b))
+
+
+def args_only_pair(root: Path) -> tuple[Path, Path, int]:
+    """The issue's reproduction: run B is sample_traces/ops/a with the ``args_digest`` of one op
+    record changed (rank 0, step 1, the first record of ``aten::sum.dim_IntList``); returns the
+    runs and that record's key_hash. Before the single rule, bisect reported it and SQL
+    ``first_divergence`` returned no row."""
+    b = root / "b"
+    shutil.copytree(SAMPLES / "ops" / "a", b)
+    shard = b / "records" / "rank=0" / "part-s00000-w0000000.parquet"
+    table = pq.read_table(shard)
+    df = pl.from_arrow(table).with_row_index("i")
+    hit = df.filter((pl.col("name") == "aten::sum.dim_IntList") & (pl.col("step") == 1)).row(0, named=True)
+    args = table.column("args_digest").to_pylist()
+    assert args[hit["i"]] != "00000000000000ff"
+    args[hit["i"]] = "00000000000000ff"
+    at = table.schema.get_field_index("args_digest")
+    pq.write_table(table.set_column(at, table.schema.field(at), pa.array(args, table.schema.field(at).type)), shard)
+    return SAMPLES / "ops" / "a", b, int(hit["key_hash"])
+
+
+def test_an_arguments_only_difference_is_the_same_record_for_both_engines(tmp_path):
+    a, b, key = args_only_pair(tmp_path)
+    res = assert_same_records(open_run(a), open_run(b))
+    assert by_bisect(res) == {0: ((1, key), None)}
+    f = res.rank(0).first
+    # The call site passed another argument: a local start, not an input made by an uncaptured producer.
+    assert (f.op, f.role, f.verdict, f.diff_kind) == ("aten::sum.dim_IntList", "input", "origin", "arguments")
+    assert "non-tensor arguments" in f.explanation and "input tensor" not in f.explanation
+    assert res.rank(1).status == "identical"
+
+
+#: The SQL rule before it was shared: arguments ignored (tensors alone decide).
+_TENSORS_ONLY = Case((*rule.MATCH.whens[:-1], (rule.TENSORS_EQUAL, Lit(rule.SAME))), Lit(rule.DIFFERS))
+#: An engine that reads a failed digest as a difference (align's answer before the shared rule).
+_ERROR_DIFFERS = Case(tuple(w for w in rule.MATCH.whens if w[1] != Lit(rule.UNKNOWN)), rule.MATCH.default)
+
+
+@pytest.mark.parametrize("old", [_TENSORS_ONLY, _ERROR_DIFFERS], ids=["args_ignored", "error_differs"])
+def test_the_golden_check_catches_an_engine_with_another_rule(monkeypatch, tmp_path, planted, old):
+    """The golden check can fail: the SQL views rendered from either old rule (``rule.MATCH`` is
+    read when a connection is made; bisect's polars rendering was taken at import) disagree with
+    bisect on the issue's reproduction or on the matching plant."""
+    case = args_only_pair(tmp_path) if old is _TENSORS_ONLY else None
+    monkeypatch.setattr(rule, "MATCH", old)
+    if case is not None:
+        a, b = open_run(case[0]), open_run(case[1])
+        with pytest.raises(AssertionError):
+            assert_same_records(a, b)
+    p = planted["arguments" if old is _TENSORS_ONLY else "digest_error"]
+    with pytest.raises(AssertionError):
+        assert_same_records(p.a, p.b)
