@@ -1,12 +1,13 @@
 """detfp_analyze: narrow the first bitwise divergence between two detfp runs.
 
-Never imports torch (a subprocess test proves it). Pipeline, each stage a pure function:
-open/validate a run (``reader``) -> diff manifests (``envdiff``) -> bound the step from
-metrics and per-(rank, step) rollups (``narrow``) -> align records by call-site key in
-each rank's own order (``align``, ``walk``) -> verdicts (``verdict``) -> cross-rank
-diagnosis (``diagnose``) -> kind and size of the difference (``diffkind``, ``evidence``)
--> report (``report``; printing happens only in the CLI). ``connect`` exposes the same
-traces to SQL through documented DuckDB views; ``certify`` checks a single run.
+Never imports torch (a subprocess test proves it). Grouped by role (docs/architecture.md):
+``io`` opens and validates runs and diffs their manifests; ``bisect`` is the pipeline
+(scope -> search: ``narrow``, ``walk`` over ``align`` -> ``verdict`` -> ``evidence``,
+``diffkind``, ``assemble`` -> ``diagnose`` -> ``BisectResult``), every comparison taken from the
+one rule in ``rule``; ``sql`` exposes the same traces through documented DuckDB views;
+``single`` checks and summarizes one run (``certify``, ``summarize``); ``render`` turns a result
+into text, JSON, HTML, pictures and timelines; ``guards`` are golden-trace gates; ``testing``
+writes synthetic run pairs. Printing happens only in the CLI (``cli``, ``_cli``).
 
 Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for the CLI.
 """

@@ -8,9 +8,11 @@ the gate's vocabulary and docs/report.md.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from detfp_analyze.bisect.diagnose import diagnose
@@ -28,8 +30,9 @@ from detfp_analyze.bisect.result import (
     check_verdict,
 )
 from detfp_analyze.guards import gate
-from detfp_analyze.render import html, report
+from detfp_analyze.render import html, perfetto, report
 from detfp_analyze.render.figdata import STATE_COLORS, STATE_HELP, STATES, UnknownStateError, rank_step_frame, state_of
+from detfp_analyze.render.plot import bisect_frame, divergence_heatmap
 
 REPORT_DOC = (Path(__file__).resolve().parents[1] / "docs" / "report.md").read_text()
 
@@ -65,6 +68,9 @@ def test_every_consumer_shows_every_verdict(verdict):
     assert f'class="v v-{verdict}"' in page and verdict in html.verdict_classes()
     assert state_of(verdict) == verdict and STATE_COLORS[verdict] and STATE_HELP[verdict]
     assert verdict in rank_step_frame(res)["state"].to_list()
+    assert verdict in bisect_frame(res)["state"].to_list()
+    if verdict != "metric_only":  # a metric split names no record for the timeline to mark
+        assert perfetto._firsts(res)[0]["verdict"] == verdict
     assert verdict in gate._KNOWN["verdict"]
     assert verdict in doc_rows("## Verdicts")
 
@@ -102,6 +108,26 @@ def test_an_unknown_value_fails_loudly_everywhere():
             state_of(bad, 3)
     with pytest.raises(ValueError, match="verdict 'gremlin'"):
         html._verdict("gremlin")
+
+
+def test_the_heatmap_colours_every_state_and_refuses_an_unknown_one():
+    pytest.importorskip("matplotlib")
+    frame = pl.DataFrame({"rank": list(range(len(STATES))), "step": [0] * len(STATES), "state": list(STATES)})
+    img = divergence_heatmap(frame).axes[0].images[0].get_array()
+    assert [int(x) for x in img[:, 0]] == list(range(len(STATES)))  # each state its own colour index
+    with pytest.raises(UnknownStateError, match="'gremlin' is not one of absent"):
+        divergence_heatmap(frame.with_columns(pl.lit("gremlin").alias("state")))
+
+
+def test_the_timeline_refuses_an_unknown_verdict():
+    res = result_with("origin")
+    bad = object.__new__(Divergence)  # past the constructor's own check, as a stale pickle would be
+    for f in dataclasses.fields(Divergence):
+        object.__setattr__(bad, f.name, getattr(res.ranks[0].first, f.name))
+    object.__setattr__(bad, "verdict", "gremlin")
+    res = dataclasses.replace(res, ranks=(dataclasses.replace(res.ranks[0], first=bad), res.ranks[1]))
+    with pytest.raises(ValueError, match="verdict 'gremlin'"):
+        perfetto._firsts(res)
 
 
 def test_diagnose_only_produces_known_patterns():

@@ -16,7 +16,7 @@ from detfp_analyze.bisect.diffkind import classify
 from detfp_analyze.bisect.records import Extract, Found
 from detfp_analyze.bisect.result import LEVELS, Divergence, Kernels, RankResult, ValueDiff
 from detfp_analyze.bisect.search import MetricSplit
-from detfp_analyze.bisect.verdict import Verdict
+from detfp_analyze.bisect.verdict import RankVerdicts, Verdict
 from detfp_analyze.io.reader import Run
 from detfp_capture.contract import INPUTLESS_KINDS
 
@@ -86,7 +86,7 @@ def rank_results(
     compared: Sequence[int],
     found: Mapping[int, Found],
     metrics: Mapping[int, MetricSplit],
-    verdicts: Mapping[tuple[int, str], Verdict],
+    verdicts: Mapping[int, RankVerdicts],
     ev: _evidence.Evidence,
     level: str,
 ) -> tuple[tuple[RankResult, ...], tuple[str, ...]]:
@@ -103,8 +103,11 @@ def rank_results(
             s = (f.next_clean or f.first).record.step
             out.append(RankResult(r, "diverged", min(s, m.step) if m else s, record_step=s, **mkw))
             continue
-        first = divergence(run_a, run_b, f.first, verdicts[(r, "first")], ev, level)
-        nxt = None if f.next_clean is None else divergence(run_a, run_b, f.next_clean, verdicts[(r, "next")], ev, level)
+        v = verdicts[r]
+        first = divergence(run_a, run_b, f.first, v.first, ev, level)
+        nxt = None
+        if f.next_clean is not None and v.next_clean is not None:
+            nxt = divergence(run_a, run_b, f.next_clean, v.next_clean, ev, level)
         # A likely false root followed by a clean divergence: the rank diverges where the evidence
         # does (the false root stays in the report as ``first``).
         step = nxt.step if first.hazards and nxt is not None else first.step

@@ -10,9 +10,9 @@ origin or receiver for a module boundary.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -98,7 +98,11 @@ def hazard_names(rows: Iterable[Aligned]) -> tuple[str, ...]:
     return tuple(sorted({h for r in rows for h in (*r.hazards_a, *r.hazards_b)}))
 
 
-def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[Any, Extract]) -> dict[Any, Extract]:
+#: Whatever the caller keys its extracts by.
+_K = TypeVar("_K", bound=Hashable)
+
+
+def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[_K, Extract]) -> dict[_K, Extract]:
     """``extracts`` with the records of each divergent module output's module_input twin added.
 
     A module boundary is two calls: module_input (or batch, at the root) before the module runs,
@@ -106,7 +110,7 @@ def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[Any, 
     decide origin vs. receiver are its twin's: same microbatch, phase, module, name and
     occurrence. Extracts needing no twin are returned unchanged.
     """
-    twins: dict[CallKey, list[Any]] = {}
+    twins: dict[CallKey, list[_K]] = {}
     for which, ex in extracts.items():
         rec = ex.record
         if rec.kind != "module_output" or any(c.role == "input" for c in ex.call):

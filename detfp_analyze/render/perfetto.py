@@ -30,7 +30,7 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze import rule
-from detfp_analyze.bisect.result import BisectResult
+from detfp_analyze.bisect.result import BisectResult, check_verdict
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.render.figdata import match_expr
 from detfp_analyze.render.layout import rank_layout
@@ -177,7 +177,7 @@ def _firsts(result: BisectResult) -> dict[int, dict[str, Any]]:
         out[r.rank] = {
             "step": d.step,
             "key_hash": key_hash(record_key(call, d.role, d.arg)),
-            "verdict": d.verdict,
+            "verdict": check_verdict(d.verdict),
             "args": {
                 "verdict": d.verdict,
                 "explanation": d.explanation,

@@ -24,7 +24,7 @@ import polars as pl
 from detfp_analyze._deps import require
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.io.reader import Run, as_run
-from detfp_analyze.render.figdata import MATCH_COLUMNS, STATE_COLORS, STATES, match_expr, rank_step_frame
+from detfp_analyze.render.figdata import MATCH_COLUMNS, STATE_COLORS, STATES, check_state, match_expr, rank_step_frame
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 
@@ -90,7 +90,10 @@ def _grid(frame: pl.DataFrame, value: str, max_rows: int) -> tuple[list[list[flo
     nrows = (hi - lo) // per_bin + 1
     names = None
     if frame.schema[value] == pl.String:
-        names = list(STATES) + sorted(set(frame[value].unique().to_list()) - set(STATES))
+        # A state without a colour fails loudly (UnknownStateError), never drawn as another one.
+        for state in sorted(frame[value].drop_nulls().unique().to_list()):
+            check_state(state)
+        names = list(STATES)
         val = pl.col(value).replace_strict(names, list(range(len(names))), return_dtype=pl.Float64)
     else:
         val = pl.col(value).cast(pl.Float64)
@@ -119,7 +122,8 @@ def divergence_heatmap(
 
     ``frame``: long format with ``rank``, ``step`` and a value column: numeric counts
     (``divergence_frame``/``step_summary``: default ``value`` is the fraction of pairs that differ
-    or are one-sided) or a string ``state`` (``bisect_frame``: one color per state). Ranks beyond
+    or are one-sided) or a string ``state`` (``bisect_frame``: one color per state; a value that is not one of
+    STATES raises ``figdata.UnknownStateError``). Ranks beyond
     ``max_rows`` are binned (each bin shows its worst cell). Returns a matplotlib Figure on the
     Agg canvas; the image's array has shape (rows, steps).
     """
@@ -149,7 +153,7 @@ def divergence_heatmap(
     lo = int(frame["rank"].min())  # type: ignore[arg-type]
     extent = (-0.5, len(steps) - 0.5, nrows - 0.5, -0.5)
     if names is not None:
-        palette = [STATE_COLORS.get(n, "#000000") for n in names]
+        palette = [STATE_COLORS[n] for n in names]
         im = ax.imshow(
             grid,
             aspect="auto",

@@ -46,7 +46,7 @@ from detfp_analyze.bisect.verdict.local import (
     local_verdict,
 )
 from detfp_analyze.bisect.verdict.peers import GroupTest, cross_rank, group_of, group_verdict, p2p_receiver
-from detfp_analyze.bisect.verdict.resolve import Verdict, resolve
+from detfp_analyze.bisect.verdict.resolve import RankVerdicts, Verdict, resolve
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -55,6 +55,7 @@ __all__ = [
     "VIEW_OPS",
     "GroupTest",
     "LocalVerdict",
+    "RankVerdicts",
     "StepFacts",
     "Verdict",
     "cross_rank",

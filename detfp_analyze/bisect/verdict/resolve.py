@@ -4,14 +4,16 @@ Three passes over what the walk found: each rank's own records (``local.local_ve
 group-wide test of collectives, from the peers' inputs to the same call (``evidence.peer_inputs``,
 ``peers.group_verdict``, ``peers.p2p_receiver``); then the cross-rank test of differences an
 uncaptured reduction may have carried, from every rank's first difference (``peers.cross_rank``).
-The answer is a ``Verdict`` per (rank, "first" | "next"): one of ``result.VERDICTS`` (an internal
-value left over fails loudly), with its explanation, what it depends on and its group.
+The answer is a ``RankVerdicts`` per rank (its ``first`` record's ``Verdict`` and, past a likely
+false root, its ``next_clean``'s): one of ``result.VERDICTS`` (an internal value left over fails
+loudly), with its explanation, what it depends on and its group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect.records import Extract, Found
@@ -28,7 +30,7 @@ from detfp_analyze.bisect.verdict.peers import (
 )
 from detfp_analyze.io.reader import Run
 
-__all__ = ["Verdict", "resolve"]
+__all__ = ["RankVerdicts", "Verdict", "resolve"]
 
 #: depends_on of a receiver whose difference an uncaptured reduction carried.
 _UNCAPTURED_REDUCTION = (
@@ -58,6 +60,19 @@ class Verdict:
     peers_differing: tuple[int, ...] = ()
 
 
+class RankVerdicts(NamedTuple):
+    """A rank's verdicts: of its ``Found.first`` and of its ``Found.next_clean`` (None without one)."""
+
+    first: Verdict
+    next_clean: Verdict | None
+
+
+#: Which of a rank's walked records: its first, or the next clean one past a likely false root.
+_Which = Literal["first", "next"]
+#: A walked record, within this module: (rank, which).
+_Slot = tuple[int, _Which]
+
+
 def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: GroupTest | None) -> Verdict:
     verdict, explanation, depends = lv.verdict, lv.explanation, lv.depends_on
     if test is not None:
@@ -76,22 +91,22 @@ def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: Gr
     )
 
 
-def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) -> dict[tuple[int, str], Verdict]:
-    """(rank, "first" | "next") -> Verdict for every record the walk found."""
+def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) -> dict[int, RankVerdicts]:
+    """rank -> the verdicts of every record the walk found on it."""
     compared = scope.ranks
     restored = set(scope.boundary)
     entry = restored | {r[0] for r in (scope.range_a, scope.range_b) if r is not None}
     world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
     every = _evidence.all_groups(run_a)
     ranks_all = sorted(set(run_a.ranks) | set(run_b.ranks))
-    extracts: dict[tuple[int, str], Extract] = {}
+    extracts: dict[_Slot, Extract] = {}
     for r, f in found.items():
         extracts[(r, "first")] = f.first
         if f.next_clean is not None:
             extracts[(r, "next")] = f.next_clean
     # 1. Each rank's own records.
-    local: dict[tuple[int, str], LocalVerdict] = {}
-    groups: dict[tuple[int, str], tuple[str, tuple[int, ...]]] = {}
+    local: dict[_Slot, LocalVerdict] = {}
+    groups: dict[_Slot, tuple[str, tuple[int, ...]]] = {}
     asks: list[tuple[int, int, int, tuple[int, ...]]] = []
     for (r, which), ex in extracts.items():
         rec = ex.record
@@ -102,7 +117,7 @@ def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) ->
             asks.append((r, rec.step, rec.call_hash, tuple(p for p in g[1] if p != r)))
     # 2. The group-wide test of collectives.
     peer_states = _evidence.peer_inputs(run_a, run_b, asks) if asks else {}
-    tests: dict[tuple[int, str], GroupTest | None] = {}
+    tests: dict[_Slot, GroupTest | None] = {}
     for key, lv in local.items():
         ex, group = extracts[key], groups.get(key)
         rec, r = ex.record, key[0]
@@ -125,7 +140,7 @@ def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) ->
     # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
     starts: dict[int, tuple[int, str]] = {}
     for r, f in found.items():
-        key = (r, "next") if f.start is f.next_clean else (r, "first")
+        key: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
         test = tests[key]
         starts[r] = (f.start.record.step, test.verdict if test is not None else local[key].verdict)
     for key, lv in local.items():
@@ -136,4 +151,5 @@ def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) ->
         ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], g[1], starts, compared)
         if ct is not None:
             groups[key], tests[key] = g, ct
-    return {key: _final(lv, groups.get(key), tests[key]) for key, lv in local.items()}
+    final = {key: _final(lv, groups.get(key), tests[key]) for key, lv in local.items()}
+    return {r: RankVerdicts(final[(r, "first")], final.get((r, "next"))) for r in found}
