@@ -5,7 +5,8 @@ The table is also the map from the old layout to the new one. A finder appended 
 ``sys.meta_path`` (last, so it only answers for names no file provides) serves an old path by
 importing the new module; ``import detfp_analyze.reader`` and ``from detfp_analyze.reader import
 open_run`` keep working, with ``detfp_analyze.reader is detfp_analyze.io.reader``. New code
-imports the new paths.
+imports the new paths. A module path resolves; a helper that moved between modules when a module
+was split (``walk.collect`` is ``bisect.reads.collect``) is found at its new home only.
 """
 
 from __future__ import annotations
@@ -24,9 +25,19 @@ MOVED = {
     "detfp_analyze.completeness": "detfp_analyze.io.completeness",
     "detfp_analyze.integrity": "detfp_analyze.io.integrity",
     "detfp_analyze.envdiff": "detfp_analyze.io.envdiff",
+    "detfp_analyze._footers": "detfp_analyze.io.footers",
+    "detfp_analyze.align": "detfp_analyze.bisect.align",
+    "detfp_analyze.narrow": "detfp_analyze.bisect.narrow",
+    "detfp_analyze.walk": "detfp_analyze.bisect.walk",
+    "detfp_analyze.verdict": "detfp_analyze.bisect.verdict",
+    "detfp_analyze.diagnose": "detfp_analyze.bisect.diagnose",
+    "detfp_analyze.diffkind": "detfp_analyze.bisect.diffkind",
+    "detfp_analyze.evidence": "detfp_analyze.bisect.evidence",
+    "detfp_analyze.resume": "detfp_analyze.bisect.resume",
     "detfp_analyze.result": "detfp_analyze.bisect.result",
     "detfp_analyze.certify": "detfp_analyze.single.certify",
     "detfp_analyze.summary": "detfp_analyze.single.summary",
+    "detfp_analyze.replicas": "detfp_analyze.single.replicas",
     "detfp_analyze.report": "detfp_analyze.render.report",
     "detfp_analyze.plot": "detfp_analyze.render.plot",
     "detfp_analyze.figdata": "detfp_analyze.render.figdata",
@@ -39,6 +50,7 @@ MOVED = {
     "detfp_analyze.gate": "detfp_analyze.guards.gate",
     "detfp_analyze.golden": "detfp_analyze.guards.golden",
     "detfp_analyze.synth": "detfp_analyze.testing.synth",
+    "detfp_analyze._synth_template": "detfp_analyze.testing.template",
 }
 
 

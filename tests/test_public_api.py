@@ -111,3 +111,57 @@ def test_analyze_exports_pull_in_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_every_old_module_path_still_imports_as_its_new_home():
+    """Every module of the flat layout before the package was grouped by role (``_moved.MOVED``;
+    the ones that kept their path, such as ``detfp_analyze.bisect`` or ``errors``, import as before)."""
+    old = [
+        "_deps",
+        "_footers",
+        "_synth_template",
+        "align",
+        "bisect",
+        "certify",
+        "cli",
+        "completeness",
+        "diagnose",
+        "diffkind",
+        "envdiff",
+        "errors",
+        "evidence",
+        "figdata",
+        "figures",
+        "gate",
+        "golden",
+        "html",
+        "integrity",
+        "layout",
+        "narrow",
+        "perfetto",
+        "pictures",
+        "plot",
+        "reader",
+        "recipes",
+        "replicas",
+        "report",
+        "result",
+        "resume",
+        "sql",
+        "summary",
+        "synth",
+        "verdict",
+        "walk",
+    ]
+    code = (
+        "import importlib, sys, detfp_analyze; from detfp_analyze._moved import MOVED\n"
+        f"for name in {old!r}:\n"
+        "    path = 'detfp_analyze.' + name\n"
+        "    mod = importlib.import_module(path)\n"
+        "    assert mod is importlib.import_module(MOVED.get(path, path)), path\n"
+        "from detfp_analyze.reader import open_run\n"
+        "assert callable(detfp_analyze.bisect) and 'torch' not in sys.modules\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr
