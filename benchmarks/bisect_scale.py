@@ -1,7 +1,7 @@
 """Scale benchmark: bisect vs the naive full-join baseline on synthetic run pairs.
 
 For each size (ranks x steps x records per rank-step, one planted origin) it writes a run
-pair with ``detfp_analyze.synth``, then measures, each in its own child process (so peak
+pair with ``detfp_analyze.testing.synth``, then measures, each in its own child process (so peak
 memory is that child's own ``ru_maxrss``, read with ``os.wait4``):
 
 * ``bisect``: ``open_run`` both runs + ``bisect(..., level="op")``, as the CLI does;
@@ -41,7 +41,7 @@ def _child(kind: str, a: str, b: str) -> None:
     t0 = time.perf_counter()
     if kind == "bisect":
         from detfp_analyze.bisect import bisect
-        from detfp_analyze.reader import open_run
+        from detfp_analyze.io.reader import open_run
 
         res = bisect(open_run(a), open_run(b), level="op")
         out = {
@@ -112,7 +112,7 @@ def check(planted, res: dict) -> str:
 
 
 def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool) -> dict:
-    from detfp_analyze.synth import SynthSpec, write_pair
+    from detfp_analyze.testing.synth import SynthSpec, write_pair
 
     spec = SynthSpec(ranks=ranks, steps=STEPS, records=RECORDS)
     a, b = work / f"{label}-a", work / f"{label}-b"
@@ -183,7 +183,7 @@ def main() -> None:
     if args.child:
         _child(*args.child)
         return
-    from detfp_analyze.synth import Plant
+    from detfp_analyze.testing.synth import Plant
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,13 @@
 """detfp_analyze: narrow the first bitwise divergence between two detfp runs.
 
-Never imports torch (a subprocess test proves it). Pipeline, each stage a pure function:
-open/validate a run (``reader``) -> diff manifests (``envdiff``) -> bound the step from
-metrics and per-(rank, step) rollups (``narrow``) -> align records by call-site key in
-each rank's own order (``align``, ``walk``) -> verdicts (``verdict``) -> cross-rank
-diagnosis (``diagnose``) -> kind and size of the difference (``diffkind``, ``evidence``)
--> report (``report``; printing happens only in the CLI). ``connect`` exposes the same
-traces to SQL through documented DuckDB views; ``certify`` checks a single run.
+Never imports torch (a subprocess test proves it). Grouped by role (docs/architecture.md):
+``io`` opens and validates runs and diffs their manifests; ``bisect`` is the pipeline
+(scope -> search: ``narrow``, ``walk`` over ``align`` -> ``verdict`` -> ``evidence``,
+``diffkind``, ``assemble`` -> ``diagnose`` -> ``BisectResult``), every comparison taken from the
+one rule in ``rule``; ``sql`` exposes the same traces through documented DuckDB views;
+``single`` checks and summarizes one run (``certify``, ``summarize``); ``render`` turns a result
+into text, JSON, HTML, pictures and timelines; ``guards`` are golden-trace gates; ``testing``
+writes synthetic run pairs. Printing happens only in the CLI (``cli``, ``_cli``).
 
 Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for the CLI.
 """
@@ -17,6 +18,8 @@ import importlib
 import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING, Any
+
+from detfp_analyze import _moved
 
 __all__ = [
     "REPORT_VERSION",
@@ -40,36 +43,36 @@ __all__ = [
 ]
 
 _LAZY = {
-    "REPORT_VERSION": "detfp_analyze.result",
-    "BisectResult": "detfp_analyze.result",
-    "Diagnosis": "detfp_analyze.result",
-    "Divergence": "detfp_analyze.result",
-    "RankResult": "detfp_analyze.result",
+    "REPORT_VERSION": "detfp_analyze.bisect.result",
+    "BisectResult": "detfp_analyze.bisect.result",
+    "Diagnosis": "detfp_analyze.bisect.result",
+    "Divergence": "detfp_analyze.bisect.result",
+    "RankResult": "detfp_analyze.bisect.result",
     "bisect": "detfp_analyze.bisect",
-    "CertifyResult": "detfp_analyze.certify",
-    "Problem": "detfp_analyze.certify",
-    "certify": "detfp_analyze.certify",
+    "CertifyResult": "detfp_analyze.single.certify",
+    "Problem": "detfp_analyze.single.certify",
+    "certify": "detfp_analyze.single.certify",
     "connect": "detfp_analyze.sql",
-    "divergence_heatmap": "detfp_analyze.plot",
-    "EnvDiff": "detfp_analyze.envdiff",
-    "env_diff": "detfp_analyze.envdiff",
+    "divergence_heatmap": "detfp_analyze.render.plot",
+    "EnvDiff": "detfp_analyze.io.envdiff",
+    "env_diff": "detfp_analyze.io.envdiff",
     "DetfpError": "detfp_analyze.errors",
-    "Run": "detfp_analyze.reader",
-    "open_run": "detfp_analyze.reader",
-    "RunSummary": "detfp_analyze.summary",
-    "summarize": "detfp_analyze.summary",
+    "Run": "detfp_analyze.io.reader",
+    "open_run": "detfp_analyze.io.reader",
+    "RunSummary": "detfp_analyze.single.summary",
+    "summarize": "detfp_analyze.single.summary",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from detfp_analyze.bisect import bisect
-    from detfp_analyze.certify import CertifyResult, Problem, certify
-    from detfp_analyze.envdiff import EnvDiff, env_diff
+    from detfp_analyze.bisect.result import REPORT_VERSION, BisectResult, Diagnosis, Divergence, RankResult
     from detfp_analyze.errors import DetfpError
-    from detfp_analyze.plot import divergence_heatmap
-    from detfp_analyze.reader import Run, open_run
-    from detfp_analyze.result import REPORT_VERSION, BisectResult, Diagnosis, Divergence, RankResult
+    from detfp_analyze.io.envdiff import EnvDiff, env_diff
+    from detfp_analyze.io.reader import Run, open_run
+    from detfp_analyze.render.plot import divergence_heatmap
+    from detfp_analyze.single.certify import CertifyResult, Problem, certify
+    from detfp_analyze.single.summary import RunSummary, summarize
     from detfp_analyze.sql import connect
-    from detfp_analyze.summary import RunSummary, summarize
 
 
 class _Package(_types.ModuleType):
@@ -83,12 +86,13 @@ class _Package(_types.ModuleType):
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, _types.ModuleType) and name in _LAZY and _LAZY[name] == value.__name__:
+        if isinstance(value, _types.ModuleType) and name in _LAZY:
             return
         super().__setattr__(name, value)
 
 
 _sys.modules[__name__].__class__ = _Package
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:

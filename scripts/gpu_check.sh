@@ -70,7 +70,7 @@ done
 "$PY" - "$WORK" "$NPROC" <<'EOF' || die "trace validation (see the message above)"
 import os, sys
 import polars as pl
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 work, nproc, device = sys.argv[1], int(sys.argv[2]), os.environ["DEVICE"]
 want = {"metrics": {"rng_state", "param"}, "boundaries": {"module_output", "optimizer_state"},
         "ops": {"op", "module_output"}}
@@ -164,7 +164,7 @@ import importlib.util, os, sys, types
 from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/capture_overhead.py")
 bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
 tt = bench.load_example()

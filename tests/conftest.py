@@ -30,7 +30,7 @@ def layout_pair(tmp_path_factory):
     """A synthetic 48-rank pair (tp 2 x dp 6 x pp 4) with one origin on rank 29 at step 1 that the
     gradient all-reduce carries to every other rank: the pair the picture, report and timeline
     tests read from disk (built once per session)."""
-    from detfp_analyze.synth import Plant, SynthSpec, write_pair
+    from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
     root = tmp_path_factory.mktemp("layout_pair")
     spec = SynthSpec(ranks=48, steps=3, records=150, windows="run", layout=(("tp", 2), ("dp", 6), ("pp", 4)))

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import detfp_analyze
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
-from detfp_analyze.reader import open_run
-from detfp_analyze.report import render_text
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.report import render_text
 from tests.shards import write_run
 from tests.test_certify import clean
 

@@ -310,7 +310,7 @@ def test_layout_difference_is_incomparable_unless_forced(tmp_path):
 
 
 def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
-    from detfp_analyze.reader import open_run
+    from detfp_analyze.io.reader import open_run
     from tests.shards import write_run
 
     def recs(out_label: str, in_label: str) -> list[dict]:
@@ -342,7 +342,7 @@ def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
 
 
 def test_metrics_only_capture(tmp_path):
-    from detfp_analyze.reader import open_run
+    from detfp_analyze.io.reader import open_run
     from tests.shards import write_run
 
     def run(path, loss2):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from tests.shards import hexdigest, write_run
 
 __all__ = ["Edit", "build_pair", "records_for", "template"]

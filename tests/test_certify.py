@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from detfp_analyze.certify import CHECKS, Problem, certify
 from detfp_analyze.cli import app
+from detfp_analyze.single.certify import CHECKS, Problem, certify
 from tests.shards import hexdigest, write_run
 
 

@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.certify import certify
 from detfp_analyze.cli import app
 from detfp_analyze.errors import IncomparableError, IncompleteRunError, ManifestError, SchemaVersionError
-from detfp_analyze.reader import open_run
-from detfp_analyze.summary import summarize, summary_dict
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.certify import certify
+from detfp_analyze.single.summary import summarize, summary_dict
 from detfp_capture import commitlog
 from detfp_capture.writer import ShardWriter, write_manifest
 from tests.shards import default_manifest, hexdigest, write_run

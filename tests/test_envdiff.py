@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from detfp_analyze.cli import app
-from detfp_analyze.envdiff import EnvDiff, check_comparable, env_diff, flatten_manifest, manifest_diff
 from detfp_analyze.errors import IncomparableError
+from detfp_analyze.io.envdiff import EnvDiff, check_comparable, env_diff, flatten_manifest, manifest_diff
 from tests.shards import default_manifest
 from tests.test_bisect_helpers import build_pair
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 
 # The shared fixture launches every job inside the first test's setup: allow it more than
 # the suite's default per-test timeout on a busy 2-core machine.

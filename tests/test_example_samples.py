@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 

@@ -28,10 +28,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.certify import certify
 from detfp_analyze.errors import IncompleteRunError, MissingRankError
-from detfp_analyze.reader import open_run
-from detfp_analyze.summary import summarize, summary_dict
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.certify import certify
+from detfp_analyze.single.summary import summarize, summary_dict
 from tests.fault_child import FORKSERVER_PRELOAD, train
 
 STEPS = 5  # one flush window per step: windows 0-4

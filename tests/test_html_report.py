@@ -19,7 +19,7 @@ import shutil
 import pytest
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.html import html_report, render_html
+from detfp_analyze.render.html import html_report, render_html
 from tests.browser import Browser, ensure_chromium
 from tests.test_pictures import _layout_2432, _result_2432
 
@@ -49,7 +49,7 @@ def test_page_is_byte_stable(report_page, layout_pair):
 
 
 def test_page_without_matplotlib_says_how_to_get_pictures(layout_pair, monkeypatch):
-    import detfp_analyze.pictures as pictures
+    import detfp_analyze.render.pictures as pictures
     from detfp_analyze.errors import OptionalDependencyError
 
     def missing(*a, **k):

@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 _CODE = """
 import sys
-import detfp_analyze, detfp_analyze.cli, detfp_analyze.reader, detfp_analyze.summary
-import detfp_analyze.figdata, detfp_analyze.figures, detfp_analyze.pictures, detfp_analyze.plot
-import detfp_analyze.html, detfp_analyze.recipes, detfp_analyze.perfetto, detfp_analyze.layout
+import detfp_analyze, detfp_analyze.cli, detfp_analyze.io.reader, detfp_analyze.single.summary
+import detfp_analyze.render.figdata, detfp_analyze.render.figures, detfp_analyze.render.pictures, detfp_analyze.render.plot
+import detfp_analyze.render.html, detfp_analyze.render.recipes, detfp_analyze.render.perfetto, detfp_analyze.render.layout
 import detfp_analyze._cli.reference
 import detfp_capture.contract, detfp_capture.arrowschema, detfp_capture.writer
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib"))

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
-from detfp_analyze.perfetto import trace
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.render.perfetto import trace
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
 SAMPLES = Path(__file__).parent.parent / "sample_traces"
 _META = {
@@ -161,7 +161,7 @@ def test_records_of_one_run_only_sit_where_that_run_made_them(tmp_path):
         tmp_path / "a",
         tmp_path / "b",
         SynthSpec(ranks=2, steps=1, records=120),
-        Plant(rank=1, step=0, index=40, structural=True),
+        Plant(rank=1, step=0, index=40, how="structural"),
     )
     res = bisect(p.a, p.b)
     obj = trace(p.a, p.b, res)

@@ -14,9 +14,18 @@ import pytest
 from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
+from detfp_analyze.bisect.result import (
+    VERDICTS,
+    BisectResult,
+    Diagnosis,
+    Divergence,
+    RankResult,
+    ResumeInfo,
+    Window,
+)
 from detfp_analyze.cli import app
 from detfp_analyze.errors import OptionalDependencyError
-from detfp_analyze.figdata import (
+from detfp_analyze.render.figdata import (
     STATE_COLORS,
     STATE_HELP,
     STATES,
@@ -27,18 +36,9 @@ from detfp_analyze.figdata import (
     rank_step_frame,
     state_of,
 )
-from detfp_analyze.figures import figure_bytes, rank_module_figure, rank_step_figure
-from detfp_analyze.html import svg_for_html
-from detfp_analyze.layout import rank_layout
-from detfp_analyze.result import (
-    VERDICTS,
-    BisectResult,
-    Diagnosis,
-    Divergence,
-    RankResult,
-    ResumeInfo,
-    Window,
-)
+from detfp_analyze.render.figures import figure_bytes, rank_module_figure, rank_step_figure
+from detfp_analyze.render.html import svg_for_html
+from detfp_analyze.render.layout import rank_layout
 
 pytest.importorskip("matplotlib")
 

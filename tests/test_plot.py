@@ -7,9 +7,10 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
+from detfp_analyze.render.figdata import STATE_COLORS
+from detfp_analyze.render.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
 from detfp_analyze.sql import connect
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
 pytest.importorskip("matplotlib")
 
@@ -72,3 +73,27 @@ def test_bisect_frame_states(planted):
 def test_empty_frame_is_an_error():
     with pytest.raises(ValueError, match="no rows"):
         divergence_heatmap(pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "state": pl.String}))
+
+
+@pytest.mark.parametrize("how", ["structural", "rng", "arguments", "missing"])
+def test_bisect_frame_of_real_results_shows_each_verdict(tmp_path, how):
+    """Real BisectResults of other plants (structural, source, an arguments origin, missing records):
+    each rank's cell at its first divergence is its verdict, drawn in that verdict's colour."""
+    p = write_pair(
+        tmp_path / "a",
+        tmp_path / "b",
+        SynthSpec(ranks=2, steps=3, records=200),
+        Plant(rank=1, step=1, index=50, how=how),
+    )
+    res = bisect(p.a, p.b)
+    got = bisect_frame(res)
+    assert p.expected
+    for e in p.expected:
+        cell = got.filter((pl.col("rank") == e.rank) & (pl.col("step") == e.step))["state"].to_list()
+        assert cell == [e.verdict]
+    img = divergence_heatmap(got).axes[0].images[0]
+    e = p.expected[0]
+    code = img.get_array()[e.rank, [0, 1, 2].index(e.step)]
+    assert img.cmap(img.norm(code))[:3] == pytest.approx(
+        tuple(int(STATE_COLORS[e.verdict][i : i + 2], 16) / 255 for i in (1, 3, 5))
+    )

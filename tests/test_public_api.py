@@ -1,11 +1,87 @@
-"""The public surfaces of both packages resolve, and stay small and explicit."""
+"""The public surfaces of both packages resolve, and stay small and explicit.
+
+``detfp_analyze``'s surface is pinned: its names, each function's parameters (names, keyword-only
+or not, defaults) and the fields of its result types (the JSON report's contract: a renamed or
+removed field bumps ``REPORT_VERSION``). A change here is an API change: update the pin on purpose.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import subprocess
 import sys
 
+import pytest
+
 import detfp_analyze
+
+#: name -> its parameters as ``name``, ``*name`` (keyword-only) and ``=default``.
+FUNCTIONS = {
+    "bisect": "run_a, run_b, *ranks=None, *steps=None, *level='op', *force=False, *ignore_env=(), *progress=None",
+    "certify": "run, *checks=None",
+    "connect": "a, b=None, *allow_missing_ranks=False, *allow_incomplete=False, *allow_file_access=False, "
+    "*database=':memory:'",
+    "divergence_heatmap": "frame, *value=None, *max_rows=128, *title=None, *width=8.0, *height=5.0",
+    "env_diff": "run_a, run_b, *ranks=None",
+    "open_run": "path, *allow_missing_ranks=False, *allow_incomplete=False",
+    "summarize": "run",
+}
+#: result type -> its fields, in order.
+RESULTS = {
+    "BisectResult": ("label_a", "label_b", "status", "env_diff", "first_step", "ranks", "diagnosis", "diff",
+                     "diff_rank", "window", "resume", "discriminator", "notes", "complete"),
+    "RankResult": ("rank", "status", "step", "metric_step", "metric_name", "metric_a", "metric_b", "record_step",
+                   "first", "next_clean"),
+    "Divergence": ("step", "microbatch", "phase", "module", "kind", "op", "occurrence", "role", "arg", "presence",
+                   "verdict", "diff_kind", "hazards", "seq_a", "seq_b", "dtype", "shape", "consumer", "contradiction",
+                   "upstream", "group", "group_ranks", "peers_differing", "kernels", "diff", "explanation",
+                   "depends_on"),
+    "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts"),
+    "CertifyResult": ("label", "status", "problems", "ranks", "steps"),
+    "Problem": ("kind", "rank", "step", "module", "detail"),
+    "RunSummary": ("label", "world_size", "ranks", "missing_ranks", "segments", "first_step", "last_step", "levels",
+                   "tables", "kinds", "statuses", "hazards", "events", "metrics", "environment", "completeness"),
+    "EnvDiff": ("key", "a", "b", "rank", "blocking"),
+}  # fmt: skip
+#: The other public classes, by the module that defines them.
+CLASSES = {"DetfpError": "detfp_analyze.errors", "Run": "detfp_analyze.io.reader"}
+
+
+def _params(fn) -> str:
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        name = ("*" if p.kind is p.KEYWORD_ONLY else "") + p.name
+        out.append(name if p.default is inspect.Parameter.empty else f"{name}={p.default!r}")
+    return ", ".join(out)
+
+
+def test_the_public_names_are_pinned():
+    assert sorted(detfp_analyze.__all__) == sorted([*FUNCTIONS, *RESULTS, *CLASSES, "REPORT_VERSION"])
+    assert dir(detfp_analyze) == sorted(detfp_analyze.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_each_public_function_keeps_its_parameters(name):
+    fn = getattr(detfp_analyze, name)
+    assert inspect.isfunction(fn) and fn.__doc__, name
+    assert _params(fn) == FUNCTIONS[name]
+
+
+@pytest.mark.parametrize("name", sorted(RESULTS))
+def test_each_result_type_is_frozen_and_keeps_its_fields(name):
+    cls = getattr(detfp_analyze, name)
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, name
+    assert tuple(f.name for f in dataclasses.fields(cls)) == RESULTS[name], (
+        f"{name}'s fields changed: a renamed or removed field bumps REPORT_VERSION; then update this pin"
+    )
+
+
+def test_the_other_classes_and_the_report_version():
+    for name, module in CLASSES.items():
+        assert inspect.isclass(getattr(detfp_analyze, name)) and getattr(detfp_analyze, name).__module__ == module
+    assert issubclass(detfp_analyze.DetfpError, Exception)
+    assert detfp_analyze.REPORT_VERSION == 1
 
 
 def test_every_analyze_export_resolves():
@@ -35,3 +111,57 @@ def test_analyze_exports_pull_in_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_every_old_module_path_still_imports_as_its_new_home():
+    """Every module of the flat layout before the package was grouped by role (``_moved.MOVED``;
+    the ones that kept their path, such as ``detfp_analyze.bisect`` or ``errors``, import as before)."""
+    old = [
+        "_deps",
+        "_footers",
+        "_synth_template",
+        "align",
+        "bisect",
+        "certify",
+        "cli",
+        "completeness",
+        "diagnose",
+        "diffkind",
+        "envdiff",
+        "errors",
+        "evidence",
+        "figdata",
+        "figures",
+        "gate",
+        "golden",
+        "html",
+        "integrity",
+        "layout",
+        "narrow",
+        "perfetto",
+        "pictures",
+        "plot",
+        "reader",
+        "recipes",
+        "replicas",
+        "report",
+        "result",
+        "resume",
+        "sql",
+        "summary",
+        "synth",
+        "verdict",
+        "walk",
+    ]
+    code = (
+        "import importlib, sys, detfp_analyze; from detfp_analyze._moved import MOVED\n"
+        f"for name in {old!r}:\n"
+        "    path = 'detfp_analyze.' + name\n"
+        "    mod = importlib.import_module(path)\n"
+        "    assert mod is importlib.import_module(MOVED.get(path, path)), path\n"
+        "from detfp_analyze.reader import open_run\n"
+        "assert callable(detfp_analyze.bisect) and 'torch' not in sys.modules\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr

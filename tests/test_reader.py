@@ -23,7 +23,7 @@ from detfp_analyze.errors import (
     SchemaVersionError,
     ShardError,
 )
-from detfp_analyze.reader import open_run, polars_schema
+from detfp_analyze.io.reader import open_run, polars_schema
 from detfp_capture import contract
 from detfp_capture.arrowschema import arrow_schema
 from tests.shards import write_run

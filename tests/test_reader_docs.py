@@ -85,7 +85,7 @@ def test_doc_lists_optional_manifest_keys_and_a_valid_commit_log_example():
 
 
 def test_reliability_and_certify_docs_name_every_gap_kind():
-    from detfp_analyze.completeness import GAP_KINDS
+    from detfp_analyze.io.completeness import GAP_KINDS
 
     docs = DOC.parent
     for name in ("reliability.md", "certify.md"):

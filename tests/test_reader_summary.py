@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from detfp_analyze.cli import app
-from detfp_analyze.reader import open_run
-from detfp_analyze.summary import format_summary, summarize, summary_dict
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.summary import format_summary, summarize, summary_dict
 from tests.shards import write_run
 
 GOLDEN = """\

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
-from detfp_analyze.recipes import recipes
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.recipes import recipes
 
 SAMPLES = Path(__file__).parent.parent / "sample_traces"
 OPS = (str(SAMPLES / "ops" / "a"), str(SAMPLES / "ops" / "b"))

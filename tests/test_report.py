@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from detfp_analyze._cli.bisect import parse_ranks, parse_steps
 from detfp_analyze.bisect import bisect
-from detfp_analyze.report import render_text
-from detfp_analyze.result import REPORT_VERSION
+from detfp_analyze.bisect.result import REPORT_VERSION
+from detfp_analyze.render.report import render_text
 from tests.test_bisect_helpers import build_pair
 
 runner = CliRunner()

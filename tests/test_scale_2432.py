@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
-from detfp_analyze.figdata import STATES, rank_step_frame
-from detfp_analyze.pictures import bisect_pictures
-from detfp_analyze.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.render.figdata import STATES, rank_step_frame
+from detfp_analyze.render.pictures import bisect_pictures
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from tests.test_perfetto import validate_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

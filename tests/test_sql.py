@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from detfp_analyze.cli import app
 from detfp_analyze.errors import QueryError
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_analyze.sql import connect, query
 from tests.shards import hexdigest, write_run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from detfp_analyze.reader import open_run
-from detfp_analyze.synth import Plant, SynthSpec, write_pair, write_run
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair, write_run
 
 SPEC = SynthSpec(ranks=4, steps=3, records=300)
 
@@ -98,7 +98,7 @@ def test_late_divergence_without_later_all_reduce_stays_local(tmp_path):
 
 
 def test_structural_insertion_is_one_sided(tmp_path):
-    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=0, step=1, index=30, structural=True))
+    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=0, step=1, index=30, how="structural"))
     (e,) = p.expected
     assert e.verdict == "structural" and e.name == "aten::clone.default"
     found = first_divergence(p.a, p.b)

@@ -19,10 +19,10 @@ import typer
 
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect import bisect
-from detfp_analyze.gate import evaluate, load_expectations, render_gate
-from detfp_analyze.reader import open_run
-from detfp_analyze.report import render_text
-from detfp_analyze.result import LEVELS
+from detfp_analyze.bisect.result import LEVELS
+from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.report import render_text
 
 __all__ = ["command", "parse_ranks", "parse_steps"]
 
@@ -138,7 +138,7 @@ def command(
             bar.close()
     gate = None if expectations is None else evaluate(result, expectations, expect or "")
     if html is not None:
-        from detfp_analyze.html import html_report
+        from detfp_analyze.render.html import html_report
 
         html.write_text(html_report(result, a, b), encoding="utf-8")
         print(f"detfp-analyze: wrote {html}", file=sys.stderr)  # stdout stays the report alone

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, echo, handle_errors
-from detfp_analyze.certify import CertifyResult, certify
+from detfp_analyze.single.certify import CertifyResult, certify
 
 __all__ = ["command", "format_certify"]
 

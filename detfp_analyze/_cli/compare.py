@@ -11,8 +11,8 @@ import typer
 from detfp_analyze._cli.bisect import parse_ranks, parse_steps
 from detfp_analyze._cli.common import fail
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import Run, open_run
-from detfp_analyze.result import LEVELS, BisectResult
+from detfp_analyze.bisect.result import LEVELS, BisectResult
+from detfp_analyze.io.reader import Run, open_run
 
 __all__ = ["Force", "Level", "MissingRanks", "Ranks", "RunA", "RunB", "Steps", "compare"]
 

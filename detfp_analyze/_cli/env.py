@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, handle_errors
-from detfp_analyze.envdiff import drop_keys, env_diff, setting_changes
-from detfp_analyze.reader import open_run
-from detfp_analyze.report import render_env
+from detfp_analyze.io.envdiff import drop_keys, env_diff, setting_changes
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.report import render_env
 
 __all__ = ["command"]
 

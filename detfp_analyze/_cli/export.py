@@ -18,8 +18,8 @@ import typer
 from detfp_analyze._cli.bisect import parse_ranks, parse_steps
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, RunA, RunB, compare
-from detfp_analyze.perfetto import count_records, dumps_trace, trace
-from detfp_analyze.verdict import format_ranks
+from detfp_analyze.ranks import format_ranks
+from detfp_analyze.render.perfetto import count_records, dumps_trace, trace
 
 __all__ = ["command"]
 

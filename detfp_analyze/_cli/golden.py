@@ -14,9 +14,9 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
-from detfp_analyze.golden import GoldenUpdate, update_golden
-from detfp_analyze.report import render_text
-from detfp_analyze.result import LEVELS
+from detfp_analyze.bisect.result import LEVELS
+from detfp_analyze.guards.golden import GoldenUpdate, update_golden
+from detfp_analyze.render.report import render_text
 
 __all__ = ["app"]
 

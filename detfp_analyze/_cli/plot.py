@@ -16,8 +16,8 @@ import typer
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, Ranks, RunA, RunB, Steps, compare
 from detfp_analyze._deps import require
-from detfp_analyze.figures import figure_bytes
-from detfp_analyze.pictures import bisect_pictures
+from detfp_analyze.render.figures import figure_bytes
+from detfp_analyze.render.pictures import bisect_pictures
 
 __all__ = ["command", "write_pictures"]
 

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import echo, handle_errors
-from detfp_analyze.reader import open_run
-from detfp_analyze.summary import format_summary, summarize, summary_dict
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.summary import format_summary, summarize, summary_dict
 
 
 @handle_errors

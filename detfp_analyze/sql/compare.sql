@@ -17,7 +17,7 @@
 -- @column occurrence  Calls with the same key fields before this one on this rank.
 -- @column role        input | output | value | dest (a write-only argument, never digested).
 -- @column arg         Argument path inside the call.
--- @column match       same | differs | only_a | only_b | unknown (a side has no digest: status skipped or error).
+-- @column match       same | differs | only_a | only_b | unknown: detfp_analyze.rule.MATCH (unknown: a side has no digest, status skipped or error, or the record is a write-only dest).
 -- @column seq_a       seq of the record in A (null when only_b).
 -- @column seq_b       seq of the record in B (null when only_a).
 -- @column segment_a   Segment of the record in A.
@@ -50,13 +50,7 @@ SELECT
   coalesce(a.occurrence, b.occurrence) AS occurrence,
   coalesce(a.role, b.role) AS role,
   coalesce(a.arg, b.arg) AS arg,
-  CASE
-    WHEN a.key_hash IS NULL THEN 'only_b'
-    WHEN b.key_hash IS NULL THEN 'only_a'
-    WHEN a.status <> 'ok' OR b.status <> 'ok' THEN 'unknown'
-    WHEN a.digest_hi = b.digest_hi AND a.digest_lo = b.digest_lo THEN 'same'
-    ELSE 'differs'
-  END AS match,
+  ${match} AS match,
   a.seq AS seq_a,
   b.seq AS seq_b,
   a.segment AS segment_a,
@@ -78,48 +72,6 @@ SELECT
 FROM a_records AS a
 FULL OUTER JOIN b_records AS b
   ON a.rank = b.rank AND a.step = b.step AND a.key_hash = b.key_hash;
-
--- pairs with each row's position in A's execution order. A record only in B takes the position
--- just after the last record before it (in B's order) that A also has, so an insertion sorts
--- where it happened instead of at the end of the step.
--- @column order_a     Position in A's order within (rank, step): seq_a, or the anchor's seq_a + 0.5 (-0.5 at the start).
-CREATE VIEW _pairs_ordered AS
-SELECT
-  *,
-  coalesce(
-    seq_a::DOUBLE,
-    last_value(seq_a IGNORE NULLS) OVER (
-      PARTITION BY rank, step ORDER BY seq_b ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
-    ) + 0.5,
-    -0.5
-  ) AS order_a
-FROM pairs;
-
--- Per rank, the first record (by step, then A's own execution order) that differs or exists on
--- one side only; pairs without a digest on a side ('unknown') are skipped. Ranks whose records
--- all match have no row. Also says whether the inputs of that record's call matched: an output
--- whose inputs all matched is where the difference was introduced (an origin); otherwise the
--- difference arrived from an earlier, uncaptured producer or from another rank.
--- @column order_a          Position in A's order within (rank, step) (see _pairs_ordered).
--- @column call_inputs      Number of input records of the same call (same rank, step, call_hash).
--- @column inputs_differing Number of those inputs whose match is not 'same'.
-CREATE VIEW first_divergence AS
-WITH first AS (
-  SELECT *
-  FROM _pairs_ordered
-  WHERE match IN ('differs', 'only_a', 'only_b')
-  QUALIFY row_number() OVER (PARTITION BY rank ORDER BY step, order_a) = 1
-)
-SELECT
-  first.*,
-  (SELECT count(*) FROM pairs AS p
-    WHERE p.rank = first.rank AND p.step = first.step AND p.call_hash = first.call_hash
-      AND p.role = 'input') AS call_inputs,
-  (SELECT count(*) FROM pairs AS p
-    WHERE p.rank = first.rank AND p.step = first.step AND p.call_hash = first.call_hash
-      AND p.role = 'input' AND p.match <> 'same') AS inputs_differing
-FROM first
-ORDER BY rank;
 
 -- Metrics of A and B matched by (rank, step, microbatch, name, occurrence), compared bitwise.
 -- @column rank        Global rank.
@@ -161,15 +113,15 @@ FULL OUTER JOIN b_metrics AS b
   AND a.name = b.name AND a.occurrence = b.occurrence;
 
 -- Per rank and step, how many record pairs match, differ or exist on one side only: the input
--- of the divergence heatmap (detfp_analyze.plot).
+-- of the divergence heatmap (detfp_analyze.render.plot).
 -- @column rank        Global rank.
 -- @column step        Absolute training step.
 -- @column records     Number of pairs (records of A and B matched by key).
--- @column same        Pairs with equal digests.
--- @column differing   Pairs whose digests differ.
+-- @column same        Pairs whose match is same (equal digests and arguments).
+-- @column differing   Pairs whose match is differs (digests or the call's arguments differ).
 -- @column only_a      Records present in A only.
 -- @column only_b      Records present in B only.
--- @column unknown     Pairs without a digest on a side (skipped or error).
+-- @column unknown     Pairs without evidence on a side (skipped, error, or a write-only dest).
 CREATE VIEW step_summary AS
 SELECT
   rank,

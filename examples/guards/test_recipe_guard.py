@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.gate import evaluate, load_expectations, render_gate
-from detfp_analyze.reader import open_run
-from detfp_analyze.report import render_text
+from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.report import render_text
 from detfp_capture import Session
 
 HERE = Path(__file__).parent

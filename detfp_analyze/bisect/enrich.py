@@ -1,0 +1,134 @@
+"""The walk's second read: only the calls a verdict needs, in full, for the records the walk picked.
+
+The walk aligns every candidate rank-step on narrow columns; ``enrich`` then reads the
+call-site columns (microbatch, phase, module, name, ...) of a handful of calls per rank (the
+divergent call, the next clean one, the call one hop upstream) and the detail columns of the
+divergent records (moments, row digests, errors), both runs' sides together. ``with_twins``
+adds to a divergent module output the records of its module_input twin: the inputs that decide
+origin or receiver for a module boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import polars as pl
+
+from detfp_analyze.bisect.reads import collect_pair
+from detfp_analyze.bisect.records import Aligned, CallKey, Extract, RecordKey
+from detfp_analyze.io.reader import Run
+from detfp_capture.contract import call_key, key_hash
+
+__all__ = ["DETAIL_COLUMNS", "Details", "enrich", "hazard_names", "with_twins"]
+
+#: Call-site and tensor columns joined onto the narrow alignment for the calls a verdict needs.
+_CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape", "hazards")
+#: Record detail columns (moments, rows, errors, digests) the verdict's difference kind needs.
+DETAIL_COLUMNS = (
+    "rank",
+    "step",
+    "key_hash",
+    "status",
+    "error",
+    "digest_hi",
+    "digest_lo",
+    "args_digest",
+    "dtype",
+    "rows",
+    "m_sum",
+    "m_absmax",
+)
+#: RecordKey -> that record's DETAIL_COLUMNS in one run.
+Details = dict[RecordKey, dict[str, Any]]
+
+
+def _frame(keys: Iterable[tuple[int, int, int]], last: str) -> pl.DataFrame:
+    rows = sorted(set(keys))
+    return pl.DataFrame(
+        [list(k) for k in rows], schema={"rank": pl.Int32, "step": pl.Int64, last: pl.UInt64}, orient="row"
+    )
+
+
+def enrich(
+    run_a: Run, run_b: Run, al: pl.DataFrame, calls: Collection[CallKey], detail_keys: Collection[RecordKey] = ()
+) -> tuple[pl.DataFrame, Details, Details]:
+    """Aligned rows of ``calls`` with the call-site columns of both sides, and each side's
+    DETAIL_COLUMNS of the records ``detail_keys``.
+
+    The details come from the same read (a record's call hash is a function of its key, so the
+    records of ``detail_keys`` lie in ``calls``): per key the last record in file order, as a
+    separate read by key would give.
+    """
+    key = _frame(calls, "call_hash")
+    sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
+    ranks, steps = sorted({c.rank for c in calls}), sorted({c.step for c in calls})
+    hashes = key["call_hash"].unique().to_list()
+    # The hazards lists are only read when a row of these calls has a hazard flag (hz covers
+    # every record of the rank-step on both sides): decoding a list column is the costly part.
+    cols: list[Any] = list(_CALL_DETAIL)
+    if not sub["hz"].any():
+        cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
+    extra = [c for c in DETAIL_COLUMNS if c not in ("rank", "step", "key_hash", *_CALL_DETAIL)] if detail_keys else []
+    lfs = []
+    for run in (run_a, run_b):
+        lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *cols, *extra)
+        lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
+    dets: list[Details] = []
+    for det, sfx in zip(collect_pair(*lfs), ("a", "b"), strict=True):
+        if detail_keys:
+            d = det.join(
+                _frame(detail_keys, "key_hash"), on=["rank", "step", "key_hash"], how="semi", maintain_order="left"
+            )
+            d = d.unique(["rank", "step", "key_hash"], keep="last", maintain_order=True).select(DETAIL_COLUMNS)
+            dets.append({RecordKey(int(r["rank"]), int(r["step"]), int(r["key_hash"])): r for r in d.to_dicts()})
+            det = det.drop(extra)
+        else:
+            dets.append({})
+        det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
+        sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
+    shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
+    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1]
+
+
+def hazard_names(rows: Iterable[Aligned]) -> tuple[str, ...]:
+    """Every hazard flag on ``rows``, either side, sorted."""
+    return tuple(sorted({h for r in rows for h in (*r.hazards_a, *r.hazards_b)}))
+
+
+#: Whatever the caller keys its extracts by.
+_K = TypeVar("_K", bound=Hashable)
+
+
+def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[_K, Extract]) -> dict[_K, Extract]:
+    """``extracts`` with the records of each divergent module output's module_input twin added.
+
+    A module boundary is two calls: module_input (or batch, at the root) before the module runs,
+    module_output after. For a divergent module output without input records, the inputs that
+    decide origin vs. receiver are its twin's: same microbatch, phase, module, name and
+    occurrence. Extracts needing no twin are returned unchanged.
+    """
+    twins: dict[CallKey, list[_K]] = {}
+    for which, ex in extracts.items():
+        rec = ex.record
+        if rec.kind != "module_output" or any(c.role == "input" for c in ex.call):
+            continue
+        for kind in ("module_input", "batch"):
+            ck = call_key(rec.microbatch, rec.phase, rec.module, kind, rec.name, rec.occurrence)
+            twins.setdefault(CallKey(rec.rank, rec.step, key_hash(ck)), []).append(which)
+    out = dict(extracts)
+    if not twins:
+        return out
+    rich = enrich(run_a, run_b, al, list(twins))[0]
+    for ck, whiches in twins.items():
+        part = rich.filter(
+            (pl.col("rank") == ck.rank) & (pl.col("step") == ck.step) & (pl.col("call_hash") == ck.call_hash)
+        )
+        rows = tuple(Aligned.from_row(r) for r in part.to_dicts())
+        for which in whiches:
+            ex = out[which]
+            hazards = tuple(sorted(set(ex.hazards) | set(hazard_names(rows))))
+            out[which] = replace(ex, call=ex.call + rows, hazards=hazards)
+    return out

@@ -1,0 +1,140 @@
+"""``bisect``: where two runs stopped being bitwise identical, rank by rank, and why.
+
+The pipeline, each stage a module of this package handing the next a typed value:
+
+1. comparable? ``io.envdiff`` (blocking manifest differences raise IncomparableError unless forced);
+2. scope: the compared ranks, the common step window, the resume boundaries (``scope.plan``);
+3. search: metrics bound the steps, per-(rank, step) rollups pick candidate steps, and the
+   exact walk finds each rank's first divergence (``search``: ``narrow``, ``walk`` over
+   ``align`` with ``detfp_analyze.rule``) as a ``records.Found``;
+4. verdicts: origin, source, receiver, ... with the group-wide and cross-rank tests (``verdict``);
+5. evidence and assembly: dumps and kernels for the named records, the kind and size of each
+   difference (``evidence``, ``diffkind``, ``assemble``);
+6. diagnosis: the cross-rank pattern (``diagnose``) and the discriminator view of the origin op.
+
+Memory stays bounded by two walk batches of rank-steps; time by the steps up to the first
+divergence (steps after every rank's metric divergence are read only where needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from detfp_analyze.bisect import assemble as _assemble
+from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect import scope as _scope
+from detfp_analyze.bisect.diagnose import diagnose
+from detfp_analyze.bisect.result import LEVELS, BisectResult, Diagnosis, Window
+from detfp_analyze.bisect.search import search
+from detfp_analyze.bisect.verdict import resolve
+from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.errors import IncomparableError, SelectionError
+from detfp_analyze.io import completeness as _completeness
+from detfp_analyze.io.envdiff import check_comparable, drop_keys, env_diff
+from detfp_analyze.io.reader import Run, as_run
+from detfp_analyze.ranks import format_ranks
+
+__all__ = ["BisectResult", "Progress", "bisect"]
+
+
+def bisect(
+    run_a: Run | str,
+    run_b: Run | str,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: Any = None,
+    level: str = "op",
+    force: bool = False,
+    ignore_env: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> BisectResult:
+    """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
+
+    ``run_a``/``run_b``: opened runs (``reader.open_run``) or run directories. ``ranks``: ranks to compare
+    (default: every rank in both). ``steps``: inclusive (first, last) pair, an int or a range.
+    ``level``: step | phase | module | op | kernel (how deep to narrow). ``force``: compare
+    even when the manifests say the comparison is meaningless. ``ignore_env``: shell globs of
+    manifest keys left out of the environment diff (``host.*``; see ``envdiff.drop_keys``), listed
+    in ``notes``. ``progress``: optional callback.
+    Raises IncomparableError (blocking manifest difference, no common step) and
+    SelectionError (bad ranks/steps/level).
+    """
+    if level not in LEVELS:
+        raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
+    run_a, run_b = as_run(run_a), as_run(run_b)
+    user_steps = _scope.norm_steps(steps)
+    if run_a.path == run_b.path:  # trivially identical: almost certainly a mistyped command line
+        raise IncomparableError(f"{run_a.label} and {run_b.label} are the same run directory; compare two runs")
+    # 1. Comparable? Only the steps both runs hold completely are compared (allow_incomplete).
+    run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
+    both, one_sided = _scope.compared_ranks(run_a, run_b, ranks)
+    diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=both or None), ignore_env)
+    check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
+    # 2. Scope.
+    scope = _scope.plan(run_a, run_b, steps=user_steps, compared=(both, one_sided))
+    _scope.check(scope, run_a, run_b)
+    notes = [*incomplete, *_scope_notes(scope, run_a, run_b, ignored)]
+    # 3. Search: each rank's first divergence.
+    found = search(run_a, run_b, scope, progress)
+    notes += found.notes
+    # 4. Verdicts, 5. evidence and assembly.
+    verdicts = resolve(run_a, run_b, found.found, scope)
+    ev = _evidence.gather(run_a, run_b, found.found, level)
+    notes += ev.notes
+    ordered, more = _assemble.rank_results(run_a, run_b, scope.ranks, found.found, found.metrics, verdicts, ev, level)
+    notes += more
+    # 6. Diagnosis.
+    parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in scope.ranks}
+    diag = diagnose(ordered, parallel)
+    if level == "step" and diag.pattern != "identical":
+        why = "level step narrows to the step only, without verdicts; rerun with --level op for verdicts and a pattern"
+        diag = Diagnosis("undetermined", (), why)
+    disc = None
+    if diag.origin_ranks and level in ("op", "kernel"):
+        disc = _evidence.discriminator(run_a, run_b, ordered, diag)
+    rep = _assemble.representative(ordered, diag.origin_ranks)
+    diverged = [rr for rr in ordered if rr.status == "diverged"]
+    first_step = min((min(x for x in (rr.step, rr.metric_step) if x is not None) for rr in diverged), default=None)
+    return BisectResult(
+        label_a=run_a.label,
+        label_b=run_b.label,
+        status="diverged" if diverged else "identical",
+        env_diff=diffs,
+        first_step=first_step,
+        ranks=ordered,
+        diagnosis=diag,
+        diff=rep.effective.diff if rep and rep.effective else None,
+        diff_rank=rep.rank if rep else None,
+        window=Window(
+            scope.window,
+            scope.range_a,
+            scope.range_b,
+            scope.ranks,
+            run_a.missing_ranks,
+            run_b.missing_ranks,
+            scope.one_sided,
+            level,
+        ),
+        resume=found.resume,
+        discriminator=disc,
+        notes=tuple(sorted(set(notes))),
+        complete=not any(r.completeness is not None and r.completeness.gaps for r in (run_a, run_b)),
+    )
+
+
+def _scope_notes(scope: _scope.Scope, run_a: Run, run_b: Run, ignored: Sequence[str]) -> list[str]:
+    """What the scope tolerated or left out, for the report's notes."""
+    notes = []
+    if ignored:
+        notes.append(f"environment differences ignored as asked: {', '.join(ignored)}")
+    if scope.empty:
+        notes.append(f"ranks {format_ranks(scope.empty)} hold no record or metric in either run and were not compared")
+    if run_a.missing_ranks or run_b.missing_ranks:
+        notes.append(
+            f"missing ranks tolerated: A {format_ranks(run_a.missing_ranks) or 'none'}, "
+            f"B {format_ranks(run_b.missing_ranks) or 'none'}"
+        )
+    if scope.one_sided:
+        notes.append(f"ranks {format_ranks(scope.one_sided)} exist in one run only and were not compared")
+    return notes

@@ -1,0 +1,135 @@
+"""The step search: from a scope to each rank's first divergence, reading as little as possible.
+
+1. ``narrow.metric_divergence``: each rank's first step whose metrics differ bitwise; the last
+   such step bounds the search (a loss is a checksum of everything before it);
+2. ``rollup_candidates``: per (rank, step) rollups over narrow columns, ranks in batches,
+   streaming: the steps whose rollups differ are the candidates;
+3. ``walk``: each rank's candidates in order, up to the bound, then past it only for the ranks
+   where no value differs yet;
+4. what was passed over, and the digest errors, become notes; a resumed pair gets its boundary
+   counts (``resume.boundary_counts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect import resume as _resume
+from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
+from detfp_analyze.bisect.records import Found
+from detfp_analyze.bisect.result import ResumeInfo
+from detfp_analyze.bisect.scope import Scope
+from detfp_analyze.bisect.walk import Progress, walk
+from detfp_analyze.io.reader import Run
+
+__all__ = ["MetricSplit", "Search", "rollup_candidates", "search"]
+
+
+@dataclass(frozen=True)
+class MetricSplit:
+    """A rank's first step whose metrics differ bitwise."""
+
+    step: int
+    #: The first differing metric of that step, by name, and both values (None on a missing side).
+    name: str
+    value_a: float | None
+    value_b: float | None
+
+
+@dataclass(frozen=True)
+class Search:
+    """What the step search found."""
+
+    #: rank -> its first divergence, for ranks where a value differs.
+    found: dict[int, Found]
+    #: rank -> its first metric split, for ranks whose metrics differ.
+    metrics: dict[int, MetricSplit]
+    #: The scope's resume facts, with the boundary counts filled in.
+    resume: ResumeInfo
+    #: Digest errors (passed over, no evidence) and ranks identical because nothing changed a value.
+    notes: tuple[str, ...]
+
+
+def rollup_candidates(
+    run_a: Run, run_b: Run, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str,
+    errors: list[int] | None = None,
+) -> dict[int, list[int]]:  # fmt: skip
+    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]. ``errors``, when
+    given, accumulates [A, B] counts of records whose digest failed (no evidence)."""
+    out: dict[int, list[int]] = {}
+    batches = chunks(ranks, ROLLUP_BATCH)
+    for i, batch in enumerate(batches):
+        ra, rb = collect_pair(
+            _narrow.step_rollup(scan(run_a, "records", batch, lo, hi)),
+            _narrow.step_rollup(scan(run_b, "records", batch, lo, hi)),
+        )
+        if errors is not None:
+            errors[0] += int(ra["n_err"].sum() or 0)
+            errors[1] += int(rb["n_err"].sum() or 0)
+        d = _narrow.divergent_steps(ra, rb)
+        for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
+            out.setdefault(int(rank), []).append(int(step))
+        if progress:
+            progress(stage, i + 1, len(batches))
+    return out
+
+
+def search(run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = None) -> Search:
+    """Each compared rank's first divergence and first metric split within ``scope``."""
+    compared = list(scope.ranks)
+    if scope.window is None or not compared:
+        return Search({}, {}, scope.resume, ())
+    lo, hi = scope.window
+    m = _narrow.metric_divergence(scan(run_a, "metrics", compared, lo, hi), scan(run_b, "metrics", compared, lo, hi))
+    metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m.to_dicts()}
+    # The first differing record cannot come after the step where every metric split, unless
+    # the capture missed it: search up to that bound first, the rest only where needed.
+    bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
+    errors = [0, 0]
+    cands = rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors)
+    # Every level walks: a candidate step may hold only no-evidence differences (a digest error
+    # on one side, records under hazards), which only the walk can tell.
+    found = walk(run_a, run_b, cands, scope.boundary, progress)
+    if bound < hi:
+        rest = [r for r in compared if r not in found or found[r].passed]
+        if rest:
+            more = rollup_candidates(run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors)
+            found = walk(run_a, run_b, more, scope.boundary, progress, found)
+    notes = []
+    if errors[0] or errors[1]:
+        notes.append(
+            f"records that could not be digested (status error): A {errors[0]}, B {errors[1]}; they are no "
+            "evidence either way and were left out of the comparison (see certify)"
+        )
+    notes += _passed_notes(found)
+    info = scope.resume
+    s = info.first_common_step
+    if info.resumed and s is not None and s <= hi:
+        n, d = _resume.boundary_counts(
+            scan(run_a, "records", compared, s, s), scan(run_b, "records", compared, s, s), s
+        )
+        info = replace(info, first_common_step=s, boundary_compared=n, boundary_differing=d)
+    return Search({r: f for r, f in found.items() if not f.passed}, metrics, info, tuple(notes))
+
+
+def _passed_notes(found: Mapping[int, Found]) -> list[str]:
+    """Why each rank where no value differs is identical although records differ."""
+    notes = []
+    for r, f in sorted(found.items()):
+        if not f.passed:
+            continue
+        rec = f.first.record
+        where = f"from step {rec.step} {rec.name} ({rec.kind}) in {rec.module or '<root>'}"
+        if f.first.passed == "hazards":
+            notes.append(
+                f"rank {r}: differences only under hazards ({', '.join(f.first.hazards) or 'hazard'}), {where}: "
+                "likely false roots, and no clean difference follows them"
+            )
+        else:
+            notes.append(
+                f"rank {r}: calls in another order or number, {where}, with every record's value equal: a "
+                "control-flow difference that changed no value (framework bookkeeping), not a divergence"
+            )
+    return notes

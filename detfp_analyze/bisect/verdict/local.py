@@ -1,0 +1,335 @@
+"""What one rank's own records say about its first divergent record (``local_verdict``).
+
+Pure functions over aligned records (``records.Aligned``): structural, source, a derived record
+(parameters, gradients, optimizer state) judged by its uncaptured producer, an input whose
+producer was not captured, arguments-only differences, views and copies that cannot create a
+difference, and outputs whose inputs all matched. Collectives get ``collective`` here and wait
+for the group-wide test; a difference an uncaptured cross-rank reduction may have carried gets
+``reduction`` and waits for the cross-rank test (``peers``). The package docstring lists the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from detfp_analyze import rule
+from detfp_analyze.bisect.records import Aligned
+
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "COPY_OPS",
+    "DERIVED_KINDS",
+    "VIEW_OPS",
+    "LocalVerdict",
+    "StepFacts",
+    "is_view_op",
+    "local_verdict",
+]
+
+#: Kinds whose output depends on peers: the verdict needs the group-wide test.
+COLLECTIVE_KINDS = ("collective", "p2p", "reduced_grad")
+#: Kinds recorded without inputs that are nonetheless computed inside the step (by the
+#: optimizer, the backward, a reduction): their verdict depends on which producer is uncaptured.
+DERIVED_KINDS = ("param", "grad", "optimizer_state")
+#: Kinds fed from outside the captured region: a difference there entered from outside.
+_SOURCE_KINDS = ("rng_state", "batch", "probe")
+#: View/metadata ops: their output aliases the input's storage, they cannot create a difference.
+VIEW_OPS = frozenset(
+    {
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::slice",
+        "aten::select",
+        "aten::t",
+        "aten::transpose",
+        "aten::expand",
+        "aten::expand_as",
+        "aten::as_strided",
+        "aten::permute",
+        "aten::reshape",
+        "aten::alias",
+        "aten::squeeze",
+        "aten::unsqueeze",
+        "aten::flatten",
+        "aten::narrow",
+        "aten::detach",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::chunk",
+        "aten::unbind",
+        "aten::view_as",
+        "aten::unflatten",
+        "aten::lift_fresh",
+    }
+)
+#: Pure data movement: deterministic copies, typical first consumers of an unseen producer.
+COPY_OPS = frozenset({"aten::cat", "aten::stack", "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy"})
+
+
+def is_view_op(name: str) -> bool:
+    """True for view/metadata or pure copy ops, with or without an overload suffix."""
+    base = name.split(".", 1)[0] if name.startswith("aten::") else name
+    return base in VIEW_OPS or base in COPY_OPS
+
+
+@dataclass(frozen=True)
+class LocalVerdict:
+    """What one rank's own records say about its first divergent record."""
+
+    #: A VERDICTS value, "collective" when the group-wide test must decide, or "reduction"
+    #: when an uncaptured cross-rank reduction may have carried it (``cross_rank`` decides).
+    verdict: str
+    #: The consuming call for unobserved_producer.
+    consumer: str | None
+    #: Set when the op cannot have created the difference (view/copy op).
+    contradiction: str | None
+    explanation: str
+    #: One line: what the capture could not see that this record depends on, and what to capture next.
+    depends_on: str | None = None
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the rank-step of a first divergence holds, beyond the record's own call."""
+
+    #: Record kinds present in the rank-step (either run).
+    kinds: frozenset[str] = frozenset()
+    #: The step is where a run's capture of this rank begins (its first captured step, or the
+    #: first step of a resumed segment): state read there came from outside the capture.
+    entry: bool = False
+    #: The step is a resume boundary: parameters and optimizer state there were restored from
+    #: a checkpoint (a subset of ``entry``).
+    restored: bool = False
+    #: Ranks in the job (world size).
+    world: int = 1
+
+
+def _call_label(rec: Aligned) -> str:
+    mod = rec.module or "<root>"
+    return f"{rec.name} in {mod}"
+
+
+def _owner(param: str) -> str:
+    """Module path owning a parameter FQN (``'transformer.h.0.mlp.c_fc.weight'`` -> ``'transformer.h.0.mlp.c_fc'``)."""
+    return param.rsplit(".", 1)[0] if "." in param else "<root>"
+
+
+def _recapture(step: int, level: str) -> str:
+    return f"recapture step {step} at level {level} (--level {level} --steps {step})"
+
+
+def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
+    """Verdict of a first divergent parameter, gradient or optimizer-state record."""
+    kind, phase, role, name, step = rec.kind, rec.phase, rec.role, rec.name, rec.step
+    ops = "op" in facts.kinds
+    optimizer_seen = bool({"grad", "optimizer_state"} & facts.kinds)
+    many = facts.world > 1
+    if kind == "param" and phase == "optimizer" and role == "input":
+        if facts.entry:
+            return LocalVerdict(
+                "source",
+                None,
+                None,
+                f"parameter {name} differs where the capture of this run begins (step {step}), before the optimizer "
+                "changed it: the restored or initialized parameters differ",
+            )
+        return LocalVerdict(
+            "unobserved_producer",
+            f"the optimizer step for {name}",
+            None,
+            f"parameter {name} differs when the optimizer reads it although its value after the previous step matched: "
+            "it was written outside the capture in between",
+            "a write outside the dispatcher or between steps (a callback, .data): capture the step before at level ops",
+        )
+    if facts.restored and (kind == "optimizer_state" or kind == "param"):
+        # The optimizer's restored state is not recorded before the step that reads it, and a
+        # step-end parameter is the first parameter record of a resumed run below level
+        # boundaries: at a resume boundary both say what the restore brought in.
+        return LocalVerdict(
+            "source",
+            None,
+            None,
+            f"{kind} record {name} differs at the resume boundary (step {step}) while the step's captured inputs "
+            "matched: the restored optimizer state or parameters differ (checkpoint save/load of the inner state)",
+        )
+    if (kind == "param" and phase == "optimizer") or kind == "optimizer_state":
+        return LocalVerdict(
+            "origin",
+            None,
+            None,
+            f"the optimizer step for {name.split('.state[')[0]} had matching inputs (parameters and gradients) and its "
+            f"{'state ' + name if kind == 'optimizer_state' else 'updated parameter'} differs: the optimizer's "
+            "hyperparameters or its kernel (foreach, fused) differ",
+        )
+    if kind == "param":  # the value at step end
+        if optimizer_seen:
+            return LocalVerdict(
+                "unobserved_producer",
+                f"the end of step {step}",
+                None,
+                f"parameter {name} changed after the optimizer step, outside the capture (weight clipping, an EMA or "
+                "a write through .data)",
+                "a write after optimizer.step(): capture it with session.probe or at level ops",
+            )
+        what = "forward, backward, gradient reduction and optimizer" if many else "forward, backward and optimizer"
+        return LocalVerdict(
+            "reduction" if many else "origin",
+            None,
+            None,
+            f"parameter {name} after step {step} differs while everything captured before it matched: the step's "
+            f"computation ({what}), not captured at this level, introduced it",
+            f"level metrics records no op or module: {_recapture(step, 'boundaries')}",
+        )
+    # A gradient read by the optimizer.
+    owner = _owner(name)
+    if "reduced_grad" in facts.kinds:
+        return LocalVerdict(
+            "unobserved_producer",
+            f"the optimizer step for {name}",
+            None,
+            f"the gradient of {name} changed after its data-parallel reduction, outside the capture (gradient clipping "
+            "or scaling)",
+            f"a write to .grad outside the dispatcher: {_recapture(step, 'ops')}",
+        )
+    if ops:
+        return LocalVerdict(
+            "unobserved_producer",
+            f"the optimizer step for {name}",
+            None,
+            f"the gradient of {name} differs although every captured op before it matched: it was produced outside "
+            "the dispatcher",
+            "a producer outside the dispatcher (an extension kernel, a C++ gradient hook or reducer)",
+        )
+    region = f"the backward of {owner}"
+    if many:
+        return LocalVerdict(
+            "reduction",
+            None,
+            None,
+            f"the gradient of {name} differs while everything captured before it matched: {region} or the "
+            "gradient reduction across ranks (neither captured at this level) introduced it",
+            f"the weight-gradient ops of {region} and the gradient reduction: {_recapture(step, 'ops')}",
+        )
+    return LocalVerdict(
+        "origin",
+        None,
+        None,
+        f"{region} had matching inputs and produced a different gradient for {name}: an uncaptured op inside "
+        "that module's backward introduced it",
+        f"the weight-gradient ops of {region} are not captured at level boundaries: {_recapture(step, 'ops')}",
+    )
+
+
+def local_verdict(
+    rec: Aligned,
+    call_rows: Sequence[Aligned],
+    upstream: str | None,
+    facts: StepFacts | None = None,
+) -> LocalVerdict:
+    """Verdict from the rank's own records: ``rec`` is the first divergent aligned row,
+    ``call_rows`` every aligned row of its call (same rank, step, call_hash), ``facts`` what
+    else the rank-step holds."""
+    facts = facts or StepFacts()
+    state, kind, role = rec.state, rec.kind, rec.role
+    label = _call_label(rec)
+    if state in rule.STRUCTURAL:
+        where = {
+            rule.ONLY_A: "only in run A",
+            rule.ONLY_B: "only in run B",
+            rule.REORDERED: "in a different order",
+            rule.SHIFTED: "in a call sequence whose number of calls differs (occurrence counters shifted)",
+        }[state]
+        return LocalVerdict(
+            "structural",
+            None,
+            None,
+            f"{label} ({role} {rec.arg}) is {where}: control flow differed (config or data)",
+        )
+    if kind in _SOURCE_KINDS:
+        return LocalVerdict(
+            "source",
+            None,
+            None,
+            f"{kind} record {rec.name} differs and has no inputs: the difference entered from outside the "
+            "captured region (data pipeline, checkpoint restore, RNG state)",
+        )
+    same_tensor, args_differ = bool(rec.tensors_same), not rec.args_same
+    if same_tensor and args_differ:
+        # Arguments belong to the call: the call site passed different non-tensor values (a
+        # config or hyperparameter), a local start whichever of its records comes first.
+        if kind in DERIVED_KINDS:
+            return LocalVerdict(
+                "origin",
+                None,
+                None,
+                f"the optimizer step for {rec.name} ran with different hyperparameters (its param group's "
+                "lr, betas, eps, weight_decay, ...) on matching parameters",
+            )
+        return LocalVerdict(
+            "origin", None, None, f"{label} was called with different non-tensor arguments on matching tensors"
+        )
+    if kind in DERIVED_KINDS:
+        return _derived(rec, facts)
+    if kind == "module_input" and role == "input" and "op" not in facts.kinds:
+        # Below level ops the code a module runs between its submodules is not captured: a
+        # submodule's input that differs first was made there (every earlier record, the
+        # previous submodules' outputs included, matched).
+        parent = rec.module.rsplit(".", 1)[0] if "." in rec.module else "<root>"
+        return LocalVerdict(
+            "reduction" if facts.world > 1 else "origin",
+            None,
+            None,
+            f"the input of {label} differs while every captured record before it matched: the code {parent} runs "
+            "between its submodules, not captured at this level, introduced it",
+            f"the ops of {parent} outside its submodules: {_recapture(rec.step, 'ops')}",
+        )
+    hop = f" look one hop upstream ({upstream})" if upstream else " look one hop upstream"
+    inputs = [r for r in call_rows if r.role == "input"]
+    differing = [r for r in inputs if r.state in rule.DIVERGENT]
+    view = is_view_op(rec.name)
+    compiled = kind == "compiled"
+    if role == "input" or differing:
+        contradiction = f"{rec.name} only moves data;{hop}" if view else None
+        return LocalVerdict(
+            "unobserved_producer",
+            label,
+            contradiction,
+            f"the input of {label} already differs although no earlier record differs: its producer was not "
+            "captured (e.g. a kernel that bypasses the dispatcher, a fused or extension op)",
+            "this input's producer (an extension or fused kernel, a write outside the dispatcher): probe it with "
+            "session.probe, or capture the step at a deeper level",
+        )
+    if kind in COLLECTIVE_KINDS:
+        return LocalVerdict("collective", None, None, "")
+    if view:
+        return LocalVerdict(
+            "unobserved_producer",
+            label,
+            f"{rec.name} is a view or copy and cannot create a difference;{hop}",
+            f"{label} appears to create the difference, which a view or copy cannot: something wrote its "
+            "input's memory after it was fingerprinted",
+        )
+    if args_differ:
+        return LocalVerdict(
+            "origin", None, None, f"{label} was called with different non-tensor arguments and its {role} differs"
+        )
+    n = len(inputs)
+    depends = None
+    if compiled:
+        depends = (
+            "the ops inside a torch.compile region are not captured: rerun the step with the region uncompiled "
+            "(TORCHDYNAMO_DISABLE=1) to see them"
+        )
+    elif any(r.role == "dest" for r in call_rows):
+        depends = (
+            "the op writes into a destination that is not compared (write-only or still uninitialized): if it does "
+            "not write every element, the rest is uninitialized memory"
+        )
+    return LocalVerdict(
+        "origin",
+        None,
+        None,
+        f"all {n} input(s) of {label} matched and its {role} {rec.arg} differs: this call introduced the difference",
+        depends,
+    )

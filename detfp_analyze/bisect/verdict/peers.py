@@ -1,0 +1,167 @@
+"""The tests that need other ranks: the group-wide test of a collective and the cross-rank test.
+
+* ``group_verdict``: a collective (collective, p2p, reduced_grad) whose local inputs matched is an
+  origin only if every rank of its group had matching inputs for the same call; otherwise a
+  receiver (a carrier of a difference that started on a peer). ``group_of`` names the group
+  (``<op>@<group>``, the manifests' ``groups``); ``peer_state_from_found`` judges a peer's call
+  without input records (``reduced_grad``) by the peer's own first divergence.
+* ``p2p_receiver``: a receive has no peer call with the same key (the peer ran a send): its
+  output differing with matching local inputs means the sender's data differed.
+* ``cross_rank``: a difference an uncaptured cross-rank reduction may have carried is a receiver
+  when a peer started a difference at that step or before, else an origin (or, unproven, a receiver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from detfp_analyze import rule
+from detfp_analyze.bisect.records import Found
+from detfp_analyze.bisect.verdict.local import LocalVerdict
+from detfp_analyze.ranks import format_ranks
+
+__all__ = ["GroupTest", "cross_rank", "group_of", "group_verdict", "p2p_receiver", "peer_state_from_found"]
+
+
+def group_of(
+    name: str, kind: str, groups: Mapping[str, Sequence[int]], world: Sequence[int]
+) -> tuple[str, tuple[int, ...]]:
+    """(group name, ranks) of a collective named ``<op>@<group>``; the world when unnamed or unknown.
+
+    ``reduced_grad`` records reduce over the data-parallel group: ``dp`` when the manifests
+    name one, else the world.
+    """
+    gname = name.rsplit("@", 1)[1] if "@" in name else ("dp" if kind == "reduced_grad" else "world")
+    ranks = groups.get(gname)
+    if ranks is None:
+        return (gname if gname in groups else "world"), tuple(sorted(world))
+    return gname, tuple(sorted(int(r) for r in ranks))
+
+
+@dataclass(frozen=True)
+class GroupTest:
+    """Outcome of the group-wide test for one collective call."""
+
+    verdict: str
+    #: Peers whose inputs to the same call differed (or whose first difference came earlier).
+    peers_differing: tuple[int, ...]
+    #: Peers that could not be checked (not traced, or the call is missing there).
+    peers_unknown: tuple[int, ...]
+    explanation: str
+
+
+def group_verdict(
+    rank: int,
+    label: str,
+    gname: str,
+    group: Sequence[int],
+    peer_inputs: Mapping[int, str],
+) -> GroupTest:
+    """Group-wide test. ``peer_inputs``: peer rank -> ``rule.SAME`` (no input of this call differs
+    there), ``rule.DIFFERS`` or ``rule.UNKNOWN`` (not traced / call absent). The rank itself is excluded.
+    """
+    peers = [p for p in group if p != rank]
+    differing = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.DIFFERS))
+    unknown = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.UNKNOWN))
+    if differing:
+        return GroupTest(
+            "receiver",
+            differing,
+            unknown,
+            f"{label}: this rank's inputs matched but {len(differing)} of {len(peers)} peer(s) in group {gname} "
+            f"had differing inputs (ranks {format_ranks(differing)}): a carrier of a difference that started elsewhere",
+        )
+    if unknown:
+        return GroupTest(
+            "receiver",
+            (),
+            unknown,
+            f"{label}: inputs matched here, but peers {format_ranks(unknown)} of group {gname} were not traced, so an "
+            "origin cannot be proven; treat it as received until they are",
+        )
+    return GroupTest(
+        "origin",
+        (),
+        (),
+        f"{label}: every rank of group {gname} ({len(group)} ranks) had matching inputs and the result differs: "
+        "the collective itself is nondeterministic (reduction order, algorithm, topology)",
+    )
+
+
+#: Verdicts that say a rank started the difference itself.
+_LOCAL_STARTS = ("origin", "source")
+
+
+def cross_rank(
+    rank: int,
+    step: int,
+    local: LocalVerdict,
+    label: str,
+    gname: str,
+    group: Sequence[int],
+    starts: Mapping[int, tuple[int, str]],
+    compared: Sequence[int],
+) -> GroupTest | None:
+    """The cross-rank test for a first difference that an uncaptured cross-rank reduction may
+    have carried (local verdict ``reduction``, or ``unobserved_producer`` in a multi-rank job).
+
+    ``starts``: compared rank -> (step, verdict) of its first difference (ranks without one are
+    clean). A peer of ``group`` started the difference when its first difference comes at an
+    earlier step, or at the same step as a local start (origin or source). Any such peer makes
+    this rank a ``receiver``; otherwise a ``reduction`` is an ``origin`` when every peer was
+    compared (a ``receiver`` that cannot be proven otherwise when some were not), and an
+    ``unobserved_producer`` stays one (None).
+    """
+    peers = [p for p in group if p != rank]
+    unknown = tuple(sorted(p for p in peers if p not in compared))
+    started = []
+    for p in peers:
+        got = starts.get(p)
+        if got is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS)):
+            started.append(p)
+    differing = tuple(sorted(started))
+    if differing:
+        return GroupTest(
+            "receiver",
+            differing,
+            unknown,
+            f"{label}: ranks {format_ranks(differing)} of group {gname} started a difference at or before step {step}, "
+            "and an uncaptured cross-rank reduction (data-parallel gradients) carries it here",
+        )
+    if local.verdict != "reduction":
+        return None
+    if unknown:
+        return GroupTest(
+            "receiver",
+            (),
+            unknown,
+            f"{label}: no compared rank of group {gname} started a difference, but ranks {format_ranks(unknown)} were "
+            "not compared, so a local start cannot be proven; treat it as received until they are",
+        )
+    return GroupTest("origin", (), (), local.explanation)
+
+
+def p2p_receiver(label: str, group: str | None) -> GroupTest:
+    """The verdict of a p2p receive whose output differs with matching local inputs."""
+    where = "" if group is None else " in group " + group
+    return GroupTest(
+        "receiver", (), (), f"{label}: received over p2p{where}; the difference started on the sending rank"
+    )
+
+
+def peer_state_from_found(
+    found: Mapping[int, Found], peer: int, step: int, call_hash: int, compared: Sequence[int]
+) -> str:
+    """A peer's state for a call without input records (e.g. reduced_grad), from the peer's own
+    first divergence: ``rule.SAME`` when it comes later (or is this call), ``rule.DIFFERS`` when
+    earlier, ``rule.UNKNOWN`` for a peer that was not compared."""
+    if peer not in compared:
+        return rule.UNKNOWN
+    f = found.get(peer)
+    if f is None:
+        return rule.SAME
+    rec = f.first.record
+    if rec.step > step or (rec.step == step and rec.call_hash == call_hash):
+        return rule.SAME
+    return rule.DIFFERS

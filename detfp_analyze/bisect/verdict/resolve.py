@@ -1,0 +1,155 @@
+"""The verdict stage: every walked record's final verdict (``resolve``), every test applied.
+
+Three passes over what the walk found: each rank's own records (``local.local_verdict``); the
+group-wide test of collectives, from the peers' inputs to the same call (``evidence.peer_inputs``,
+``peers.group_verdict``, ``peers.p2p_receiver``); then the cross-rank test of differences an
+uncaptured reduction may have carried, from every rank's first difference (``peers.cross_rank``).
+The answer is a ``RankVerdicts`` per rank (its ``first`` record's ``Verdict`` and, past a likely
+false root, its ``next_clean``'s): one of ``result.VERDICTS`` (an internal value left over fails
+loudly), with its explanation, what it depends on and its group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect.records import Extract, Found
+from detfp_analyze.bisect.result import check_verdict
+from detfp_analyze.bisect.scope import Scope
+from detfp_analyze.bisect.verdict.local import LocalVerdict, StepFacts, local_verdict
+from detfp_analyze.bisect.verdict.peers import (
+    GroupTest,
+    cross_rank,
+    group_of,
+    group_verdict,
+    p2p_receiver,
+    peer_state_from_found,
+)
+from detfp_analyze.io.reader import Run
+
+__all__ = ["RankVerdicts", "Verdict", "resolve"]
+
+#: depends_on of a receiver whose difference an uncaptured reduction carried.
+_UNCAPTURED_REDUCTION = (
+    "a cross-rank reduction the capture did not see (a DDP or FSDP gradient reduction, a C++ collective): "
+    "capture the wrapper (session.watch on it) or the collective, and see certify"
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict of one walked record."""
+
+    #: One of ``result.VERDICTS``.
+    verdict: str
+    #: One line explaining it.
+    explanation: str
+    #: What the capture could not see that it depends on, and what to capture next (or None).
+    depends_on: str | None = None
+    #: For unobserved_producer: the call that consumed the already-different input.
+    consumer: str | None = None
+    #: Set when the record sits on a view or copy op, which cannot create a difference.
+    contradiction: str | None = None
+    #: The group of a collective (or of the reduction a cross-rank test looked at), its ranks,
+    #: and the peers whose inputs (or first differences) differed.
+    group: str | None = None
+    group_ranks: tuple[int, ...] = ()
+    peers_differing: tuple[int, ...] = ()
+
+
+class RankVerdicts(NamedTuple):
+    """A rank's verdicts: of its ``Found.first`` and of its ``Found.next_clean`` (None without one)."""
+
+    first: Verdict
+    next_clean: Verdict | None
+
+
+#: Which of a rank's walked records: its first, or the next clean one past a likely false root.
+_Which = Literal["first", "next"]
+#: A walked record, within this module: (rank, which).
+_Slot = tuple[int, _Which]
+
+
+def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: GroupTest | None) -> Verdict:
+    verdict, explanation, depends = lv.verdict, lv.explanation, lv.depends_on
+    if test is not None:
+        verdict, explanation = test.verdict, test.explanation
+        if lv.verdict in ("reduction", "unobserved_producer") and verdict == "receiver":
+            depends = _UNCAPTURED_REDUCTION
+    return Verdict(
+        check_verdict(verdict),
+        explanation,
+        depends,
+        lv.consumer,
+        lv.contradiction,
+        group[0] if group else None,
+        group[1] if group else (),
+        test.peers_differing if test else (),
+    )
+
+
+def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) -> dict[int, RankVerdicts]:
+    """rank -> the verdicts of every record the walk found on it."""
+    compared = scope.ranks
+    restored = set(scope.boundary)
+    entry = restored | {r[0] for r in (scope.range_a, scope.range_b) if r is not None}
+    world = max([int(run_a.manifest(r).get("world_size") or 1) for r in compared] or [1])
+    every = _evidence.all_groups(run_a)
+    ranks_all = sorted(set(run_a.ranks) | set(run_b.ranks))
+    extracts: dict[_Slot, Extract] = {}
+    for r, f in found.items():
+        extracts[(r, "first")] = f.first
+        if f.next_clean is not None:
+            extracts[(r, "next")] = f.next_clean
+    # 1. Each rank's own records.
+    local: dict[_Slot, LocalVerdict] = {}
+    groups: dict[_Slot, tuple[str, tuple[int, ...]]] = {}
+    asks: list[tuple[int, int, int, tuple[int, ...]]] = []
+    for (r, which), ex in extracts.items():
+        rec = ex.record
+        facts = StepFacts(ex.kinds, rec.step in entry, rec.step in restored, world)
+        lv = local[(r, which)] = local_verdict(rec, ex.call, ex.upstream, facts)
+        if lv.verdict == "collective":
+            g = groups[(r, which)] = group_of(rec.name, rec.kind, _evidence.groups_of(run_a, r, every), ranks_all)
+            asks.append((r, rec.step, rec.call_hash, tuple(p for p in g[1] if p != r)))
+    # 2. The group-wide test of collectives.
+    peer_states = _evidence.peer_inputs(run_a, run_b, asks) if asks else {}
+    tests: dict[_Slot, GroupTest | None] = {}
+    for key, lv in local.items():
+        ex, group = extracts[key], groups.get(key)
+        rec, r = ex.record, key[0]
+        label = f"{rec.name} in {rec.module or '<root>'}"
+        test = None
+        if lv.verdict == "collective" and rec.kind == "p2p":
+            test = p2p_receiver(label, None if group is None else group[0])
+        elif lv.verdict == "collective" and group is not None:
+            own_inputs = [c for c in ex.call if c.role == "input"]
+            states = {}
+            for p in group[1]:
+                if p == r:
+                    continue
+                st = peer_states.get((p, rec.step, rec.call_hash))
+                if st is None and not own_inputs:
+                    st = peer_state_from_found(found, p, rec.step, rec.call_hash, compared)
+                states[p] = st or "unknown"
+            test = group_verdict(r, label, group[0], group[1], states)
+        tests[key] = test
+    # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
+    starts: dict[int, tuple[int, str]] = {}
+    for r, f in found.items():
+        key: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
+        test = tests[key]
+        starts[r] = (f.start.record.step, test.verdict if test is not None else local[key].verdict)
+    for key, lv in local.items():
+        if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
+            continue
+        rec = extracts[key].record
+        g = group_of(rec.name, "reduced_grad", _evidence.groups_of(run_a, key[0], every), ranks_all)
+        ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], g[1], starts, compared)
+        if ct is not None:
+            groups[key], tests[key] = g, ct
+    final = {key: _final(lv, groups.get(key), tests[key]) for key, lv in local.items()}
+    return {r: RankVerdicts(final[(r, "first")], final.get((r, "next"))) for r in found}

@@ -1,0 +1,270 @@
+"""The exact walk: from candidate steps to each rank's first divergent record (``records.Found``).
+
+Each rank's first candidate step is read on the narrow columns (``align.NARROW_COLUMNS``) for a
+batch of ranks, aligned with ``detfp_analyze.rule`` (``align``), and its first divergent row
+picked (resume boundary state first); steps with records on one side only are re-aligned with
+the call-site columns (shifted occurrence counters). The step is then judged as the rule says:
+a step that changes no value (only records under hazards, or calls in another order or number
+whose records all match: ``rule.VALUE`` and the same-calls test) is passed over for the rank's
+next candidate, a step whose first divergence is under a hazard with nothing clean after it is
+kept as a likely false root, and the first step that changes a value ends the rank's walk. Only
+the calls a verdict needs are then read in full (``enrich``). Both runs' sides of a read are
+collected concurrently, and the next batch is read while the current one is processed.
+Memory: two batches of WALK_BATCH rank-steps per run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import polars as pl
+
+from detfp_analyze import rule
+from detfp_analyze.bisect import align as _align
+from detfp_analyze.bisect import enrich as _enrich
+from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect, collect_pair
+from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
+from detfp_analyze.io import integrity as _integrity
+from detfp_analyze.io.reader import Run
+from detfp_analyze.rule.to_polars import to_polars
+from detfp_capture.contract import STATUSES
+
+__all__ = ["Progress", "walk"]
+
+#: progress(stage, done, total): called between batches; the CLI draws a bar with it.
+Progress = Callable[[str, int, int], None]
+#: An aligned row that is evidence of a value difference (``rule.VALUE``).
+_VALUE = to_polars(rule.VALUE)
+
+
+def _pairs_scan(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
+    steps = sorted(set(pairs.values()))
+    key = pl.DataFrame(
+        {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
+    )
+    lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(*columns, _align.HAZARD_FLAG)
+    # Status as an enum: the alignment compares it on every row, integers compare faster.
+    lf = lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
+    if len(steps) == 1:
+        return lf  # the scan already selects exactly these (rank, step) pairs: no join
+    return lf.join(key.lazy(), on=["rank", "step"], how="semi")
+
+
+def _read_pairs(
+    run_a: Run, run_b: Run, pairs: Mapping[int, int], columns: Sequence[str]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Both runs' records of the (rank, step) ``pairs``, prepared for the alignment (after
+    ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
+    a, b = collect_pair(_pairs_scan(run_a, pairs, columns), _pairs_scan(run_b, pairs, columns))
+    _integrity.check_stream(a, run_a.label)
+    _integrity.check_stream(b, run_b.label)
+    return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """A divergent row picked from one rank's narrow alignment, before its call is read in full."""
+
+    row: dict[str, Any]
+    #: A record of its call carries a hazard.
+    hz: bool
+    #: call_hash of the call just before it in the rank's order.
+    upstream_call: int | None
+    kinds: frozenset[str]
+    passed: str | None = None
+
+    @property
+    def key(self) -> RecordKey:
+        return RecordKey(int(self.row["rank"]), int(self.row["step"]), int(self.row["key_hash"]))
+
+    @property
+    def call(self) -> CallKey:
+        return CallKey(int(self.row["rank"]), int(self.row["step"]), int(self.row["call_hash"]))
+
+
+def _pick(al: pl.DataFrame, row: dict[str, Any]) -> _Pick:
+    """From one rank's narrow alignment: the divergent row, whether its call has a hazard, the
+    call one hop upstream and the record kinds the rank-step holds (what else the capture saw)."""
+    call = al.filter(pl.col("call_hash") == row["call_hash"])
+    start = call["o1"].min()
+    prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
+    upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
+    return _Pick(row, bool(call["hz"].any()), upstream, frozenset(al["kind"].unique().to_list()))
+
+
+def walk(
+    run_a: Run,
+    run_b: Run,
+    cands: Mapping[int, list[int]],
+    boundary: Sequence[int],
+    progress: Progress | None,
+    found: Mapping[int, Found] | None = None,
+) -> dict[int, Found]:
+    """rank -> Found for every rank with a divergence in its candidate steps (``cands``: rank ->
+    sorted steps whose rollups differ); ``boundary``: resume boundary steps.
+
+    ``found``: what an earlier walk of the same ranks' earlier steps found (a likely false root,
+    a passed-over step); the walk goes on from there and returns the updated mapping. A rank
+    whose steps all change no value has a ``Found`` whose ``passed`` is true.
+    """
+    found = dict(found or {})
+    todo = {r: list(s) for r, s in cands.items() if s}
+    total = len(todo)
+    # The next batch is read in a background thread while this one is aligned and enriched
+    # (the engine releases the GIL). Its (rank, step) pairs are fixed before this batch
+    # runs: a batch only ever changes the candidate lists of its own ranks.
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        while todo:
+            batches = chunks(sorted(todo), WALK_BATCH)
+            pending = pool.submit(_read_pairs, run_a, run_b, {r: todo[r][0] for r in batches[0]}, _align.NARROW_COLUMNS)
+            for i, batch in enumerate(batches):
+                pairs = {r: todo[r][0] for r in batch}
+                read = pending.result()
+                if i + 1 < len(batches):
+                    nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
+                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS)
+                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found)
+                if progress:
+                    progress("walk", len(found), total)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return found
+
+
+def _judge(part: pl.DataFrame, first: _Pick, nxt: _Pick | None, same_calls: Callable[[], bool]) -> str | None:
+    """Why the rank-step changes no value ("hazards", "structure"), or None when it does."""
+    # Framework bookkeeping whose control flow depends on the process (DDP's finalize order,
+    # FSDP's buffer alignment) moves records without changing a value: the state after it is equal.
+    values = part.filter(pl.col("value") & ~pl.col("hz")).height
+    if values and first.row["state"] in (rule.REORDERED, rule.SHIFTED) and same_calls():
+        values = 0  # the same calls, permuted within their families: occurrence keys only moved
+    if first.hz and nxt is None:
+        return "hazards"
+    return None if values else "structure"
+
+
+def _walk_batch(
+    run_a: Run,
+    run_b: Run,
+    pairs: Mapping[int, int],
+    read: tuple[pl.DataFrame, pl.DataFrame],
+    todo: dict[int, list[int]],
+    boundary: Sequence[int],
+    found: dict[int, Found],
+) -> None:
+    """One walk batch: align ``read`` (the batch's prepared sides), pick, judge, enrich; updates
+    ``found`` and advances or drops the batch's ranks in ``todo`` (both in place)."""
+    al = _align.align(*read)
+    # Steps with records on one side only: re-align with the call-site columns, so a shifted
+    # occurrence counter reads as structural, not as a value mismatch.
+    one_sided = al.filter(pl.col("state").is_in(rule.ONE_SIDED))["rank"].unique().to_list()
+    if one_sided:
+        sub = {r: pairs[r] for r in one_sided}
+        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
+        al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
+    firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
+    by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
+    # _pick only needs these columns: partitioning and filtering them per rank is far cheaper
+    # than the full aligned frame (same rows, same order, so the same picks).
+    slim = al.select("rank", "call_hash", "o1", "hz", "kind", _VALUE.alias("value"))
+    parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
+    picks: dict[int, tuple[_Pick | None, _Pick | None]] = {}
+    for r in pairs:
+        if r not in by_rank:
+            _advance(todo, r)  # only no-evidence differences (skipped records) in that step
+            continue
+        first = _pick(parts[r], by_rank[r])
+        nxt = None
+        if first.hz:
+            clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
+            if clean.height:
+                nxt = _pick(parts[r], clean.row(0, named=True))
+        passed = _judge(parts[r], first, nxt, lambda r=r: _same_calls(run_a, run_b, r, pairs[r]))
+        held = found.get(r)
+        # A false root (a step whose only divergences sit under hazards) stays the rank's first;
+        # a step that changes no value otherwise is passed over, kept only for the note on a
+        # rank where nothing else differs.
+        false_root = held is not None and held.first.passed == "hazards"
+        if passed is not None:
+            if held is None or (passed == "hazards" and not false_root):
+                picks[r] = (replace(first, passed=passed), None)
+            _advance(todo, r)  # keep looking for a divergence in the rank's later steps
+            continue
+        # After a false root, this step's first clean divergence is the next one.
+        picks[r] = (None, nxt or first) if false_root else (first, nxt)
+        del todo[r]
+    extracts = _extracts(run_a, run_b, al, picks)
+    for r, (pf, pn) in picks.items():
+        first_ex = extracts[(r, "first")] if pf is not None else found[r].first
+        found[r] = Found(first_ex, extracts.get((r, "next")) if pn is not None else None)
+
+
+def _extracts(
+    run_a: Run, run_b: Run, al: pl.DataFrame, picks: Mapping[int, tuple[_Pick | None, _Pick | None]]
+) -> dict[tuple[int, str], Extract]:
+    """(rank, "first"|"next") -> Extract for every pick: its call, upstream call and details read in full."""
+    calls: set[CallKey] = set()
+    keys: set[RecordKey] = set()
+    for pf, pn in picks.values():
+        for p in (pf, pn):
+            if p is not None:
+                calls.add(p.call)
+                keys.add(p.key)
+                if p.upstream_call is not None:
+                    calls.add(CallKey(p.call.rank, p.call.step, p.upstream_call))
+    if not calls:
+        return {}
+    rich, det_a, det_b = _enrich.enrich(run_a, run_b, al, calls, keys)
+    parts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()}
+    out: dict[tuple[int, str], Extract] = {}
+    for r, (pf, pn) in picks.items():
+        for which, p in (("first", pf), ("next", pn)):
+            if p is None:
+                continue
+            rr = parts[r]
+            call = tuple(Aligned.from_row(c) for c in rr.filter(pl.col("call_hash") == p.call.call_hash).to_dicts())
+            rec = next(c for c in call if c.key_hash == p.key.key_hash and c.dup == int(p.row["dup"]))
+            upstream = None
+            if p.upstream_call is not None:
+                up = rr.filter(pl.col("call_hash") == p.upstream_call)
+                if up.height:
+                    upstream = Aligned.from_row(up.sort("o1").row(0, named=True)).label
+            _integrity.check_shapes(
+                [{"rank": c.rank, "step": c.step, "shape_a": c.shape_a, "shape_b": c.shape_b} for c in call],
+                f"{run_a.label} vs {run_b.label}",
+                ("shape_a", "shape_b"),
+            )
+            details = (det_a.get(p.key), det_b.get(p.key))
+            out[(r, which)] = Extract(rec, call, _enrich.hazard_names(call), upstream, details, p.kinds, p.hz, p.passed)
+    return _enrich.with_twins(run_a, run_b, al, out)
+
+
+def _same_calls(run_a: Run, run_b: Run, rank: int, step: int) -> bool:
+    """Whether both runs made the same calls in the rank-step, up to their order within each
+    call-site family (``rule.SIGNATURE``, ``rule.FAMILY``): per family, the multiset of calls is
+    equal. Occurrence numbers key the alignment, so calls in another order (DDP copying its
+    buckets back in the order it packed them) read as values that differ; this is the exact
+    check, read only for a step whose first difference is such a reordering."""
+
+    def calls(run: Run) -> pl.DataFrame:
+        lf = run.scan("records", ranks=[rank], steps=[step]).filter(pl.col("step") == step)
+        sig = pl.concat_str([to_polars(c).cast(pl.String).fill_null("-") for c in rule.SIGNATURE], separator="\x1f")
+        per_call = (
+            lf.select(*rule.FAMILY, "call_hash", sig.alias("sig"))
+            .group_by(*rule.FAMILY, "call_hash")
+            .agg(pl.col("sig").sort().str.join("\x1e").alias("call"))
+        )
+        return collect(per_call.group_by(*rule.FAMILY).agg(pl.col("call").sort()).sort(*rule.FAMILY))
+
+    return calls(run_a).equals(calls(run_b))
+
+
+def _advance(todo: dict[int, list[int]], r: int) -> None:
+    """Move rank ``r`` on to its next candidate step (dropping it after the last)."""
+    todo[r].pop(0)
+    if not todo[r]:
+        del todo[r]

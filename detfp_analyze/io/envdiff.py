@@ -1,0 +1,215 @@
+"""Diff two runs' manifests: is a bitwise comparison of them meaningful at all?
+
+Pipeline: flatten each rank's latest manifest into dotted keys (``versions.torch``,
+``determinism.num_threads``, ``env.CUBLAS_WORKSPACE_CONFIG``, ``parallel.tp``, ...) ->
+for every key, compare A and B. A fact that is the same on every rank of a run is
+reported once (``rank`` None); a fact that varies by rank (parallel coordinates, host
+names, local ranks) is compared rank by rank and reported per rank where it differs.
+Keys that always differ between two launches and say nothing about numerics (rank,
+segment, the command line, the output directory) are left out; ``start_step`` is the
+resume logic's business (``resume.py``).
+
+``blocking`` entries (world size, parallel layout and process groups, digest and schema
+versions) make a comparison meaningless: every record would differ or records would be
+matched to the wrong peer. ``check_comparable`` raises IncomparableError for them unless
+forced. Everything here is a pure function of manifest dicts; ``env_diff`` only reads them
+off two opened runs. A manifest holds the determinism settings of the run's first step; a
+setting changed later is a ``setting_changed`` event, which ``setting_changes`` lists.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from detfp_analyze.errors import IncomparableError
+from detfp_analyze.io.reader import Run, as_run
+
+__all__ = [
+    "EnvDiff",
+    "SettingChange",
+    "check_comparable",
+    "drop_keys",
+    "env_diff",
+    "flatten_manifest",
+    "manifest_diff",
+    "setting_changes",
+]
+
+#: Top-level manifest keys that never say anything about numerics (always differ per rank or launch).
+_IGNORED = frozenset({"rank", "segment", "start_step", "command"})
+#: Capture options naming where the trace went: always differ between two runs.
+_IGNORED_CAPTURE = frozenset({"capture.out", "capture.dir", "capture.run_dir", "capture.path"})
+#: Keys (exact or prefix before a dot) whose difference makes a bitwise comparison meaningless.
+_BLOCKING_EXACT = frozenset({"world_size", "digest_version", "digest_algorithm", "schema_version"})
+_BLOCKING_PREFIX = ("parallel.", "groups.")
+
+
+@dataclass(frozen=True)
+class EnvDiff:
+    """One manifest fact that differs between run A and run B."""
+
+    #: Dotted key, e.g. ``determinism.num_threads`` or ``env.NCCL_ALGO``.
+    key: str
+    #: Value in run A (JSON value; None when absent or null).
+    a: Any
+    #: Value in run B.
+    b: Any
+    #: The rank this entry is about, or None when the fact is the same on every rank of each run.
+    rank: int | None = None
+    #: True when the difference makes a bitwise comparison meaningless (see ``check_comparable``).
+    blocking: bool = False
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON form: ``{key, a, b, rank, blocking}``."""
+        return {"key": self.key, "a": self.a, "b": self.b, "rank": self.rank, "blocking": self.blocking}
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A determinism setting that changed between two steps of one run (a ``setting_changed`` event)."""
+
+    rank: int
+    #: The step that began with the new setting.
+    step: int
+    #: ``key: old -> new`` for each changed setting.
+    detail: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "step": self.step, "detail": self.detail}
+
+
+def setting_changes(run: Run) -> tuple[SettingChange, ...]:
+    """Every ``setting_changed`` event of ``run``, sorted by rank then step."""
+    ev = run.scan("events").filter(pl.col("type") == "setting_changed").select("rank", "step", "detail").collect()
+    return tuple(sorted(SettingChange(int(r), int(s), d or "") for r, s, d in ev.iter_rows()))
+
+
+def _is_blocking(key: str) -> bool:
+    return key in _BLOCKING_EXACT or key.startswith(_BLOCKING_PREFIX) or f"{key}." in _BLOCKING_PREFIX
+
+
+def flatten_manifest(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted-key view of one manifest; lists stay values (compared whole), dicts are walked."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        # An empty object contributes no fact: {} vs {"tp_size": 2} is one key, not two.
+        if isinstance(value, Mapping):
+            for k in value:
+                walk(f"{prefix}.{k}" if prefix else str(k), value[k])
+        else:
+            out[prefix] = value
+
+    for key in manifest:
+        if key in _IGNORED:
+            continue
+        walk(str(key), manifest[key])
+    for key in _IGNORED_CAPTURE:
+        out.pop(key, None)
+    return out
+
+
+def _canon(value: Any) -> str:
+    # Compare JSON values by their canonical text: 1 == 1.0 == True must not hide a difference.
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def manifest_diff(
+    manifests_a: Mapping[int, Mapping[str, Any]], manifests_b: Mapping[int, Mapping[str, Any]]
+) -> tuple[EnvDiff, ...]:
+    """Diff per-rank manifests (rank -> manifest dict) of two runs; sorted by (key, rank).
+
+    A rank present in only one of the runs contributes nothing (the reader and the rank
+    selection report missing ranks); ``world_size`` catches different job sizes.
+    """
+    flat_a = {r: flatten_manifest(m) for r, m in manifests_a.items()}
+    flat_b = {r: flatten_manifest(m) for r, m in manifests_b.items()}
+    ranks = sorted(set(flat_a) & set(flat_b))
+    if not ranks:
+        # No common rank (e.g. disjoint selections): compare the lowest rank of each side.
+        if flat_a and flat_b:
+            ra, rb = min(flat_a), min(flat_b)
+            return _diff_pairs({None: (flat_a[ra], flat_b[rb])})
+        return ()
+    keys = sorted(set().union(*(flat_a[r].keys() | flat_b[r].keys() for r in ranks)))
+    out: list[EnvDiff] = []
+    for key in keys:
+        va = [_canon(flat_a[r].get(key)) for r in ranks]
+        vb = [_canon(flat_b[r].get(key)) for r in ranks]
+        if va == vb:
+            continue
+        if len(set(va)) == 1 and len(set(vb)) == 1:
+            r0 = ranks[0]
+            out.append(EnvDiff(key, flat_a[r0].get(key), flat_b[r0].get(key), None, _is_blocking(key)))
+            continue
+        for r, ca, cb in zip(ranks, va, vb, strict=False):
+            if ca != cb:
+                out.append(EnvDiff(key, flat_a[r].get(key), flat_b[r].get(key), r, _is_blocking(key)))
+    return tuple(sorted(out, key=lambda d: (d.key, -1 if d.rank is None else d.rank)))
+
+
+def _diff_pairs(pairs: Mapping[Any, tuple[dict, dict]]) -> tuple[EnvDiff, ...]:
+    out = []
+    for rank, (fa, fb) in pairs.items():
+        for key in sorted(fa.keys() | fb.keys()):
+            if _canon(fa.get(key)) != _canon(fb.get(key)):
+                out.append(EnvDiff(key, fa.get(key), fb.get(key), rank, _is_blocking(key)))
+    return tuple(out)
+
+
+def _latest(run: Run, ranks: Iterable[int] | None) -> dict[int, dict]:
+    wanted = None if ranks is None else set(ranks)
+    out = {}
+    for rank, segs in run.manifests.items():
+        if segs and (wanted is None or rank in wanted):
+            out[int(rank)] = dict(segs[-1])
+    return out
+
+
+def env_diff(run_a: Run | str, run_b: Run | str, *, ranks: Iterable[int] | None = None) -> tuple[EnvDiff, ...]:
+    """Manifest diff of two runs (``reader.Run`` or run directories), each rank's latest segment.
+
+    ``world_size`` is taken from the runs themselves too, so a job that lost ranks still
+    shows a different size even when no single manifest says so.
+    """
+    run_a, run_b = as_run(run_a), as_run(run_b)
+    diffs = list(manifest_diff(_latest(run_a, ranks), _latest(run_b, ranks)))
+    if run_a.world_size != run_b.world_size and not any(d.key == "world_size" for d in diffs):
+        diffs.append(EnvDiff("world_size", run_a.world_size, run_b.world_size, None, True))
+    return tuple(sorted(diffs, key=lambda d: (d.key, -1 if d.rank is None else d.rank)))
+
+
+def drop_keys(diffs: Iterable[EnvDiff], patterns: Sequence[str]) -> tuple[tuple[EnvDiff, ...], tuple[str, ...]]:
+    """Leave out the differences whose key matches a pattern (a shell glob on the dotted key:
+    ``git.commit``, ``host.*``, ``env.NCCL_*``): (the rest, the keys left out, sorted and unique).
+
+    For keys a golden-trace gate expects to differ between the golden run and a CI run. A
+    blocking key left out no longer blocks the comparison: the caller asked for that.
+    """
+    kept, dropped = [], set()
+    for d in diffs:
+        if any(fnmatch.fnmatchcase(d.key, p) for p in patterns):
+            dropped.add(d.key)
+        else:
+            kept.append(d)
+    return tuple(kept), tuple(sorted(dropped))
+
+
+def check_comparable(diffs: Iterable[EnvDiff], *, label_a: str = "A", label_b: str = "B", force: bool = False) -> None:
+    """Raise IncomparableError naming the first blocking difference, unless ``force``."""
+    blocking = [d for d in diffs if d.blocking]
+    if not blocking or force:
+        return
+    d = blocking[0]
+    where = "" if d.rank is None else f" on rank {d.rank}"
+    more = f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""
+    raise IncomparableError(
+        f"{label_a} vs {label_b}: {d.key} differs{where} ({_canon(d.a)} vs {_canon(d.b)}){more}, "
+        "so records cannot be compared bit for bit; rerun with matching settings or pass --force"
+    )

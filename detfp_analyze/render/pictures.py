@@ -1,0 +1,112 @@
+"""Every picture of one bisect, in one call: frames from ``figdata``, figures from ``figures``.
+
+``bisect_pictures(result, a, b)`` is the facade the ``plot`` command, the HTML report and
+notebooks share: it lays the ranks out (``layout.rank_layout``), computes each frame once and
+draws it. A picture that has nothing to show (no divergent record, no metric, no origin op) is
+left out with the reason, never drawn empty. Writing files is the caller's business.
+
+    pics = bisect_pictures(result, run_a, run_b)
+    for p in pics.figures: open(f"{p.name}.png", "wb").write(figure_bytes(p.figure, "png"))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from detfp_analyze._deps import require
+from detfp_analyze.bisect.result import BisectResult
+from detfp_analyze.io.reader import Run, as_run
+from detfp_analyze.render import figdata, figures
+from detfp_analyze.render.layout import rank_layout
+
+__all__ = ["NAMES", "Picture", "Pictures", "bisect_pictures"]
+
+#: Picture names, in the order they are drawn and listed.
+NAMES = ("ranks_steps", "ranks_modules", "metrics", "discriminator")
+
+
+@dataclass(frozen=True)
+class Picture:
+    """One drawn picture."""
+
+    #: One of NAMES (the file stem the ``plot`` command writes).
+    name: str
+    #: One line saying what it shows.
+    caption: str
+    #: The matplotlib Figure.
+    figure: Any
+    #: The frame it was drawn from (``figdata``).
+    frame: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """The pictures of one bisect and why any were left out."""
+
+    figures: tuple[Picture, ...]
+    #: (name, reason) of pictures with nothing to show.
+    skipped: tuple[tuple[str, str], ...]
+    #: The rank layout the heatmaps used (``layout.rank_layout``).
+    layout: pl.DataFrame
+
+    def get(self, name: str) -> Picture | None:
+        """The picture called ``name``, or None when it was skipped."""
+        return next((p for p in self.figures if p.name == name), None)
+
+
+def bisect_pictures(
+    result: BisectResult,
+    a: Run | str | os.PathLike[str],
+    b: Run | str | os.PathLike[str],
+    *,
+    max_rows: int = 256,
+) -> Pictures:
+    """Draw the pictures of ``result`` (a bisect of ``a`` and ``b``): ranks x steps, ranks x modules
+    at the first divergent step, metric curves with ``|A - B|``, and the discriminator.
+
+    Reads the first divergent step's records and the window's metrics again (the result does not
+    hold them). Raises OptionalDependencyError without matplotlib and UnknownStateError for a
+    verdict the pictures have no colour for.
+    """
+    require("matplotlib")
+    ra, rb = as_run(a), as_run(b)
+    ranks = sorted({*result.window.ranks, *result.window.one_sided_ranks})
+    layout = rank_layout(ra, ranks)
+    done: list[Picture] = []
+    skipped: list[tuple[str, str]] = []
+    origin = result.diagnosis.origin_ranks
+    if result.window.steps is None or not ranks:
+        skipped.append(("ranks_steps", "the runs share no compared rank and step"))
+    else:
+        f = figdata.rank_step_frame(result, layout=layout)
+        fig = figures.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows)
+        done.append(Picture("ranks_steps", "each rank's state per step, origin ranks marked", fig, f))
+    step = figdata.first_record_step(result)
+    if step is None:
+        skipped.append(("ranks_modules", "no record differs, so there is no divergent step to open"))
+    else:
+        f = figdata.module_frame(ra, rb, result, step=step, layout=layout)
+        fig = figures.rank_module_figure(f, layout=layout, step=step, max_rows=max_rows)
+        done.append(Picture("ranks_modules", f"where each rank's first difference appeared in step {step}", fig, f))
+    m = figdata.metric_frame(ra, rb, ranks=result.window.ranks, steps=result.window.steps)
+    if m.is_empty():
+        skipped.append(("metrics", "neither run recorded a metric in the compared window"))
+    else:
+        rank = result.diff_rank if result.diff_rank is not None else None
+        fig = figures.metric_figure(m, rank=rank if rank in set(m["rank"].to_list()) else None, first_record_step=step)
+        done.append(Picture("metrics", "metrics of A and B per step, and |A - B| on a log scale", fig, m))
+    d = figdata.discriminator_frame(result)
+    if d.is_empty() or result.discriminator is None:
+        why = f"pattern {result.diagnosis.pattern}" if result.diverged else "the runs are identical"
+        skipped.append(("discriminator", f"no origin op to discriminate ({why})"))
+    else:
+        disc = result.discriminator
+        fig = figures.discriminator_figure(d, op=disc.op, ranks=disc.ranks, steps=disc.steps)
+        done.append(
+            Picture("discriminator", f"calls of {disc.op} that differ vs match, by module, dtype, shape", fig, d)
+        )
+    return Pictures(tuple(done), tuple(skipped), layout)

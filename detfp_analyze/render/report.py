@@ -1,0 +1,184 @@
+"""Text report of a ``BisectResult``: concise, byte-stable, for a terminal or a CI log.
+
+``render_text`` is a pure function of the result: no timestamps, no colours, runs named
+by the labels the user gave, every list sorted. Ranks with the same outcome (same step,
+verdict and record) are folded into one line with a rank range, so a 1,024-rank job with
+one pattern prints a handful of lines. ``render_env`` prints the manifest diff alone
+(``detfp-analyze env``). Sections: header, environment, window/resume, ranks, diagnosis,
+difference, discriminator, notes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult
+from detfp_analyze.io.envdiff import EnvDiff, SettingChange
+from detfp_analyze.ranks import format_ranks
+
+__all__ = ["render_env", "render_text"]
+
+
+def _v(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, default=str)
+
+
+def render_env(
+    diffs: Sequence[EnvDiff],
+    label_a: str,
+    label_b: str,
+    changes: tuple[Sequence[SettingChange], Sequence[SettingChange]] = ((), ()),
+) -> str:
+    """The manifest diff as text: one line per differing key (``key [rank R]: a -> b``), then the
+    determinism settings each run changed during the run (``run A [rank R] before step S: ...``)."""
+    lines = [f"A = {label_a}", f"B = {label_b}"]
+    if not diffs:
+        lines.append("manifests: no difference")
+    else:
+        lines.append(f"manifests: {len(diffs)} difference(s)")
+        for d in diffs:
+            where = "" if d.rank is None else f" [rank {d.rank}]"
+            flag = "  (blocks comparison)" if d.blocking else ""
+            lines.append(f"  {d.key}{where}: {_v(d.a)} -> {_v(d.b)}{flag}")
+    if changes[0] or changes[1]:
+        lines.append("settings changed during a run (the manifests hold those of the first step):")
+        for side, cs in zip("AB", changes, strict=True):
+            lines.extend(f"  run {side} [rank {c.rank}] {c.detail}" for c in cs)
+    return "\n".join(lines) + "\n"
+
+
+def _where(d: Divergence) -> str:
+    parts = [d.phase]
+    if d.module is not None:
+        parts.append(d.module or "<root>")
+    if d.op is not None:
+        parts.append(f"{d.kind}:{d.op}")
+    parts.append(f"{d.role} {d.arg}".strip())
+    if d.microbatch >= 0:
+        parts.append(f"mb {d.microbatch}")
+    return " ".join(parts)
+
+
+def _div_key(d: Divergence | None) -> tuple:
+    if d is None:
+        return ()
+    return (d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence)
+
+
+def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
+    out = []
+    if d.explanation:
+        out.append(f"{indent}{d.explanation}")
+    if single and (d.seq_a is not None or d.seq_b is not None):
+        out.append(
+            f"{indent}seq A {d.seq_a if d.seq_a is not None else '-'} / B {d.seq_b if d.seq_b is not None else '-'}"
+        )
+    if d.contradiction:
+        out.append(f"{indent}contradiction: {d.contradiction}")
+    if d.depends_on:
+        out.append(f"{indent}not captured: {d.depends_on}")
+    if d.hazards:
+        out.append(f"{indent}hazards: {', '.join(d.hazards)} (likely false root)")
+    if d.kernels is not None:
+        k = d.kernels
+        if k.same:
+            out.append(f"{indent}kernels: same kernels, different result: {', '.join(k.a) or '-'}")
+        else:
+            out.append(
+                f"{indent}kernels: different kernel selected: A {', '.join(k.a) or '-'} | B {', '.join(k.b) or '-'}"
+            )
+    if d.diff is not None and d.diff.detail:
+        out.append(f"{indent}difference: {d.diff.kind} ({d.diff.confirmed}): {d.diff.detail}")
+    return out
+
+
+def _rank_groups(ranks: Sequence[RankResult]) -> list[tuple[list[int], RankResult]]:
+    groups: dict[tuple, list[RankResult]] = {}
+    for r in ranks:
+        key = (r.status, r.step, r.verdict, _div_key(r.first), _div_key(r.next_clean), r.metric_step, r.metric_name)
+        groups.setdefault(key, []).append(r)
+    out = [([x.rank for x in rs], rs[0]) for rs in groups.values()]
+    out.sort(key=lambda g: (g[1].status == "identical", g[0][0]))
+    return out
+
+
+def render_text(result: BisectResult) -> str:
+    """The whole bisect report as text (ends with a newline)."""
+    r = result
+    lines = [f"A = {r.label_a}", f"B = {r.label_b}"]
+    if r.status == "identical":
+        lines.append("status: identical")
+    else:
+        lines.append(f"status: diverged, first at step {r.first_step}; pattern {r.diagnosis.pattern}")
+    if r.env_diff:
+        lines.append(f"environment: {len(r.env_diff)} difference(s)")
+        for d in r.env_diff:
+            where = "" if d.rank is None else f" [rank {d.rank}]"
+            lines.append(f"  {d.key}{where}: {_v(d.a)} -> {_v(d.b)}{' (blocking, forced)' if d.blocking else ''}")
+    else:
+        lines.append("environment: no difference")
+    w = r.window
+    span = lambda s: "-" if s is None else f"{s[0]}-{s[1]}"  # noqa: E731
+    lines.append(
+        f"window: steps {span(w.steps)} (A {span(w.steps_a)}, B {span(w.steps_b)}), "
+        f"ranks {format_ranks(w.ranks) or '-'}, level {w.level}"
+    )
+    if r.resume.note:
+        lines.append(f"resume: {r.resume.note}")
+    if r.resume.resumed:
+        lines.append(
+            f"  boundary state at step {r.resume.first_common_step}: {r.resume.boundary_differing} of "
+            f"{r.resume.boundary_compared} param/optimizer_state/rng_state records differ"
+        )
+    lines.append("ranks:")
+    for ranks, rr in _rank_groups(r.ranks):
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+        if rr.status == "identical":
+            lines.append(f"  {who}: identical")
+            continue
+        metric = ""
+        if rr.metric_step is not None:
+            metric = f"; {rr.metric_name} differs from step {rr.metric_step}"
+        if rr.first is None:
+            step = rr.record_step if rr.record_step is not None else rr.step
+            verdict = rr.verdict or "records differ"
+            lines.append(f"  {who}: step {step} {verdict}{metric}")
+            if rr.verdict == "metric_only":
+                lines.append("    metrics differ but no captured record does: widen the capture")
+            continue
+        d = rr.first
+        lines.append(f"  {who}: step {d.step} {d.verdict} at {_where(d)}{metric}")
+        lines.extend(_div_lines(d, len(ranks) == 1, "    "))
+        if rr.next_clean is not None:
+            n = rr.next_clean
+            lines.append(f"    next divergence without hazards: step {n.step} {n.verdict} at {_where(n)}")
+            lines.extend(_div_lines(n, len(ranks) == 1, "      "))
+    dg = r.diagnosis
+    lines.append(f"diagnosis: {dg.pattern}")
+    if dg.origin_ranks:
+        lines.append(f"  origin ranks: {format_ranks(dg.origin_ranks)}")
+    if dg.shared_coordinates:
+        coords = ", ".join(f"{k}={v}" for k, v in sorted(dg.shared_coordinates.items()))
+        lines.append(f"  shared parallel coordinates: {coords}")
+    lines.append(f"  {dg.explanation}")
+    if r.diff is not None:
+        lines.append(f"difference at rank {r.diff_rank}: {r.diff.kind}, confirmed by {r.diff.confirmed}")
+        if r.diff.detail:
+            lines.append(f"  {r.diff.detail}")
+    if r.discriminator is not None and r.discriminator.rows:
+        ds = r.discriminator
+        lines.append(
+            f"discriminator: {ds.op} on ranks {format_ranks(ds.ranks)}, step(s) {', '.join(map(str, ds.steps))}"
+        )
+        for row in ds.rows:
+            shape = "x".join(map(str, row.shape)) if row.shape is not None else "-"
+            lines.append(
+                f"  divergent {row.divergent:>4} clean {row.clean:>4}  {row.phase} {row.module or '<root>'} "
+                f"{row.dtype or '-'} [{shape}]"
+            )
+    if r.notes:
+        lines.append("notes:")
+        lines.extend(f"  {n}" for n in r.notes)
+    return "\n".join(lines) + "\n"
