@@ -141,7 +141,7 @@ class Runner:
 
 def _worker(config: str, args, out_root: str, conn) -> None:
     """One configuration in its own process: step on each request, answer with the step time."""
-    from detfp_capture import _steps
+    from detfp_capture._sources import steps as _steps
 
     # Capture also flushes at a step end when the last flush is 20 s old. Interleaved with the
     # other configurations, a configuration's own steps are a small fraction of the wall clock,

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from detfp_capture._config import check_mapping, make_config
-from detfp_capture._hazards import HazardTracker
-from detfp_capture._hooks import NODE_KEY, ModuleHooks
-from detfp_capture._state import Recorder
-from detfp_capture._steps import StepRecording
+from detfp_capture._recorder.hazards import HazardTracker
+from detfp_capture._recorder.recorder import Recorder
+from detfp_capture._sources.modules import NODE_KEY, ModuleHooks
+from detfp_capture._sources.steps import StepRecording
 from detfp_capture.errors import ConfigError
 
 __all__ = ["Session"]
@@ -204,7 +204,7 @@ class Session(StepRecording):
             self._disable_at_start(exc)
             return
         if cfg.depth >= 1:
-            from detfp_capture._collectives import CollectiveTracer
+            from detfp_capture._sources.collectives import CollectiveTracer
 
             self._collectives = CollectiveTracer(self)
             self._collectives.install()
@@ -212,7 +212,7 @@ class Session(StepRecording):
             for name in self._group_names:
                 self._collectives.name_of(self._group_names[name])
         if cfg.depth >= 2:
-            from detfp_capture._dispatch import CaptureMode
+            from detfp_capture._sources.dispatch import CaptureMode
 
             self._mode = CaptureMode(self)
             self._patch_syncs()

@@ -219,8 +219,8 @@ def test_dumps_and_moments(tmp_path):
 
 
 def test_capture_error_disables_and_training_continues(tmp_path, baseline, monkeypatch):
-    from detfp_capture import _state
-    from detfp_capture._staging import Staging
+    from detfp_capture._digest.staging import Staging
+    from detfp_capture._recorder import recorder as _state
 
     def broken(*a, **k):
         raise RuntimeError("planted failure")
@@ -406,7 +406,7 @@ def test_capture_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
     # Capture pauses the cyclic collector around its bulk work (flush, batches): never beyond it.
     import gc
 
-    from detfp_capture._batching import gc_paused
+    from detfp_capture._recorder.deferred import gc_paused
 
     was = gc.isenabled()
     try:
@@ -467,7 +467,7 @@ def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
 def _reference_mark_graph(outputs, inputs, path, since=-1):
     # The plain walk _hooks._mark_graph must agree with: from the outputs back to the inputs,
     # through every node, tagging the untagged ones and stopping at other modules' nodes.
-    from detfp_capture._hooks import NODE_KEY
+    from detfp_capture._sources.modules import NODE_KEY
 
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -566,7 +566,7 @@ def test_module_tags_of_autograd_nodes_match_the_plain_walk(tmp_path, monkeypatc
     # regions must tag every node exactly as walking through them does.
     import importlib.util
 
-    from detfp_capture import _hooks
+    from detfp_capture._sources import modules as _hooks
 
     def run(name):
         torch.manual_seed(0)

@@ -17,9 +17,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from detfp_capture import _digest_core as core
-from detfp_capture import _digest_types as T
-from detfp_capture import digest as D
+from detfp_capture._digest import pending as D
+from detfp_capture._digest import core
+from detfp_capture._digest import results as T
 from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint, resolve, start
 
 FAST = settings(max_examples=30, deadline=None)
@@ -540,7 +540,7 @@ def test_cuda_graph_capture_gives_an_error_marker_not_a_recorded_digest():
 
 
 def test_hex_rendering_with_and_without_numpy(monkeypatch):
-    from detfp_capture._resolve import _hex_words
+    from detfp_capture._digest.resolve import _hex_words
 
     words = torch.tensor([0, -1, 1, -(2**63), 2**63 - 1, 0x0123456789ABCDEF], dtype=torch.int64)
     want = "".join(f"{w & (2**64 - 1):016x}" for w in words.tolist())

@@ -8,7 +8,7 @@ import textwrap
 
 import polars as pl
 
-from detfp_capture._launcher import main
+from detfp_capture._sources.launcher import main
 from tests.test_capture_models import read
 
 SCRIPT = textwrap.dedent(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture import digest
-from detfp_capture._batchdigest import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, _finish, fill
+from detfp_capture._digest import core
+from detfp_capture._digest import pending as digest
+from detfp_capture._digest.batched import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, _finish, fill
 
 __all__ = ["Staging"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture._digest_types import Fingerprint, Moments, _fingerprint_fast
+from detfp_capture._digest import core
+from detfp_capture._digest.results import Fingerprint, Moments, _fingerprint_fast
 
 __all__ = ["RawDigest", "resolve", "resolve_raw", "resolve_rows"]
 

@@ -419,7 +419,7 @@ class CollectiveTracer:
     @staticmethod
     def _started(t: torch.Tensor) -> tuple:
         from detfp_capture import digest
-        from detfp_capture._state import Slot, dtype_str
+        from detfp_capture._recorder.recorder import Slot, dtype_str
 
         return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture import digest
+from detfp_capture._digest import core
+from detfp_capture._digest import pending as digest
 
 __all__ = ["BATCHED", "BatchLanes", "fill", "start_many"]
 

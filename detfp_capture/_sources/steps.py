@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from detfp_capture import contract
-from detfp_capture._records import flat_args
+from detfp_capture._recorder.records import flat_args
 
 __all__ = ["StepRecording"]
 
@@ -87,7 +87,7 @@ class StepRecording:
             rec.leave()
         if self._cfg.kernels is not None and n in self._cfg.kernels and self._depth >= 2:
             try:
-                from detfp_capture._kernels import KernelCapture
+                from detfp_capture._sources.kernels import KernelCapture
 
                 self._kernels = KernelCapture(rec)
                 self._kernels.start()

@@ -7,10 +7,10 @@ because it runs once per flush window, off the per-record hot path.
 
 from __future__ import annotations
 
-from detfp_capture._batchdigest import BATCHED
-from detfp_capture._batching import Slot
-from detfp_capture._records import RecordBuffer, record_columns
-from detfp_capture._resolve import resolve_raw, resolve_rows
+from detfp_capture._digest.batched import BATCHED
+from detfp_capture._digest.resolve import resolve_raw, resolve_rows
+from detfp_capture._recorder.deferred import Slot
+from detfp_capture._recorder.records import RecordBuffer, record_columns
 
 __all__ = ["FlushTables"]
 

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from detfp_capture._batching import storage_ptrs
-from detfp_capture._hazards import UNINIT, storage_key
-from detfp_capture._hooks import NODE_KEY
-from detfp_capture._records import flat_args
+from detfp_capture._recorder.deferred import storage_ptrs
+from detfp_capture._recorder.hazards import UNINIT, storage_key
+from detfp_capture._recorder.records import flat_args
+from detfp_capture._sources.modules import NODE_KEY
 
 __all__ = ["CaptureMode", "OpInfo"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from detfp_capture._stable import stable_text
+from detfp_capture._digest.stable import stable_text
 
 __all__ = ["ARGS_TEXT_MAX", "RecordBuffer", "args_digest_text", "args_text", "flat_args", "record_columns"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from detfp_capture import digest
-from detfp_capture._batchdigest import BATCHED, start_many
-from detfp_capture._staging import Staging
+from detfp_capture._digest.batched import BATCHED, start_many
+from detfp_capture._digest.staging import Staging
 
 __all__ = ["Batching", "Slot", "dtype_str", "gc_paused"]
 

@@ -27,13 +27,14 @@ from typing import Any
 
 import torch
 
-from detfp_capture import _columns, contract, digest
-from detfp_capture._batchdigest import start_many
-from detfp_capture._batching import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused, storage_ptrs
+from detfp_capture import contract, digest
 from detfp_capture._config import CaptureConfig
-from detfp_capture._records import RecordBuffer
-from detfp_capture._staging import Staging
-from detfp_capture._tables import FlushTables
+from detfp_capture._digest.batched import start_many
+from detfp_capture._digest.staging import Staging
+from detfp_capture._recorder import columns as _columns
+from detfp_capture._recorder.deferred import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused, storage_ptrs
+from detfp_capture._recorder.flush import FlushTables
+from detfp_capture._recorder.records import RecordBuffer
 
 __all__ = ["Recorder", "Slot"]
 
