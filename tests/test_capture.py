@@ -219,8 +219,8 @@ def test_dumps_and_moments(tmp_path):
 
 
 def test_capture_error_disables_and_training_continues(tmp_path, baseline, monkeypatch):
+    from detfp_capture import digest
     from detfp_capture._digest.staging import Staging
-    from detfp_capture._recorder import recorder as _state
 
     def broken(*a, **k):
         raise RuntimeError("planted failure")
@@ -229,7 +229,7 @@ def test_capture_error_disables_and_training_continues(tmp_path, baseline, monke
         warnings.simplefilter("always")
         with Session(tmp_path / "r", "ops") as s:
             # Digests fail: single ones, and staged ones (which then fall back to single ones).
-            monkeypatch.setattr(_state.digest, "start", broken)
+            monkeypatch.setattr(digest, "start", broken)
             monkeypatch.setattr(Staging, "put_many", broken)
             got = train(s, steps=3)
     assert got == baseline
@@ -406,7 +406,7 @@ def test_capture_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
     # Capture pauses the cyclic collector around its bulk work (flush, batches): never beyond it.
     import gc
 
-    from detfp_capture._recorder.deferred import gc_paused
+    from detfp_capture._recorder.slot import gc_paused
 
     was = gc.isenabled()
     try:
@@ -465,9 +465,9 @@ def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
 
 
 def _reference_mark_graph(outputs, inputs, path, since=-1):
-    # The plain walk _hooks._mark_graph must agree with: from the outputs back to the inputs,
+    # The plain walk graph.mark_graph must agree with: from the outputs back to the inputs,
     # through every node, tagging the untagged ones and stopping at other modules' nodes.
-    from detfp_capture._sources.modules import NODE_KEY
+    from detfp_capture._sources.context import NODE_KEY
 
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -566,7 +566,8 @@ def test_module_tags_of_autograd_nodes_match_the_plain_walk(tmp_path, monkeypatc
     # regions must tag every node exactly as walking through them does.
     import importlib.util
 
-    from detfp_capture._sources import modules as _hooks
+    from detfp_capture._sources import graph
+    from detfp_capture._sources.context import NODE_KEY
 
     def run(name):
         torch.manual_seed(0)
@@ -590,13 +591,13 @@ def test_module_tags_of_autograd_nodes_match_the_plain_walk(tmp_path, monkeypatc
                 if n is None or id(n) in seen:
                     continue
                 seen.add(id(n))
-                tags.append((n.name(), n.metadata.get(_hooks.NODE_KEY)))
+                tags.append((n.name(), n.metadata.get(NODE_KEY)))
                 stack.extend(nxt for nxt, _ in n.next_functions)
             loss.backward()
         return tags
 
     got = run("jump")
-    monkeypatch.setattr(_hooks, "_mark_graph", _reference_mark_graph)
+    monkeypatch.setattr(graph, "mark_graph", _reference_mark_graph)
     want = run("plain")
     assert got == want
     assert len({t for _, t in got if t}) > 5  # many modules own nodes

@@ -87,7 +87,7 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
     from detfp_capture import digest
     from detfp_capture._digest import batched as _batchdigest
     from detfp_capture._digest.staging import Staging
-    from detfp_capture._recorder.deferred import Slot
+    from detfp_capture._recorder.slot import Slot
 
     monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
@@ -117,7 +117,7 @@ def test_op_arguments_kept_flat_and_untracked_digest_like_the_originals():
     # collector to keep tracking), and their args digest is that of the original arguments.
     import gc
 
-    from detfp_capture._recorder.records import args_text, flat_args
+    from detfp_capture._recorder.args import args_text, flat_args
 
     args = [[8, 32, 64], 1.5, [[1, 2], [3], []], (4, 5), None, "sum"]
     kwargs = {"size": [1, 2], "e": [], "alpha": 2}
@@ -216,7 +216,7 @@ def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
 
 def test_inplace_chain_reuses_the_written_digest_and_follows_every_write(tmp_path, monkeypatch):
     from detfp_capture import digest
-    from detfp_capture._sources import dispatch as _dispatch
+    from detfp_capture._recorder.vcache import VersionCache
 
     def fp(t: torch.Tensor) -> tuple[int, int]:
         d = digest.fingerprint(t).digest
@@ -250,7 +250,7 @@ def test_inplace_chain_reuses_the_written_digest_and_follows_every_write(tmp_pat
     assert list(zip(got["digest_hi"], got["digest_lo"], strict=True)) == want, got
     # The reads right after a write reuse its digest: without the re-keying, the same trace
     # costs more copies (each in-place input is snapshotted before the op writes it).
-    monkeypatch.setattr(_dispatch, "promote", lambda rec: rec.written.clear())
+    monkeypatch.setattr(VersionCache, "promote", lambda cache: cache.written.clear())
     plain, staged_plain = _inplace_program(tmp_path, "plain")
     assert plain.equals(got)
     assert staged < staged_plain, (staged, staged_plain)
@@ -282,7 +282,7 @@ def test_staged_int64_pointer_checks_match_single_digests():
     # whole batch at once and must say what digest.start's per-tensor check says.
     from detfp_capture import digest
     from detfp_capture._digest.staging import Staging
-    from detfp_capture._recorder.deferred import Slot
+    from detfp_capture._recorder.slot import Slot
 
     g = torch.Generator().manual_seed(5)
     ptrs = torch.randint(1 << 28, 1 << 44, (300,), generator=g) * 16  # multi-row, pointer-like
@@ -307,12 +307,12 @@ def test_staged_int64_pointer_checks_match_single_digests():
 
 @pytest.mark.parametrize("n", [5, 40])  # finalized on the host (<= 32 digests), on the device
 def test_bulk_resolve_of_batched_rows_matches_resolve(n):
-    # The flush resolves batched rows in bulk (_resolve.resolve_rows): same digests as the
-    # general resolve, for rows in any order and from two batches at once.
+    # The flush resolves batched rows in bulk (resolve.resolve_rows, as integers): same digests as
+    # the general resolve, for rows in any order and from two batches at once.
     from detfp_capture import digest
     from detfp_capture._digest.batched import start_many
     from detfp_capture._digest.resolve import resolve_rows
-    from detfp_capture._recorder.deferred import Slot
+    from detfp_capture._recorder.slot import Slot
 
     g = torch.Generator().manual_seed(n)
     ts = [torch.randn(1 + 37 * i, generator=g) for i in range(n)]
@@ -321,22 +321,26 @@ def test_bulk_resolve_of_batched_rows_matches_resolve(n):
     start_many([t * 2 for t in ts], b)
     items = [*a[::-1], *b[::2]]
     want = [f.digest for f in digest.resolve([s.started() for s in items])]
-    assert resolve_rows(items) == want
+    his, los = resolve_rows(items)
+    assert [f"{hi:016x}{lo:016x}" for hi, lo in zip(his, los, strict=True)] == want
+    assert [(hi, lo) for hi, lo in zip(his, los, strict=True)] == [(int(d[:16], 16), int(d[16:], 16)) for d in want]
 
 
 def test_args_digest_memo_keeps_values_that_compare_equal_apart():
     # Memoized across flushes, the args digest must still tell apart arguments that Python
     # considers equal but whose text differs: -0.0 and 0.0, True and 1 and 1.0, a float and
     # the string of its hex text.
-    from detfp_capture._recorder.records import RecordBuffer, args_text, flat_args, record_columns
+    from detfp_capture._recorder.args import ArgsColumn, args_text, flat_args
+    from detfp_capture._recorder.call import make_call
+    from detfp_capture._recorder.records import RecordBuffer, record_columns
 
     variants = [[0.0], [-0.0], [1], [True], [1.0], [(1.0).hex()], [float("nan")], [[1, 2]], [[1, 2.0]]]
     for _ in range(2):  # the second pass reads the memo
         buf = RecordBuffer()
         for i, v in enumerate(variants):
-            call = (0, -1, "forward", "", "op", "aten::x", i, flat_args(v, []), False)
+            call = make_call(0, -1, "forward", "", "op", "aten::x", i, flat_args(v, []))
             buf.add(call, i, "output", "out", "torch.float32", (1,), 1, None, ())
-        got = record_columns(buf)[0]["args_digest"]
+        got = record_columns(buf, ArgsColumn())[0]["args_digest"]
         assert got == [args_text(flat_args(v, [])) for v in variants]
         assert len(set(got)) == len(variants)
 

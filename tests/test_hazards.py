@@ -149,11 +149,11 @@ def test_async_pending_on_probe_at_boundaries(tmp_path, gloo1):
 
 
 def test_nonblocking_pending_until_sync_or_step_end(tmp_path, monkeypatch):
-    from detfp_capture._sources import dispatch as _dispatch
+    from detfp_capture._sources import ops
 
     # CPU-to-CPU non_blocking copies are synchronous (not flagged, tested below); pretend these
     # involve an accelerator so the pending/sync logic runs on a CPU-only machine.
-    monkeypatch.setattr(_dispatch, "_on_accelerator", lambda args, outs: True)
+    monkeypatch.setattr(ops, "_on_accelerator", lambda args, outs: True)
     with Session(tmp_path / "r", "ops") as s:
         with s.step(0):
             src = torch.arange(6, dtype=torch.float32)

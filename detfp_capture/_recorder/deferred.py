@@ -1,99 +1,31 @@
-"""Digests waiting for a batch: the deferred op-level digests and the staged snapshots.
+"""Digests waiting for a batch: the deferred op-level tensors and the staged boundary snapshots.
 
-Mixed into ``Recorder`` (see _state): the state lives on the recorder (``deferred*``,
-``staging``); these methods start the waiting digests as batches (``_batchdigest``). Also the
-``Slot`` that every record's digest goes through.
+* **deferred** (level ops, which sees every write): an op's tensor is kept, not copied, and its
+  digest waits for a batch (one GEMM per level for many tensors). The batch runs before a write
+  the dispatch mode cannot see (a collective, compiled code, DDP's own work), when 1024 tensors
+  or 64 MiB wait, at the step end and at every flush; before an op writes into the storage of a
+  waiting tensor, just that tensor is snapshotted into the staging buffer (``evict``).
+* **staged** (everywhere else: module boundaries, collectives, probes): the tensor is taken when
+  recorded, a copy or an in-place level-0 GEMM (``_digest.staging``), and finished with its
+  batch at the flush.
+
+The recorder appends to the deferred columns on its hot path; everything else is here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
-from typing import Any
-
 import torch
 
 from detfp_capture import digest
-from detfp_capture._digest.batched import BATCHED, start_many
+from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
+from detfp_capture._recorder.slot import Slot, gc_paused
 
-__all__ = ["Batching", "Slot", "dtype_str", "gc_paused"]
+__all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting"]
 
-_DTYPE_STR: dict[torch.dtype, str] = {}
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector around a bulk step of the tracer's own work.
-
-    The objects such a step allocates are freed by reference counting when it ends; a
-    collection that runs in the middle finds them alive, and a generation-1 one promotes them
-    to the oldest generation, whose growth is what triggers full collections (each traverses
-    the whole heap). Collection is enabled again right after, if it was enabled before."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def dtype_str(dt: torch.dtype) -> str:
-    s = _DTYPE_STR.get(dt)
-    if s is None:
-        s = _DTYPE_STR[dt] = str(dt)
-    return s
-
-
-class Slot:
-    """One digest: device-side state until the flush resolves it (``fp``, a ``resolve_raw`` tuple).
-
-    ``pending`` is a ``digest.Pending``, or ``BATCHED`` when the digest is a row of a batch
-    (``arena``/``row``, filled by ``_batchdigest.fill``): then the slot itself stands for the
-    pending (it has the attributes ``digest.resolve`` reads), one object per digest instead of two.
-    Also the version cache's entry for the tensor it digests (weak reference, version, options).
-    See _records on why the object count matters.
-    """
-
-    __slots__ = (
-        "arena",
-        "arena_pointer",
-        "device",
-        "dtype",
-        "fp",
-        "numel",
-        "opt_moments",
-        "opt_rows",
-        "pending",
-        "ref",
-        "row",
-        "shape",
-        "version",
-    )
-
-    # What digest.resolve reads from a pending and a batched row never has.
-    lanes = rows_lanes = moments = pointer = components = error = None
-    rows_meta: tuple = ()
-    arena_moments = False
-    type_name = ""
-
-    def __init__(self, pending: Any) -> None:
-        self.pending = pending
-        self.fp: Any = None
-        self.ref: Any = None
-        self.version: int | None = None
-        self.opt_rows: bool | int = False
-        self.opt_moments = False
-
-    def matches(self, t: torch.Tensor, version: int, rows: bool | int, moments: bool) -> bool:
-        return self.version == version and self.ref() is t and self.opt_rows == rows and self.opt_moments == moments
-
-    def started(self) -> Any:
-        """What to hand to ``digest.resolve``."""
-        return self if self.pending is BATCHED else self.pending
+DEFER_MAX = 1024  # deferred digests per batch
+DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
+_MOVED = "storage freed or reallocated"
 
 
 def _modified(t: torch.Tensor, why: str = "modified in place") -> digest.Pending:
@@ -103,66 +35,44 @@ def _modified(t: torch.Tensor, why: str = "modified in place") -> digest.Pending
     return p
 
 
-_MOVED = "storage freed or reallocated"
+class Waiting:
+    """The digests waiting for a batch (the caller holds the tracer's busy state: ``Recorder.enter``).
 
+    The deferred ones are parallel lists (no object per entry: see ``records``): the tensor (None
+    once evicted), its Slot, the version it was recorded at (None: not checked) and its data
+    address then (a storage freed or reallocated since, as FSDP's ``resize_(0)`` does unseen by
+    the dispatcher, moves it); ``storages`` maps a storage's data pointer to the index (or
+    indices) of the deferred tensors in it, so only a write into one of them takes them first.
+    """
 
-def storage_ptrs(t: torch.Tensor) -> list[int] | None:
-    """Data pointers of the storages that hold ``t``'s bytes: its own, or for a wrapper subclass
-    without one (DTensor, ...) its inner tensors' through ``__tensor_flatten__``; None when
-    unknown (sparse, an opaque subclass)."""
-    try:
-        return [t.untyped_storage().data_ptr()]
-    except Exception:
-        pass
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is None:
-        return None
-    try:
-        names, _ = flatten()
-    except Exception:
-        return None
-    out: list[int] = []
-    for name in names:
-        inner = getattr(t, name, None)
-        if not isinstance(inner, torch.Tensor):
-            continue  # a non-tensor component (DTensor's device mesh) holds no data
-        ptrs = storage_ptrs(inner)
-        if ptrs is None:
-            return None
-        out += ptrs
-    return out or None
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor | None] = []
+        self.slots: list[Slot] = []
+        self.versions: list[int | None] = []
+        self.addrs: list[int] = []
+        self.nbytes = 0
+        self.storages: dict[int, int | list[int]] = {}
+        #: Snapshots of boundary tensors waiting for their batch digest, per device.
+        self.staging: dict[torch.device, Staging] = {}
 
+    def reset(self) -> None:
+        """Forget every deferred digest (capture failed: its records are dropped)."""
+        self.tensors, self.slots, self.versions, self.addrs = [], [], [], []
+        self.nbytes = 0
+        self.storages = {}
 
-class Batching:
-    """Recorder methods that run waiting digests (the recorder holds the state)."""
-
-    deferred: list[torch.Tensor | None]
-    deferred_slots: list[Slot]
-    deferred_versions: list[int | None]
-    deferred_addrs: list[int]
-    deferred_bytes: int
-    deferred_storages: dict[int, Any]
-    staging: dict[torch.device, Staging]
-
-    # Also used from the recorder: enter()/leave() (the tracer's busy guard).
-
-    def run_deferred(self, staging: bool = True) -> None:
-        """Start every deferred digest as one batch (caller holds the mode off, i.e. is busy).
+    def run(self, staging: bool = True) -> None:
+        """Start every deferred digest as one batch.
 
         ``staging``: also digest the staged snapshots. Only a flush needs that: a snapshot is a
         copy, so a write cannot change it, and before a write (the frequent trigger at level ops)
         the staged batch is left to grow (one GEMM per 64 MiB or flush, not per write)."""
         if staging:
             self.run_staging()
-        tensors, slots, versions, addrs = (
-            self.deferred,
-            self.deferred_slots,
-            self.deferred_versions,
-            self.deferred_addrs,
-        )
+        tensors, slots, versions, addrs = self.tensors, self.slots, self.versions, self.addrs
         if not tensors:
             return
-        self._reset_deferred()
+        self.reset()
         live_s, live_t = [], []
         for s, t, v, a in zip(slots, tensors, versions, addrs, strict=True):
             if t is None:  # evicted: snapshotted before a write
@@ -178,32 +88,27 @@ class Batching:
             with gc_paused():
                 start_many(live_t, live_s)
 
-    def _reset_deferred(self) -> None:
-        self.deferred, self.deferred_slots, self.deferred_versions, self.deferred_addrs = [], [], [], []
-        self.deferred_bytes = 0
-        self.deferred_storages = {}
-
-    def evict_deferred(self, ptrs: list[int]) -> None:
+    def evict(self, ptrs: list[int]) -> None:
         """Before an op writes into these storages: snapshot the deferred tensors that live in
         them (a copy into the staging buffer; the rest of the batch keeps waiting). Cheaper than
         running the whole batch at every write, which at level ops is dozens of times a step."""
         ts: list[torch.Tensor] = []
         ss: list[Slot] = []
-        dstor = self.deferred_storages
-        deferred = self.deferred
+        storages = self.storages
+        tensors = self.tensors
         for ptr in ptrs:
-            idx = dstor.pop(ptr, None)
+            idx = storages.pop(ptr, None)
             if idx is None:
                 continue
             for i in (idx,) if idx.__class__ is int else idx:
-                t = deferred[i]
+                t = tensors[i]
                 if t is None:
                     continue
-                deferred[i] = None
-                s, v = self.deferred_slots[i], self.deferred_versions[i]
+                tensors[i] = None
+                s, v = self.slots[i], self.versions[i]
                 if v is not None and t._version != v:
                     s.pending = _modified(t)
-                elif t.data_ptr() != self.deferred_addrs[i]:
+                elif t.data_ptr() != self.addrs[i]:
                     s.pending = _modified(t, _MOVED)
                 elif Staging.fits(t):
                     ts.append(t)
@@ -211,30 +116,14 @@ class Batching:
                 else:
                     s.pending = digest.start(t)
         if ts:
-            self._stage_many(ts, ss)
+            self.stage(ts, ss)
 
-    def storage_changing(self, ptr: int) -> None:
-        """A storage is about to be freed or reallocated outside the dispatcher: what waits for a
-        batch in it is snapshotted now, and cached digests over it are dropped."""
-        self.enter()
-        try:
-            if ptr in self.deferred_storages:
-                self.evict_deferred([ptr])
-            vstor = self.vstor
-            ids = vstor.pop(ptr, None) if vstor else None
-            if ids is not None:
-                vc = self.vcache
-                for k in ids:
-                    vc.pop(k, None)
-        finally:
-            self.leave()
-
-    def _stage_many(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
+    def stage(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now."""
         dev = ts[0].device
         if len(ts) > 1 and any(t.device != dev for t in ts):
             for t, s in zip(ts, slots, strict=True):
-                self._stage_many([t], [s])
+                self.stage([t], [s])
             return
         st = self.staging.get(dev)
         if st is None:
@@ -254,12 +143,3 @@ class Batching:
         with gc_paused():
             for st in self.staging.values():
                 st.run_into()
-
-    def settle(self) -> None:
-        """Run deferred digests now (before a write the dispatch mode cannot see)."""
-        if self.deferred:
-            self.enter()
-            try:
-                self.run_deferred(staging=False)
-            finally:
-                self.leave()

@@ -1,28 +1,28 @@
-"""The per-rank record stream: context (step, microbatch, phase, module), counters and buffers.
+"""The per-rank record stream: context (step, microbatch, phase), counters, buffers and the flush.
 
-Everything that captures goes through one ``Recorder``:
+Every source records through one ``Recorder``:
 
 * ``record_call`` appends the records of one call (an op, a module boundary, a collective...)
   with the next ``seq`` numbers and the call's ``occurrence`` to the column buffer
-  (``_records``); each tensor's digest is started on its device (no host sync), staged as a
-  snapshot, or deferred to a batch (``_batching``), unless an identical (tensor, version) was
-  already digested, in which case the earlier ``Slot`` is shared;
-* ``flush`` runs what waits, resolves every pending digest (rows of batches in bulk with
-  ``_resolve.resolve_rows``, the rest with ``_resolve.resolve_raw``: at most two device-to-host
-  copies per device), builds the columns (``_tables``) and hands one window to the
-  ``ShardWriter``, whose thread computes the key hashes and writes Parquet.
+  (``records``); each tensor's digest is started on its device (no host sync), staged as a
+  snapshot, or deferred to a batch (``deferred.Waiting``), unless the version cache
+  (``vcache``) holds the digest of the same (tensor, version), whose ``Slot`` is then shared;
+  ``record_many`` does the same for the hundreds of single-tensor records of a step boundary;
+* ``flush`` runs what waits, resolves every pending digest into two integers
+  (``flush.resolve_slots``: at most two device-to-host copies per device), builds the columns
+  (``records``, ``columns``) and hands one window to the ``ShardWriter``, whose thread computes
+  the key hashes and writes Parquet.
 
-The recorder never raises into training: callers wrap it, and any exception ends in
-``fail`` (a ``capture_error`` event, one warning, capture disabled).
+The recorder never raises into training: its callers run their work in ``guard``, and any
+exception ends in ``fail`` (a ``capture_error`` event, one warning, capture disabled).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import warnings
-import weakref
 from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -31,12 +31,18 @@ from detfp_capture import contract, digest
 from detfp_capture._config import CaptureConfig
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
-from detfp_capture._recorder import columns as _columns
-from detfp_capture._recorder.deferred import _DTYPE_STR, Batching, Slot, dtype_str, gc_paused, storage_ptrs
-from detfp_capture._recorder.flush import FlushTables
-from detfp_capture._recorder.records import RecordBuffer
+from detfp_capture._recorder import columns
+from detfp_capture._recorder.args import ArgsColumn
+from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg, make_call
+from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
+from detfp_capture._recorder.flush import DigestFindings, resolve_slots
+from detfp_capture._recorder.guard import Guard
+from detfp_capture._recorder.hot import append_plain
+from detfp_capture._recorder.records import RecordBuffer, record_columns
+from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.vcache import VersionCache
 
-__all__ = ["Recorder", "Slot"]
+__all__ = ["Recorder"]
 
 _stack_len = torch._C._len_torch_dispatch_stack
 _stack_at = torch._C._get_dispatch_stack_at
@@ -44,17 +50,12 @@ _stack_pop = torch._C._pop_torch_dispatch_stack
 _stack_push = torch._C._push_on_torch_dispatch_stack
 
 _NO_HAZARDS: tuple[str, ...] = ()
-_VERSION_CACHE_LIMIT = 1 << 16
-_INT64 = torch.int64
-_TENSOR = torch.Tensor
-_DEFER_MAX = 1024  # deferred digests per batch
-_DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
 
 
-class Recorder(Batching, FlushTables):
+class Recorder:
     """Buffers of one rank's stream plus the context every record is stamped with."""
 
-    def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Any) -> None:
+    def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Callable[[], None] | None) -> None:
         self.cfg = cfg
         self.writer = writer
         self.rank = rank
@@ -65,48 +66,23 @@ class Recorder(Batching, FlushTables):
         self.phase = "step"
         self.in_step = False
         self.selected = False  # current step is selected for capture
+        #: The session is closed: nothing records any more (a DDP comm hook outlives it).
+        self.closed = False
         self.seq = 0
         self.occ: dict[tuple, int] = {}
         # Buffers: calls are tuples shared by their records (cheaper than stamping each record).
         self.records = RecordBuffer()
-        self.metrics: list[tuple] = []
-        self.events: list[tuple] = []
-        self.kernels: list[tuple] = []
-        self.dumps: list[tuple] = []
-        # Argument digests whose text this segment has written (the args table), and the rows
-        # a flush adds to it.
-        self.args_written: set[str] = set()
-        self.args_rows: dict[str, list] | None = None
-        # Slot keyed by id(tensor): reuse digests of unchanged tensors (Slot.matches).
-        self.vcache: dict[int, Slot] = {}
-        # Level ops: (tensor, Slot, version) of the tensors the last op wrote, cached at the version
-        # they had inside the dispatcher; the bump comes later, above it (_dispatch.promote).
-        self.written: list[tuple] = []
-        # Level ops: storage data pointer -> ids cached in vcache over it, so a write through any
-        # alias drops them (_dispatch.before_write). None below level ops: no mode sees writes.
-        self.vstor: dict[int, list[int]] | None = {} if cfg.depth >= 2 else None
+        self.metrics: list[MetricRow] = []
+        self.events: list[EventRow] = []
+        self.kernels: list = []  # call.KernelRow
+        self.dumps: list = []  # call.DumpRow
+        self.args = ArgsColumn()
+        self.vcache = VersionCache(cfg.caps.sees_writes)
+        self.waiting = Waiting()
+        self.findings = DigestFindings()
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
-        self.foreign: deque[tuple] = deque()
-        # Level ops: (Slot, tensor, version) whose digest waits for the next batch.
-        # Parallel lists (no object per entry: see _records): tensor (None once evicted), its
-        # Slot, and the version it was recorded at (None: not checked).
-        self.deferred: list[torch.Tensor | None] = []
-        self.deferred_slots: list[Slot] = []
-        self.deferred_versions: list[int | None] = []
-        # ... and its data address then: a storage freed or reallocated since (FSDP frees its
-        # unsharded parameters with storage.resize_(0), unseen by the dispatcher) moves it.
-        self.deferred_addrs: list[int] = []
-        self.deferred_bytes = 0
-        # Storage data pointer -> index (or indices) of deferred tensors in it: only a write into
-        # one of them needs those digests taken first.
-        self.deferred_storages: dict[int, Any] = {}
-        # Snapshots of boundary tensors waiting for their batch digest, per device.
-        self.staging: dict[torch.device, Staging] = {}
-        self.lock = threading.Lock()
-        # Forward module-output digests per (microbatch, module, arg) for the recompute check.
-        self.forward_outputs: dict[tuple, set[str]] = {}
-        self.recompute_checks: list[tuple] = []
+        self.foreign: deque[tuple[tuple, Callable[[], None]]] = deque()
         self.busy = False  # re-entrancy guard: the tracer's own tensor work is never recorded
         self.depth = 0
         self.mode: Any = None  # the session's dispatch mode while it is entered
@@ -114,6 +90,8 @@ class Recorder(Batching, FlushTables):
         self.failed = False
         #: Why capture stopped (set by ``fail``): the commit log's close line carries it.
         self.fail_reason: str | None = None
+        #: The writer's failure was warned about (``check_writer``).
+        self.warned_writer = False
         self.flushes = 0
         self.records_in_step = 0
         self.need_flush = False
@@ -121,6 +99,11 @@ class Recorder(Batching, FlushTables):
         self._flush_at = cfg.flush_records
 
     # ----------------------------------------------------------------------------- context
+    @property
+    def live(self) -> bool:
+        """Records are being taken now: a selected step, capture not failed, session open."""
+        return self.selected and not self.failed and not self.closed
+
     def begin_step(self, step: int, selected: bool) -> None:
         self.step = step
         self.in_step = True
@@ -130,33 +113,7 @@ class Recorder(Batching, FlushTables):
         self.occ = {}
         self.records_in_step = 0
         # Parameters may have been updated through .data (no version bump): never reuse across steps.
-        self.clear_vcache()
-
-    def clear_vcache(self) -> None:
-        # The slots live on in the buffered records until the flush; their weak references
-        # (one object each) need not.
-        for s in self.vcache.values():
-            s.ref = None
         self.vcache.clear()
-        if self.vstor is not None:
-            self.vstor.clear()
-
-    def _alias(self, t: torch.Tensor, key: int, ptr: int | None = None) -> None:
-        """Index a vcache entry by its storage (level ops; see ``vstor``; ``ptr``: its storage's
-        data pointer when the caller has it): a wrapper subclass by its inner tensors' (a write
-        through ``dtensor._local_tensor`` moves no counter of the DTensor). One that cannot be
-        indexed is not cached: nothing could drop it."""
-        ptrs = (ptr,) if ptr is not None else storage_ptrs(t)
-        if ptrs is None:
-            self.vcache.pop(key, None)
-            return
-        vstor = self.vstor
-        for ptr in ptrs:
-            ids = vstor.get(ptr)
-            if ids is None:
-                vstor[ptr] = [key]
-            else:
-                ids.append(key)
 
     def enter(self) -> None:
         """Start the tracer's own work: set ``busy`` and take the dispatch mode off the stack
@@ -169,6 +126,20 @@ class Recorder(Batching, FlushTables):
                 if n and _stack_at(n - 1) is m:
                     self._popped = _stack_pop(None)
         self.depth += 1
+
+    def leave(self) -> None:
+        if self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            if self._popped is not None:
+                _stack_push(self._popped)
+                self._popped = None
+            self.busy = False
+
+    def guard(self, where: str, *args: Any, busy: bool = True) -> Guard:
+        """``with rec.guard("what {}", x):`` -- see ``guard.Guard``."""
+        return Guard(self, where, args, busy)
 
     def on_any_thread(self) -> contextlib.AbstractContextManager:
         """Guard for tracer work that may run on any thread (a collective's completion callback
@@ -188,16 +159,6 @@ class Recorder(Batching, FlushTables):
             yield
         finally:
             self.leave()
-
-    def leave(self) -> None:
-        if self.depth == 0:
-            return
-        self.depth -= 1
-        if self.depth == 0:
-            if self._popped is not None:
-                _stack_push(self._popped)
-                self._popped = None
-            self.busy = False
 
     def next_seq(self) -> int:
         s = self.seq
@@ -219,30 +180,67 @@ class Recorder(Batching, FlushTables):
         digest it again. The new digest is still cached under the current version: if the version
         then moves (the in-place case), the entry simply never matches again.
         """
-        key = id(t)
         try:
             version = t._version
         except Exception:  # inference tensors have no version counter
             version = None
         if version is not None and not fresh:
-            hit = self.vcache.get(key)
-            if hit is not None and hit.matches(t, version, rows, moments):
+            hit = self.vcache.get(t, version, rows, moments)
+            if hit is not None:
                 return hit
         if rows is False and not moments and Staging.fits(t):
             s = Slot(None)
-            self._stage_many([t], [s])  # staged, or digested now if it cannot be
+            self.waiting.stage([t], [s])  # staged, or digested now if it cannot be
         else:
             s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
         if version is not None:
-            if len(self.vcache) >= _VERSION_CACHE_LIMIT:
-                self.clear_vcache()
-            with contextlib.suppress(TypeError):  # some tensor subclasses refuse weak references
-                s.ref = weakref.ref(t)
-                s.version, s.opt_rows, s.opt_moments = version, rows, moments
-                self.vcache[key] = s
-                if self.vstor is not None:
-                    self._alias(t, key)
+            self.vcache.put(t, s, version, rows, moments)
         return s
+
+    def run_deferred(self, staging: bool = True) -> None:
+        """Start every digest waiting for a batch (the caller holds the busy state)."""
+        self.waiting.run(staging)
+
+    def settle(self) -> None:
+        """Run deferred digests now (before a write the dispatch mode cannot see)."""
+        if self.waiting.tensors:
+            self.enter()
+            try:
+                self.waiting.run(staging=False)
+            finally:
+                self.leave()
+
+    @property
+    def holds_digests(self) -> bool:
+        """Digests wait for a batch or are cached: a storage change must be looked at."""
+        return bool(self.waiting.tensors) or bool(len(self.vcache))
+
+    def before_write(self, ptrs: list[int] | None) -> None:
+        """An op is about to write into these storages (None: unknown ones); the caller is busy.
+
+        Digests waiting for a batch must see the values from before this write: those in the
+        written storages are snapshotted now (all of them when a storage is unknown). Cached
+        digests of other tensors over the written storages are dropped (``vcache``)."""
+        waiting = self.waiting
+        if waiting.tensors:
+            if ptrs is None:
+                waiting.run(staging=False)
+            else:
+                hit = [p for p in ptrs if p in waiting.storages]
+                if hit:
+                    waiting.evict(hit)
+        self.vcache.drop_storages(ptrs)
+
+    def storage_changing(self, ptr: int) -> None:
+        """A storage is about to be freed or reallocated outside the dispatcher: what waits for a
+        batch in it is snapshotted now, and cached digests over it are dropped."""
+        self.enter()
+        try:
+            if ptr in self.waiting.storages:
+                self.waiting.evict([ptr])
+            self.vcache.drop_storages((ptr,))
+        finally:
+            self.leave()
 
     # ----------------------------------------------------------------------------- records
     def record_call(
@@ -251,18 +249,18 @@ class Recorder(Batching, FlushTables):
         name: str,
         module: str,
         phase: str,
-        tensors: list[tuple[str, str, torch.Tensor]],
+        tensors: list[TensorArg],
         *,
         occurrence: int | None = None,
-        args_src: Any = None,
+        args_src: tuple | None = None,
         compiled: bool = False,
         hazards: dict[int, tuple[str, ...]] | None = None,
         digest_it: bool = True,
         rows: bool | int | None = None,
         fresh: bool = False,
         defer: bool = False,
-    ) -> tuple:
-        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call tuple."""
+    ) -> Call:
+        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call."""
         if occurrence is None:
             occurrence = self.occurrence(phase, module, kind, name)
         call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
@@ -274,8 +272,8 @@ class Recorder(Batching, FlushTables):
 
     def append_records(
         self,
-        call: tuple,
-        tensors: list[tuple[str, str, torch.Tensor]],
+        call: Call,
+        tensors: list[TensorArg],
         *,
         hazards: dict[int, tuple[str, ...]] | None = None,
         digest_it: bool = True,
@@ -283,6 +281,9 @@ class Recorder(Batching, FlushTables):
         fresh: bool = False,
         defer: bool = False,
     ) -> None:
+        """Append records to an open call. Three paths: counted only (views, write-only
+        arguments), the hot path (no hazards, no per-record options: every op at level ops),
+        and the general one (hazards, rows, moments, dumps)."""
         out = self.records
         if not digest_it and not hazards:
             # Views and metadata ops: counted, not digested (and never dumped).
@@ -295,7 +296,7 @@ class Recorder(Batching, FlushTables):
                     seq,
                     role,
                     arg,
-                    _DTYPE_STR.get(dt) or dtype_str(dt),
+                    DTYPE_STR.get(dt) or dtype_str(dt),
                     tuple(t.shape),
                     t.numel(),
                     None,
@@ -304,91 +305,12 @@ class Recorder(Batching, FlushTables):
                 seq += 1
             self.seq = seq
         elif rows is None and not hazards and not self._tensor_opts:
-            # The hot path (every op at level ops): no per-record options, cache lookups inlined.
-            cache = self.vcache
-            vstor = self.vstor
-            start = digest.start
-            deferred = self.deferred
-            dstor = self.deferred_storages
-            fits = Staging.fits
-            stage_t: list | None = None
-            stage_s: list = []
-            add = out.add
-            seq = self.seq
-            for role, arg, t in tensors:
-                key = id(t)
-                try:
-                    version = t._version
-                except Exception:  # inference tensors have no version counter
-                    version = None
-                s = None
-                if version is not None and not fresh:
-                    hit = cache.get(key)
-                    if (
-                        hit is not None
-                        and hit.version == version
-                        and hit.ref() is t
-                        and not (hit.opt_rows or hit.opt_moments)
-                    ):
-                        s = hit
-                dt = t.dtype
-                if s is None:
-                    nb = t.numel() * dt.itemsize
-                    ptr = None  # the storage's data pointer, where it is looked up anyway
-                    if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
-                        # Level ops sees every write, so the digest can wait for a batch (run
-                        # before the next writing op, collective or flush): one GEMM for many.
-                        # The version check is a safety net; a just-written tensor's version is
-                        # bumped after we return (above the dispatcher), so it is not checked.
-                        s = Slot(None)
-                        ptr = t.untyped_storage().data_ptr()
-                        same = dstor.get(ptr)
-                        if same is None:
-                            dstor[ptr] = len(deferred)
-                        elif same.__class__ is int:
-                            dstor[ptr] = [same, len(deferred)]
-                        else:
-                            same.append(len(deferred))
-                        deferred.append(t)
-                        self.deferred_slots.append(s)
-                        self.deferred_versions.append(None if fresh else version)
-                        self.deferred_addrs.append(t.data_ptr())
-                        self.deferred_bytes += nb
-                    elif fits(t):
-                        # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a
-                        # batch; the call's tensors are snapshotted together below.
-                        s = Slot(None)
-                        if stage_t is None:
-                            stage_t, stage_s = [t], [s]
-                        else:
-                            stage_t.append(t)
-                            stage_s.append(s)
-                    else:
-                        s = Slot(start(t, pointer_check=dt is _INT64))
-                    if version is not None:
-                        if len(cache) >= _VERSION_CACHE_LIMIT:
-                            self.clear_vcache()
-                        try:  # a plain try: cheaper than contextlib.suppress on this hot path
-                            s.ref = weakref.ref(t)
-                            s.version = version
-                            cache[key] = s
-                        except TypeError:  # some tensor subclasses refuse weak references
-                            pass
-                        else:
-                            if vstor is not None:
-                                self._alias(t, key, ptr)
-                add(
-                    call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS
-                )
-                seq += 1
-            self.seq = seq
-            if stage_t is not None:
-                self._stage_many(stage_t, stage_s)
-            if len(deferred) >= _DEFER_MAX or self.deferred_bytes >= _DEFER_BYTES:
-                self.run_deferred(staging=False)
+            append_plain(self, call, tensors, fresh, defer)
+            if len(self.waiting.tensors) >= DEFER_MAX or self.waiting.nbytes >= DEFER_BYTES:
+                self.waiting.run(staging=False)
         else:
             cfg = self.cfg
-            name, module = call[5], call[3]
+            name, module = call[NAME], call[3]
             if rows is None:
                 rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
             mom = cfg.moments.enabled and cfg.moments.wants(name, module)
@@ -399,97 +321,95 @@ class Recorder(Batching, FlushTables):
                 seq = self.next_seq()
                 out.add(call, seq, role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz)
                 if dump:
-                    self.dumps.append((call, seq, role, arg, t.detach().clone()))
+                    self.dumps.append(DumpRow(call, seq, role, arg, t.detach().clone()))
         self.records_in_step += len(tensors)
         if len(out) >= self._flush_at:
             self.need_flush = True
 
-    def record_many(self, specs: list[tuple], *, fresh: bool = False) -> list[tuple]:
+    def record_many(self, specs: list[RecordSpec], *, fresh: bool = False) -> list[Call]:
         """Many single-tensor records at once, digests started as one batch (step boundaries).
 
-        ``specs``: [(call or None, kind, name, module, phase, role, arg, tensor)]; a None call opens
-        a new call (next occurrence). Returns the call of each record.
+        A spec whose ``call`` is None opens a new call (next occurrence). Returns the call of
+        each record.
         """
         if self._tensor_opts:  # per-record options (rows, moments, dumps): the general path
             calls = []
-            for call, kind, name, module, phase, role, arg, t in specs:
+            for sp in specs:
+                call = sp.call
                 if call is None:
-                    call = self.record_call(kind, name, module, phase, [(role, arg, t)], fresh=fresh)
+                    call = self.record_call(
+                        sp.kind, sp.name, sp.module, sp.phase, [(sp.role, sp.arg, sp.tensor)], fresh=fresh
+                    )
                 else:
-                    self.append_records(call, [(role, arg, t)], fresh=fresh)
+                    self.append_records(call, [(sp.role, sp.arg, sp.tensor)], fresh=fresh)
                 calls.append(call)
             return calls
-        cache = self.vcache
+        vcache = self.vcache
         slots: list[Slot | None] = [None] * len(specs)
         versions: list[int | None] = []
         missing = []
         for i, sp in enumerate(specs):
-            t = sp[7]
+            t = sp.tensor
             try:
                 version = t._version
             except Exception:
                 version = None
             versions.append(version)
             if version is not None and not fresh:
-                hit = cache.get(id(t))
-                if hit is not None and hit.matches(t, version, False, False):
+                hit = vcache.get(t, version)
+                if hit is not None:
                     slots[i] = hit
                     continue
             missing.append(i)
         if missing:
             new = [Slot(None) for _ in missing]
             with gc_paused():
-                start_many([specs[i][7] for i in missing], new, reuse=True)  # a step boundary: repeats
-            ref = weakref.ref
+                start_many([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
             for i, s in zip(missing, new, strict=True):
                 slots[i] = s
-                t = specs[i][7]
                 if versions[i] is not None:
-                    try:  # a plain try: cheaper than contextlib.suppress on this hot path
-                        s.ref = ref(t)
-                        s.version = versions[i]
-                        cache[id(t)] = s
-                    except TypeError:  # some tensor subclasses refuse weak references
-                        pass
-                    else:
-                        if self.vstor is not None:
-                            self._alias(t, id(t))
+                    vcache.put(specs[i].tensor, s, versions[i])
         # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
         calls = []
-        out = self.records
-        add = out.add
+        add = self.records.add
         occ_map = self.occ
         step, mb = self.step, self.microbatch
         seq = self.seq
         for sp, s in zip(specs, slots, strict=True):
-            call, kind, name, module, phase, role, arg, t = sp
+            call = sp.call
             if call is None:
-                key = (mb, phase, module, kind, name)
+                key = (mb, sp.phase, sp.module, sp.kind, sp.name)
                 occ = occ_map.get(key, 0)
                 occ_map[key] = occ + 1
-                call = (step, mb, phase, module, kind, name, occ, None, False)
+                call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
+            t = sp.tensor
             dt = t.dtype
-            add(call, seq, role, arg, _DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+            add(
+                call,
+                seq,
+                sp.role,
+                sp.arg,
+                DTYPE_STR.get(dt) or dtype_str(dt),
+                tuple(t.shape),
+                t.numel(),
+                s,
+                _NO_HAZARDS,
+            )
             seq += 1
             calls.append(call)
         self.seq = seq
         self.records_in_step += len(specs)
-        if len(out) >= self._flush_at:
+        if len(self.records) >= self._flush_at:
             self.need_flush = True
         return calls
 
-    def append_started(self, call: tuple, items: list[tuple]) -> None:
+    def append_started(self, call: Call, items: Iterable[tuple[str, str, str, tuple, int, Slot]]) -> None:
         """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
+        n = 0
         for role, arg, dt, shape, numel, s in items:
             self.records.add(call, self.next_seq(), role, arg, dt, shape, numel, s, _NO_HAZARDS)
-        self.records_in_step += len(items)
-
-    def record_values(
-        self, kind: str, phase: str, module: str, values: list[tuple[str, str, torch.Tensor]], role: str = "value"
-    ) -> None:
-        """Records of inputless kinds: one call per name (param, grad, rng_state, probe...)."""
-        for name, arg, t in values:
-            self.record_call(kind, name, module, phase, [(role, arg, t)])
+            n += 1
+        self.records_in_step += n
 
     def metric(self, name: str, value: Any) -> None:
         key = ("metric", self.microbatch, name)
@@ -501,12 +421,12 @@ class Recorder(Batching, FlushTables):
         else:
             v = value
             dt = type(value).__name__
-        self.metrics.append((self.step, self.next_seq(), self.microbatch, name, n, v, dt))
+        self.metrics.append(MetricRow(self.step, self.next_seq(), self.microbatch, name, n, v, dt))
 
     def event(
         self, type_: str, name: str = "", module: str = "", count: int | None = None, detail: str | None = None
     ) -> None:
-        self.events.append((self.step, self.next_seq(), type_, name, module, count, detail))
+        self.events.append(EventRow(self.step, self.next_seq(), type_, name, module, count, detail))
 
     def drain_foreign(self) -> None:
         """Move records produced on other threads into the stream (training thread only)."""
@@ -534,29 +454,37 @@ class Recorder(Batching, FlushTables):
         try:
             # A flush allocates tens of thousands of objects that die when it ends (gc_paused).
             with gc_paused():
-                self.run_deferred()
+                self.waiting.run()
                 # Each distinct slot once, in first-record order (dict.fromkeys dedupes by
                 # identity in C; Slots hash by identity).
-                slots = [s for s in dict.fromkeys(records.slot) if s is not None and s.fp is None]
+                slots = [s for s in dict.fromkeys(records.slot) if s is not None and s.hi is None and s.extra is None]
                 if slots:
-                    self._resolve(slots)
+                    resolve_slots(slots)
                 tables: dict[str, dict[str, list]] = {}
-                self.args_rows = None
-                tables["records"] = self._record_columns(records)
-                if self.args_rows is not None:
-                    tables["args"] = self.args_rows
-                tables["metrics"] = _columns.metric_columns(metrics)
+                cols, args_rows = record_columns(records, self.args)
+                # The digests can add events (recompute mismatches, pointer-like tables): same window.
+                cols["hazards"] = self.findings.hazards(records, self.events, self.next_seq, self.step)
+                tables["records"] = cols
+                if args_rows is not None:
+                    tables["args"] = args_rows
+                tables["metrics"] = columns.metric_columns(metrics)
                 if kernels:
-                    tables["kernels"] = _columns.kernel_columns(kernels, self.next_seq)
-                # Resolving records can add events (recompute mismatches, pointer-like tables): same window.
-                tables["events"] = _columns.event_columns(events + self.events)
+                    tables["kernels"] = columns.kernel_columns(kernels, self.next_seq)
+                tables["events"] = columns.event_columns(events + self.events)
                 self.events = []
                 if dumps:
-                    tables["dumps"] = _columns.dump_columns(dumps)
+                    tables["dumps"] = columns.dump_columns(dumps)
         finally:
             self.leave()
         self.flushes += 1
         self.writer.write_window(tables)
+
+    def flush_safely(self) -> None:
+        """``flush``, unless capture has failed; a failure in it disables capture."""
+        if self.failed:
+            return
+        with self.guard("flush", busy=False):
+            self.flush()
 
     # ----------------------------------------------------------------------------- failure
     def fail(self, exc: BaseException, where: str) -> None:
@@ -569,11 +497,11 @@ class Recorder(Batching, FlushTables):
         warnings.warn(
             f"detfp capture disabled on rank {self.rank} after an internal error ({detail})",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
         self.records, self.dumps, self.kernels = RecordBuffer(), [], []
-        self._reset_deferred()
+        self.waiting.reset()
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"
@@ -583,3 +511,12 @@ class Recorder(Batching, FlushTables):
         if self._on_fail is not None:
             with contextlib.suppress(Exception):
                 self._on_fail()
+
+    def check_writer(self) -> None:
+        """At a step boundary: the writer thread failed (a full or read-only file system)?
+        Then capture is disabled, with one warning; training goes on."""
+        error = self.writer.error
+        if error is not None and not self.failed:
+            self.failed = True
+            self.warned_writer = True
+            warnings.warn(f"detfp capture disabled on rank {self.rank}: {error}", RuntimeWarning, stacklevel=4)

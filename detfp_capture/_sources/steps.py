@@ -1,29 +1,37 @@
-"""Step boundaries and optimizer boundaries of a ``Session`` (a mixin ``Session`` inherits).
+"""Step boundaries and optimizer boundaries: what runs at the edges of a training step.
 
-``StepRecording`` holds the part of the capture that runs at the edges of a training step:
-``_begin_step`` (selection, the ``step_begin`` event, RNG states, the profiler and the
-dispatch mode for the step), ``_end_step`` (the ``step_end`` event, parameters at step end,
-and the flush policy), and the optimizer's pre/post-step hooks that record its params, grads
-and state. It has no state of its own: every attribute it reads is set by
-``Session.__init__``, and it calls back into ``Session`` for flushing, manifests and the
-writer's failure; the public API stays on ``Session`` in session.py.
+``StepBoundaries.begin`` selects the step (``steps=``), writes the ``step_begin`` event and the
+RNG states, starts the profiler for a step whose kernels are recorded and enters the dispatch
+mode (level ops); ``end`` leaves the mode, takes every digest still waiting, lets DDP's reduced
+gradients join the stream, records the parameters of the watched models and the ``step_end``
+event, and applies the flush policy (a full window, or one older than 20 s). The optimizer's
+pre/post-step hooks (``optimizer_pre``/``optimizer_post``) record its params, grads and state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detfp_capture import contract
-from detfp_capture._recorder.records import flat_args
+from detfp_capture._recorder.args import flat_args
+from detfp_capture._recorder.call import RecordSpec, make_call
+from detfp_capture._recorder.manifest import RunManifest
+from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.modules import ModuleHooks
 
-__all__ = ["StepRecording"]
+if TYPE_CHECKING:  # imported by the Session only at the levels that use them
+    from detfp_capture._sources.collectives import CollectiveTracer
+    from detfp_capture._sources.ddp import DDPReduction
+    from detfp_capture._sources.dispatch import CaptureMode
+
+__all__ = ["FLUSH_SECONDS", "StepBoundaries", "hyperparameters"]
 
 #: A step end flushes at least this often (seconds), even when the window is not full.
-_FLUSH_SECONDS = 20.0
+FLUSH_SECONDS = 20.0
 
 
 def hyperparameters(group: dict) -> tuple | None:
@@ -42,137 +50,145 @@ def hyperparameters(group: dict) -> tuple | None:
     return flat_args([], items)
 
 
-class StepRecording:
-    """Step begin/end and optimizer-boundary recording, mixed into ``Session``."""
+class StepBoundaries:
+    """Step begin/end and the optimizer's boundaries. ``tracer``/``ddp`` (level boundaries and
+    up) and ``mode`` (level ops) are None below their level."""
+
+    def __init__(
+        self,
+        ctx: CaptureContext,
+        *,
+        hooks: ModuleHooks,
+        manifest: RunManifest,
+        tracer: CollectiveTracer | None,
+        ddp: DDPReduction | None,
+        mode: CaptureMode | None,
+    ) -> None:
+        self.ctx = ctx
+        self.rec = ctx.rec
+        self.hooks = hooks
+        self.manifest = manifest
+        self.tracer = tracer
+        self.ddp = ddp
+        self.mode = mode
+        self.mode_entered = False
+        self.kernels: Any = None  # kernels.KernelCapture of the running step
+        #: The last step begun was selected (a metric right after its block is filed under it).
+        self.selected = False
+        #: A step has begun (for the outside-a-step warning).
+        self.seen = False
+        self._regions_scans = 0  # step begins that looked for modules compiled in place
+        self._grads_seen = False  # the optimizer read gradients this step (CollectiveTracer.step_end)
+        self._opt_stepped = False  # a watched optimizer stepped since the last step-end params
+        self._last_flush = time.monotonic()
 
     # ================================================================== steps
-    def _begin_step(self, n: int) -> None:
-        if self._inert or self._closed:
+    def begin(self, n: int) -> None:
+        rec = self.rec
+        if rec.closed:
             return
-        rec = self._rec
         if rec.in_step:
-            self._end_step()
-        if self._writer_error is not None:
-            self._disable_for_writer()
-        sel = not rec.failed and (self._cfg.steps is None or n in self._cfg.steps)
+            self.end()
+        rec.check_writer()
+        cfg = self.ctx.cfg
+        sel = not rec.failed and (cfg.steps is None or n in cfg.steps)
         rec.begin_step(n, sel)
-        self._bwd_queued = False
-        self._step_selected = sel
-        self._seen_step = True
-        if self._first_step is None:
-            self._first_step = n
-            self._manifest["start_step"] = n
-            self._write_manifest_safely()
-        self._check_settings()
+        self.ctx.scope.backward_queued = False
+        self.selected = sel
+        self.seen = True
+        self.manifest.step_begins(n)
         if self._regions_scans < 2:
             # Modules compiled in place (module.compile()) once training starts: record their
             # regions' boundaries (the first two steps: a compile right after step 0 counts).
             self._regions_scans += 1
-            self._hooks.wrap_compiled()
+            self.hooks.wrap_compiled()
         if not sel:
-            if self._hazard is not None:
-                self._hazard.unobserved()
+            if self.ctx.hazards is not None:
+                self.ctx.hazards.unobserved()
             return
-        rec.enter()
-        try:
+        guard = rec.guard("step begin")
+        with guard:
             rec.drain_foreign()
             rec.event("step_begin")
             rec.phase = "step"
             self._record_rng()
             rec.phase = "forward"
-        except Exception as exc:
-            rec.fail(exc, "step begin")
+        if guard.failed:
             return
-        finally:
-            rec.leave()
-        if self._cfg.kernels is not None and n in self._cfg.kernels and self._depth >= 2:
-            try:
-                from detfp_capture._sources.kernels import KernelCapture
+        mode = self.mode
+        if cfg.kernels is not None and n in cfg.kernels and mode is not None:
+            from detfp_capture._sources.kernels import KernelCapture
 
-                self._kernels = KernelCapture(rec)
-                self._kernels.start()
-                self._kernel_range = self._kernels.range
-            except Exception as exc:
-                self._kernels = self._kernel_range = None
-                rec.fail(exc, "starting the profiler")
-        if self._mode is not None and not rec.failed:
-            self._mode.__enter__()
-            self._mode_entered = True
-            rec.mode = self._mode
+            starting = rec.guard("starting the profiler", busy=False)
+            with starting:
+                self.kernels = KernelCapture(rec)
+                self.kernels.start()
+                mode.kernel_range = self.kernels.range
+            if starting.failed:
+                self.kernels = mode.kernel_range = None
+        if mode is not None and not rec.failed:
+            mode.__enter__()
+            self.mode_entered = True
+            rec.mode = mode
 
-    def _check_settings(self) -> None:
-        """The manifest's determinism settings and numerics environment are those in force when
-        the first step begins (a script sets them after the launcher opened the session); a
-        later change is a ``setting_changed`` event, which ``env`` and ``certify`` report."""
-        from detfp_capture.manifest import determinism_settings, numerics_env
-
-        try:
-            now = determinism_settings()
-        except Exception:
-            return
-        if self._settings is None:
-            self._settings = now
-            if self._manifest.get("determinism") != now or self._manifest.get("env") != numerics_env():
-                self._manifest["determinism"] = now
-                self._manifest["env"] = numerics_env()
-                self._write_manifest_safely()
-            return
-        changed = sorted(k for k in now if now[k] != self._settings.get(k))
-        if changed and not self._rec.failed:
-            detail = ", ".join(f"{k}: {self._settings.get(k)!r} -> {now[k]!r}" for k in changed)
-            self._rec.event("setting_changed", changed[0], "", len(changed), f"before step {self._rec.step}: {detail}")
-        self._settings = now
-
-    def _end_step(self) -> None:
-        if self._inert:
-            return
-        rec = self._rec
+    def end(self) -> None:
+        rec = self.rec
         if not rec.in_step:
             return
-        if self._mode_entered:
-            self._mode_entered = False
-            rec.mode = None
-            with contextlib.suppress(Exception):
-                self._mode.__exit__(None, None, None)
+        self.leave_mode()
         if rec.selected and not rec.failed:
-            rec.enter()
-            try:
-                if self._kernels is not None:
-                    ks, self._kernels, self._kernel_range = self._kernels, None, None
+            with rec.guard("step end"):
+                if self.kernels is not None:
+                    ks, self.kernels = self.kernels, None
+                    if self.mode is not None:
+                        self.mode.kernel_range = None
                     ks.stop()
                 # The dispatch mode is off from here on: what runs between steps writes unseen,
                 # so digests still waiting for a batch are taken now, not at the next write.
                 rec.run_deferred(staging=False)
-                if self._collectives is not None:
-                    self._collectives.wait_buckets()
+                if self.ddp is not None:
+                    self.ddp.wait_buckets()
                 rec.drain_foreign()
                 rec.phase = "step"
                 rec.microbatch = contract.NO_MICROBATCH
                 self._record_params()
-                if self._collectives is not None:
-                    self._collectives.step_end()
+                if self.tracer is not None:
+                    self.tracer.step_end(self._grads_seen)
+                    self._grads_seen = False
                 rec.event("step_end", "", "", rec.records_in_step)
-            except Exception as exc:
-                rec.fail(exc, "step end")
-            finally:
-                rec.leave()
-        if self._hazard is not None:
-            self._hazard.step_end()
+        if self.ctx.hazards is not None:
+            self.ctx.hazards.step_end()
         rec.in_step = False
         rec.selected = False
-        self._hooks.release_nodes()
+        self.hooks.release_nodes()
         # A step end flushes when the window is full or old: one resolve and one shard per
         # window instead of per step keeps the cheap levels cheap; close() flushes the rest.
         now = time.monotonic()
-        if rec.need_flush or rec.dumps or now - self._last_flush >= _FLUSH_SECONDS:
+        if rec.need_flush or rec.dumps or now - self._last_flush >= FLUSH_SECONDS:
             self._last_flush = now
-            self._flush_safely()
-        if self._groups_changed:
-            self._groups_changed = False
-            self._write_manifest_safely()
+            rec.flush_safely()
+        if self.tracer is not None and self.tracer.groups_changed:
+            self.tracer.groups_changed = False
+            self.manifest.write_safely()
+
+    def leave_mode(self) -> None:
+        if self.mode_entered:
+            self.mode_entered = False
+            self.rec.mode = None
+            with contextlib.suppress(Exception):
+                self.mode.__exit__(None, None, None)
+
+    def stop_kernels(self) -> None:
+        """Capture failed or the session closes: stop the profiler, keep nothing of it."""
+        if self.kernels is not None:
+            with contextlib.suppress(Exception):
+                self.kernels.stop(discard=True)
+            self.kernels = None
+            if self.mode is not None:
+                self.mode.kernel_range = None
 
     def _record_rng(self) -> None:
-        rec = self._rec
+        rec = self.rec
         rec.record_call("rng_state", "cpu", "", "step", [("value", "state", torch.get_rng_state())], fresh=True)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for i in range(torch.cuda.device_count()):
@@ -181,91 +197,82 @@ class StepRecording:
                 )
 
     def _record_params(self) -> None:
-        rec = self._rec
         # Right after a watched optimizer step the cached digests are the updated parameters, as
         # long as nothing wrote them since. Only level ops sees every write, through any alias
         # (before_write drops what a `.data` write makes stale); below it a `p.data.clamp_`
         # between optimizer.step() and the step end moves no version counter: digest afresh.
-        fresh = not (self._opt_stepped and self._depth >= 2)
+        fresh = not (self._opt_stepped and self.ctx.caps.sees_writes)
         self._opt_stepped = False
         seen: set[int] = set()
         specs = []
-        for ref in self._models:
-            m = ref()
-            if m is None:
-                continue
-            for name, p in self._named_params(m):
+        models = self.ctx.models
+        for m in models:
+            for name, p in models.named_params(m):
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                specs.append((None, "param", name, "", "step", "value", "param", p))
-        rec.record_many(specs, fresh=fresh)
+                specs.append(RecordSpec(None, "param", name, "", "step", "value", "param", p))
+        self.rec.record_many(specs, fresh=fresh)
 
     # ================================================================== optimizer
-    def _opt_pre(self, opt: Any) -> None:
-        rec = self._rec
+    def optimizer_pre(self, opt: Any) -> None:
+        rec = self.rec
         if rec.failed or not rec.selected or rec.busy:
             rec.phase = "optimizer" if rec.in_step else rec.phase
             return
-        rec.enter()
-        try:
+        models = self.ctx.models
+        with rec.guard("optimizer pre-step hook"):
             rec.drain_foreign()
             rec.phase = "optimizer"
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
-            names = self._param_names
+            names = models.param_names
             if any(id(p) not in names for g in opt.param_groups for p in g["params"]):
                 # Parameters replaced since watch() (FSDP2's fully_shard swaps in DTensors):
                 # name them again from the watched models.
-                for ref in self._models:
-                    m = ref()
-                    if m is not None:
-                        self._name_params(m)
+                for m in models:
+                    models.name_params(m)
             specs = []
             for gi, group in enumerate(opt.param_groups):
                 hp = hyperparameters(group)
                 for pi, p in enumerate(group["params"]):
-                    name = self._pname(p, gi, pi)
+                    name = models.pname(p, gi, pi)
                     # One call per parameter: its value before (here) and after the step, with
                     # the group's hyperparameters as the call's arguments.
                     occ = rec.occurrence("optimizer", "", "param", name)
-                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp, False)
-                    specs.append((call, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
+                    call = make_call(rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp)
+                    specs.append(RecordSpec(call, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
                     if p.grad is not None:
                         self._grads_seen = True
-                        specs.append((None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
+                        specs.append(RecordSpec(None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
             rec.record_many(specs, fresh=True)
             rec.microbatch = mb
-        except Exception as exc:
-            rec.fail(exc, "optimizer pre-step hook")
-        finally:
-            rec.leave()
 
-    def _opt_post(self, opt: Any) -> None:
-        rec = self._rec
+    def optimizer_post(self, opt: Any) -> None:
+        rec = self.rec
         if rec.failed or not rec.selected or rec.busy:
             rec.phase = "forward" if rec.in_step else rec.phase
             return
-        rec.enter()
-        try:
+        models = self.ctx.models
+        with rec.guard("optimizer post-step hook"):
             mb = rec.microbatch
             rec.microbatch = contract.NO_MICROBATCH
             specs = []
             for gi, group in enumerate(opt.param_groups):
                 hp = hyperparameters(group)
                 for pi, p in enumerate(group["params"]):
-                    name = self._pname(p, gi, pi)
+                    name = models.pname(p, gi, pi)
                     # The "after" side of the param call opened before the step (same occurrence).
                     key = (rec.microbatch, "optimizer", "", "param", name)
                     occ = max(0, rec.occ.get(key, 1) - 1)
-                    call = (rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp, False)
-                    specs.append((call, "param", name, "", "optimizer", "output", f"group[{gi}]", p))
+                    call = make_call(rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp)
+                    specs.append(RecordSpec(call, "param", name, "", "optimizer", "output", f"group[{gi}]", p))
                     state = opt.state.get(p, {})
                     for sname in sorted(state, key=str):
                         v = state[sname]
                         if isinstance(v, torch.Tensor):
                             specs.append(
-                                (
+                                RecordSpec(
                                     None,
                                     "optimizer_state",
                                     f"{name}.{sname}",
@@ -280,12 +287,5 @@ class StepRecording:
             rec.microbatch = mb
             rec.phase = "forward"
             self._opt_stepped = True  # step-end parameter records may reuse these digests
-        except Exception as exc:
-            rec.fail(exc, "optimizer post-step hook")
-        finally:
-            rec.leave()
         if rec.need_flush:
-            self._flush_safely()
-
-    def _pname(self, p: torch.Tensor, gi: int, pi: int) -> str:
-        return self._param_names.get(id(p)) or f"group[{gi}].params[{pi}]"
+            rec.flush_safely()
