@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.close()
     what = "flush after the digest batches" if args.after_batches else "flush"
     print(
-        f"level {args.level}: {args.flushes} timed {what}es of {args.steps} steps each "
+        f"level {args.level}: {args.flushes} timed runs ({what}) of {args.steps} steps each "
         f"(~{statistics.median(records)} records per flush; example width {args.width}, batch {args.batch} x seq {args.seq})"
     )
     for label, xs in (("wall", times), ("thread cpu", cpu)):

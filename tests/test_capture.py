@@ -326,12 +326,28 @@ def test_metric_and_probe_argument_errors(tmp_path):
 
 
 def test_flush_every_n_records_bounds_windows(tmp_path):
-    with Session(tmp_path / "r", "ops", flush_records=64) as s:
+    # A window is flushed at the first call boundary once it holds flush_records records, so
+    # every window but the last holds at least n, and overshoots n by less than the largest
+    # single append: one op call's records, or the optimizer's after-step batch (the parameter
+    # and Adam's three states, per parameter). Windows are written in order, nothing is lost.
+    n = 64
+    with Session(tmp_path / "r", "ops", flush_records=n) as s:
         train(s, steps=1)
     files = sorted((tmp_path / "r/records/rank=0").glob("*.parquet"))
-    assert len(files) > 5
+    windows = [pl.read_parquet(f) for f in files]
+    assert len(windows) > 5
     r = read(tmp_path / "r")
-    assert r["seq"].is_unique().all()
+    params = r.filter((pl.col("kind") == "param") & (pl.col("phase") == "step"))["name"].n_unique()
+    call = ["step", "microbatch", "phase", "module", "kind", "name", "occurrence"]
+    largest_append = max(4 * params, r.group_by(call).len()["len"].max())
+    assert largest_append < n  # else the bound below would say little
+    for i, w in enumerate(windows):
+        assert w.height < n + largest_append, (files[i].name, w.height)
+        if i < len(windows) - 1:
+            assert w.height >= n, (files[i].name, w.height)
+    seqs = pl.concat([w.select("seq") for w in windows])["seq"]
+    assert seqs.is_unique().all() and seqs.is_sorted()
+    assert sum(w.height for w in windows) == r.height
 
 
 def test_compiled_module_recorded_at_its_boundary(tmp_path):
