@@ -3,7 +3,7 @@
 Module boundaries and collectives are recorded where capture cannot see later writes, so each
 tensor is taken at record time: hashed in place at level 0 (large contiguous ones) or copied
 into a snapshot buffer (the rest). The batch then finishes every digest with a few GEMMs
-(``_batchdigest._finish``) and fills the capture Slots.
+(``batched._finish``) and fills the capture Slots.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Staging:
     Two ways in, chosen per tensor when it is put:
 
     - **hashed where it is**: a tensor that a step-boundary batch would hash in place too
-      (``_batchdigest._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
+      (``batched._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
       whose pointer check reads the snapshot) gets its level-0 GEMM now, reading it in place, written into a second
       buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
       input for all of them, hashed by one GEMM when the batch runs. Large activations are
