@@ -14,10 +14,10 @@ from tests.test_capture_models import digest_hi, read
 @pytest.mark.parametrize("max_runs", [256, 0])  # levels padded by slices, or by one index gather
 def test_batched_step_boundary_digests_equal_single_digests(monkeypatch, max_runs):
     from detfp_capture import digest
-    from detfp_capture._digest import batched as _batchdigest
+    from detfp_capture._digest import levels
     from detfp_capture._digest.batched import start_many
 
-    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
+    monkeypatch.setattr(levels, "MAX_RUNS", max_runs)
 
     g = torch.Generator().manual_seed(3)
     ts = [
@@ -49,10 +49,10 @@ def test_batch_layouts_reused_only_for_the_same_signature(monkeypatch, own_limit
     # an in-place write between two calls, a changed contiguity or an unbatchable member must
     # all still give the single digests.
     from detfp_capture import digest
-    from detfp_capture._digest import batched as _batchdigest
+    from detfp_capture._digest import batched
     from detfp_capture._digest.batched import _LAYOUTS, start_many
 
-    monkeypatch.setattr(_batchdigest, "_OWN_LIMIT", own_limit)
+    monkeypatch.setattr(batched, "_OWN_LIMIT", own_limit)
     g = torch.Generator().manual_seed(7)
 
     def batch(contiguous: bool) -> list[torch.Tensor]:
@@ -85,11 +85,11 @@ def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
     # Row counts that finish at different tree levels, with and without padding, interleaved,
     # twice (the second run reuses the staging buffer).
     from detfp_capture import digest
-    from detfp_capture._digest import batched as _batchdigest
+    from detfp_capture._digest import levels
     from detfp_capture._digest.staging import Staging
     from detfp_capture._recorder.slot import Slot
 
-    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
+    monkeypatch.setattr(levels, "MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
     # Contiguous whole-row tensors of 256 KiB and more are hashed in place (65536 floats: 256
     # rows; 259 rows, not a multiple of 16: a zeroed gap before the next; the bfloat16 one); a

@@ -29,15 +29,14 @@ import torch
 
 from detfp_capture import contract, digest
 from detfp_capture._config import CaptureConfig
-from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.args import ArgsColumn
-from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg, make_call
+from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
-from detfp_capture._recorder.hot import append_plain
+from detfp_capture._recorder.hot import append_batch, append_plain
 from detfp_capture._recorder.records import RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
 from detfp_capture._recorder.vcache import VersionCache
@@ -344,60 +343,7 @@ class Recorder:
                     self.append_records(call, [(sp.role, sp.arg, sp.tensor)], fresh=fresh)
                 calls.append(call)
             return calls
-        vcache = self.vcache
-        slots: list[Slot | None] = [None] * len(specs)
-        versions: list[int | None] = []
-        missing = []
-        for i, sp in enumerate(specs):
-            t = sp.tensor
-            try:
-                version = t._version
-            except Exception:
-                version = None
-            versions.append(version)
-            if version is not None and not fresh:
-                hit = vcache.get(t, version)
-                if hit is not None:
-                    slots[i] = hit
-                    continue
-            missing.append(i)
-        if missing:
-            new = [Slot(None) for _ in missing]
-            with gc_paused():
-                start_many([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
-            for i, s in zip(missing, new, strict=True):
-                slots[i] = s
-                if versions[i] is not None:
-                    vcache.put(specs[i].tensor, s, versions[i])
-        # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
-        calls = []
-        add = self.records.add
-        occ_map = self.occ
-        step, mb = self.step, self.microbatch
-        seq = self.seq
-        for sp, s in zip(specs, slots, strict=True):
-            call = sp.call
-            if call is None:
-                key = (mb, sp.phase, sp.module, sp.kind, sp.name)
-                occ = occ_map.get(key, 0)
-                occ_map[key] = occ + 1
-                call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
-            t = sp.tensor
-            dt = t.dtype
-            add(
-                call,
-                seq,
-                sp.role,
-                sp.arg,
-                DTYPE_STR.get(dt) or dtype_str(dt),
-                tuple(t.shape),
-                t.numel(),
-                s,
-                _NO_HAZARDS,
-            )
-            seq += 1
-            calls.append(call)
-        self.seq = seq
+        calls = append_batch(self, specs, fresh)
         self.records_in_step += len(specs)
         if len(self.records) >= self._flush_at:
             self.need_flush = True
