@@ -201,3 +201,19 @@ def test_capture_does_not_change_which_ops_autograd_runs(tmp_path):
     want = [n for n in dict.fromkeys(plain.names) if n != "aten::ones_like.default"]
     assert list(dict.fromkeys(r["name"])) == want
     assert "aten::new_empty_strided.default" not in want
+
+
+def test_mapping_batches_are_flattened_like_dicts():
+    """``BatchEncoding`` and other ``UserDict`` batches are Mappings, not dicts: their tensors
+    are module inputs all the same, in the mapping's own order."""
+    from collections import UserDict
+
+    from detfp_capture._sources.modules import flatten_tensors
+
+    ids, mask = torch.ones(2, 3), torch.zeros(2, 3)
+    out: list = []
+    flatten_tensors(UserDict(input_ids=ids, extra={"mask": mask}), "kwargs.batch", out)
+    assert [(k, t is v) for (k, t), v in zip(out, (ids, mask), strict=True)] == [
+        ("kwargs.batch.input_ids", True),
+        ("kwargs.batch.extra.mask", True),
+    ]

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
             self.b = torch.nn.Linear(8, 1)
 
         def forward(self, x):
-            return self.b(torch.tanh(self.a(x)))
+            return self.b(input=torch.tanh(self.a(x)))
 
     def main():
         steps, out = int(sys.argv[1]), sys.argv[2]
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
         bits = []
         for _ in range(steps):
             x = torch.randn(3, 4)
-            loss = model(x).square().mean()
+            loss = model(x=x).square().mean()  # the batch as keywords, as model(**batch) does
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -89,7 +89,10 @@ def test_launcher_end_to_end_in_process(tmp_path):
     assert sorted(set(r["step"])) == [10, 11, 12]
     s11 = r.filter(pl.col("step") == 11)
     assert set(s11.filter(pl.col("kind").is_in(["module_input", "module_output"]))["module"]) == {"", "a", "b"}
-    assert s11.filter(pl.col("kind") == "batch")["name"].to_list() == ["Tiny"]
+    # Arguments passed by keyword are recorded, although torch's global hooks never see them.
+    assert s11.filter(pl.col("kind") == "batch").select("name", "arg").rows() == [("Tiny", "kwargs.x")]
+    b_in = s11.filter((pl.col("kind") == "module_input") & (pl.col("module") == "b") & (pl.col("phase") == "forward"))
+    assert b_in["arg"].to_list() == ["kwargs.input"]
     opt = s11.filter(pl.col("phase") == "optimizer")
     assert {"a.weight", "b.bias"} <= set(opt.filter(pl.col("kind") == "param")["name"])
     assert "aten::tanh.default" in set(s11["name"])

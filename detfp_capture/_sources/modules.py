@@ -22,8 +22,9 @@ Below level boundaries only the root module is hooked: its input is the batch.
 
 from __future__ import annotations
 
+import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +36,26 @@ from detfp_capture._sources.context import CaptureContext, ModuleFrame
 __all__ = ["ModuleHooks", "flatten_tensors"]
 
 
+def _hook_callers() -> frozenset:
+    """The code objects of ``Module._call_impl`` and of the closures inside it that call hooks."""
+    code = torch.nn.Module._call_impl.__code__
+    return frozenset([code, *(c for c in code.co_consts if isinstance(c, type(code)))])
+
+
+_HOOK_CALLERS = _hook_callers()
+
+
+def _caller_kwargs() -> dict:
+    """The keyword arguments of the module call whose global pre-hook is running, or ``{}``
+    when the hook was not called from ``Module._call_impl`` (another torch, a compiled call).
+    The hooks run in a closure of ``_call_impl`` whose frame holds ``kwargs`` as a free variable."""
+    frame = sys._getframe(2)  # 0: this function, 1: _global_pre, 2: the caller of the hook
+    if frame.f_code not in _HOOK_CALLERS:
+        return {}
+    kwargs = frame.f_locals.get("kwargs")
+    return kwargs if isinstance(kwargs, dict) else {}
+
+
 def flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]], depth: int = 0) -> None:
     """Collect (path, tensor) pairs from nested tuples/lists/dicts/dataclass-like outputs."""
     if isinstance(obj, torch.Tensor):
@@ -44,7 +65,7 @@ def flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]], 
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             flatten_tensors(v, f"{prefix}[{i}]", out, depth + 1)
-    elif isinstance(obj, dict):
+    elif isinstance(obj, (dict, Mapping)):  # dict first (fast); Mapping: UserDict, HF's BatchEncoding
         for k in obj:
             flatten_tensors(obj[k], f"{prefix}.{k}", out, depth + 1)
     elif hasattr(obj, "__dataclass_fields__"):
@@ -123,7 +144,7 @@ class ModuleHooks:
 
         self.global_mode = True
         self.handles.append(nnmod.register_module_forward_pre_hook(self._global_pre))
-        self.handles.append(nnmod.register_module_forward_hook(self._global_post, always_call=True))
+        self.handles.append(nnmod.register_module_forward_hook(self._global_post, with_kwargs=True, always_call=True))
 
     def remove(self) -> None:
         self.release_nodes()
@@ -140,7 +161,10 @@ class ModuleHooks:
             if m is not None and getattr(m, "_detfp_hooked", None) is self:
                 del m._detfp_hooked
 
-    # Global hooks carry no kwargs; names come from the root module of each forward.
+    # Names come from the root module of each forward. Global pre-hooks are called without the
+    # keyword arguments (torch has no with_kwargs for them), yet Hugging Face models and
+    # Trainer pass the whole batch that way (``model(**batch)``): they are read from the
+    # frame of ``Module._call_impl`` that called the hook, which holds them as ``kwargs``.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
         if getattr(module, "_detfp_hooked", None) is self:
             return  # watched too (Session.watch_all next to watch): its own hooks record it
@@ -155,12 +179,12 @@ class ModuleHooks:
                 with self.rec.guard("naming modules", busy=False):
                     self.name_tree(module)
                 self._on_root(module)
-        self.pre(module, args, {})
+        self.pre(module, args, _caller_kwargs())
 
-    def _global_post(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+    def _global_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if getattr(module, "_detfp_hooked", None) is self:
             return
-        self.post(module, args, {}, output)
+        self.post(module, args, kwargs, output)
 
     # ------------------------------------------------------------------- forward
     def wrap_compiled(self) -> None:
