@@ -181,9 +181,16 @@ class ModuleHooks:
                 self._on_root(module)
         self.pre(module, args, _caller_kwargs())
 
-    def _global_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _global_post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        # (kwargs, output) when the forward returned; (output,) alone when it raised: torch's
+        # exception path calls the global always-call hooks without the kwargs even when they
+        # were registered with_kwargs (torch 2.x ``Module._call_impl``). Checkpoint's early stop
+        # of a recompute raises through every module still running, so a hook that accepted
+        # only the first form would be skipped (a silenced TypeError) and leave the scope's
+        # module stack unbalanced for the rest of the run.
         if getattr(module, "_detfp_hooked", None) is self:
             return
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         self.post(module, args, kwargs, output)
 
     # ------------------------------------------------------------------- forward
