@@ -12,14 +12,64 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from detfp_capture.errors import ConfigError
 
-__all__ = ["LEVELS", "CaptureConfig", "Selector", "TensorOption", "parse_selector"]
+__all__ = [
+    "LEVELS",
+    "LEVEL_CAPABILITIES",
+    "Capabilities",
+    "CaptureConfig",
+    "Selector",
+    "TensorOption",
+    "parse_selector",
+]
 
-#: Capture depths, cheapest first; each level records everything the previous one does.
-LEVELS = ("metrics", "boundaries", "ops")
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a capture level turns on. Code asks for a capability by name, never for a level
+    number, so a new level is one new row of ``LEVEL_CAPABILITIES``, not a renumbering.
+
+    Every level also records metrics, the RNG states at step start, the parameters at step end
+    and the root module's input (kind ``batch``): that is level ``metrics``, all fields False.
+    """
+
+    #: Every watched module's boundaries: inputs and outputs in forward, the gradients in
+    #: backward, recompute (and the recompute check); without it only the root module is hooked.
+    module_boundaries: bool = False
+    #: The ``torch.distributed`` wrappers (collectives, point-to-point) and DDP's recording comm
+    #: hook (``reduced_grad``): the job's communication and its gradient reduction.
+    collectives: bool = False
+    #: The optimizer's boundaries: params and grads before ``step()``, params and state after.
+    optimizer: bool = False
+    #: The false-root hazard tracker (``async_pending`` at the boundaries; at ``ops`` also
+    #: ``uninitialized`` and ``nonblocking_pending``, which need every op).
+    hazards: bool = False
+    #: Every ATen op through the dispatch mode, and what comes with it: backward ops attributed
+    #: to modules (autograd-node tags), kernel identities (``kernels=``), DDP's own work skipped.
+    ops: bool = False
+
+    @property
+    def sees_writes(self) -> bool:
+        """Every write goes through the dispatch mode: the version cache can be indexed by
+        storage (a write through any alias drops what it staled), op digests can wait for a
+        batch, and the step-end parameter records may reuse the optimizer step's digests."""
+        return self.ops
+
+
+#: Capture levels, cheapest first; each level records everything the previous one does.
+LEVEL_CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(
+    {
+        "metrics": Capabilities(),
+        "boundaries": Capabilities(module_boundaries=True, collectives=True, optimizer=True, hazards=True),
+        "ops": Capabilities(module_boundaries=True, collectives=True, optimizer=True, hazards=True, ops=True),
+    }
+)
+#: The level names, cheapest first.
+LEVELS = tuple(LEVEL_CAPABILITIES)
 
 
 @dataclass(frozen=True)
@@ -161,8 +211,9 @@ class CaptureConfig:
     start_step: int | None = None
 
     @property
-    def depth(self) -> int:
-        return LEVELS.index(self.level)
+    def caps(self) -> Capabilities:
+        """What this level turns on."""
+        return LEVEL_CAPABILITIES[self.level]
 
     def describe(self) -> dict[str, Any]:
         """JSON form for the manifest's ``capture`` object."""

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from detfp_capture._config import LEVELS
 from detfp_capture._repeat_state import Found, Snapshot, discover, leafify
 from detfp_capture.errors import CaptureError, ConfigError
 
@@ -42,7 +43,6 @@ KEEP = ("all", "failed", "none")
 #: Seed of the gradients fed to a non-scalar output's backward: random rather than ones, since
 #: ones hide differences (the gradient of a softmax's sum is zero whatever its input).
 _GRAD_SEED = 0x5EED
-_CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
 
 
 class NotReproducibleError(CaptureError, AssertionError):
@@ -118,8 +118,8 @@ def _check_options(fn: Any, runs: Any, level: Any, leave: Any, keep: Any, warmup
         raise ConfigError(f"repeat_check: fn={fn!r} is not callable; pass a module, a function or a bound method")
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
         raise ConfigError(f"runs={runs!r}: expected an int >= 2 (the first call is compared with each later one)")
-    if level not in _CAPTURE_LEVELS:
-        raise ConfigError(f"level={level!r}: unknown capture level; use one of {', '.join(map(repr, _CAPTURE_LEVELS))}")
+    if level not in LEVELS:
+        raise ConfigError(f"level={level!r}: unknown capture level; use one of {', '.join(map(repr, LEVELS))}")
     if leave not in LEAVE:
         raise ConfigError(f"leave={leave!r}: use 'after' (state as one call leaves it) or 'before' (as found)")
     if keep is not None and keep not in KEEP:

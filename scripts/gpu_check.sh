@@ -125,9 +125,9 @@ for name, t in cases.items():
 # The batched paths capture takes on the device: step-boundary batches (start_many) and
 # boundary staging (snapshots, and tensors hashed in place with their lanes buffer).
 from detfp_capture import digest
-from detfp_capture._batchdigest import start_many
-from detfp_capture._batching import Slot
-from detfp_capture._staging import Staging
+from detfp_capture._digest.batched import start_many
+from detfp_capture._recorder.deferred import Slot
+from detfp_capture._digest.staging import Staging
 kinds = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64)
 plain = [t for t in cases.values() if t.numel() and t.dtype in kinds]
 plain += [torch.randn(256, 1024, generator=g), torch.randn(259 * 256, generator=g)]  # hashed in place

@@ -38,7 +38,7 @@ FORKSERVER_PRELOAD = [
     "torch.distributed",
     "pyarrow.parquet",
     "detfp_capture.session",
-    "detfp_capture._collectives",
+    "detfp_capture._sources.collectives",
     "tests.fault_child",
     "tests._fault_warm",
 ]

@@ -219,8 +219,8 @@ def test_dumps_and_moments(tmp_path):
 
 
 def test_capture_error_disables_and_training_continues(tmp_path, baseline, monkeypatch):
-    from detfp_capture import _state
-    from detfp_capture._staging import Staging
+    from detfp_capture import digest
+    from detfp_capture._digest.staging import Staging
 
     def broken(*a, **k):
         raise RuntimeError("planted failure")
@@ -229,7 +229,7 @@ def test_capture_error_disables_and_training_continues(tmp_path, baseline, monke
         warnings.simplefilter("always")
         with Session(tmp_path / "r", "ops") as s:
             # Digests fail: single ones, and staged ones (which then fall back to single ones).
-            monkeypatch.setattr(_state.digest, "start", broken)
+            monkeypatch.setattr(digest, "start", broken)
             monkeypatch.setattr(Staging, "put_many", broken)
             got = train(s, steps=3)
     assert got == baseline
@@ -326,12 +326,28 @@ def test_metric_and_probe_argument_errors(tmp_path):
 
 
 def test_flush_every_n_records_bounds_windows(tmp_path):
-    with Session(tmp_path / "r", "ops", flush_records=64) as s:
+    # A window is flushed at the first call boundary once it holds flush_records records, so
+    # every window but the last holds at least n, and overshoots n by less than the largest
+    # single append: one op call's records, or the optimizer's after-step batch (the parameter
+    # and Adam's three states, per parameter). Windows are written in order, nothing is lost.
+    n = 64
+    with Session(tmp_path / "r", "ops", flush_records=n) as s:
         train(s, steps=1)
     files = sorted((tmp_path / "r/records/rank=0").glob("*.parquet"))
-    assert len(files) > 5
+    windows = [pl.read_parquet(f) for f in files]
+    assert len(windows) > 5
     r = read(tmp_path / "r")
-    assert r["seq"].is_unique().all()
+    params = r.filter((pl.col("kind") == "param") & (pl.col("phase") == "step"))["name"].n_unique()
+    call = ["step", "microbatch", "phase", "module", "kind", "name", "occurrence"]
+    largest_append = max(4 * params, r.group_by(call).len()["len"].max())
+    assert largest_append < n  # else the bound below would say little
+    for i, w in enumerate(windows):
+        assert w.height < n + largest_append, (files[i].name, w.height)
+        if i < len(windows) - 1:
+            assert w.height >= n, (files[i].name, w.height)
+    seqs = pl.concat([w.select("seq") for w in windows])["seq"]
+    assert seqs.is_unique().all() and seqs.is_sorted()
+    assert sum(w.height for w in windows) == r.height
 
 
 def test_compiled_module_recorded_at_its_boundary(tmp_path):
@@ -406,7 +422,7 @@ def test_capture_leaves_the_garbage_collector_as_it_found_it(tmp_path, enabled):
     # Capture pauses the cyclic collector around its bulk work (flush, batches): never beyond it.
     import gc
 
-    from detfp_capture._batching import gc_paused
+    from detfp_capture._recorder.slot import gc_paused
 
     was = gc.isenabled()
     try:
@@ -465,9 +481,9 @@ def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
 
 
 def _reference_mark_graph(outputs, inputs, path, since=-1):
-    # The plain walk _hooks._mark_graph must agree with: from the outputs back to the inputs,
+    # The plain walk graph.mark_graph must agree with: from the outputs back to the inputs,
     # through every node, tagging the untagged ones and stopping at other modules' nodes.
-    from detfp_capture._hooks import NODE_KEY
+    from detfp_capture._sources.context import NODE_KEY
 
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
@@ -566,7 +582,8 @@ def test_module_tags_of_autograd_nodes_match_the_plain_walk(tmp_path, monkeypatc
     # regions must tag every node exactly as walking through them does.
     import importlib.util
 
-    from detfp_capture import _hooks
+    from detfp_capture._sources import graph
+    from detfp_capture._sources.context import NODE_KEY
 
     def run(name):
         torch.manual_seed(0)
@@ -590,13 +607,13 @@ def test_module_tags_of_autograd_nodes_match_the_plain_walk(tmp_path, monkeypatc
                 if n is None or id(n) in seen:
                     continue
                 seen.add(id(n))
-                tags.append((n.name(), n.metadata.get(_hooks.NODE_KEY)))
+                tags.append((n.name(), n.metadata.get(NODE_KEY)))
                 stack.extend(nxt for nxt, _ in n.next_functions)
             loss.backward()
         return tags
 
     got = run("jump")
-    monkeypatch.setattr(_hooks, "_mark_graph", _reference_mark_graph)
+    monkeypatch.setattr(graph, "mark_graph", _reference_mark_graph)
     want = run("plain")
     assert got == want
     assert len({t for _, t in got if t}) > 5  # many modules own nodes

@@ -13,10 +13,11 @@ from tests.test_capture_models import digest_hi, read
 
 @pytest.mark.parametrize("max_runs", [256, 0])  # levels padded by slices, or by one index gather
 def test_batched_step_boundary_digests_equal_single_digests(monkeypatch, max_runs):
-    from detfp_capture import _batchdigest, digest
-    from detfp_capture._batchdigest import start_many
+    from detfp_capture import digest
+    from detfp_capture._digest import levels
+    from detfp_capture._digest.batched import start_many
 
-    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
+    monkeypatch.setattr(levels, "MAX_RUNS", max_runs)
 
     g = torch.Generator().manual_seed(3)
     ts = [
@@ -47,10 +48,11 @@ def test_batch_layouts_reused_only_for_the_same_signature(monkeypatch, own_limit
     # the batch is cached by that signature (and, used again, gets its own buffer). New values,
     # an in-place write between two calls, a changed contiguity or an unbatchable member must
     # all still give the single digests.
-    from detfp_capture import _batchdigest, digest
-    from detfp_capture._batchdigest import _LAYOUTS, start_many
+    from detfp_capture import digest
+    from detfp_capture._digest import batched
+    from detfp_capture._digest.batched import _LAYOUTS, start_many
 
-    monkeypatch.setattr(_batchdigest, "_OWN_LIMIT", own_limit)
+    monkeypatch.setattr(batched, "_OWN_LIMIT", own_limit)
     g = torch.Generator().manual_seed(7)
 
     def batch(contiguous: bool) -> list[torch.Tensor]:
@@ -82,11 +84,12 @@ def test_batch_layouts_reused_only_for_the_same_signature(monkeypatch, own_limit
 def test_staged_snapshots_digest_like_single_digests(monkeypatch, max_runs):
     # Row counts that finish at different tree levels, with and without padding, interleaved,
     # twice (the second run reuses the staging buffer).
-    from detfp_capture import _batchdigest, digest
-    from detfp_capture._batching import Slot
-    from detfp_capture._staging import Staging
+    from detfp_capture import digest
+    from detfp_capture._digest import levels
+    from detfp_capture._digest.staging import Staging
+    from detfp_capture._recorder.slot import Slot
 
-    monkeypatch.setattr(_batchdigest, "_MAX_RUNS", max_runs)
+    monkeypatch.setattr(levels, "MAX_RUNS", max_runs)
     g = torch.Generator().manual_seed(11)
     # Contiguous whole-row tensors of 256 KiB and more are hashed in place (65536 floats: 256
     # rows; 259 rows, not a multiple of 16: a zeroed gap before the next; the bfloat16 one); a
@@ -114,7 +117,7 @@ def test_op_arguments_kept_flat_and_untracked_digest_like_the_originals():
     # collector to keep tracking), and their args digest is that of the original arguments.
     import gc
 
-    from detfp_capture._records import args_text, flat_args
+    from detfp_capture._recorder.args import args_text, flat_args
 
     args = [[8, 32, 64], 1.5, [[1, 2], [3], []], (4, 5), None, "sum"]
     kwargs = {"size": [1, 2], "e": [], "alpha": 2}
@@ -131,7 +134,7 @@ def test_batched_digests_survive_scratch_reuse_and_small_scratch(monkeypatch):
     # The copy buffer is reused by the next batch and split into regions when a batch is bigger
     # than it: digests of earlier batches, resolved later, must be unaffected.
     from detfp_capture import digest
-    from detfp_capture._batchdigest import _SCRATCH, start_many
+    from detfp_capture._digest.batched import _SCRATCH, start_many
 
     monkeypatch.setattr(type(_SCRATCH), "CAP", 8 << 10)
     monkeypatch.setattr(_SCRATCH, "bufs", {})
@@ -180,7 +183,7 @@ def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
     tensors capture copied into its staging buffer."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from detfp_capture import _staging
+    from detfp_capture._digest import staging as _staging
 
     staged = []
     put = _staging.Staging.put_many
@@ -212,7 +215,8 @@ def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
 
 
 def test_inplace_chain_reuses_the_written_digest_and_follows_every_write(tmp_path, monkeypatch):
-    from detfp_capture import _dispatch, digest
+    from detfp_capture import digest
+    from detfp_capture._recorder.vcache import VersionCache
 
     def fp(t: torch.Tensor) -> tuple[int, int]:
         d = digest.fingerprint(t).digest
@@ -246,7 +250,7 @@ def test_inplace_chain_reuses_the_written_digest_and_follows_every_write(tmp_pat
     assert list(zip(got["digest_hi"], got["digest_lo"], strict=True)) == want, got
     # The reads right after a write reuse its digest: without the re-keying, the same trace
     # costs more copies (each in-place input is snapshotted before the op writes it).
-    monkeypatch.setattr(_dispatch, "promote", lambda rec: rec.written.clear())
+    monkeypatch.setattr(VersionCache, "promote", lambda cache: cache.written.clear())
     plain, staged_plain = _inplace_program(tmp_path, "plain")
     assert plain.equals(got)
     assert staged < staged_plain, (staged, staged_plain)
@@ -277,8 +281,8 @@ def test_staged_int64_pointer_checks_match_single_digests():
     # int64 boundary tensors are snapshotted like the others; their pointer check runs for the
     # whole batch at once and must say what digest.start's per-tensor check says.
     from detfp_capture import digest
-    from detfp_capture._batching import Slot
-    from detfp_capture._staging import Staging
+    from detfp_capture._digest.staging import Staging
+    from detfp_capture._recorder.slot import Slot
 
     g = torch.Generator().manual_seed(5)
     ptrs = torch.randint(1 << 28, 1 << 44, (300,), generator=g) * 16  # multi-row, pointer-like
@@ -303,12 +307,12 @@ def test_staged_int64_pointer_checks_match_single_digests():
 
 @pytest.mark.parametrize("n", [5, 40])  # finalized on the host (<= 32 digests), on the device
 def test_bulk_resolve_of_batched_rows_matches_resolve(n):
-    # The flush resolves batched rows in bulk (_resolve.resolve_rows): same digests as the
-    # general resolve, for rows in any order and from two batches at once.
+    # The flush resolves batched rows in bulk (resolve.resolve_rows, as integers): same digests as
+    # the general resolve, for rows in any order and from two batches at once.
     from detfp_capture import digest
-    from detfp_capture._batchdigest import start_many
-    from detfp_capture._batching import Slot
-    from detfp_capture._resolve import resolve_rows
+    from detfp_capture._digest.batched import start_many
+    from detfp_capture._digest.resolve import resolve_rows
+    from detfp_capture._recorder.slot import Slot
 
     g = torch.Generator().manual_seed(n)
     ts = [torch.randn(1 + 37 * i, generator=g) for i in range(n)]
@@ -317,22 +321,26 @@ def test_bulk_resolve_of_batched_rows_matches_resolve(n):
     start_many([t * 2 for t in ts], b)
     items = [*a[::-1], *b[::2]]
     want = [f.digest for f in digest.resolve([s.started() for s in items])]
-    assert resolve_rows(items) == want
+    his, los = resolve_rows(items)
+    assert [f"{hi:016x}{lo:016x}" for hi, lo in zip(his, los, strict=True)] == want
+    assert [(hi, lo) for hi, lo in zip(his, los, strict=True)] == [(int(d[:16], 16), int(d[16:], 16)) for d in want]
 
 
 def test_args_digest_memo_keeps_values_that_compare_equal_apart():
     # Memoized across flushes, the args digest must still tell apart arguments that Python
     # considers equal but whose text differs: -0.0 and 0.0, True and 1 and 1.0, a float and
     # the string of its hex text.
-    from detfp_capture._records import RecordBuffer, args_text, flat_args, record_columns
+    from detfp_capture._recorder.args import ArgsColumn, args_text, flat_args
+    from detfp_capture._recorder.call import make_call
+    from detfp_capture._recorder.records import RecordBuffer, record_columns
 
     variants = [[0.0], [-0.0], [1], [True], [1.0], [(1.0).hex()], [float("nan")], [[1, 2]], [[1, 2.0]]]
     for _ in range(2):  # the second pass reads the memo
         buf = RecordBuffer()
         for i, v in enumerate(variants):
-            call = (0, -1, "forward", "", "op", "aten::x", i, flat_args(v, []), False)
+            call = make_call(0, -1, "forward", "", "op", "aten::x", i, flat_args(v, []))
             buf.add(call, i, "output", "out", "torch.float32", (1,), 1, None, ())
-        got = record_columns(buf)[0]["args_digest"]
+        got = record_columns(buf, ArgsColumn())[0]["args_digest"]
         assert got == [args_text(flat_args(v, [])) for v in variants]
         assert len(set(got)) == len(variants)
 
@@ -340,7 +348,7 @@ def test_args_digest_memo_keeps_values_that_compare_equal_apart():
 def test_int64_probe_keeps_its_pointer_check_when_staging_fails(tmp_path, monkeypatch):
     # int64 tensors are staged like the others; when staging cannot take them, the digest taken
     # instead must still check for device-pointer tables.
-    from detfp_capture._staging import Staging
+    from detfp_capture._digest.staging import Staging
 
     def broken(*a, **k):
         raise RuntimeError("staging unavailable")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 
@@ -74,8 +75,8 @@ def _worker(rank: int, world: int, init: str, out: str, q) -> None:
             gen = torch.Generator().manual_seed(100 + rank)
             losses = []
             for step in range(2):
-                if s is not None:
-                    s._begin_step(step)
+                in_step = s.step(step) if s is not None else contextlib.nullcontext()
+                in_step.__enter__()
                 tokens = torch.randint(0, 16, (4, 6), generator=gen)
                 loss = torch.nn.functional.cross_entropy(model(tokens).reshape(-1, 16), tokens.reshape(-1))
                 loss.backward()
@@ -89,8 +90,7 @@ def _worker(rank: int, world: int, init: str, out: str, q) -> None:
                 works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, recv, peer)])
                 for w in works:
                     w.wait()
-                if s is not None:
-                    s._end_step()
+                in_step.__exit__(None, None, None)
             if s is not None:
                 s.close()
             results[label] = (losses, [p.detach().numpy().tobytes() for p in model.parameters()])

@@ -10,7 +10,7 @@ import torch
 
 from detfp_analyze.reader import open_run
 from detfp_capture import Session
-from detfp_capture._launcher import main as launcher_main
+from detfp_capture._sources.launcher import main as launcher_main
 from detfp_capture.errors import ConfigError, RunExistsError
 from detfp_capture.writer import clear_rank
 

@@ -208,7 +208,7 @@ def test_mapping_batches_are_flattened_like_dicts():
     are module inputs all the same, in the mapping's own order."""
     from collections import UserDict
 
-    from detfp_capture._hooks import flatten_tensors
+    from detfp_capture._sources.modules import flatten_tensors
 
     ids, mask = torch.ones(2, 3), torch.zeros(2, 3)
     out: list = []

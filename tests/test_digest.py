@@ -17,9 +17,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from detfp_capture import _digest_core as core
-from detfp_capture import _digest_types as T
-from detfp_capture import digest as D
+from detfp_capture._digest import core
+from detfp_capture._digest import pending as D
+from detfp_capture._digest import results as T
 from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint, resolve, start
 
 FAST = settings(max_examples=30, deadline=None)
@@ -539,18 +539,18 @@ def test_cuda_graph_capture_gives_an_error_marker_not_a_recorded_digest():
     assert fp(y) == fp(x * 2)
 
 
-def test_hex_rendering_with_and_without_numpy(monkeypatch):
-    from detfp_capture._resolve import _hex_words
+def test_fetched_words_are_unsigned_and_hex_renders_them():
+    # A resolve brings the digests back as int64 words and reads them as unsigned integers (the
+    # trace's uint64 columns); Fingerprint.digest and row digests render them as 32 hex.
+    from detfp_capture._digest.resolve import _hex, _words
 
     words = torch.tensor([0, -1, 1, -(2**63), 2**63 - 1, 0x0123456789ABCDEF], dtype=torch.int64)
-    want = "".join(f"{w & (2**64 - 1):016x}" for w in words.tolist())
-    assert _hex_words(words) == want
-
-    def no_numpy(self):
-        raise RuntimeError("Numpy is not available")
-
-    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
-    assert _hex_words(words) == want
+    want = [w & (2**64 - 1) for w in words.tolist()]
+    assert _words(words, [(0, 0)] * 3, on_host=False) == want
+    assert [_hex(hi, lo) for hi, lo in zip(want[0::2], want[1::2], strict=True)] == [
+        f"{hi:016x}{lo:016x}" for hi, lo in zip(want[0::2], want[1::2], strict=True)
+    ]
+    assert _hex(0, 2**64 - 1) == "0" * 16 + "f" * 16
 
 
 def test_fingerprints_pickle_and_components_stay_read_only():

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detfp_capture import _digest_core as core
+from detfp_capture._digest import core
 from detfp_capture.contract import DIGEST_VERSION
 from detfp_capture.digest import fingerprint, resolve, start
 

@@ -149,11 +149,11 @@ def test_async_pending_on_probe_at_boundaries(tmp_path, gloo1):
 
 
 def test_nonblocking_pending_until_sync_or_step_end(tmp_path, monkeypatch):
-    from detfp_capture import _dispatch
+    from detfp_capture._sources import ops
 
     # CPU-to-CPU non_blocking copies are synchronous (not flagged, tested below); pretend these
     # involve an accelerator so the pending/sync logic runs on a CPU-only machine.
-    monkeypatch.setattr(_dispatch, "_on_accelerator", lambda args, outs: True)
+    monkeypatch.setattr(ops, "_on_accelerator", lambda args, outs: True)
     with Session(tmp_path / "r", "ops") as s:
         with s.step(0):
             src = torch.arange(6, dtype=torch.float32)
@@ -189,7 +189,7 @@ def test_an_address_reused_after_a_storage_is_freed_inherits_no_hazard():
     """FSDP frees a storage under a living tensor (resize_(0)) and the allocator hands the
     address to another: the entry of the first must not flag the second (it flagged FSDP2's
     gathered parameters uninitialized in one run of an identical pair)."""
-    from detfp_capture._hazards import HazardTracker, storage_key
+    from detfp_capture._recorder.hazards import HazardTracker, storage_key
 
     hz = HazardTracker(rec=None, poison_byte=None)
     fresh = torch.empty(16)

@@ -8,7 +8,7 @@ import textwrap
 
 import polars as pl
 
-from detfp_capture._launcher import main
+from detfp_capture._sources.launcher import main
 from tests.test_capture_models import read
 
 SCRIPT = textwrap.dedent(
@@ -116,3 +116,52 @@ def test_launcher_usage_errors(tmp_path):
         timeout=60,
     )
     assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+CHECKPOINTED = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            # The recompute stops early (after the block's last saved tensor): an exception that
+            # unwinds through the block's submodules while their forward hooks are pending.
+            return self.head(checkpoint(self.block, x, use_reentrant=False) * 2)
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(int(sys.argv[1])):
+        model(x=torch.randn(3, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+)
+
+
+def test_launcher_keeps_the_module_stack_through_a_checkpoint_early_stop(tmp_path, recwarn):
+    # torch calls the global always-call forward hooks without kwargs when a forward raises (the
+    # checkpoint's early stop does, in every recompute): the hook must take both forms, or the
+    # module stack stays unbalanced and every later step is recorded as one long recompute.
+    script = tmp_path / "train.py"
+    script.write_text(CHECKPOINTED)
+    saved = sys.argv
+    try:
+        assert main(["--out", str(tmp_path / "run"), "--level", "boundaries", "--", str(script), "3"]) == 0
+    finally:
+        sys.argv = saved
+    assert not [w for w in recwarn if "always_call" in str(w.message)]
+    r = read(tmp_path / "run")
+    for step in (0, 1, 2):
+        s = r.filter(pl.col("step") == step)
+        assert s.filter(pl.col("kind") == "batch").select("name", "arg").rows() == [("Net", "kwargs.x")], step
+        fwd = s.filter((pl.col("phase") == "forward") & (pl.col("kind") == "module_input"))
+        assert set(fwd["module"]) == {"block", "block.0", "block.1", "block.2", "head"}, step
+        assert set(s.filter(pl.col("phase") == "recompute")["module"]) <= {"block", "block.0", "block.1", "block.2"}

@@ -31,7 +31,7 @@ from detfp_analyze.bisect import bisect
 from detfp_analyze.certify import certify
 from detfp_analyze.envdiff import env_diff
 from detfp_analyze.reader import open_run
-from detfp_capture._launcher import main as launcher_main
+from detfp_capture._sources.launcher import main as launcher_main
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = str(ROOT / "tests" / "zoo" / "plain_train.py")

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from detfp_capture._launcher import main as launcher_main
+from detfp_capture._sources.launcher import main as launcher_main
 
 
 def run_all(runs: list[dict]) -> int:

@@ -1,7 +1,7 @@
 """Module boundaries: forward, backward and recompute records, and module paths for ops.
 
 Forward: a pre-hook records the inputs (kind ``module_input``; ``batch`` for a root module,
-whose inputs are the data) and pushes the module on the path stack; a post-hook registered
+whose inputs are the data) and pushes the module on the scope's stack; a post-hook registered
 with ``always_call=True`` (so an exception or checkpoint's early stop cannot unbalance the
 stack) records the outputs (``module_output``) and pops it.
 
@@ -12,11 +12,12 @@ flowing into the module's backward (``module_input``, arg ``grad_out[i]``), and
 arg ``grad_in[i]``; for an input also used elsewhere this is the accumulated gradient).
 
 A module forward that runs while autograd is executing a node is a checkpoint recompute:
-its records get phase ``recompute`` and the recorder checks at flush that the recomputed
-outputs equal the original forward outputs (``recompute_mismatch`` events).
+its records get phase ``recompute`` and the flush checks that the recomputed outputs equal the
+original forward outputs (``recompute_mismatch`` events).
 
 At level ``ops`` the post-hook also tags the autograd nodes created inside the module with
-its path (``node.metadata``), so ops that run in backward are attributed to their module.
+its path (``graph.mark_graph``), so ops that run in backward are attributed to their module.
+Below level boundaries only the root module is hooked: its input is the batch.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["ModuleHooks", "flatten_tensors"]
+from detfp_capture._sources import graph
+from detfp_capture._sources.context import CaptureContext, ModuleFrame
 
-NODE_KEY = "detfp_module"
-#: On a module's output node: the nodes its tagging walk stopped at (see _mark_graph).
-_FRONTIER = "detfp_frontier"
+__all__ = ["ModuleHooks", "flatten_tensors"]
 
 
 def _hook_callers() -> frozenset:
@@ -82,83 +82,29 @@ def _call_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-#: Serial of the last tagging walk: a module's own walk may jump only over regions walked
-#: since its forward began (see _mark_graph).
-_WALKS = [0]
-
-
-def _mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: str, since: int = -1) -> None:
-    """Tag the autograd nodes created inside a module with its path (innermost wins).
-
-    Walks back from the outputs' nodes and stops at the inputs' nodes and at nodes of other
-    modules. A submodule's region has been walked already, when its own forward ended; walking
-    it again from every enclosing module made the cost grow with the nesting depth. So a
-    single-output region keeps, on its output node, where its walk stopped (its frontier:
-    exactly the nodes reachable from that node that the walk did not go through), and an
-    enclosing walk that reaches the node continues from there. The tags are the same: every
-    node in the region is owned by the submodule or one of its own, which an enclosing walk
-    goes through without tagging. Only regions walked since this module's forward began
-    (``since``, a serial of ``_WALKS``) are jumped over: they were created after this module's
-    inputs, so none of its stop nodes lies inside them. An older region (a submodule called
-    before, by other code) is walked through as before.
-    """
-    _WALKS[0] += 1
-    serial = _WALKS[0]
-    stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
-    entries = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    stack = list(entries)
-    # Whether this walk tags (and so goes through) the single output node: see the end.
-    fresh_entry = len(entries) == 1 and NODE_KEY not in entries[0].metadata
-    inner = path + "." if path else ""
-    seen: set[int] = set()
-    frontier: list[Any] = []
-    while stack:
-        n = stack.pop()
-        if n is None:
-            continue
-        i = id(n)
-        if i in seen:
-            continue
-        seen.add(i)
-        if i in stop:
-            frontier.append(n)
-            continue
-        md = n.metadata
-        owner = md.get(NODE_KEY)
-        if owner is None:
-            md[NODE_KEY] = path
-        elif not owner.startswith(inner):
-            frontier.append(n)
-            continue  # a node of an earlier sibling or an enclosing scope: the module's region ends here
-        else:
-            jump = md.get(_FRONTIER)
-            if jump is not None and jump[0] > since:
-                stack.extend(jump[1])
-                continue
-        for nxt, _ in n.next_functions:
-            stack.append(nxt)
-    if fresh_entry and id(entries[0]) not in stop:
-        # Only a node this walk tagged: one it stopped at (an input passed through, a node of
-        # another module) or one a submodule tagged (with its own frontier) leads elsewhere.
-        entries[0].metadata[_FRONTIER] = (serial, frontier)
-
-
 class ModuleHooks:
-    """Hook functions shared by per-module (``watch``) and global (launcher) registration."""
+    """Hook functions shared by per-module (``watch``) and global (launcher, ``watch_all``)
+    registration. ``on_root``: called with a module that runs forward as a root for the first
+    time under the global hooks (the session names and watches it)."""
 
-    def __init__(self, session: Any) -> None:
-        self.s = session
-        self.rec = session._rec
+    def __init__(self, ctx: CaptureContext, on_root: Callable[[torch.nn.Module], None]) -> None:
+        self.ctx = ctx
+        self.rec = ctx.rec
+        self.scope = ctx.scope
+        self.caps = ctx.caps
+        self._on_root = on_root
         # id(module) -> (path, weakref); filled by watch() or, globally, from each root module.
-        self.paths: dict[int, tuple[str, Any]] = {}
+        # A DDP wrapper is transparent: its path is None.
+        self.paths: dict[int, tuple[str | None, Any]] = {}
         self.roots: set[int] = set()
-        self.stack: list[tuple[int, str, str, list]] = []  # (id, path, phase, input tensors)
         self.handles: list[RemovableHandle] = []
-        self.selected_cache: dict[str, bool] = {}
         self.global_mode = False
         self.node_boxes: list[list] = []  # autograd nodes referenced by this step's hooks
         # Modules compiled in place whose compiled call is wrapped: (module ref, original call).
         self.compiled_regions: list[tuple[Any, Callable]] = []
+
+    def is_watched(self, module: object) -> bool:
+        return id(module) in self.paths
 
     def release_nodes(self) -> None:
         """Drop this step's references to autograd nodes (their graph is done with at step end)."""
@@ -187,7 +133,7 @@ class ModuleHooks:
                 continue
             if getattr(m, "_detfp_hooked", None) is self:
                 continue
-            if self.s._depth < 1 and id(m) not in self.roots:
+            if not self.caps.module_boundaries and id(m) not in self.roots:
                 continue  # level metrics: only the data fed to the root (kind batch)
             self.handles.append(m.register_forward_pre_hook(self.pre, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self.post, with_kwargs=True, always_call=True))
@@ -222,45 +168,32 @@ class ModuleHooks:
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
         if getattr(module, "_detfp_hooked", None) is self:
             return  # watched too (Session.watch_all next to watch): its own hooks record it
-        if self.stack:
-            if self.s._depth < 1:
+        if self.scope.stack:
+            if not self.caps.module_boundaries:
                 return  # level metrics: only roots (their input is the batch)
         else:
-            if self.s._auto_next is not None:
-                self.s._auto_touch()  # the first forward of a step begins it (after the script seeded)
+            pending = self.ctx.pending_step
+            if pending.number is not None:
+                pending.touch()  # the first forward of a step begins it (after the script seeded)
             if id(module) not in self.paths:
-                self._guarded(self.name_tree, module)
-                self.s._on_root(module)
+                with self.rec.guard("naming modules", busy=False):
+                    self.name_tree(module)
+                self._on_root(module)
         self.pre(module, args, _caller_kwargs())
 
-    def _global_post(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _global_post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        # (kwargs, output) when the forward returned; (output,) alone when it raised: torch's
+        # exception path calls the global always-call hooks without the kwargs even when they
+        # were registered with_kwargs (torch 2.x ``Module._call_impl``). Checkpoint's early stop
+        # of a recompute raises through every module still running, so a hook that accepted
+        # only the first form would be skipped (a silenced TypeError) and leave the scope's
+        # module stack unbalanced for the rest of the run.
         if getattr(module, "_detfp_hooked", None) is self:
             return
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         self.post(module, args, kwargs, output)
 
-    def _guarded(self, fn: Callable, *a: Any) -> None:
-        try:
-            fn(*a)
-        except Exception as exc:
-            self.rec.fail(exc, "naming modules")
-
     # ------------------------------------------------------------------- forward
-    def module_selected(self, path: str) -> bool:
-        pat = self.rec.cfg.modules
-        if pat is None:
-            return True
-        hit = self.selected_cache.get(path)
-        if hit is None:
-            hit = self.selected_cache[path] = pat.search(path) is not None
-        return hit
-
-    def current(self) -> tuple[str, str]:
-        """(module path, phase) for a record made now outside autograd's own threads."""
-        if self.stack:
-            _, path, phase, _, _ = self.stack[-1]
-            return path, phase
-        return "", self.rec.phase
-
     def wrap_compiled(self) -> None:
         """Record the boundary of modules compiled in place (``module.compile()``).
 
@@ -274,7 +207,7 @@ class ModuleHooks:
             impl = getattr(m, "_compiled_call_impl", None) if m is not None and path is not None else None
             if impl is None or getattr(impl, "_detfp_region", None) is self:
                 continue
-            if self.s._depth < 1 and mid not in self.roots:
+            if not self.caps.module_boundaries and mid not in self.roots:
                 continue  # level metrics: only the root, whose input is the batch
 
             def make(m: torch.nn.Module, impl: Callable) -> Callable:
@@ -303,26 +236,27 @@ class ModuleHooks:
         if entry is None or entry[0] is None:
             return
         path = entry[0]
-        rec.enter()
-        try:
+        scope = self.scope
+        stack = scope.stack
+        with rec.guard("forward pre-hook of {!r}", path):
             in_autograd = torch._C._current_autograd_node() is not None
-            if not self.stack and not in_autograd and rec.in_step and rec.phase == "step":
+            if not stack and not in_autograd and rec.in_step and rec.phase == "step":
                 rec.phase = "forward"  # a new forward after a backward (gradient accumulation)
-            phase = "recompute" if in_autograd or (self.stack and self.stack[-1][2] == "recompute") else rec.phase
-            root = not self.stack
+            phase = "recompute" if in_autograd or (stack and stack[-1].phase == "recompute") else rec.phase
+            root = not stack
             tensors = _call_tensors(args, kwargs)
-            self.stack.append((id(module), path, phase, [t for _, t in tensors], _WALKS[0]))
+            stack.append(ModuleFrame(id(module), path, phase, [t for _, t in tensors], graph.walks()))
             # Counted with the stack, selected or not: post() undoes it when it pops the module
             # (a compiled module that modules= left out once drove the count below zero, which
             # stopped op capture for the rest of the run).
             if compiled is None:
                 compiled = type(module).__name__ == "OptimizedModule"
             if compiled:
-                self.s._compiled_depth += 1
-                self.s._saw_compiled = True
-            if (self.s._depth >= 1 or (root and phase == "forward")) and self.module_selected(path):
+                scope.compiled_depth += 1
+                scope.saw_compiled = True
+            boundaries = self.caps.module_boundaries
+            if (boundaries or (root and phase == "forward")) and scope.module_selected(path):
                 kind = "batch" if root and phase == "forward" else ("compiled" if compiled else "module_input")
-                hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
                     kind,
                     type(module).__name__,
@@ -330,20 +264,16 @@ class ModuleHooks:
                     phase,
                     [("input", a, t) for a, t in tensors],
                     compiled=compiled,
-                    hazards=hz,
+                    hazards=self._hazards([t for _, t in tensors]),
                 )
-                if self.s._depth >= 1 and phase != "recompute" and torch.is_grad_enabled():
+                if boundaries and phase != "recompute" and torch.is_grad_enabled():
                     self._hook_input_grads(module, path, tensors)
             if compiled:
                 # Compiled code writes without the dispatch mode seeing it (an input mutated in
                 # place): digests waiting for a batch, its input records' included, are taken now.
                 rec.run_deferred(staging=False)
-        except Exception as exc:
-            rec.fail(exc, f"forward pre-hook of {path!r}")
-        finally:
-            rec.leave()
         if rec.need_flush:
-            self.s._flush_safely()
+            rec.flush_safely()
 
     def post(
         self,
@@ -357,44 +287,43 @@ class ModuleHooks:
         rec = self.rec
         if torch.compiler.is_compiling():
             return  # traced into a compiled region (module.compile()): never touch the stack
-        if not self.stack or self.stack[-1][0] != id(module):
+        stack = self.scope.stack
+        if not stack or stack[-1].module_id != id(module):
             return
-        _, path, phase, inputs, since = self.stack.pop()
+        frame = stack.pop()
+        path, phase = frame.path, frame.phase
         if compiled is None:
             compiled = type(module).__name__ == "OptimizedModule"
         if compiled:
-            self.s._compiled_depth -= 1  # whatever happens below: pre() counted it with the push
+            self.scope.compiled_depth -= 1  # whatever happens below: pre() counted it with the push
         if failed or rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
             return
-        rec.enter()
-        try:
-            selected = self.s._depth >= 1 and self.module_selected(path)
-            tag = self.s._depth >= 2 and phase == "forward" and torch.is_grad_enabled()
+        with rec.guard("forward hook of {!r}", path):
+            selected = self.caps.module_boundaries and self.scope.module_selected(path)
+            tag = self.caps.ops and phase == "forward" and torch.is_grad_enabled()
             tensors: list[tuple[str, torch.Tensor]] = []
             if selected or tag:
                 flatten_tensors(output, "out", tensors)  # once, for the records and the tagging walk
             if selected:
-                kind = "compiled" if compiled else "module_output"
-                hz = self.s._hazards_for([t for _, t in tensors]) if self.s._hazards_on else None
                 rec.record_call(
-                    kind,
+                    "compiled" if compiled else "module_output",
                     type(module).__name__,
                     path,
                     phase,
                     [("output", a, t) for a, t in tensors],
                     compiled=compiled,
-                    hazards=hz,
+                    hazards=self._hazards([t for _, t in tensors]),
                 )
                 if phase != "recompute" and torch.is_grad_enabled():
                     self._hook_output_grads(module, path, tensors)
             if tag:
-                _mark_graph([t for _, t in tensors], inputs, path, since)
-        except Exception as exc:
-            rec.fail(exc, f"forward hook of {path!r}")
-        finally:
-            rec.leave()
+                graph.mark_graph([t for _, t in tensors], frame.inputs, path, frame.walks)
         if rec.need_flush:
-            self.s._flush_safely()
+            rec.flush_safely()
+
+    def _hazards(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
+        hz = self.ctx.hazards
+        return hz.flag_all(tensors) if hz is not None and hz.active else None
 
     # ------------------------------------------------------------------- backward
     def _hook_output_grads(self, module: torch.nn.Module, path: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -451,15 +380,10 @@ class ModuleHooks:
         rec = self.rec
         if rec.busy or not rec.selected or rec.failed:
             return
-        self.s._note_backward()
-        rec.enter()
-        try:
+        self.scope.note_backward()
+        with rec.guard("backward hook of {!r}", path):
             # All gradients of one module boundary form one call, whatever order they arrive in.
             if state["call"] is None:
                 state["call"] = rec.record_call(kind, name, path, "backward", [rec_t])
             else:
                 rec.append_records(state["call"], [rec_t])
-        except Exception as exc:
-            rec.fail(exc, f"backward hook of {path!r}")
-        finally:
-            rec.leave()

@@ -1,30 +1,67 @@
-"""``resolve``: started digests (``digest.Pending``) to fingerprints, in batches.
+"""``resolve``: started digests (``digest.Pending``) to their values, in batches.
 
 A resolve finalizes every digest of a device at once (the 16 lanes of each mixed with its
 metadata word, on the device or, for a few, on the host) and fetches them, with the moments and
-pointer flags asked for, in one device-to-host copy per device. ``resolve_raw`` gives plain
-tuples instead of ``Fingerprint`` objects and ``resolve_rows`` resolves rows of batches in
-bulk: both for the capture's flush. Public through ``detfp_capture.digest``.
+pointer flags asked for, in one device-to-host copy per device. A digest arrives as two unsigned
+64-bit words (high, low) and stays two integers all the way to the trace's ``digest_hi`` /
+``digest_lo`` columns; only ``Fingerprint.digest`` and row digests are 32-hex text.
+``resolve`` gives ``Fingerprint`` objects (public, through ``detfp_capture.digest``);
+``resolve_raw`` gives ``Resolved`` tuples and ``resolve_rows`` resolves rows of batches in bulk:
+both for the capture's flush.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture._digest_types import Fingerprint, Moments, _fingerprint_fast
+from detfp_capture._digest import core
+from detfp_capture._digest.results import Fingerprint, Moments, _fingerprint_fast
 
-__all__ = ["RawDigest", "resolve", "resolve_raw", "resolve_rows"]
+__all__ = ["Resolved", "resolve", "resolve_raw", "resolve_rows"]
 
 #: Batches up to this size are finalized on the host (cheaper than ~120 tiny device ops).
 _HOST_FINALIZE = 32
 
-Pending = Any  # digest.Pending (not imported: digest imports this module)
+Pending = Any  # digest.Pending (not imported: the pending module imports this one)
 _Arena = Any  # digest._Arena, or a batch with the same seal()/rows interface
+
+
+class Resolved(NamedTuple):
+    """One digest as the capture's flush takes it (``resolve_raw``): no ``Fingerprint`` object,
+    which is two objects for the cyclic collector to track, and no hex text."""
+
+    #: High and low 64 bits of the digest as unsigned integers; None when ``error`` is set.
+    hi: int | None
+    lo: int | None
+    #: Why the tensor could not be digested; None when the digest is valid.
+    error: str | None
+    #: Row or chunk digests (32 hex each) when asked for, else None.
+    rows: tuple[str, ...] | None
+    #: Magnitude moments when asked for, else None.
+    moments: Moments | None
+    #: int64 values that all look like device pointers (when the check was asked for).
+    pointer_like: bool
+
+
+class _Fetched(NamedTuple):
+    """What one device's part of a resolve brought back to the host."""
+
+    #: Two words (hi, lo) per digest, in the order of the device's ``_Batch``.
+    words: list[int]
+    #: Arena (or batch) -> index of its first digest in ``words`` (in digests, not words).
+    offsets: dict[_Arena, int]
+    #: Four float64 values (sum, absmax, nan, inf) per digest that asked for moments.
+    moments: list[float]
+    #: One 0/1 per digest that asked for the pointer check.
+    pointers: list[int]
+
+
+def _hex(hi: int, lo: int) -> str:
+    return f"{hi:016x}{lo:016x}"
 
 
 class _Batch:
@@ -67,8 +104,8 @@ class _Batch:
         elif p.arena_pointer:
             self.pointers.add_row(key, p.arena, p.row)
 
-    def run(self, device: torch.device) -> tuple[list[int], dict[_Arena, int], list[float], list[int]]:
-        """Finalize, fetch once; returns (all digests as one hex string, arena offsets, moments, pointers)."""
+    def run(self, device: torch.device) -> _Fetched:
+        """Finalize and fetch once."""
         parts = list(self.direct)
         metas = list(self.direct_meta)
         offsets: dict[_Arena, int] = {}
@@ -88,10 +125,10 @@ class _Batch:
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
         nd = pack[0].numel()
         nm = 0 if moments is None else moments.numel()
-        hexes = _hexes(host[:nd], metas, on_host)
+        words = _words(host[:nd], metas, on_host)
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if pointers is not None else []
-        return hexes, offsets, moms, ptrs
+        return _Fetched(words, offsets, moms, ptrs)
 
 
 def _arena_rows(arena: Any, rows: list[int]) -> torch.Tensor:
@@ -112,23 +149,15 @@ def _final_words(lanes: torch.Tensor, metas: list[tuple[int, int]], device: torc
     return core.finalize(lanes, meta).reshape(-1), False
 
 
-def _hexes(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool) -> str:
-    """The fetched ``_final_words`` as one string of 32-hex digests."""
+def _words(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool) -> list[int]:
+    """The fetched ``_final_words`` as unsigned 64-bit integers, two (hi, lo) per digest."""
     if not on_host:
-        return _hex_words(host)
+        return host.view(torch.uint64).tolist()  # int64 bits read as unsigned: one C call
     head = host.tolist()
     words: list[int] = []
     for i, meta in enumerate(metas):
         words += core.finalize_host(head[16 * i : 16 * i + 16], meta)
-    return "".join(f"{w:016x}" for w in words)
-
-
-def _hex_words(words: torch.Tensor) -> str:
-    """Concatenated 16-hex (big-endian) renderings of a 1-D CPU int64 tensor, in one call."""
-    try:
-        return words.view(torch.uint8).view(-1, 8).flip(1).contiguous().numpy().tobytes().hex()
-    except RuntimeError:  # torch built without numpy
-        return "".join(f"{w & core._MASK64:016x}" for w in words.tolist())
+    return words
 
 
 class _Column:
@@ -188,32 +217,31 @@ def resolve(pendings: Sequence[Pending]) -> list[Fingerprint]:
     return [_build(p, batches, results, failed) for p in pendings]
 
 
-#: What ``resolve_raw`` gives per pending: (digest hex or "", error or None, row digests or None,
-#: Moments or None, pointer_like).
-RawDigest = tuple
-
-
-def resolve_raw(pendings: Sequence[Pending]) -> list[RawDigest]:
-    """``resolve`` as plain tuples, for the capture's flush: no Fingerprint objects (two objects
-    each for the cyclic collector to track; a flush resolves tens of thousands)."""
+def resolve_raw(pendings: Sequence[Pending]) -> list[Resolved]:
+    """``resolve`` as ``Resolved`` tuples, for the capture's flush: no Fingerprint objects (two
+    objects each for the cyclic collector to track) and no hex text."""
     batches, results, failed = _run_batches(pendings)
-    out: list[RawDigest] = []
+    out: list[Resolved] = []
     for p in pendings:
         if p.error is None and p.components is None and p.device not in failed:
             out.append(_raw(p, batches, results))
         else:
             f = _build(p, batches, results, failed)
-            out.append((f.digest, f.error, f.rows, f.moments, f.pointer_like))
+            if f.error is not None:
+                out.append(Resolved(None, None, f.error, f.rows, f.moments, f.pointer_like))
+            else:
+                out.append(Resolved(f.hi, f.lo, None, f.rows, f.moments, f.pointer_like))
     return out
 
 
-def resolve_rows(items: Sequence[Any]) -> list[str | None]:
-    """Digests (32 hex) of rows of sealed-at-resolve batches, in bulk: each item has ``arena``
-    (something with ``seal()`` -> lanes), ``row``, ``dtype``, ``shape`` and ``device``, and no
-    row digests, moments or pointer flag (the capture's batched Slots). What ``resolve_raw``
-    does per pending in Python (a dozen dictionary operations) done per batch instead: one
-    finalize and one fetch per device. None for items on a device that failed."""
-    out: list[str | None] = [None] * len(items)
+def resolve_rows(items: Sequence[Any]) -> tuple[list[int | None], list[int | None]]:
+    """Digests of rows of sealed-at-resolve batches, in bulk, as (high words, low words): each
+    item has ``arena`` (something with ``seal()`` -> lanes), ``row``, ``dtype``, ``shape`` and
+    ``device``, and no row digests, moments or pointer flag (the capture's batched Slots). What
+    ``resolve_raw`` does per pending in Python (a dozen dictionary operations) done per batch
+    instead: one finalize and one fetch per device. None for items on a device that failed."""
+    his: list[int | None] = [None] * len(items)
+    los: list[int | None] = [None] * len(items)
     by_dev: dict[Any, dict[Any, list[int]]] = {}
     for i, it in enumerate(items):
         arenas = by_dev.get(it.device)
@@ -234,12 +262,13 @@ def resolve_rows(items: Sequence[Any]) -> list[str | None]:
                     order += idx
                 metas = [meta_words(items[i].dtype, items[i].shape) for i in order]
                 words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev)
-                hexes = _hexes(words.cpu(), metas, on_host)  # the one device->host copy
+                words = _words(words.cpu(), metas, on_host)  # the one device->host copy
             except Exception:  # a device error surfacing late: these items get the general path
                 continue
-            for k, i in enumerate(order):
-                out[i] = hexes[32 * k : 32 * k + 32]
-    return out
+            for i, hi, lo in zip(order, words[0::2], words[1::2], strict=True):
+                his[i] = hi
+                los[i] = lo
+    return his, los
 
 
 def _run_batches(pendings: Sequence[Pending]) -> tuple[dict, dict, dict]:
@@ -283,28 +312,29 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         return Fingerprint(dtype, shape, p.numel, digest, components=view)
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
-    digest, _, rows, m, ptr = _raw(p, batches, results)
-    return _fingerprint_fast(dtype, shape, p.numel, digest, rows, m, ptr)
+    hi, lo, _, rows, m, ptr = _raw(p, batches, results)
+    return _fingerprint_fast(dtype, shape, p.numel, _hex(hi, lo), rows, m, ptr)
 
 
-def _raw(p: Pending, batches: dict, results: dict) -> RawDigest:
+def _raw(p: Pending, batches: dict, results: dict) -> Resolved:
     b = batches[p.device]
-    hexes, offsets, moms, ptrs = results[p.device]
+    fetched: _Fetched = results[p.device]
+    words = fetched.words
     key = id(p)
     group, i = b.slots[key]
     if group is not None:
-        i += offsets[group]
-    digest = hexes[32 * i : 32 * i + 32]
+        i += fetched.offsets[group]
     rows = None
     if key in b.row_slots:
         r0 = b.row_slots[key]
         n = sum(c for c, _ in p.rows_meta)
-        rows = tuple(hexes[32 * j : 32 * j + 32] for j in range(r0, r0 + n))
+        rows = tuple(_hex(words[2 * j], words[2 * j + 1]) for j in range(r0, r0 + n))
     m = None
     j = b.moments.index(key)
     if j is not None:
+        moms = fetched.moments
         j *= 4
         m = Moments(moms[j], moms[j + 1], int(moms[j + 2]), int(moms[j + 3]))
     j = b.pointers.index(key)
-    ptr = bool(ptrs[j]) if j is not None else False
-    return (digest, None, rows, m, ptr)
+    ptr = bool(fetched.pointers[j]) if j is not None else False
+    return Resolved(words[2 * i], words[2 * i + 1], None, rows, m, ptr)

@@ -8,7 +8,7 @@
 * ``async_pending``: tensors of an async collective between launch and ``wait()``.
 * ``nonblocking_pending``: destinations of ``non_blocking=True`` copies until the next explicit
   synchronization (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``) or step end.
-* ``pointer_like``: set at resolve from the digest's on-device pointer check (see _state).
+* ``pointer_like``: set at resolve from the digest's on-device pointer check (see ``flush.DigestFindings``).
 
 Entries hold a weak reference to the tensor that created them: when it dies, or its storage
 is freed or moved under it (FSDP's ``resize_(0)``), so does the entry, so a reused allocation

@@ -1,8 +1,8 @@
 """Buffers to columns: the metrics, events, kernels and dumps tables of one flush window.
 
-Pure functions over the tuples the ``Recorder`` buffers (see ``_state.py`` for their layout);
-they run once per flush, off the per-op hot path. The records table stays in ``_state.py``
-because it also feeds the recompute check and the pointer-like hazard events.
+Pure functions over the rows the ``Recorder`` buffers (``call.MetricRow``, ``EventRow``,
+``KernelRow``, ``DumpRow``); they run once per flush, off the per-op hot path. The records
+table is built in ``records`` (its digests also feed ``flush.DigestFindings``).
 """
 
 from __future__ import annotations
@@ -13,25 +13,27 @@ from collections.abc import Callable
 import torch
 
 from detfp_capture import contract
+from detfp_capture._recorder.call import OCCURRENCE, STEP, DumpRow, EventRow, KernelRow, MetricRow
 
 __all__ = ["dump_columns", "event_columns", "kernel_columns", "metric_columns"]
 
 
-def metric_columns(metrics: list[tuple]) -> dict[str, list]:
+def metric_columns(metrics: list[MetricRow]) -> dict[str, list]:
     cols: dict[str, list] = {
         n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
     }
-    values = _tensor_values([m[5] for m in metrics if isinstance(m[5], torch.Tensor)])
-    for step, seq, mb, name, occ, v, dt in metrics:
+    values = _tensor_values([m.value for m in metrics if isinstance(m.value, torch.Tensor)])
+    for m in metrics:
+        v = m.value
         val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
-        cols["step"].append(step)
-        cols["seq"].append(seq)
-        cols["microbatch"].append(mb)
-        cols["name"].append(name)
-        cols["occurrence"].append(occ)
+        cols["step"].append(m.step)
+        cols["seq"].append(m.seq)
+        cols["microbatch"].append(m.microbatch)
+        cols["name"].append(m.name)
+        cols["occurrence"].append(m.occurrence)
         cols["value"].append(val)
         cols["bits"].append(struct.unpack("<Q", struct.pack("<d", val))[0])
-        cols["dtype"].append(dt)
+        cols["dtype"].append(m.dtype)
     return cols
 
 
@@ -53,36 +55,37 @@ def _tensor_values(tensors: list[torch.Tensor]) -> dict[int, float]:
     return values
 
 
-def event_columns(events: list[tuple]) -> dict[str, list]:
-    cols: dict[str, list] = {n: [] for n in ("step", "seq", "type", "name", "module", "count", "detail")}
-    for row in sorted(events, key=lambda e: e[1]):
+def event_columns(events: list[EventRow]) -> dict[str, list]:
+    cols: dict[str, list] = {n: [] for n in EventRow._fields}
+    for row in sorted(events, key=lambda e: e.seq):
         for k, v in zip(cols, row, strict=True):
             cols[k].append(v)
     return cols
 
 
-def kernel_columns(kernels: list[tuple], next_seq: Callable[[], int]) -> dict[str, list]:
+def kernel_columns(kernels: list[KernelRow], next_seq: Callable[[], int]) -> dict[str, list]:
     names = ("step", "seq", *contract.CALL_KEY_COLUMNS, "index", "kernel", "device_type")
     cols: dict[str, list] = {n: [] for n in names}
-    for call, index, kernel, device_type in kernels:
-        step, mb, phase, module, kind, name, occ = call[:7]
-        for k, v in zip(
+    for k in kernels:
+        step, mb, phase, module, kind, name, occ = k.call[STEP : OCCURRENCE + 1]  # step and the call key
+        for col, v in zip(
             names,
-            (step, next_seq(), mb, phase, module, kind, name, occ, index, kernel, device_type),
+            (step, next_seq(), mb, phase, module, kind, name, occ, k.index, k.kernel, k.device_type),
             strict=True,
         ):
-            cols[k].append(v)
+            cols[col].append(v)
     return cols
 
 
-def dump_columns(dumps: list[tuple]) -> dict[str, list]:
+def dump_columns(dumps: list[DumpRow]) -> dict[str, list]:
     names = ("step", "seq", *contract.CALL_KEY_COLUMNS, "role", "arg", "dtype", "shape", "data")
     cols: dict[str, list] = {n: [] for n in names}
-    for call, seq, role, arg, t in dumps:
-        step, mb, phase, module, kind, name, occ = call[:7]
+    for d in dumps:
+        step, mb, phase, module, kind, name, occ = d.call[STEP : OCCURRENCE + 1]  # step and the call key
+        t = d.tensor
         c = t.detach().cpu().contiguous().reshape(-1)
         data = bytes(c.view(torch.uint8).numpy()) if c.numel() else b""
-        row = (step, seq, mb, phase, module, kind, name, occ, role, arg, str(t.dtype), list(t.shape), data)
-        for k, v in zip(names, row, strict=True):
-            cols[k].append(v)
+        row = (step, d.seq, mb, phase, module, kind, name, occ, d.role, d.arg, str(t.dtype), list(t.shape), data)
+        for col, v in zip(names, row, strict=True):
+            cols[col].append(v)
     return cols

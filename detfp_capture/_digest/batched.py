@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture import digest
+from detfp_capture._digest import core, levels
+from detfp_capture._digest import pending as digest
 
 __all__ = ["BATCHED", "BatchLanes", "fill", "start_many"]
 
@@ -218,7 +218,7 @@ class _Layout:
         self.dtypes: list[torch.dtype] = []
         self.shapes: list[tuple[int, ...]] = []  # tuples: gc untracks them, not Sizes
         self.numels: list[int] = []
-        self.plan: tuple | None = None  # _plan of flat_rows, built on the first run
+        self.plan: tuple | None = None  # levels.plan of flat_rows, built on the first run
         self.rows = 0  # level-0 rows of the whole batch (sum of flat_rows)
         # Set by _own for a reused layout: its own zeroed buffer (int8), the views of it that
         # the copied tensors (indices ``src``) go to, and the level-0 GEMMs in lanes order:
@@ -232,7 +232,7 @@ class _Layout:
 def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
     """Tensors grouped by (dtype, rows): large contiguous ones hashed in place, the others
     concatenated per dtype into the scratch buffer (one C++ call per run) and hashed by one
-    level-0 GEMM per region; then ``_finish`` runs the further levels for the whole batch."""
+    level-0 GEMM per region; then ``levels.finish`` runs the further levels for the whole batch."""
     lay = _Layout(dev)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(ts):
@@ -318,8 +318,8 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
 def _finish_layout(lanes: torch.Tensor, lay: _Layout) -> torch.Tensor:
     """The further levels of a layout's level-0 lanes, with the layout's plan (built once)."""
     if lay.plan is None:
-        lay.plan = _plan(tuple(lay.flat_rows), lay.dev)
-    return _finish(lanes, lay.flat_rows, lay.dev, lay.plan)
+        lay.plan = levels.plan(tuple(lay.flat_rows), lay.dev)
+    return levels.finish(lanes, lay.flat_rows, lay.dev, lay.plan)
 
 
 def _own(lay: _Layout) -> None:
@@ -441,113 +441,3 @@ def _flat_rows(ts: list[torch.Tensor], dev: torch.device) -> tuple[torch.Tensor,
     # flatten_dense_tensors: contiguous logical elements, a copy (it needs two pieces or more).
     flat = pieces[0].reshape(-1) if len(pieces) == 1 else torch._C._nn.flatten_dense_tensors(pieces)
     return flat.view(torch.int8), rows
-
-
-#: A level whose continuing tensors form more runs than this is padded by one index gather
-#: (vectorized) instead of one slice per run (Python per run).
-_MAX_RUNS = 256
-
-
-def _plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.Tensor | None]:
-    """How ``_finish`` turns level-0 lanes of tensors with these row counts into final lanes:
-    per level (finished rows: None, "all" or an index tensor; how the continuing tensors' rows
-    become the next level's input; whether any continue), then the permutation back to tensor
-    order. A reused batch layout keeps its plan (step boundaries repeat the same row counts).
-
-    The next level's input is each continuing tensor's rows zero-padded to a multiple of 16
-    (16 rows of 16 int32 lanes = one 1024-byte row). Consecutive tensors that need no padding
-    form one run, so that input is usually a few slices of this level's lanes (or the lanes
-    themselves: ``None``), copied once by ``torch.cat``; a level of more than ``_MAX_RUNS`` runs
-    uses one index gather instead."""
-    n = len(rows)
-    levels: list[tuple] = []
-    done_ids: list[int] = []
-    ids = list(range(n))
-    cur = list(rows)
-    while True:
-        fin_pos: list[int] = []
-        cont: list[int] = []
-        new_rows: list[int] = []
-        runs: list[list[int]] = []  # [start, end, zero rows after] over this level's rows
-        off = 0
-        for j, m in zip(ids, cur, strict=True):
-            if m == 1:
-                fin_pos.append(off)
-                done_ids.append(j)
-            else:
-                m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
-                cont.append(j)
-                new_rows.append(m2)
-                if runs and runs[-1][1] == off and runs[-1][2] == 0:
-                    runs[-1][1] = off + m
-                    runs[-1][2] = m2 * 16 - m
-                else:
-                    runs.append([off, off + m, m2 * 16 - m])
-            off += m
-        fin: Any = None
-        if fin_pos:
-            fin = "all" if len(fin_pos) == off else torch.tensor(fin_pos, dtype=torch.int64, device=dev)
-        nxt: Any = None  # the lanes as they are
-        if cont and not (len(runs) == 1 and runs[0] == [0, off, 0]):
-            nxt = [tuple(r) for r in runs] if len(runs) <= _MAX_RUNS else _gather(runs, off, dev)
-        levels.append((fin, nxt, bool(cont)))
-        if not cont:
-            break
-        ids, cur = cont, new_rows
-    inv = None
-    if done_ids != list(range(n)):
-        order = [0] * n
-        for k, j in enumerate(done_ids):
-            order[j] = k
-        inv = torch.tensor(order, dtype=torch.int64, device=dev)
-    return levels, inv
-
-
-def _gather(runs: list[list[int]], off: int, dev: torch.device) -> torch.Tensor:
-    """Index of each next-level row in this level's lanes followed by one zero row (index
-    ``off``): the runs' rows, each run followed by its padding (built with vectorized ops)."""
-    spans, reps = [], []
-    dst = 0
-    for a, b, pad in runs:
-        spans.append((a - dst, dst + b - a))  # (source - destination, end of the run's real rows)
-        reps.append(b - a + pad)
-        dst += b - a + pad
-    per = torch.repeat_interleave(torch.tensor(spans, dtype=torch.int64), torch.tensor(reps), dim=0)
-    r = torch.arange(dst, dtype=torch.int64)
-    return torch.where(r < per[:, 1], r + per[:, 0], off).to(dev)
-
-
-_ZEROS: dict[torch.device, torch.Tensor] = {}
-
-
-def _finish(
-    lanes: torch.Tensor, rows: list[int], dev: torch.device, plan: tuple | None = None, level: int = 1
-) -> torch.Tensor:
-    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
-    = tensor i. A few device ops per level, whatever the number of tensors. ``plan``: ``_plan``
-    of these rows, when the caller keeps one. ``level``: of the next GEMM (lanes of a later
-    level than 0 start further up)."""
-    levels, inv = plan if plan is not None else _plan(tuple(rows), dev)
-    done: list[torch.Tensor] = []
-    for fin, nxt, more in levels:
-        if fin is not None:
-            done.append(lanes if isinstance(fin, str) else lanes.index_select(0, fin))
-        if not more:
-            break
-        if nxt.__class__ is list:
-            zeros = _ZEROS.get(dev)
-            if zeros is None:
-                with torch.inference_mode(False):
-                    zeros = _ZEROS[dev] = torch.zeros(15, core.LANES, dtype=torch.int32, device=dev)
-            parts = []
-            for a, b, pad in nxt:
-                parts.append(lanes[a:b])
-                if pad:
-                    parts.append(zeros[:pad])
-            lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
-        elif nxt is not None:
-            lanes = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, nxt)
-        lanes = core.mm(lanes.view(torch.int8).reshape(-1, _K), level)
-        level += 1
-    final = done[0] if len(done) == 1 else torch.cat(done)
-    return final if inv is None else final.index_select(0, inv)

@@ -11,25 +11,25 @@ real functions; wrappers compare equal to the function they wrap for ``P2POp``'s
 Group names are stable across runs: the user's ``group_names``, ``world`` for the default
 group, else ``ranks:<sorted ranks>``; every group used is reported for the manifest.
 
-DDP's bucket all-reduce is issued from C++ and never reaches these wrappers, so ``watch`` on a
-DistributedDataParallel model registers a comm hook that does what the built-in path does
-(scale by 1/world size, sum all-reduce) and records each bucket's input and output
-(``all_reduce@<group>``, kind ``collective``) and the reduced gradient of every parameter
-(kind ``reduced_grad``). The completion callback may run on a backend thread: it only starts
-digests and queues the records, which the training thread appends at its next record.
+DDP's bucket all-reduce is issued from C++ and never reaches these wrappers: ``ddp`` records it.
+The tracer also counts the gradient reductions it sees, so a data-parallel step whose reduction
+capture did not see says so (``reduction_not_captured``).
 
 Capture issues no collective of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from detfp_capture._recorder.call import MODULE, NAME, STEP, Call
+from detfp_capture._sources.context import CaptureContext
 
 __all__ = ["COLLECTIVES", "CollectiveTracer", "group_name"]
 
@@ -125,18 +125,20 @@ class _WorkProxy:
 
 
 class CollectiveTracer:
-    """Patches ``torch.distributed`` while a session is open; records calls through the session."""
+    """Patches ``torch.distributed`` while a session is open; records calls through the recorder."""
 
-    def __init__(self, session: Any) -> None:
-        self.s = session
-        self.rec = session._rec
+    def __init__(self, ctx: CaptureContext) -> None:
+        self.ctx = ctx
+        self.rec = ctx.rec
+        self.scope = ctx.scope
         self.saved: dict[str, Any] = {}
+        #: Logical group name -> its global ranks, for the manifest.
         self.groups: dict[str, list[int]] = {}
+        #: A group was named for the first time since the manifest was last written.
+        self.groups_changed = False
         self.group_cache: dict[int, str] = {}
         self.pending: dict[int, tuple[str, str]] = {}  # id(proxy) -> (name, module) of works not yet waited
         self.in_batch = False
-        self.ddp_hooked: set[int] = set()
-        self.ddp_futures: list[Any] = []  # bucket futures of the running backward
         # Reductions recorded in backward or optimizer phases this step (DDP buckets, FSDP's
         # reduce-scatters, an explicit all-reduce of gradients), and whether a step without one
         # on a multi-rank job has been reported.
@@ -166,11 +168,11 @@ class CollectiveTracer:
         key = id(group)
         n = self.group_cache.get(key)
         if n is None:
-            n, ranks = group_name(group, self.s._group_names)
+            n, ranks = group_name(group, self.ctx.group_names)
             self.group_cache[key] = n
             if n not in self.groups:
                 self.groups[n] = ranks
-                self.s._groups_changed = True
+                self.groups_changed = True
         return n
 
     # ------------------------------------------------------------------ wrappers
@@ -180,25 +182,27 @@ class CollectiveTracer:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             rec = self.rec
-            if self.s._auto_next is not None and not rec.busy:
-                self.s._auto_touch()  # launcher mode: a collective of the next step begins it
+            pending = self.ctx.pending_step
+            if pending.number is not None and not rec.busy:
+                pending.touch()  # launcher mode: a collective of the next step begins it
             if rec.busy or not rec.selected or rec.failed or self.in_batch or torch.compiler.is_compiling():
                 return orig(*args, **kwargs)
             call = None
             outs: list[tuple[str, torch.Tensor]] = []
+            ins: list[tuple[str, torch.Tensor]] = []
             async_op = False
-            try:
+            guard = rec.guard("torch.distributed.{} wrapper", fname)
+            with guard:
                 bound = sig.bind(*args, **kwargs)
                 bound.apply_defaults()
                 a = bound.arguments
                 async_op = bool(a.get("async_op", False)) or fname in ("isend", "irecv")
                 name = f"{fname}@{self.name_of(a.get('group'))}"
-                ins: list[tuple[str, torch.Tensor]] = []
                 for p in in_params:
                     _tensors(a.get(p), p, ins)
                 for p in out_params:
                     _tensors(a.get(p), p, outs)
-                module, phase = self.s._context()
+                module, phase = self.scope.where()
                 if phase in ("backward", "optimizer") and fname in _REDUCTIONS:
                     self.reductions += 1
                 other = {
@@ -206,15 +210,12 @@ class CollectiveTracer:
                     for k, v in a.items()
                     if k not in in_params and k not in out_params and k not in ("group", "async_op")
                 }
-                rec.enter()
-                hz = self.s._hazard
+                hz = self.ctx.hazards
                 flags = hz.flag_all([t for _, t in ins]) if hz is not None and hz.active else None
                 call = rec.record_call(
                     kind, name, module, phase, [("input", p, t) for p, t in ins], args_src=((), other), hazards=flags
                 )
-                rec.leave()
-            except Exception as exc:
-                rec.fail(exc, f"torch.distributed.{fname} wrapper")
+            if guard.failed:
                 call = None
             rec.settle()  # c10d writes outputs from C++, unseen by the dispatch mode
             result = orig(*args, **kwargs)
@@ -222,11 +223,11 @@ class CollectiveTracer:
                 return result
             if async_op and result is not None:
                 tensors = [t for _, t in outs] + [t for _, t in ins]
-                hz = self.s._hazard
+                hz = self.ctx.hazards
                 if hz is not None:
-                    hz.async_launch(tensors, call[5])
+                    hz.async_launch(tensors, call[NAME])
                 proxy = _WorkProxy(result, lambda: self._complete(call, outs, tensors, id(proxy)))
-                self.pending[id(proxy)] = (call[5], call[3])
+                self.pending[id(proxy)] = (call[NAME], call[MODULE])
                 return proxy
             self._complete(call, outs, [], None)
             return result
@@ -234,24 +235,19 @@ class CollectiveTracer:
         return wrapper
 
     def _complete(
-        self, call: tuple, outs: list[tuple[str, torch.Tensor]], tensors: list[torch.Tensor], key: int | None
+        self, call: Call, outs: list[tuple[str, torch.Tensor]], tensors: list[torch.Tensor], key: int | None
     ) -> None:
         rec = self.rec
         if key is not None:
             self.pending.pop(key, None)
-        hz = self.s._hazard
+        hz = self.ctx.hazards
         if hz is not None and tensors:
             hz.async_done(tensors)
-        if rec.failed or not outs or call[0] != rec.step:
+        if rec.failed or not outs or call[STEP] != rec.step:
             return
-        rec.enter()
-        try:
+        with rec.guard("{} completion", call[NAME]):
             # c10d writes outputs from C++ without moving version counters: always digest afresh.
             rec.append_records(call, [("output", p, t) for p, t in outs], fresh=True)
-        except Exception as exc:
-            rec.fail(exc, f"{call[5]} completion")
-        finally:
-            rec.leave()
 
     def _make_batch(self, orig: Callable) -> Callable:
         def wrapper(p2p_op_list: list) -> Any:
@@ -265,9 +261,9 @@ class CollectiveTracer:
             calls = []
             try:
                 if not (rec.busy or not rec.selected or rec.failed):
-                    try:
-                        rec.enter()
-                        module, phase = self.s._context()
+                    guard = rec.guard("torch.distributed.batch_isend_irecv wrapper")
+                    with guard:
+                        module, phase = self.scope.where()
                         for p in p2p_op_list:
                             fname = getattr(p.op, "__name__", "p2p")
                             name = f"batch_{fname}@{self.name_of(p.group)}"
@@ -282,11 +278,8 @@ class CollectiveTracer:
                                 args_src=((), {"peer": peer, "tag": getattr(p, "tag", 0)}),
                             )
                             calls.append((c, fname, p.tensor))
-                    except Exception as exc:
-                        rec.fail(exc, "torch.distributed.batch_isend_irecv wrapper")
+                    if guard.failed:
                         calls = []
-                    finally:
-                        rec.leave()
                 rec.settle()
                 self.in_batch = True
                 try:
@@ -311,17 +304,18 @@ class CollectiveTracer:
 
         return wrapper
 
-    def step_end(self) -> None:
-        s = self.s
-        if s.world_size > 1 and s._grads_seen and not self.reductions and not self.reported_unseen:
+    def step_end(self, grads_seen: bool) -> None:
+        """At a step end: a multi-rank step whose optimizer read gradients (``grads_seen``) that
+        met no reduction capture saw is reported once; async works never waited are an event."""
+        world = self.ctx.world_size
+        if world > 1 and grads_seen and not self.reductions and not self.reported_unseen:
             self.reported_unseen = True
             self.not_captured(
-                f"step {self.rec.step} of this {s.world_size}-rank job reduced no gradient that capture saw "
+                f"step {self.rec.step} of this {world}-rank job reduced no gradient that capture saw "
                 "(no DDP comm hook, no reduce collective in backward): if the job is data parallel, its "
                 "gradient reduction is not captured (a wrapper capture does not know, or one created by C++)"
             )
         self.reductions = 0
-        s._grads_seen = False
         if self.pending:
             names = sorted({n for n, _ in self.pending.values()})
             self.rec.event(
@@ -333,131 +327,10 @@ class CollectiveTracer:
             )
         self.pending.clear()
 
-    # ------------------------------------------------------------------ DDP
-    def hook_ddp(self, model: Any, param_names: dict[int, str]) -> bool:
-        """Register the recording comm hook on a DDP model (once); False when it already has a hook."""
-        if id(model) in self.ddp_hooked:
-            return True
-        pg = getattr(model, "process_group", None)
-        from torch.distributed import distributed_c10d as c10d
-
-        allreduce = c10d.all_reduce  # the original: recorded through its parameters, not as a collective
-        tracer = self
-
-        def hook(state: Any, bucket: Any) -> torch.futures.Future:
-            group = state if state is not None else c10d._get_default_group()
-            buf = bucket.buffer()
-            tracer.rec.settle()
-            before = tracer._bucket_before(group, bucket) if tracer.s._live() else None
-            # The built-in path multiplies each gradient by 1/world_size while copying it into the
-            # bucket, then sums: the same elementwise product here gives bitwise identical results.
-            # These ops belong to the reduction, recorded per parameter: as ops they would follow
-            # DDP's bucket layout, which a resumed run's first step packs differently.
-            tracer.s._bookkeeping += 1
-            try:
-                buf.mul_(1.0 / group.size())
-                fut = allreduce(buf, group=group, async_op=True).get_future()
-            finally:
-                tracer.s._bookkeeping -= 1
-
-            def done(f: torch.futures.Future) -> torch.Tensor:
-                out = f.value()[0]
-                if before is not None:
-                    tracer._bucket_after(before, bucket)
-                return out
-
-            chained = fut.then(done)
-            if before is not None:
-                tracer._bucket_pending(chained)
-            return chained
-
-        # DDP validates annotations against real types; postponed (string) annotations would fail.
-        hook.__annotations__ = {}
-        try:
-            model.register_comm_hook(pg, hook)
-        except Exception as exc:
-            self.not_captured(
-                f"the DDP comm hook could not be registered ({' '.join(str(exc).split())[:300]}); only module and "
-                "optimizer boundaries see its gradients"
-            )
-            return False
-        self.ddp_hooked.add(id(model))
-        self._param_names = param_names
-        return True
-
     def not_captured(self, detail: str) -> None:
         """A gradient reduction capture cannot record: an event (``certify`` reports it as
         "gradient reduction not captured") and one warning per session."""
-        import warnings
-
         self.rec.event("reduction_not_captured", "", "", None, detail)
         if not self.reported_unseen:
             self.reported_unseen = True
             warnings.warn(f"detfp: gradient reduction not captured on rank {self.rec.rank}: {detail}", stacklevel=3)
-
-    # A bucket is DDP's packing of gradients, and its layout is not stable: DDP rebuilds its
-    # buckets after the first iteration, so a resumed run's first step packs them differently
-    # from the uninterrupted run's, and a bucket becomes ready whenever its last gradient does.
-    # So the reduction is recorded per parameter (kind reduced_grad: the gradient before the
-    # reduction as input, after it as output), and every record joins the stream at the end of
-    # the backward, in parameter-name order: the same stream whatever the packing and timing.
-    def _bucket_before(self, group: Any, bucket: Any) -> list | None:
-        """Start the digests of each parameter's gradient as the bucket holds it before the
-        reduction (read now: the all-reduce writes the bucket next)."""
-        rec = self.rec
-        if rec.busy:
-            return None
-        self.reductions += 1
-        self.name_of(group)
-        try:
-            with rec.on_any_thread():
-                return [self._started(g) for g in bucket.gradients()]
-        except Exception as exc:
-            rec.fail(exc, "DDP comm hook")
-            return None
-
-    @staticmethod
-    def _started(t: torch.Tensor) -> tuple:
-        from detfp_capture import digest
-        from detfp_capture._state import Slot, dtype_str
-
-        return dtype_str(t.dtype), tuple(t.shape), t.numel(), Slot(digest.start(t))
-
-    def _bucket_pending(self, fut: Any) -> None:
-        """Track a bucket's future; at the end of the backward (an engine callback, on the thread
-        that ran it) the session waits for all of them and appends their records."""
-        self.ddp_futures.append(fut)
-        self.s._note_backward()
-
-    def wait_buckets(self) -> None:
-        futs, self.ddp_futures = self.ddp_futures, []
-        for f in futs:
-            # DDP waits for the same futures right after (the values are unchanged) and
-            # reports a failure itself.
-            with contextlib.suppress(Exception):
-                f.wait()
-
-    def _bucket_after(self, before: list, bucket: Any) -> None:
-        # May run on a backend thread, or inline on the training thread (inside the dispatch
-        # mode) when the all-reduce had already finished: start the digests now (values at
-        # completion) with the mode hidden, append later in parameter-name order.
-        rec = self.rec
-        step, mb = rec.step, rec.microbatch
-        try:
-            names = getattr(self, "_param_names", {})
-            with rec.on_any_thread():
-                # gradients() are views of the bucket buffer, which the all-reduce updated in place.
-                after = [self._started(g) for g in bucket.gradients()]
-            params = list(bucket.parameters())
-            for i, (p, b, a) in enumerate(zip(params, before, after, strict=True)):
-                pname = names.get(id(p), f"bucket{bucket.index()}.param{i}")
-
-                def append(pname: str = pname, b: tuple = b, a: tuple = a) -> None:
-                    if rec.failed or step != rec.step:
-                        return
-                    c = rec.record_call("reduced_grad", pname, "", "backward", [], occurrence=None)
-                    rec.append_started(c, [("input", "grad", *b), ("output", "grad", *a)])
-
-                rec.foreign.append(((step, mb, pname), append))
-        except Exception as exc:
-            rec.foreign.append(((step, mb, ""), lambda e=exc: rec.fail(e, "DDP comm hook completion")))

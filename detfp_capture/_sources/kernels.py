@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from detfp_capture._recorder.call import Call, KernelRow
+
 __all__ = ["KernelCapture"]
 
 _PREFIX = "detfp#"
@@ -26,7 +28,7 @@ class KernelCapture:
 
     def __init__(self, rec: Any) -> None:
         self.rec = rec
-        self.calls: list[tuple] = []
+        self.calls: list[Call] = []
         self.prof: Any = None
         self.cuda = torch.cuda.is_available()
 
@@ -39,7 +41,7 @@ class KernelCapture:
         self.prof = profile(activities=acts)
         self.prof.__enter__()
 
-    def range(self, call: tuple) -> Any:
+    def range(self, call: Call) -> Any:
         self.calls.append(call)
         return torch.autograd.profiler.record_function(f"{_PREFIX}{len(self.calls) - 1}")
 
@@ -58,7 +60,7 @@ class KernelCapture:
             with contextlib.suppress(ValueError, IndexError):
                 call = self.calls[int(name[len(_PREFIX) :])]
                 for i, (kname, dev) in enumerate(self._kernels_under(evt)):
-                    rows.append((call, i, kname, dev))
+                    rows.append(KernelRow(call, i, kname, dev))
 
     def _kernels_under(self, evt: Any) -> list[tuple[str, str]]:
         found: list[tuple[float, str, str]] = []

@@ -3,16 +3,17 @@
 Module boundaries and collectives are recorded where capture cannot see later writes, so each
 tensor is taken at record time: hashed in place at level 0 (large contiguous ones) or copied
 into a snapshot buffer (the rest). The batch then finishes every digest with a few GEMMs
-(``_batchdigest._finish``) and fills the capture Slots.
+(``levels.finish``) and fills the capture Slots.
 """
 
 from __future__ import annotations
 
 import torch
 
-from detfp_capture import _digest_core as core
-from detfp_capture import digest
-from detfp_capture._batchdigest import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, _finish, fill
+from detfp_capture._digest import core
+from detfp_capture._digest import pending as digest
+from detfp_capture._digest.batched import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, fill
+from detfp_capture._digest.levels import finish
 
 __all__ = ["Staging"]
 
@@ -25,7 +26,7 @@ class Staging:
     Two ways in, chosen per tensor when it is put:
 
     - **hashed where it is**: a tensor that a step-boundary batch would hash in place too
-      (``_batchdigest._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
+      (``batched._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
       whose pointer check reads the snapshot) gets its level-0 GEMM now, reading it in place, written into a second
       buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
       input for all of them, hashed by one GEMM when the batch runs. Large activations are
@@ -167,10 +168,10 @@ class Staging:
             # Results in new lanes tensors, never views of the (reused) buffers.
             parts = []
             if used:
-                parts.append(_finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev))
+                parts.append(finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev))
             if used1:
                 lanes1 = core.mm(self.lanes[: used1 * 16].view(torch.int8).view(-1, _K), 1)
-                parts.append(_finish(lanes1, direct[4], dev, level=2))
+                parts.append(finish(lanes1, direct[4], dev, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
             held = BatchLanes(final)
             if _INT64 in items[1]:

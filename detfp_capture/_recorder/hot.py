@@ -1,0 +1,154 @@
+"""The hot path: the records of one call's tensors when nothing is asked per record.
+
+Every op at level ``ops`` comes through here (thousands of calls per step), so the work per
+tensor is spelled out with the lookups bound to locals: the version cache (reuse the digest of
+an unchanged tensor), else a new ``Slot`` that is deferred to a batch (level ops: the dispatch
+mode sees every write, so the digest can wait), staged as a snapshot (the boundaries, where
+writes are unseen) or started now (tensors too big to stage), then one row of the column buffer.
+``append_batch`` is the same for a step boundary's hundreds of single-tensor records, whose
+missing digests are started together (``_digest.batched.start_many``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from detfp_capture import digest
+from detfp_capture._digest.batched import start_many
+from detfp_capture._digest.staging import Staging
+from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
+from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
+
+__all__ = ["append_batch", "append_plain"]
+
+_NO_HAZARDS: tuple[str, ...] = ()
+_INT64 = torch.int64
+_TENSOR = torch.Tensor
+
+
+def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
+    """Append the records of ``tensors`` to ``call`` on ``rec`` (a ``Recorder``): no hazards,
+    rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
+    wait for a batch (level ops, outside a backward)."""
+    vcache = rec.vcache
+    cache_get = vcache.get
+    cache_put = vcache.put
+    start = digest.start
+    waiting = rec.waiting
+    deferred = waiting.tensors
+    dstor = waiting.storages
+    fits = Staging.fits
+    stage_t: list | None = None
+    stage_s: list = []
+    add = rec.records.add
+    seq = rec.seq
+    for role, arg, t in tensors:
+        try:
+            version = t._version
+        except Exception:  # inference tensors have no version counter
+            version = None
+        s = cache_get(t, version) if version is not None and not fresh else None
+        dt = t.dtype
+        if s is None:
+            ptr = None  # the storage's data pointer, where it is looked up anyway
+            if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
+                # Level ops sees every write, so the digest can wait for a batch (run before the
+                # next writing op, collective or flush): one GEMM for many. The version check is
+                # a safety net; a just-written tensor's version is bumped after we return (above
+                # the dispatcher), so it is not checked.
+                s = Slot(None)
+                ptr = t.untyped_storage().data_ptr()
+                same = dstor.get(ptr)
+                if same is None:
+                    dstor[ptr] = len(deferred)
+                elif same.__class__ is int:
+                    dstor[ptr] = [same, len(deferred)]
+                else:
+                    same.append(len(deferred))
+                deferred.append(t)
+                waiting.slots.append(s)
+                waiting.versions.append(None if fresh else version)
+                waiting.addrs.append(t.data_ptr())
+                waiting.nbytes += t.numel() * dt.itemsize
+            elif fits(t):
+                # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch;
+                # the call's tensors are snapshotted together below.
+                s = Slot(None)
+                if stage_t is None:
+                    stage_t, stage_s = [t], [s]
+                else:
+                    stage_t.append(t)
+                    stage_s.append(s)
+            else:
+                s = Slot(start(t, pointer_check=dt is _INT64))
+            if version is not None:
+                cache_put(t, s, version, ptr=ptr)
+        add(call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+        seq += 1
+    rec.seq = seq
+    if stage_t is not None:
+        waiting.stage(stage_t, stage_s)
+
+
+def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
+    """Append one single-tensor record per spec to ``rec`` (a ``Recorder``), the missing digests
+    started as one batch (``start_many``: a step boundary's parameters, gradients, states); no
+    hazards, rows, moments or dumps. A spec whose ``call`` is None opens a new call (next
+    occurrence). Returns the call of each record."""
+    vcache = rec.vcache
+    slots: list[Slot | None] = [None] * len(specs)
+    versions: list[int | None] = []
+    missing = []
+    for i, sp in enumerate(specs):
+        t = sp.tensor
+        try:
+            version = t._version
+        except Exception:
+            version = None
+        versions.append(version)
+        if version is not None and not fresh:
+            hit = vcache.get(t, version)
+            if hit is not None:
+                slots[i] = hit
+                continue
+        missing.append(i)
+    if missing:
+        new = [Slot(None) for _ in missing]
+        with gc_paused():
+            start_many([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
+        for i, s in zip(missing, new, strict=True):
+            slots[i] = s
+            if versions[i] is not None:
+                vcache.put(specs[i].tensor, s, versions[i])
+    # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
+    calls = []
+    add = rec.records.add
+    occ_map = rec.occ
+    step, mb = rec.step, rec.microbatch
+    seq = rec.seq
+    for sp, s in zip(specs, slots, strict=True):
+        call = sp.call
+        if call is None:
+            key = (mb, sp.phase, sp.module, sp.kind, sp.name)
+            occ = occ_map.get(key, 0)
+            occ_map[key] = occ + 1
+            call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
+        t = sp.tensor
+        dt = t.dtype
+        add(
+            call,
+            seq,
+            sp.role,
+            sp.arg,
+            DTYPE_STR.get(dt) or dtype_str(dt),
+            tuple(t.shape),
+            t.numel(),
+            s,
+            _NO_HAZARDS,
+        )
+        seq += 1
+        calls.append(call)
+    rec.seq = seq
+    return calls

@@ -1,0 +1,137 @@
+"""The ``Slot``: one digest as the buffered records see it, from started to resolved.
+
+A record holds a ``Slot`` (or None: counted, not digested). The slot goes through three states:
+waiting for a batch (``pending`` None, see ``batches``), started (``pending``: a
+``digest.Pending``, or ``BATCHED`` when it is a row of a batch and the slot itself stands for
+the pending), and resolved at the flush (``hi``/``lo``: the digest as two unsigned 64-bit
+integers; ``extra``: a ``digest.Resolved`` when the digest has an error, row digests, moments
+or a pointer flag). One slot is shared by every record of the same (tensor, version): it is also
+the version cache's entry (``ref``, ``version``, ``opt_rows``, ``opt_moments``).
+
+Also the small helpers every part of the recorder uses: dtype text, the collector pause, the
+storages a tensor's bytes live in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from detfp_capture._digest.batched import BATCHED
+
+__all__ = ["Slot", "dtype_str", "gc_paused", "storage_ptrs"]
+
+#: dtype -> str(dtype), filled as dtypes are seen (str() of a dtype costs a call per record).
+DTYPE_STR: dict[torch.dtype, str] = {}
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector around a bulk step of the tracer's own work.
+
+    The objects such a step allocates are freed by reference counting when it ends; a
+    collection that runs in the middle finds them alive, and a generation-1 one promotes them
+    to the oldest generation, whose growth is what triggers full collections (each traverses
+    the whole heap). Collection is enabled again right after, if it was enabled before."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def dtype_str(dt: torch.dtype) -> str:
+    s = DTYPE_STR.get(dt)
+    if s is None:
+        s = DTYPE_STR[dt] = str(dt)
+    return s
+
+
+class Slot:
+    """One digest: device-side state until the flush resolves it into ``hi``/``lo``.
+
+    ``pending`` is a ``digest.Pending``, or ``BATCHED`` when the digest is a row of a batch
+    (``arena``/``row``, filled by ``_digest.batched.fill``): then the slot itself stands for the
+    pending (it has the attributes ``digest.resolve`` reads), one object per digest instead of two.
+    Also the version cache's entry for the tensor it digests (weak reference, version, options).
+    See ``records`` on why the object count matters.
+    """
+
+    __slots__ = (
+        "arena",
+        "arena_pointer",
+        "device",
+        "dtype",
+        "extra",
+        "hi",
+        "lo",
+        "numel",
+        "opt_moments",
+        "opt_rows",
+        "pending",
+        "ref",
+        "row",
+        "shape",
+        "version",
+    )
+
+    # What digest.resolve reads from a pending and a batched row never has.
+    lanes = rows_lanes = moments = pointer = components = error = None
+    rows_meta: tuple = ()
+    arena_moments = False
+    type_name = ""
+
+    def __init__(self, pending: Any) -> None:
+        self.pending = pending
+        #: The resolved digest's high and low 64 bits (None until resolved, or without a digest).
+        self.hi: int | None = None
+        self.lo: int | None = None
+        #: A ``digest.Resolved`` when there is more than the two words (an error, row digests,
+        #: moments, a pointer flag); None for a plain digest.
+        self.extra: Any = None
+        self.ref: Any = None
+        self.version: int | None = None
+        self.opt_rows: bool | int = False
+        self.opt_moments = False
+
+    @property
+    def resolved(self) -> bool:
+        return self.hi is not None or self.extra is not None
+
+    def started(self) -> Any:
+        """What to hand to ``digest.resolve``."""
+        return self if self.pending is BATCHED else self.pending
+
+
+def storage_ptrs(t: torch.Tensor) -> list[int] | None:
+    """Data pointers of the storages that hold ``t``'s bytes: its own, or for a wrapper subclass
+    without one (DTensor, ...) its inner tensors' through ``__tensor_flatten__``; None when
+    unknown (sparse, an opaque subclass)."""
+    try:
+        return [t.untyped_storage().data_ptr()]
+    except Exception:
+        pass
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return None
+    try:
+        names, _ = flatten()
+    except Exception:
+        return None
+    out: list[int] = []
+    for name in names:
+        inner = getattr(t, name, None)
+        if not isinstance(inner, torch.Tensor):
+            continue  # a non-tensor component (DTensor's device mesh) holds no data
+        ptrs = storage_ptrs(inner)
+        if ptrs is None:
+            return None
+        out += ptrs
+    return out or None

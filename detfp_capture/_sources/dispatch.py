@@ -1,0 +1,313 @@
+"""Level ``ops``: every ATen op through a TorchDispatchMode.
+
+Per op: the inputs are recorded (and their digests started or deferred) *before* the op runs,
+so an in-place op's input is the value it read; the op runs; the outputs are recorded. The hot
+path is kept short: per-overload facts are computed once (``ops.OpInfo``); non-tensor arguments
+are kept as a small tuple and hashed at flush; key hashes are computed by the writer thread; a
+tensor whose (identity, version) was already digested reuses that digest. View and
+metadata-only ops are counted (records with status ``skipped``) but not digested unless
+``views=True``.
+
+Phase and module come from the scope (``Scope.op_where``): inside a checkpoint recompute the
+module stack says so; otherwise an op that runs while autograd executes a node is ``backward``
+and takes its module from the node's tag (``graph``); otherwise the innermost module and the
+recorder's phase. While the tracer does its own tensor work (``rec.busy``), inside a watched
+compiled module or DDP's own work, or while dynamo traces (``ignore_compile_internals``), ops
+pass straight through.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from detfp_capture._recorder.hazards import UNINIT, storage_key
+from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.ops import OpInfo, gather, op_outputs, track_hazard_state, written_storages
+from detfp_capture._sources.patches import Patches, watch_autocast, watch_storage_resizes, watch_syncs
+
+__all__ = ["CaptureMode"]
+
+
+#: Autocast dispatch keys of the device types this build has (see CaptureMode._call).
+_AUTOCAST_KEYS = tuple(
+    getattr(torch._C.DispatchKey, n)
+    for n in ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS")
+    if hasattr(torch._C.DispatchKey, n)
+)
+
+
+class CaptureMode(TorchDispatchMode):
+    """The op-level tracer; one per Session, entered for selected steps only (``steps``)."""
+
+    def __init__(self, ctx: CaptureContext) -> None:
+        super().__init__()
+        self.rec = ctx.rec
+        self.scope = ctx.scope
+        self.hazards = ctx.hazards
+        self.views = ctx.cfg.views
+        self.info: dict[Any, OpInfo] = {}
+        self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
+        # Storage -> weak reference of a workspace output (see ops.WORKSPACE_OUTPUTS): its readers
+        # do not digest it either, while the tensor lives.
+        self.workspaces: dict[int, Any] = {}
+        #: The job has entered autocast since the session opened (see ``_call``).
+        self.autocast_seen = False
+        #: For a step whose kernels are recorded: call -> profiler range around the op (set by
+        #: the step boundaries for that step, else None).
+        self.kernel_range: Any = None
+
+    def install(self, patches: Patches) -> None:
+        """Observe what the mode cannot see (``patches``): autocast entry, explicit
+        synchronizations (the ``nonblocking_pending`` hazard), storage resizes."""
+        if self.hazards is not None:
+            watch_syncs(patches, self.hazards.synchronized)
+        watch_autocast(patches, self._saw_autocast)
+        watch_storage_resizes(patches, self.rec)
+
+    def _saw_autocast(self) -> None:
+        self.autocast_seen = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile trace and run its compiled artifacts; regions are recorded at their boundaries.
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        rec = self.rec
+        scope = self.scope
+        if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping:
+            return self._call(func, args, kwargs)
+        # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path): the guard
+        # only catches (and clears busy on failure).
+        guard = rec.guard("dispatch of {}", func, busy=False)
+        pre = None
+        with guard:
+            pre = self._pre(func, args, kwargs)
+        if pre is None:
+            return self._call(func, args, kwargs)
+        kr = self.kernel_range
+        if kr is not None and pre[0] is not None:
+            with kr(pre[0]):
+                out = self._call(func, args, kwargs)
+        else:
+            out = self._call(func, args, kwargs)
+        with guard:
+            self._post(pre, args, kwargs, out)
+        if rec.need_flush:
+            rec.flush_safely()
+        return out
+
+    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func`` as it would run without the mode, where autocast is concerned.
+
+        A dispatch mode's handler runs with every key above the Python key excluded, autocast
+        included. An op whose autocast kernel is a fallthrough (custom ops, ops without an
+        autocast rule) normally runs with autocast still on, so whatever its kernel dispatches
+        (a custom op's Python body, a composite kernel's inner matmul) is autocast; called from
+        the handler it would not be, and the numbers would change. So the autocast keys that
+        were on when the op entered the dispatcher, and that have no kernel of their own for
+        this op, are turned back on for the call (only once the session has seen autocast)."""
+        if not self.autocast_seen:
+            return func(*args, **kwargs)
+        keys = self.autocast_keys.get(func)
+        if keys is None:
+            name = func.name()
+            keys = self.autocast_keys[func] = tuple(
+                k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
+            )
+        if keys:
+            with torch._C._RestorePythonTLSSnapshot():
+                on_entry = torch._C._dispatch_tls_local_exclude_set()
+            now = exclude = torch._C._dispatch_tls_local_exclude_set()
+            for k in keys:
+                if now.has(k) and not on_entry.has(k):
+                    exclude = exclude.remove(k)
+            if exclude is not now:
+                with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _pre(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        """Record the op's inputs before it runs; returns (call, info, phase, taint) for
+        ``_post`` (call None: an op ``modules=`` leaves out, whose writes still count), or None
+        when the op is neither recorded nor tracked."""
+        rec = self.rec
+        if rec.vcache.written:
+            rec.vcache.promote()
+        info = self.info.get(func)
+        if info is None:
+            info = self.info[func] = OpInfo(func, self.views)
+        where = self.scope.op_where()
+        if where is None:
+            return None
+        module, phase = where
+        if rec.cfg.modules is not None and not self.scope.module_selected(module):
+            # Not recorded, but its writes still count: waiting and cached digests of what it
+            # overwrites, and the hazard state (a buffer it fills is no longer uninitialized).
+            if info.writing:
+                rec.busy = True
+                rec.before_write(written_storages(info, args, kwargs))
+                rec.busy = False
+            # Only an allocation, a write or a copy changes the hazard state: other ops pay nothing.
+            hz = self.hazards
+            if hz is not None and (info.empty or info.writing or info.nonblocking):
+                return None, info, None, False
+            return None
+        rec.busy = True
+        tensors, other = gather(args, kwargs, info.dest_pos, info.dest_kw)
+        # No digest waits for a batch during a backward: a waiting digest holds its tensor, and
+        # autograd's AccumulateGrad copies a gradient instead of stealing it when anything else
+        # holds it (new_empty_strided + copy_ instead of detach): capture would change the
+        # program's own ops, and whether it does would depend on when the batch last ran.
+        defer = info.batch_inputs and phase != "backward"
+        hz = self.hazards
+        flags = None
+        taint = False  # a read-modify-write of unwritten memory: its output is flagged too
+        blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
+        ws = self.workspaces
+        if ws and tensors:
+            for i, (_, _, t) in enumerate(tensors):
+                k = storage_key(t)
+                ref = ws.get(k) if k is not None else None
+                if ref is not None:
+                    if ref() is None:
+                        del ws[k]  # its tensor died: the storage may hold anything now
+                    else:
+                        blind.add(i)
+        if hz is not None and hz.active and tensors:
+            flags = {}
+            written = {f"args[{i}]" for i in info.writes} if info.writes else ()
+            for i, (role, arg, t) in enumerate(tensors):
+                if info.meta_read:
+                    break  # only the shape is read
+                f = hz.flags(t)
+                if not f:
+                    continue
+                if UNINIT in f and (role == "dest" or arg in written or arg.partition("]")[0] + "]" in written):
+                    # A destination still (partly) unwritten: its bytes are garbage that differs
+                    # between runs. It is recorded write-only (no digest); only an op that reads
+                    # its destination (add_ into empty memory) reads garbage: an event, and the
+                    # output inherits the flag.
+                    if role != "dest":
+                        tensors[i] = ("dest", arg, t)
+                    if not info.no_read and not info.skip:
+                        hz.event(UNINIT, module, f"{info.name} {arg} read while {UNINIT}")
+                        taint = True
+                    f = tuple(h for h in f if h != UNINIT)
+                    if not f:
+                        continue
+                flags[i] = f
+                if UNINIT in f:
+                    # Read while (partly) unwritten: garbage that differs between processes, so
+                    # not digested (no evidence); what the op computes from it inherits the flag.
+                    # (An op without alias annotations may only be filling it: FSDP's copy-in.)
+                    blind.add(i)
+                    taint = taint or not info.skip
+                # Views and metadata ops do not read contents; a write-only argument is not read
+                # either (an async or non-blocking hazard on it is still flagged): no event.
+                if not info.skip and tensors[i][0] != "dest":
+                    for h in f:
+                        hz.event(h, module, f"{info.name} {arg} read while {h}")
+            flags = flags or None
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+            # Write-only arguments are counted, never digested: inputs first, then destinations.
+            ins = [x for x in tensors if x[0] == "input"]
+            dests = [x for x in tensors if x[0] == "dest"]
+            call = rec.record_call(
+                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=defer
+            )
+            if dests:
+                rec.append_records(call, dests, digest_it=False)
+        elif flags is not None or blind:
+            call = rec.record_call("op", info.name, module, phase, [], args_src=other)
+            for i, item in enumerate(tensors):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=info.reads and item[0] != "dest" and i not in blind,
+                    defer=defer,
+                )
+        else:
+            call = rec.record_call(
+                "op",
+                info.name,
+                module,
+                phase,
+                tensors,
+                args_src=other,
+                digest_it=info.reads,
+                # A writing op runs the batch right below, before the write: worth it for the many
+                # tensors of a _foreach_ op, not for a single in-place tensor.
+                defer=defer,
+            )
+        if info.writing:
+            # Digests waiting for a batch over what it writes are taken now, cached ones dropped.
+            rec.before_write(written_storages(info, args, kwargs))
+        rec.busy = False
+        return call, info, phase, taint
+
+    def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
+        call, info, phase, taint = pre
+        rec = self.rec
+        rec.busy = True
+        outs = op_outputs(info, args, out)
+        hz = self.hazards
+        flags = None
+        if hz is not None:
+            track_hazard_state(hz, info, args, kwargs, outs)
+            if call is None:  # an op of a module left out by modules=: state only
+                rec.busy = False
+                return
+            if (hz.active or taint) and outs and not info.empty:
+                # A fresh empty* output is not a read of uninitialized memory (its readers are).
+                flags = {}
+                for i, (_, _, t) in enumerate(outs):
+                    f = hz.flags(t)
+                    if taint and UNINIT not in f:
+                        f = (*f, UNINIT)  # computed from unwritten bytes it read
+                    if f:
+                        flags[i] = f
+                flags = flags or None
+        # Inside the dispatcher an in-place op has not bumped the version counter yet (that happens
+        # above us, in ADInplaceOrView): outputs of writing ops are digested afresh, never reused.
+        # What was cached over the storages they write went in _pre (before_write), so the entries
+        # made now for them are new ones (VersionCache.note_written relies on that).
+        fresh = info.writing
+        if outs and info.workspace:
+            for i in info.workspace:
+                if i < len(outs):  # its readers (the op's backward) do not digest it either
+                    t = outs[i][2]
+                    k = storage_key(t)
+                    if k is not None:
+                        self.workspaces[k] = weakref.ref(t)
+            # Split off the workspace outputs (not digested), keeping each record's hazards.
+            for i, item in enumerate(outs):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
+                    fresh=fresh,
+                    defer=phase != "backward",
+                )
+        elif outs:
+            rec.append_records(
+                call,
+                outs,
+                hazards=flags,
+                digest_it=not (info.skip or info.empty or info.async_out),
+                fresh=fresh,
+                defer=phase != "backward",
+            )
+            if fresh:
+                rec.vcache.note_written([t for _, _, t in outs])
+        rec.busy = False
