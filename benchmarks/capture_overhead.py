@@ -287,7 +287,7 @@ def report(trials: list[dict[str, list[float]]], gated: bool) -> dict:
 
 
 def clone_bandwidth(device: torch.device) -> float:
-    """Bytes per second that ``clone()`` copies on this machine (best of 6): the floor for any
+    """Bytes per second that ``clone()`` copies on this machine (best of 20): the floor for any
     design that reads every recorded byte once. On a CPU the tensor is 4 MiB, the size of the
     gpt2 row's largest activations (batch 8 x seq 128 x 1024 float32): a 128 MiB clone would
     mostly time the page faults of its fresh allocation, which no recorded tensor pays; on a
@@ -296,7 +296,7 @@ def clone_bandwidth(device: torch.device) -> float:
     x = torch.rand(mib * 2**18, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = float("inf")
-    for _ in range(6):
+    for _ in range(20):
         sync()
         t0 = time.perf_counter()
         y = x.clone()
