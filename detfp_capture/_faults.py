@@ -11,7 +11,7 @@ comma-separated list of ``POINT[@N]:ACTION``:
   ``enospc`` / ``erofs`` / ``eacces`` / ``eio`` (raise that OSError, as the file system
   would), or ``sleep=SECONDS`` (a slow file system).
 
-Used only by tests (tests/test_faults.py); documented so that anyone can reproduce a fault.
+Used only by tests (tests/integration/test_faults.py); documented so that anyone can reproduce a fault.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ that writes the module's path into the ``metadata`` of every autograd node creat
 then attributed to that module (``Scope.op_where``), phase ``backward``. A submodule's region
 was tagged when the submodule returned, so an enclosing module's walk jumps over it instead of
 walking it again: the cost no longer grows with the nesting depth, and the tags are the same
-(``tests/test_capture.py`` checks them node by node against the plain walk).
+(``tests/unit/test_capture.py`` checks them node by node against the plain walk).
 """
 
 from __future__ import annotations

@@ -1,0 +1,227 @@
+"""The third-party zoo: training code nobody here wrote, at every capture level.
+
+Members (``tests/fixtures/zoo/zoo_train.py``): Hugging Face GPT-2 under DDP (watched bare in one run of
+the identical pair and as the DDP wrapper in the other), Llama with Hugging Face gradient
+checkpointing, a Mixtral mixture of experts under ``torch.autocast`` (bf16), Llama sharded
+with FSDP2 (``fully_shard`` per layer and root), and GPT-2 compiled in place with
+``model.compile()`` (Inductor on CPU); all 2 ranks over gloo under torchrun, without
+``use_deterministic_algorithms``. A plain script with no detfp code runs under the launcher in
+``tests/integration/test_zoo_launcher.py``.
+
+Scenarios, each at levels metrics, boundaries and ops (the compiled member: boundaries, where
+its region is recorded; every compile costs tens of seconds on 2 cores), each with its expected
+answer:
+
+* ``identical``: two identical runs -> ``identical``;
+* ``onoff``: capture on vs off -> losses and final parameters bitwise equal;
+* ``nondet``: a custom op inside one module sums its chunks in a per-run order from step 1 ->
+  ``origin`` at that op (module, at level boundaries) on every rank, ``all_ranks_same_op``;
+* ``data``: one element of rank 1's batch at step 1 -> rank 1 ``source`` at ``batch``, rank 0
+  ``receiver``, ``single_rank``, origin ranks (1,);
+* ``resume_norng`` / ``resume_rng``: resumed from the checkpoint after step 0 (dropout on)
+  without / with the RNG state -> ``source`` at ``rng_state`` at step 1 on every rank /
+  ``identical`` over the overlap.
+
+Two launches (one process group each) run every job; the bisects then run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from detfp_analyze.bisect import bisect
+from detfp_analyze.reader import open_run
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "fixtures" / "zoo" / "zoo_train.py"
+LEVELS = ("metrics", "boundaries", "ops")
+#: member -> (job options, levels, module the nondeterministic op is planted in). Run ``b`` of
+#: the identical pair is watched as the wrapper (``watch(ddp_model)``) where ``a`` watched the
+#: bare model, so the pair also proves both ways record the same stream; FSDP2 members watch
+#: both the same way: FSDP2's own backward hooks interleave with capture's in registration
+#: order, so runs watched before and after ``fully_shard`` record equal values in another order.
+MEMBERS: dict[str, tuple[dict[str, Any], tuple[str, ...], str]] = {
+    "gpt2_ddp": ({"model": "gpt2", "wrap": "ddp"}, LEVELS, "transformer.h.0.mlp.c_fc"),
+    "llama_ddp_checkpointing": ({"model": "llama", "wrap": "ddp", "gc": True}, LEVELS, "model.layers.0.mlp.up_proj"),
+    "mixtral_ddp_autocast": (
+        {"model": "mixtral", "wrap": "ddp", "autocast": True},
+        LEVELS,
+        "model.layers.0.self_attn.q_proj",
+    ),
+    "llama_fsdp2": ({"model": "llama", "wrap": "fsdp2"}, LEVELS, "model.layers.0.mlp.up_proj"),
+    "gpt2_ddp_compile": ({"model": "gpt2", "wrap": "ddp", "compile": True}, ("boundaries",), ""),
+}
+SCENARIOS = ("identical", "onoff", "nondet", "data", "resume_norng", "resume_rng")
+STEPS = 2
+PLANT = 1
+
+
+def plan(member: str, root: Path) -> list[dict[str, Any]]:
+    """Every job of one member: per level a, b, nondet, data and two resumes, plus one run
+    without capture. Every job routes the planted module through the split-K op (order fwd),
+    so the runs differ only where a scenario says."""
+    opts, levels, _ = MEMBERS[member]
+    base = {**opts, "steps": STEPS, "dropout": 0.1, "plant_step": PLANT, "order": "fwd"}
+    jobs = [{**base, "name": f"{member}.off"}]
+    for lvl in levels:
+        d = root / member / lvl
+        ck = str(d / "ckpt")
+
+        def job(name: str, lvl: str = lvl, d: Path = d, **kw: Any) -> dict[str, Any]:
+            return {**base, "name": f"{member}.{lvl}.{name}", "out": str(d / name), "level": lvl, **kw}
+
+        jobs += [
+            job("a", watch="bare", save_ckpt=0, ckpt=ck),
+            job("b", watch="bare" if opts["wrap"] == "fsdp2" else "wrapped"),
+            job("nondet", order="rev"),
+            job("data", data_rank=1, data_step=PLANT),
+            job("resume_norng", load_ckpt=ck, start_step=1, restore_rng=False),
+            job("resume_rng", load_ckpt=ck, start_step=1, restore_rng=True),
+        ]
+    return jobs
+
+
+def _launch(jobs: list[dict[str, Any]], root: Path, tag: str) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    plan_file = root / f"plan-{tag}.json"
+    plan_file.write_text(json.dumps(jobs))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(SCRIPT),
+        str(plan_file),
+        str(root / "results"),
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1100)
+    if proc.returncode != 0:
+        raise AssertionError(f"zoo launch {tag} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("zoo")
+    _launch([j for m in MEMBERS if m != "gpt2_ddp_compile" for j in plan(m, root)], root, "eager")
+    _launch(plan("gpt2_ddp_compile", root), root, "compiled")
+    return root
+
+
+def _result(root: Path, name: str) -> dict:
+    return json.loads((root / "results" / f"{name}.rank0.json").read_text())
+
+
+def _bisect(root: Path, member: str, lvl: str, a: str, b: str) -> Any:
+    d = root / member / lvl
+    return bisect(open_run(d / a), open_run(d / b))
+
+
+def _expect(cond: bool, what: str, res: Any = None) -> None:
+    if not cond:
+        detail = ""
+        if res is not None:
+            from detfp_analyze.report import render_text
+
+            detail = "\n" + render_text(res)
+        raise AssertionError(what + detail)
+
+
+def _identical(root: Path, member: str, lvl: str) -> None:
+    res = _bisect(root, member, lvl, "a", "b")
+    _expect(res.status == "identical", "an identical pair must be identical", res)
+
+
+def _onoff(root: Path, member: str, lvl: str) -> None:
+    off = _result(root, f"{member}.off")
+    for run in ("a", "b"):
+        got = _result(root, f"{member}.{lvl}.{run}")
+        _expect(got == off, f"capture on ({run}) vs off: {got} != {off}")
+
+
+def _nondet(root: Path, member: str, lvl: str) -> None:
+    res = _bisect(root, member, lvl, "a", "nondet")
+    target = MEMBERS[member][2]
+    _expect(res.first_step == PLANT and res.diagnosis.pattern == "all_ranks_same_op", "nondet: pattern", res)
+    for rr in res.ranks:
+        eff = rr.effective
+        _expect(eff is not None and eff.verdict == "origin" and eff.step == PLANT, "nondet: origin on every rank", res)
+        if lvl == "ops":
+            _expect(eff.op == "detfp_zoo::split_k_mm.default", "nondet: the planted op", res)
+        elif lvl == "boundaries" and target:
+            _expect(eff.module == target and eff.kind == "module_output", "nondet: the planted module", res)
+        elif lvl == "boundaries":  # compiled in place: the region around it
+            _expect(eff.kind == "compiled", "nondet: the compiled region", res)
+
+
+def _data(root: Path, member: str, lvl: str) -> None:
+    res = _bisect(root, member, lvl, "a", "data")
+    d = res.diagnosis
+    _expect(d.pattern == "single_rank" and d.origin_ranks == (1,), "data: single_rank on rank 1", res)
+    r0, r1 = res.rank(0).effective, res.rank(1).effective
+    _expect(r1 is not None and (r1.verdict, r1.kind, r1.step) == ("source", "batch", PLANT), "data: rank 1", res)
+    _expect(r0 is not None and r0.verdict == "receiver", "data: rank 0 receives it", res)
+
+
+def _resume_norng(root: Path, member: str, lvl: str) -> None:
+    res = _bisect(root, member, lvl, "a", "resume_norng")
+    for rr in res.ranks:
+        eff = rr.effective
+        _expect(eff is not None and (eff.verdict, eff.kind, eff.step) == ("source", "rng_state", 1), "rng", res)
+
+
+def _resume_rng(root: Path, member: str, lvl: str) -> None:
+    res = _bisect(root, member, lvl, "a", "resume_rng")
+    _expect(res.status == "identical", "resume with the RNG state: identical over the overlap", res)
+
+
+CHECKS: dict[str, Callable[[Path, str, str], None]] = {
+    "identical": _identical,
+    "onoff": _onoff,
+    "nondet": _nondet,
+    "data": _data,
+    "resume_norng": _resume_norng,
+    "resume_rng": _resume_rng,
+}
+
+
+_CASES = [(m, lvl) for m, (_, levels, _) in MEMBERS.items() for lvl in levels]
+
+
+@pytest.mark.parametrize("member,level", _CASES, ids=[f"{m}-{lvl}" for m, lvl in _CASES])
+def test_zoo(zoo, member, level):
+    """Every scenario of one member at one level; all failures reported together."""
+    failures = []
+    for name, check in CHECKS.items():
+        try:
+            check(zoo, member, level)
+        except AssertionError as exc:
+            failures.append(f"[{name}] {exc}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_zoo_identical_pair_exits_0_through_the_cli(zoo):
+    """The CLI a CI gate calls: exit 0 for an identical pair of a third-party stack at level ops."""
+    d = zoo / "llama_fsdp2" / "ops"
+    p = subprocess.run(
+        [sys.executable, "-m", "detfp_analyze", "bisect", str(d / "a"), str(d / "b"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert json.loads(p.stdout)["status"] == "identical"

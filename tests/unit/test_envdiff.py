@@ -1,0 +1,75 @@
+"""Manifest diff: per-rank facts, run-wide facts, blocking keys and the `env` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from detfp_analyze.cli import app
+from detfp_analyze.errors import IncomparableError
+from detfp_analyze.io.envdiff import EnvDiff, check_comparable, env_diff, flatten_manifest, manifest_diff
+from tests.fixtures.pairs import build_pair
+from tests.fixtures.shards import default_manifest
+
+
+def _m(rank: int, **over) -> dict:
+    m = default_manifest(rank, 2)
+    for k, v in over.items():
+        m[k] = v
+    return m
+
+
+def test_flatten_skips_launch_facts():
+    flat = flatten_manifest(_m(0, command=["x"]))
+    assert "rank" not in flat and "segment" not in flat and "command" not in flat and "start_step" not in flat
+    assert flat["determinism.num_threads"] == 1
+    assert flat["env.CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_run_wide_and_per_rank_differences_sorted():
+    det = dict(default_manifest(0, 2)["determinism"], num_threads=4)
+    a = {0: _m(0), 1: _m(1, host={**_m(1)["host"], "hostname": "n1"})}
+    b = {0: _m(0, determinism=det), 1: _m(1, determinism=det, host={**_m(1)["host"], "hostname": "n2"})}
+    diffs = manifest_diff(a, b)
+    assert diffs == (
+        EnvDiff("determinism.num_threads", 1, 4, None, False),
+        EnvDiff("host.hostname", "n1", "n2", 1, False),
+    )
+
+
+def test_env_var_absent_on_one_side_and_blocking_layout():
+    a = {0: _m(0)}
+    b = {0: _m(0, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Tree"}, parallel={"tp_size": 2})}
+    diffs = manifest_diff(a, b)
+    assert [(d.key, d.a, d.b, d.blocking) for d in diffs] == [
+        ("env.NCCL_ALGO", None, "Tree", False),
+        ("parallel.tp_size", None, 2, True),
+    ]
+    with pytest.raises(IncomparableError, match=r"^A vs B: parallel"):
+        check_comparable(diffs)
+    check_comparable(diffs, force=True)
+
+
+def test_value_types_are_not_conflated():
+    diffs = manifest_diff({0: _m(0, capture={"level": 1})}, {0: _m(0, capture={"level": True})})
+    assert [d.key for d in diffs] == ["capture.level"]
+
+
+def test_env_diff_on_runs_and_cli(tmp_path):
+    a, b = build_pair(tmp_path, world=2, manifest_b={"env": {"NCCL_ALGO": "Ring"}})
+    diffs = env_diff(a, b)
+    assert [(d.key, d.a, d.b) for d in diffs] == [
+        ("env.CUBLAS_WORKSPACE_CONFIG", ":4096:8", None),
+        ("env.NCCL_ALGO", None, "Ring"),
+    ]
+    runner = CliRunner()
+    out = runner.invoke(app, ["env", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert out.exit_code == 1
+    assert '  env.NCCL_ALGO: null -> "Ring"' in out.output
+    out = runner.invoke(app, ["env", str(tmp_path / "a"), str(tmp_path / "a"), "--json"])
+    assert out.exit_code == 0
+    assert json.loads(out.output)["env_diff"] == []
+    out = runner.invoke(app, ["env", str(tmp_path / "a"), str(tmp_path / "missing")])
+    assert out.exit_code == 2

@@ -1,0 +1,35 @@
+"""Importing the analysis side (package, CLI, reader, summary, the picture, page and timeline
+modules) loads neither torch nor matplotlib: matplotlib only when a picture is drawn."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+_CODE = """
+import sys
+import detfp_analyze, detfp_analyze.cli, detfp_analyze.io.reader, detfp_analyze.single.summary
+import detfp_analyze.render.figdata, detfp_analyze.render.figures, detfp_analyze.render.pictures, detfp_analyze.render.plot
+import detfp_analyze.render.html, detfp_analyze.render.recipes, detfp_analyze.render.perfetto, detfp_analyze.render.layout
+import detfp_analyze._cli.reference
+import detfp_capture.contract, detfp_capture.arrowschema, detfp_capture.writer
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib"))
+print(",".join(heavy))
+"""
+
+
+def test_analysis_imports_no_torch_and_no_matplotlib():
+    out = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_cli_help_runs_without_torch():
+    code = "import sys; from detfp_analyze.cli import app; sys.argv = ['detfp-analyze', '--help']\n"
+    code += "try:\n    app()\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
