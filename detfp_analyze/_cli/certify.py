@@ -13,34 +13,36 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, echo, handle_errors
-from detfp_analyze.single.certify import CertifyResult, certify
+from detfp_analyze.single.certify import CertifyResult, Problem, certify
 
 __all__ = ["command", "format_certify"]
 
 
-def format_certify(res: CertifyResult) -> str:
-    """Human text: a status line, then one line per problem."""
-    if res.ok:
-        return f"{res.label}: ok ({res.ranks} rank(s), {res.steps} step(s) checked)\n"
-    lines = [f"{res.label}: {len(res.problems)} problem(s) ({res.ranks} rank(s), {res.steps} step(s) checked)"]
-    for p in res.problems:
-        where = " ".join(
-            part
-            for part in (
-                "all ranks" if p.rank is None else f"rank {p.rank}",
-                "" if p.step is None else f"step {p.step}",
-                "" if p.module is None else f"module {p.module}",
-            )
-            if part
+def _line(p: Problem, prefix: str = "") -> str:
+    where = " ".join(
+        part
+        for part in (
+            "all ranks" if p.rank is None else f"rank {p.rank}",
+            "" if p.step is None else f"step {p.step}",
+            "" if p.module is None else f"module {p.module}",
         )
-        lines.append(f"  {p.kind}: {where}: {p.detail}")
+        if part
+    )
+    return f"  {prefix}{p.kind}: {where}: {p.detail}"
+
+
+def format_certify(res: CertifyResult) -> str:
+    """Human text: a status line, one line per problem, then one per note."""
+    checked = f"({res.ranks} rank(s), {res.steps} step(s) checked)"
+    head = f"{res.label}: ok {checked}" if res.ok else f"{res.label}: {len(res.problems)} problem(s) {checked}"
+    lines = [head, *(_line(p) for p in res.problems), *(_line(p, "note: ") for p in res.notes)]
     return "\n".join(lines) + "\n"
 
 
 @handle_errors
 def command(
     run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print {status, problems} as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {status, problems, notes} as JSON.")] = False,
 ) -> None:
     """Check one run before comparing it: ranks, steps, sequence, hazards, pending collectives, determinism."""
     res = certify(run)

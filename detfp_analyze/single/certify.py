@@ -20,14 +20,15 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
 * ``replica_split``: data-parallel replicas (ranks that must hold bitwise equal parameters after
   every optimizer step) stopped agreeing: the first step and parameter, and which ranks split
   off (``replicas.py``);
-* ``reduction_not_captured``, ``setting_changed``, ``partial_step``: capture events (a gradient
-  reduction capture could not record, a determinism setting changed between steps, a trailing
-  step without an optimizer step);
+* ``reduction_not_captured``, ``setting_changed``: capture events (a gradient reduction capture
+  could not record, a determinism setting changed between steps);
+* ``partial_step`` (a note, not a problem): a trailing step without an optimizer step;
 * ``determinism``: the manifest's determinism settings (deterministic algorithms off or
   warn-only, cuDNN benchmark on, and on CUDA: cuDNN deterministic off, CUBLAS_WORKSPACE_CONFIG
   unset or not :4096:8 / :16:8). A setting equal on every rank is reported once (rank null).
 
-Problems are sorted (kind, rank, step, module, detail), so the JSON is byte-stable.
+Problems are sorted (kind, rank, step, module, detail), so the JSON is byte-stable. Notes are
+facts about the run worth knowing that do not make it fail (``NOTE_KINDS``), sorted the same way.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ from detfp_analyze.ranks import format_ranks
 from detfp_analyze.single.replicas import replica_splits
 from detfp_capture import contract
 
-__all__ = ["CertifyResult", "Problem", "certify"]
+__all__ = ["NOTE_KINDS", "CertifyResult", "Problem", "certify"]
+
+#: Kinds reported as notes: true of healthy runs, so they never make certify fail. A trailing
+#: forward without an optimizer step (an evaluation at the end, a Trainer's end-of-training
+#: gathers) is how most training scripts end; bisect leaves such a step out of the comparison
+#: anyway, and a CI gate that failed on it would fail on every such run.
+NOTE_KINDS = frozenset({"partial_step"})
 
 #: Event types reported one problem per event, under their own name.
 _EVENT_KINDS = (
@@ -115,6 +122,8 @@ class CertifyResult:
     #: Ranks and steps that were checked (for the human summary).
     ranks: int
     steps: int
+    #: Findings of the kinds in ``NOTE_KINDS``, sorted: reported, never a reason to fail.
+    notes: tuple[Problem, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -122,7 +131,11 @@ class CertifyResult:
 
     def to_json_dict(self) -> dict[str, Any]:
         """The documented ``--json`` object (docs/certify.md)."""
-        return {"status": self.status, "problems": [p.to_json_dict() for p in self.problems]}
+        return {
+            "status": self.status,
+            "problems": [p.to_json_dict() for p in self.problems],
+            "notes": [p.to_json_dict() for p in self.notes],
+        }
 
 
 # ----------------------------------------------------------------------------- checks
@@ -403,7 +416,10 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
     if "replicas" in wanted:
         problems += _replicas(r)
     problems.sort(key=Problem.sort_key)
-    return CertifyResult(r.label, "problems" if problems else "ok", tuple(problems), len(r.ranks), nsteps)
+    notes = tuple(p for p in problems if p.kind in NOTE_KINDS)
+    problems = [p for p in problems if p.kind not in NOTE_KINDS]
+    status = "problems" if problems else "ok"
+    return CertifyResult(r.label, status, tuple(problems), len(r.ranks), nsteps, notes)
 
 
 #: Names accepted by ``certify(checks=...)``.

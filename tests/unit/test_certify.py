@@ -40,7 +40,7 @@ def problems(path) -> list[dict]:
 def test_clean_run_is_ok(tmp_path):
     write_run(tmp_path / "r", clean())
     res = certify(tmp_path / "r")
-    assert res.to_json_dict() == {"status": "ok", "problems": []}
+    assert res.to_json_dict() == {"status": "ok", "problems": [], "notes": []}
     assert (res.ranks, res.steps) == (2, 2)
 
 
@@ -210,6 +210,7 @@ def test_cli_exit_codes_and_json(tmp_path):
                 "detail": "2 async collective(s) not waited at step end (all_reduce)",
             }
         ],
+        "notes": [],
     }
     r = runner.invoke(app, ["certify", str(tmp_path / "bad")])
     assert r.exit_code == 1 and "  pending_collective: rank 0 step 0: 2 async collective(s)" in r.output
@@ -264,3 +265,28 @@ def test_replica_split_names_the_first_step_parameter_and_ranks(tmp_path):
     )
     got = [(p["kind"], p["step"], p["detail"].split(":")[0]) for p in problems(tmp_path / "tp")]
     assert got == [("replica_split", 1, "data-parallel replicas (ranks 0,2) split at step 1")]
+
+
+def test_partial_step_is_a_note_not_a_problem(tmp_path):
+    """A trailing forward without an optimizer step is how most scripts end (an evaluation, a
+    Trainer's end-of-training gathers): certify reports it, and still passes the run."""
+    from detfp_analyze._cli.certify import format_certify
+
+    ranks = clean()
+    detail = "step 1 ended at close without an optimizer step (an evaluation or a trailing forward); it is not compared"
+    ranks[0] = merge(step(0, 0), step(0, 1, events=[dict(step=1, type="partial_step", detail=detail)]))
+    write_run(tmp_path / "r", ranks)
+    res = certify(tmp_path / "r")
+    assert res.ok and res.problems == ()
+    assert [p.to_json_dict() for p in res.notes] == [
+        {"kind": "partial_step", "rank": 0, "step": 1, "module": None, "detail": detail}
+    ]
+    assert res.to_json_dict()["notes"][0]["kind"] == "partial_step"
+    text = format_certify(res)
+    assert text.splitlines()[0].endswith("ok (2 rank(s), 2 step(s) checked)")
+    assert f"  note: partial_step: rank 0 step 1: {detail}" in text
+    # With a real problem as well, the note stays a note.
+    ranks[1] = merge(step(1, 0, events=[dict(step=0, type="capture_error", detail="boom")]), step(1, 1))
+    write_run(tmp_path / "r2", ranks)
+    res = certify(tmp_path / "r2")
+    assert [p.kind for p in res.problems] == ["capture_error"] and [p.kind for p in res.notes] == ["partial_step"]

@@ -38,7 +38,7 @@ RESULTS = {
                    "upstream", "group", "group_ranks", "peers_differing", "kernels", "diff", "explanation",
                    "depends_on"),
     "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts"),
-    "CertifyResult": ("label", "status", "problems", "ranks", "steps"),
+    "CertifyResult": ("label", "status", "problems", "ranks", "steps", "notes"),
     "Problem": ("kind", "rank", "step", "module", "detail"),
     "RunSummary": ("label", "world_size", "ranks", "missing_ranks", "segments", "first_step", "last_step", "levels",
                    "tables", "kinds", "statuses", "hazards", "events", "metrics", "environment", "completeness"),
