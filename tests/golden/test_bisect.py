@@ -313,9 +313,11 @@ def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
     from detfp_analyze.io.reader import open_run
     from tests.fixtures.shards import write_run
 
-    def recs(out_label: str, in_label: str) -> list[dict]:
+    def recs(out_label: str, in_label: str, batch: bool = True) -> list[dict]:
         out_digest, in_digest = hexdigest(out_label), hexdigest(in_label)
+        fed = dict(step=0, kind="batch", module="", name="Net", role="input", arg="args[0]", digest=hexdigest("x"))
         return [
+            *([fed] if batch else []),
             dict(
                 step=0, kind="module_input", module="blk", name="Block", role="input", arg="args[0]", digest=in_digest
             ),
@@ -333,6 +335,13 @@ def test_module_output_is_judged_by_its_module_input_twin(tmp_path):
     f = bisect(a, c).rank(0).first
     assert (f.kind, f.role, f.verdict) == ("module_input", "input", "origin")
     assert "the code <root> runs between its submodules" in f.explanation and "level ops" in f.depends_on
+    # Without a batch record (a root module that took no tensors) the data may have brought the
+    # difference just as well: no local start is claimed, and the report says what to capture.
+    na = open_run(str(write_run(tmp_path / "na", {0: {"records": recs("o", "i", batch=False)}})))
+    nc = open_run(str(write_run(tmp_path / "nc", {0: {"records": recs("o2", "i2", batch=False)}})))
+    f = bisect(na, nc).rank(0).first
+    assert (f.kind, f.role, f.verdict) == ("module_input", "input", "unobserved_producer")
+    assert "batch was not captured" in f.explanation and "session.probe('batch'" in f.depends_on
     # With ops captured, the same input differing first has an uncaptured producer.
     op = dict(step=0, kind="op", module="", name="aten::mul.Tensor", role="output", arg="out", digest=hexdigest("m"))
     d = open_run(str(write_run(tmp_path / "d", {0: {"records": [op, *recs("o", "i")]}})))
@@ -374,3 +383,24 @@ def test_p2p_receive_is_a_receiver(tmp_path):
     f = bisect(a, b).rank(1).first
     assert (f.kind, f.op, f.verdict, f.group) == ("p2p", "recv@pp", "receiver", "pp")
     assert "sending rank" in f.explanation
+
+
+def test_step_end_parameter_without_a_batch_record_claims_no_origin(tmp_path):
+    """Level metrics records the batch and the step-end parameters. When the batch is missing
+    (the root module took no tensors), a parameter that differs after the step may carry a data
+    difference: the verdict names what was not captured instead of blaming the step's code."""
+    from detfp_analyze.io.reader import open_run
+    from tests.fixtures.shards import write_run
+
+    def run(path, value: str, batch: bool):
+        fed = dict(step=0, kind="batch", module="", name="Net", role="input", arg="args[0]", digest=hexdigest("x"))
+        param = dict(
+            step=0, kind="param", phase="step", name="l1.weight", role="value", arg="", digest=hexdigest(value)
+        )
+        return open_run(str(write_run(path, {0: {"records": [*([fed] if batch else []), param]}})))
+
+    f = bisect(run(tmp_path / "a", "p", True), run(tmp_path / "b", "q", True)).rank(0).first
+    assert (f.kind, f.verdict) == ("param", "origin")
+    f = bisect(run(tmp_path / "c", "p", False), run(tmp_path / "d", "q", False)).rank(0).first
+    assert (f.kind, f.verdict) == ("param", "unobserved_producer")
+    assert "batch was not captured" in f.explanation and "session.probe('batch'" in f.depends_on

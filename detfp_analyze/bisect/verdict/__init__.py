@@ -28,7 +28,11 @@ outputs after, so the first divergent record of a rank is either
   only if every rank of the group had matching inputs for the same call, otherwise
   ``receiver`` (a carrier of a difference that started on a peer).
 
-A view or pure data-movement op cannot create a difference: an "origin" there is reported
+A rank-step whose model the capture saw but whose batch it did not (the root module took no
+tensors: ``local.batch_unseen``) claims no local start for a submodule's input or a step-end
+parameter: a data difference looks the same there, so the verdict is ``unobserved_producer``
+with ``depends_on`` naming the batch. A view or pure data-movement op cannot create a
+difference: an "origin" there is reported
 as ``unobserved_producer`` with a ``contradiction`` pointing one hop upstream. Each verdict
 may carry ``depends_on``: one line on what the capture could not see and what to capture next.
 """

@@ -23,6 +23,7 @@ __all__ = [
     "VIEW_OPS",
     "LocalVerdict",
     "StepFacts",
+    "batch_unseen",
     "is_view_op",
     "local_verdict",
 ]
@@ -105,6 +106,27 @@ class StepFacts:
     world: int = 1
 
 
+#: Kinds that show the capture saw the model run in the step: with one of them and no ``batch``
+#: record, the data the step was fed is unseen.
+_MODEL_KINDS = frozenset({"module_input", "module_output", "op", "compiled", "param"})
+
+#: depends_on when the step's batch was not captured.
+_BATCH_UNSEEN = (
+    "the step's batch: its root module took no tensor arguments (a custom batch object, data read "
+    "from an attribute), so no batch record holds the data; pass the tensors to the model's forward "
+    "(positional or keyword), or record them with session.probe('batch', tensor)"
+)
+
+
+def batch_unseen(facts: StepFacts) -> bool:
+    """True when the rank-step ran a model the capture saw but holds no ``batch`` record.
+
+    A difference in the data then shows up first inside the model, where it looks exactly like a
+    difference made by the uncaptured code around it: no verdict may claim a local start there.
+    Unknown kinds (an empty set) say nothing."""
+    return bool(facts.kinds & _MODEL_KINDS) and "batch" not in facts.kinds
+
+
 def _call_label(rec: Aligned) -> str:
     mod = rec.module or "<root>"
     return f"{rec.name} in {mod}"
@@ -171,6 +193,15 @@ def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
                 f"parameter {name} changed after the optimizer step, outside the capture (weight clipping, an EMA or "
                 "a write through .data)",
                 "a write after optimizer.step(): capture it with session.probe or at level ops",
+            )
+        if batch_unseen(facts):
+            return LocalVerdict(
+                "unobserved_producer",
+                f"the forward of step {step}",
+                None,
+                f"parameter {name} after step {step} differs while everything captured before it matched, and the "
+                "step's batch was not captured: the data fed to the step or its uncaptured computation introduced it",
+                _BATCH_UNSEEN,
             )
         what = "forward, backward, gradient reduction and optimizer" if many else "forward, backward and optimizer"
         return LocalVerdict(
@@ -276,6 +307,15 @@ def local_verdict(
         # submodule's input that differs first was made there (every earlier record, the
         # previous submodules' outputs included, matched).
         parent = rec.module.rsplit(".", 1)[0] if "." in rec.module else "<root>"
+        if batch_unseen(facts):
+            return LocalVerdict(
+                "unobserved_producer",
+                label,
+                None,
+                f"the input of {label} differs while every captured record before it matched, and the step's batch "
+                f"was not captured: the data or the code {parent} runs between its submodules introduced it",
+                _BATCH_UNSEEN,
+            )
         return LocalVerdict(
             "reduction" if facts.world > 1 else "origin",
             None,
@@ -296,9 +336,12 @@ def local_verdict(
             label,
             contradiction,
             f"the input of {label} already differs although no earlier record differs: its producer was not "
-            "captured (e.g. a kernel that bypasses the dispatcher, a fused or extension op)",
-            "this input's producer (an extension or fused kernel, a write outside the dispatcher): probe it with "
-            "session.probe, or capture the step at a deeper level",
+            "captured (e.g. a kernel that bypasses the dispatcher, a fused or extension op"
+            + (", or the data: the step's batch was not captured)" if batch_unseen(facts) else ")"),
+            _BATCH_UNSEEN
+            if batch_unseen(facts)
+            else "this input's producer (an extension or fused kernel, a write outside the dispatcher): probe it "
+            "with session.probe, or capture the step at a deeper level",
         )
     if kind in COLLECTIVE_KINDS:
         return LocalVerdict("collective", None, None, "")
