@@ -13,7 +13,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture
 def block():
-    # Built here, not inside the checked call (see "Limitations" in docs/guards.md).
+    # Built once per test in a fixture: every repeat starts from these weights.
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.1, batch_first=True, norm_first=True)
     return layer.to(DEVICE)
