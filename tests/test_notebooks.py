@@ -15,11 +15,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 def test_there_are_notebooks():
     """The notebooks are the ones the docs promise: none lost, none renamed, a new one added here on purpose
     (and run by ``test_notebook_runs`` like the others)."""
-    assert [p.name for p in NOTEBOOKS] == [
-        "explore_divergence.ipynb",
-        "resume_and_ranks.ipynb",
-        "sql_investigation.ipynb",
-    ]
+    assert [p.name for p in NOTEBOOKS] == ["explore_divergence.ipynb", "resume_and_ranks.ipynb", "sql_investigation.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
