@@ -25,7 +25,7 @@ from detfp_analyze.errors import DetfpError, IncompleteRunError
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from detfp_capture import contract
-from detfp_capture.rollups import Positions, window_rollups
+from detfp_capture.rollups import Positions, _python_rollups, window_rollups
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 SPEC = SynthSpec(ranks=4, steps=3, records=2600)
@@ -50,7 +50,8 @@ def report(a, b, monkeypatch, rollups: bool) -> dict:
     return bisect(open_run(a), open_run(b)).to_json_dict()
 
 
-def test_writer_hashes_are_the_reference():
+@pytest.mark.parametrize("impl", [window_rollups, _python_rollups], ids=["numpy", "python"])
+def test_writer_hashes_are_the_reference(impl):
     rows = [
         # key_hash, status, hi, lo, args, kind
         (1, "ok", 2, 3, None, "op"),
@@ -78,7 +79,7 @@ def test_writer_hashes_are_the_reference():
             "kind": pa.array(cols["kind"]),
         }
     )
-    got = window_rollups(t, Positions())
+    got = impl(t, Positions())
     B = contract.ROLLUP_BLOCK
     for b in range(3):
         part = rows[b * B : (b + 1) * B]
@@ -93,10 +94,32 @@ def test_writer_hashes_are_the_reference():
 
 
 def test_a_step_cut_by_windows_has_the_positions_of_the_whole_step():
-    t = pa.table({"step": pa.array([1] * 1500, pa.int64()), "seq": pa.array(range(1500), pa.int64())})
     pos = Positions()
-    assert pos.take(t.column("step").to_pylist()[:1000]) == list(range(1000))
-    assert pos.take(t.column("step").to_pylist()[1000:])[:2] == [1000, 1001]
+    assert pos.take([1] * 1000) == list(range(1000))
+    assert pos.take([1] * 500 + [2] * 3) == [*range(1000, 1500), 0, 1, 2]
+
+
+def test_both_writer_paths_agree_on_windows_of_several_steps():
+    n = 3000
+    steps = [4] * 700 + [5] * 2300
+    t = pa.table(
+        {
+            "step": pa.array(steps, pa.int64()),
+            "seq": pa.array(range(n), pa.int64()),
+            "key_hash": pa.array([i * 7919 for i in range(n)], pa.uint64()),
+            "status": pa.array(["ok"] * n),
+            "digest_hi": pa.array(range(n), pa.uint64()),
+            "digest_lo": pa.array([None] * n, pa.uint64()),
+            "args_digest": pa.array([None] * n, pa.string()),
+            "kind": pa.array(["op"] * n),
+        }
+    )
+    pa_, pb_ = Positions(), Positions()
+    pa_.advance(4, 1000)
+    pb_.advance(4, 1000)  # step 4 began in an earlier window
+    got = window_rollups(t, pa_)
+    assert got == _python_rollups(t, pb_)
+    assert got["block"][:3] == [0, 1, 0] and got["n"][:3] == [24, 676, 1024]
 
 
 @pytest.fixture(scope="module")
