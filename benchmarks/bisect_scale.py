@@ -169,6 +169,8 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
 
 #: issue 15's sizes: label -> (ranks, records per rank-step).
 ISSUE15_SIZES = {"1M": (64, 4000), "2M": (128, 4000), "20M": (256, 20000)}
+#: The cases of each size.
+CASES = ("identical", "early", "late")
 #: The whole-CLI measurement is taken for these sizes (import time matters there).
 CLI_SIZES = ("1M", "2M")
 
@@ -212,7 +214,7 @@ def _check15(expected: list, res: dict) -> str:
     return "ok" if got == {r: [s, q] for r, s, q in expected} else "MISMATCH"
 
 
-def issue15(work: Path, sizes: list[str], naive: bool, reps: int) -> None:
+def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[str, ...] = CASES) -> None:
     """The issue-15 table: per size and case, after / before (bisect in a child, the whole CLI)
     and the naive baseline; best of ``reps`` for times, peak memory of that child."""
     head = (
@@ -222,7 +224,7 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int) -> None:
     print(head)
     print("-" * len(head), flush=True)
     for size in sizes:
-        for case in ("identical", "early", "late"):
+        for case in cases:
             a, b, expected = _pair(work, size, case)
 
             def best(kind: str, env: dict, a: Path = a, b: Path = b) -> dict:
@@ -292,6 +294,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the generated runs")
     ap.add_argument("--issue15", action="store_true", help="the rows of issue 15 (1M, 2M, 20M; identical/early/late)")
     ap.add_argument("--issue15-sizes", default="1M,2M,20M", help="sizes for --issue15 (default 1M,2M,20M)")
+    ap.add_argument("--cases", default=",".join(CASES), help="cases for --issue15 (default identical,early,late)")
     ap.add_argument("--reps", type=int, default=3, help="repeats per measurement for --issue15 (best is shown)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -302,7 +305,8 @@ def main() -> None:
         work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
         work.mkdir(parents=True, exist_ok=True)
         print(f"{os.cpu_count()} CPUs, load average {_load()}; runs under {work}", flush=True)
-        issue15(work, [s for s in args.issue15_sizes.split(",") if s], not args.no_naive, args.reps)
+        sizes = [s for s in args.issue15_sizes.split(",") if s]
+        issue15(work, sizes, not args.no_naive, args.reps, tuple(c for c in args.cases.split(",") if c))
         print(f"load average at the end: {_load()}")
         if args.workdir is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
