@@ -425,6 +425,6 @@ MANIFEST_KEYS: dict[str, str] = {
 #: Manifest keys added after schema version 1 was first written: writers of this release
 #: always write them, readers accept manifests without them (older runs) and say so.
 MANIFEST_OPTIONAL_KEYS: dict[str, str] = {
-    "rollups": "int: ROLLUP_VERSION of the rollups table this launch writes next to its records. Absent in runs written before it: analyses read those runs' records (slower, same answer).",
     "commit_log": "int: version of the commit log next to this manifest (segment-S.commits: committed flush windows and the clean-close line). Absent in runs written before the completeness contract: readers treat those as legacy and cannot verify their completeness.",
+    "rollups": "int: ROLLUP_VERSION of the rollups table this launch writes next to its records. Absent in runs written before it: analyses read those runs' records (slower, same answer).",
 }
