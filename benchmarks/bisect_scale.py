@@ -9,12 +9,21 @@ memory is that child's own ``ru_maxrss``, read with ``os.wait4``):
   search needs), merge on (rank, step, key_hash), and take the first mismatch per rank in
   A's order: what one does without detfp.
 
-It also writes an early and a late divergence at 256 ranks to show that bisect's time
-follows the divergent part. Correctness is checked against the plant (origin ranks and the
-origin record's key) and printed next to the timings. Usage::
+* ``cli``: the whole ``detfp-analyze bisect A B --json`` process (imports included).
+
+``--issue15`` measures the rows of issue 15 instead: identical, early and late divergence at 1M
+(64 ranks x 4 steps x 4,000 records), 2M (128 x 4 x 4,000) and 20M records per run (256 x 4 x
+20,000), each with the stored rollups ("after") and with ``DETFP_BISECT_ROLLUPS=0`` ("before":
+the records path of runs written without rollups), in the same run, one child per measurement.
+An identical pair's B is a hard-link copy of A (same bytes, written once); early and late B are
+written with the plant. Runs under ``--workdir`` are reused when their ``planted.json`` is there.
+
+Correctness is checked against the plant (origin ranks and the origin record's key) and printed
+next to the timings. Usage::
 
     .venv/bin/python benchmarks/bisect_scale.py                 # 64, 256, 1024 ranks + early/late
     .venv/bin/python benchmarks/bisect_scale.py --sizes 64,256 --no-early-late
+    .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep
 """
 
 from __future__ import annotations
@@ -77,16 +86,32 @@ def _child(kind: str, a: str, b: str) -> None:
     print(json.dumps(out))
 
 
-def measure(kind: str, a: Path, b: Path) -> dict:
-    """Run ``kind`` in a child process; add its wall time and peak RSS (MiB)."""
+def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
+    """Run ``kind`` in a child process; add its wall time and peak RSS (MiB).
+
+    ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (its seconds are its wall time).
+    """
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", kind, str(a), str(b)], stdout=subprocess.PIPE, text=True
-    )
+    if kind == "cli":
+        exe = Path(sys.executable).with_name("detfp-analyze")
+        cmd = [str(exe), "bisect", str(a), str(b), "--json"]
+    else:
+        cmd = [sys.executable, __file__, "--child", kind, str(a), str(b)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
     # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     out = proc.stdout.read() if proc.stdout else ""
+    if kind == "cli":
+        code = os.waitstatus_to_exitcode(status)
+        rep = json.loads(out) if code in (0, 1) else {}
+        first = {
+            str(r["rank"]): [r["first"]["step"], r["first"]["seq_a"], r["first"].get("verdict")]
+            for r in rep.get("ranks", ())
+            if r.get("first")
+        }
+        res = {"seconds": wall, "first": first} if code in (0, 1) else {"error": f"exit {code}"}
+        return res | {"wall": wall, "peak_mib": usage.ru_maxrss / 1024, "cpu": usage.ru_utime + usage.ru_stime}
     if os.waitstatus_to_exitcode(status) != 0:
         return {"error": f"exit {os.waitstatus_to_exitcode(status)}", "wall": wall, "peak_mib": usage.ru_maxrss / 1024}
     res = json.loads(out.strip().splitlines()[-1])
@@ -142,6 +167,95 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
     return row
 
 
+#: issue 15's sizes: label -> (ranks, records per rank-step).
+ISSUE15_SIZES = {"1M": (64, 4000), "2M": (128, 4000), "20M": (256, 20000)}
+#: The cases of each size.
+CASES = ("identical", "early", "late")
+#: The whole-CLI measurement is taken for these sizes (import time matters there).
+CLI_SIZES = ("1M", "2M")
+
+
+def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
+    """The run pair of one issue-15 row, written (or reused) under ``work``; its expected answer."""
+    from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+
+    ranks, records = ISSUE15_SIZES[size]
+    spec = SynthSpec(ranks=ranks, steps=STEPS, records=records)
+    a = work / f"{size}-a"
+    b = work / f"{size}-{case}-b"
+    meta = work / f"{size}-{case}.planted.json"
+    if meta.exists() and a.exists() and b.exists():
+        return a, b, json.loads(meta.read_text())
+    plants = {
+        "early": Plant(rank=5, step=0, index=200),
+        "late": Plant(rank=5, step=STEPS - 1, index=records * 3 // 4),
+    }
+    if case == "identical":
+        if not a.exists():
+            write_pair(a, work / f".{size}-scratch", spec)
+            shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
+        shutil.copytree(a, b, copy_function=os.link)
+        expected: list = []
+    else:
+        # A is the same run for every case of a size (same spec and seed): written once.
+        scratch = work / f".{size}-scratch-a"
+        planted = write_pair(scratch if a.exists() else a, b, spec, plants[case])
+        shutil.rmtree(scratch, ignore_errors=True)
+        expected = [[e.rank, e.step, e.seq] for e in planted.expected]
+    meta.write_text(json.dumps(expected))
+    return a, b, expected
+
+
+def _check15(expected: list, res: dict) -> str:
+    if "error" in res:
+        return res["error"]
+    got = {int(r): v[:2] for r, v in res.get("first", {}).items()}
+    return "ok" if got == {r: [s, q] for r, s, q in expected} else "MISMATCH"
+
+
+def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[str, ...] = CASES) -> None:
+    """The issue-15 table: per size and case, after / before (bisect in a child, the whole CLI)
+    and the naive baseline; best of ``reps`` for times, peak memory of that child."""
+    head = (
+        f"{'size':<4} {'case':<9} | {'after s':>7} {'MiB':>5} | {'before s':>8} {'MiB':>5} | "
+        f"{'cli after':>9} {'cli before':>10} | {'naive s':>7} {'MiB':>5} | check"
+    )
+    print(head)
+    print("-" * len(head), flush=True)
+    for size in sizes:
+        for case in cases:
+            a, b, expected = _pair(work, size, case)
+
+            def best(kind: str, env: dict, a: Path = a, b: Path = b) -> dict:
+                runs = [measure(kind, a, b, env) for _ in range(reps)]
+                return min(runs, key=lambda m: m.get("seconds", float("inf")))
+
+            after = best("bisect", {"DETFP_BISECT_ROLLUPS": "1"})
+            before = best("bisect", {"DETFP_BISECT_ROLLUPS": "0"})
+            cli = (
+                (best("cli", {"DETFP_BISECT_ROLLUPS": "1"}), best("cli", {"DETFP_BISECT_ROLLUPS": "0"}))
+                if size in CLI_SIZES
+                else None
+            )
+            nv = measure("naive", a, b) if naive else None
+            checks = [_check15(expected, r) for r in (after, before, *(cli or ()))]
+            cli_txt = f"{cli[0]['seconds']:9.2f} {cli[1]['seconds']:10.2f}" if cli else f"{'-':>9} {'-':>10}"
+            nv_txt = f"{nv.get('seconds', float('nan')):7.2f} {nv['peak_mib']:5.0f}" if nv else f"{'-':>7} {'-':>5}"
+            print(
+                f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after['peak_mib']:5.0f} | "
+                f"{before.get('seconds', float('nan')):8.2f} {before['peak_mib']:5.0f} | {cli_txt} | {nv_txt} | "
+                f"{'/'.join(checks)}",
+                flush=True,
+            )
+    print(
+        "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and with "
+        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; "
+        "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s). "
+        "naive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
+    )
+
+
 def fmt(rows: list[dict]) -> str:
     head = (
         f"{'case':<10} {'ranks':>5} {'records/run':>12} {'gen s':>6} | {'bisect s':>8} {'cpu s':>6} {'MiB':>6} | "
@@ -178,10 +292,24 @@ def main() -> None:
     ap.add_argument("--no-early-late", action="store_true", help="skip the early/late divergence pair at 256 ranks")
     ap.add_argument("--workdir", type=Path, default=None, help="where to write runs (default: a temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the generated runs")
+    ap.add_argument("--issue15", action="store_true", help="the rows of issue 15 (1M, 2M, 20M; identical/early/late)")
+    ap.add_argument("--issue15-sizes", default="1M,2M,20M", help="sizes for --issue15 (default 1M,2M,20M)")
+    ap.add_argument("--cases", default=",".join(CASES), help="cases for --issue15 (default identical,early,late)")
+    ap.add_argument("--reps", type=int, default=3, help="repeats per measurement for --issue15 (best is shown)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(*args.child)
+        return
+    if args.issue15:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"{os.cpu_count()} CPUs, load average {_load()}; runs under {work}", flush=True)
+        sizes = [s for s in args.issue15_sizes.split(",") if s]
+        issue15(work, sizes, not args.no_naive, args.reps, tuple(c for c in args.cases.split(",") if c))
+        print(f"load average at the end: {_load()}")
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
         return
     from detfp_analyze.testing.synth import Plant
 

@@ -33,6 +33,8 @@ __all__ = [
     "NO_MICROBATCH",
     "PHASES",
     "ROLES",
+    "ROLLUP_BLOCK",
+    "ROLLUP_VERSION",
     "SCHEMA_VERSION",
     "STATUSES",
     "TABLES",
@@ -40,8 +42,10 @@ __all__ = [
     "call_key",
     "columns",
     "key_hash",
+    "kinds_mask",
     "manifest_relpath",
     "record_key",
+    "rollup_hashes",
     "shard_relpath",
 ]
 
@@ -217,10 +221,37 @@ _ARGS = (
     ),
 )
 
+_ROLLUPS = (
+    *_PROVENANCE[:3],
+    _c("seq", "int64", "seq of the block's first record in this window (the block's rows in records start here)."),
+    _c(
+        "block",
+        "int32",
+        "Block index: the records at positions [block * ROLLUP_BLOCK, (block + 1) * ROLLUP_BLOCK) of the rank-step, in seq order.",
+    ),
+    _c("seq_hi", "int64", "seq of the block's last record in this window."),
+    _c("n", "int64", "Number of the block's records in this window."),
+    _c("n_err", "int64", "Records with status error among them."),
+    _c("kx", "uint64", "XOR over the records of rollup_hashes' key hash (the key set: structure, order-free)."),
+    _c(
+        "vx",
+        "uint64",
+        "XOR over the records of rollup_hashes' value hash (key, status, digest, args digest: order-free).",
+    ),
+    _c(
+        "ox",
+        "uint64",
+        "XOR over the records of rollup_hashes' ordered hash (the value hash and the position: order-sensitive).",
+    ),
+    _c("kinds", "int64", "Bit i set when a record of kind KINDS[i] is among them (kinds_mask)."),
+)
+
 #: Every table of a run, in the order documented. ``records`` and ``metrics`` and
 #: ``events`` are always written (possibly empty); ``kernels`` and ``dumps`` only on request;
 #: ``args`` holds each distinct argument text once per (rank, segment), in the window where it
 #: first appears (step and seq of its first record), when the text is at most 1024 characters.
+#: ``rollups`` (ROLLUP_VERSION, manifest key ``rollups``): per (rank, step, block) fingerprints of
+#: the records written in the same window, so an analysis reads only the divergent blocks.
 TABLES: dict[str, tuple[Column, ...]] = {
     "records": _RECORDS,
     "metrics": _METRICS,
@@ -228,6 +259,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
     "kernels": _KERNELS,
     "dumps": _DUMPS,
     "args": _ARGS,
+    "rollups": _ROLLUPS,
 }
 
 #: Record kinds. ``op``: an ATen op; ``module_input``/``module_output``: a module boundary
@@ -281,6 +313,52 @@ EVENT_TYPES = (
     "setting_changed",
     "reduction_not_captured",
 )
+
+
+#: Version of the rollups table and its hashes (``rollup_hashes``); a manifest says it in its
+#: ``rollups`` key. Runs without it (older writers) have no rollups: analyses read records instead.
+ROLLUP_VERSION = 1
+#: Records per rollup block (positions within a rank-step, in seq order).
+ROLLUP_BLOCK = 1024
+
+_M64 = (1 << 64) - 1
+#: Salts of the three rollup hashes and the stand-in for a null digest or args digest.
+ROLLUP_SALTS = (0x6B6579, 0x76616C, 0x6F7264, 0x6E756C6C)
+
+
+def _mix(x: int) -> int:
+    """The splitmix64 finalizer on an unsigned 64-bit integer."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def rollup_hashes(
+    key_hash: int, status: str, digest_hi: int | None, digest_lo: int | None, args_digest: str | None, pos: int
+) -> tuple[int, int, int]:
+    """(key, value, ordered) hashes of one record for the rollups table (the reference
+    definition; writers may compute it vectorized, bit-identically).
+
+    key = mix(key_hash ^ K); value = mix(mix(mix(mix(key ^ status index) ^ hi) ^ lo) ^ args), with
+    NULL for a null digest or args digest and args as its 16-hex integer; ordered = mix(value ^
+    mix(pos ^ O)) where ``pos`` is the record's position in its block. A value match is evidence
+    from 64-bit hashes; a mismatch is only a candidate (the exact comparison decides).
+    """
+    k_salt, _, o_salt, null = ROLLUP_SALTS
+    k = _mix(key_hash ^ k_salt)
+    v = _mix(k ^ STATUSES.index(status))
+    v = _mix(v ^ (null if digest_hi is None else digest_hi))
+    v = _mix(v ^ (null if digest_lo is None else digest_lo))
+    v = _mix(v ^ (null if args_digest is None else int(args_digest, 16)))
+    return k, v, _mix(v ^ _mix(pos ^ o_salt))
+
+
+def kinds_mask(kinds: object) -> int:
+    """Bit i set for each KINDS[i] in ``kinds`` (an iterable of kind names)."""
+    out = 0
+    for k in set(kinds):  # type: ignore[call-overload]
+        out |= 1 << KINDS.index(k)
+    return out
 
 
 def columns(table: str) -> tuple[Column, ...]:
@@ -348,4 +426,5 @@ MANIFEST_KEYS: dict[str, str] = {
 #: always write them, readers accept manifests without them (older runs) and say so.
 MANIFEST_OPTIONAL_KEYS: dict[str, str] = {
     "commit_log": "int: version of the commit log next to this manifest (segment-S.commits: committed flush windows and the clean-close line). Absent in runs written before the completeness contract: readers treat those as legacy and cannot verify their completeness.",
+    "rollups": "int: ROLLUP_VERSION of the rollups table this launch writes next to its records. Absent in runs written before it: analyses read those runs' records (slower, same answer).",
 }

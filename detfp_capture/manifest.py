@@ -296,5 +296,6 @@ def collect_manifest(
         "command": redact_command(sys.argv),
         "capture": dict(capture or {}),
         "commit_log": commitlog.COMMIT_LOG_VERSION,
+        "rollups": contract.ROLLUP_VERSION,
     }
     return manifest

@@ -151,7 +151,7 @@ class Session:
             self.segment = _writer.prepare_run_dir(
                 self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
             )
-            self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment)
+            self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, rollups=True)
         except OSError as exc:  # read-only, full or vanished file system: the job must still run
             self._disable_at_start(exc)
             return

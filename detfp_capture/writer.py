@@ -37,10 +37,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from detfp_capture import _faults, commitlog, contract
+from detfp_capture import rollups as _rollups
 from detfp_capture.arrowschema import arrow_schema
 from detfp_capture.errors import RunExistsError, SchemaError
 
 __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", "write_manifest"]
+
+#: Rows per row group of a records shard (a multiple of contract.ROLLUP_BLOCK).
+RECORDS_ROW_GROUP = 4 * contract.ROLLUP_BLOCK
+
 
 # Columns the writer computes itself when a window omits them.
 _DERIVED = ("rank", "segment", "call_hash", "key_hash")
@@ -298,6 +303,8 @@ class ShardWriter:
     ``write_window`` blocks when ``max_pending_windows`` windows are already queued, so a
     slow disk slows training down instead of growing memory without bound: at most
     ``max_pending_windows`` queued windows plus the one being written are alive at once.
+    ``rollups``: also write each window's rollups table (``rollups.window_rollups``); the caller
+    then says so in its manifest (``contract.ROLLUP_VERSION`` under the key ``rollups``).
     Creating it creates the commit log exclusively (RunExistsError when this rank and segment
     already have one; OSError when the directory cannot be written).
     """
@@ -312,6 +319,7 @@ class ShardWriter:
         on_error: Callable[[str], None] | None = None,
         compression: str = "zstd",
         commit_log: bool = True,
+        rollups: bool = False,
     ) -> None:
         if max_pending_windows < 1:
             raise ValueError("max_pending_windows must be >= 1")
@@ -342,6 +350,9 @@ class ShardWriter:
         self.peak_pending = 0
         self._on_error = on_error
         self._compression = compression
+        #: Each records shard gets its rollups shard (``contract.ROLLUP_VERSION``); None: a run
+        #: written as older writers did (the manifest then has no ``rollups`` key).
+        self._positions: _rollups.Positions | None = _rollups.Positions() if rollups else None
         self._next_window = 0
         self._failed_window = 0
         self._closed = False
@@ -437,19 +448,30 @@ class ShardWriter:
         rows: dict[str, int] = {}
         lo: int | None = None
         hi: int | None = None
-        for table in sorted(tables):
-            t = build_table(table, tables[table], self.rank, self.segment)
+        built = [
+            (table, build_table(table, tables[table], self.rank, self.segment), tables[table])
+            for table in sorted(tables)
+        ]
+        if self._positions is not None:
+            rec = next((t for name, t, _ in built if name == "records"), None)
+            if rec is not None and rec.num_rows:
+                cols = _rollups.window_rollups(rec, self._positions)
+                built.append(("rollups", build_table("rollups", cols, self.rank, self.segment), cols))
+        for table, t, cols in built:
             if t.num_rows == 0:
                 continue
-            steps = tables[table]["step"]  # plain ints: cheaper than an Arrow kernel (and its import)
+            steps = cols["step"]  # plain ints: cheaper than an Arrow kernel
             lo = min(steps) if lo is None else min(lo, min(steps))
             hi = max(steps) if hi is None else max(hi, max(steps))
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)
             _mkdirs(self.run_dir, path.parent)
             # Serialized in memory first: the file is then written in plain writes (a file-size
             # limit or a full disk fails the write, never leaves a file under its final name).
+            # Records in row groups of a few rollup blocks: a reader of one block skips the rest
+            # by the row groups' seq statistics.
             sink = pa.BufferOutputStream()
-            pq.write_table(t, sink, compression=self._compression)
+            rg = RECORDS_ROW_GROUP if table == "records" else None
+            pq.write_table(t, sink, compression=self._compression, row_group_size=rg)
             _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
             rows[table] = t.num_rows
             self.rows_written += t.num_rows

@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 import typer
 
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, fail, handle_errors
-from detfp_analyze.sql import connect, query
 
 __all__ = ["command", "format_table"]
 
@@ -125,6 +124,9 @@ def command(
     if len(args) not in (2, 3):
         fail(f'sql takes RUN_A [RUN_B] "QUERY", got {len(args)} argument(s); quote the query as one argument')
     *runs, sql = args
+    # Imported here: DuckDB takes longer to import than most bisects take to run.
+    from detfp_analyze.sql import connect, query
+
     con = connect(
         runs[0],
         runs[1] if len(runs) == 2 else None,

@@ -3,7 +3,9 @@
 1. ``narrow.metric_divergence``: each rank's first step whose metrics differ bitwise; the last
    such step bounds the search (a loss is a checksum of everything before it);
 2. ``rollup_candidates``: per (rank, step) rollups over narrow columns, ranks in batches,
-   streaming: the steps whose rollups differ are the candidates;
+   streaming: the steps whose rollups differ are the candidates; when both runs stored rollups
+   (``blocks``), the same rollups come from those few rows instead, and each candidate step
+   without a structural difference is narrowed to the slice of blocks that differ;
 3. ``walk``: each rank's candidates in order, up to the bound, then past it only for the ranks
    where no value differs yet;
 4. what was passed over, and the digest errors, become notes; a resumed pair gets its boundary
@@ -15,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import polars as pl
+
+from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect import resume as _resume
 from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
@@ -54,11 +59,24 @@ class Search:
 
 def rollup_candidates(
     run_a: Run, run_b: Run, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str,
-    errors: list[int] | None = None,
+    errors: list[int] | None = None, stored: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> dict[int, list[int]]:  # fmt: skip
     """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]. ``errors``, when
-    given, accumulates [A, B] counts of records whose digest failed (no evidence)."""
+    given, accumulates [A, B] counts of records whose digest failed (no evidence). ``stored``:
+    both runs' ``blocks.block_rollup`` rows, used instead of reading the records."""
     out: dict[int, list[int]] = {}
+    if stored is not None:  # both runs' stored rollups, already read
+        ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
+        ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
+        if errors is not None:
+            errors[0] += int(ra["n_err"].sum() or 0)
+            errors[1] += int(rb["n_err"].sum() or 0)
+        d = _narrow.divergent_steps(ra, rb)
+        for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
+            out.setdefault(int(rank), []).append(int(step))
+        if progress:
+            progress(stage, 1, 1)
+        return out
     batches = chunks(ranks, ROLLUP_BATCH)
     for i, batch in enumerate(batches):
         ra, rb = collect_pair(
@@ -88,15 +106,25 @@ def search(run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = Non
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
     errors = [0, 0]
-    cands = rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors)
+    stored = None
+    if _blocks.enabled(run_a, run_b, compared):
+        stored = collect_pair(
+            _blocks.block_rollup(scan(run_a, "rollups", compared, lo, hi)),
+            _blocks.block_rollup(scan(run_b, "rollups", compared, lo, hi)),
+        )
+    cands = rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors, stored)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
-    found = walk(run_a, run_b, cands, scope.boundary, progress)
+    sl = _blocks.slices(*stored, cands) if stored is not None else None
+    found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl)
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
-            more = rollup_candidates(run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors)
-            found = walk(run_a, run_b, more, scope.boundary, progress, found)
+            more = rollup_candidates(
+                run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored
+            )
+            sl = _blocks.slices(*stored, more) if stored is not None else None
+            found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl)
     notes = []
     if errors[0] or errors[1]:
         notes.append(

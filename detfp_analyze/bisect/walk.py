@@ -25,6 +25,7 @@ import polars as pl
 from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import enrich as _enrich
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect, collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
 from detfp_analyze.io import integrity as _integrity
@@ -40,25 +41,51 @@ Progress = Callable[[str, int, int], None]
 _VALUE = to_polars(rule.VALUE)
 
 
-def _pairs_scan(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
+def _pairs_scan(
+    run: Run, pairs: Mapping[int, int], columns: Sequence[str], seqs: Mapping[int, tuple[int, int]]
+) -> pl.LazyFrame:
+    """``pairs``' records; a rank in ``seqs`` only within that inclusive seq range (its slice: one
+    scan per rank, so the row groups' seq statistics skip the rest of its file)."""
+    whole = {r: s for r, s in pairs.items() if r not in seqs}
+    parts = [_whole_scan(run, whole, columns)] if whole else []
+    for r, (lo, hi) in sorted(seqs.items()):
+        lf = run.scan("records", ranks=[r], steps=[pairs[r]]).filter(pl.col("seq").is_between(lo, hi))
+        parts.append(_prepared(lf, columns))
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
+
+
+def _prepared(lf: pl.LazyFrame, columns: Sequence[str]) -> pl.LazyFrame:
+    lf = lf.select(*columns, _align.HAZARD_FLAG)
+    # Status as an enum: the alignment compares it on every row, integers compare faster.
+    return lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
+
+
+def _whole_scan(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
     steps = sorted(set(pairs.values()))
     key = pl.DataFrame(
         {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
     )
-    lf = run.scan("records", ranks=sorted(pairs), steps=steps).select(*columns, _align.HAZARD_FLAG)
-    # Status as an enum: the alignment compares it on every row, integers compare faster.
-    lf = lf.with_columns(pl.col("status").cast(pl.Enum(STATUSES)))
+    lf = _prepared(run.scan("records", ranks=sorted(pairs), steps=steps), columns)
     if len(steps) == 1:
         return lf  # the scan already selects exactly these (rank, step) pairs: no join
     return lf.join(key.lazy(), on=["rank", "step"], how="semi")
 
 
 def _read_pairs(
-    run_a: Run, run_b: Run, pairs: Mapping[int, int], columns: Sequence[str]
+    run_a: Run,
+    run_b: Run,
+    pairs: Mapping[int, int],
+    columns: Sequence[str],
+    slices: Mapping[tuple[int, int], Slice] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Both runs' records of the (rank, step) ``pairs``, prepared for the alignment (after
-    ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
-    a, b = collect_pair(_pairs_scan(run_a, pairs, columns), _pairs_scan(run_b, pairs, columns))
+    """Both runs' records of the (rank, step) ``pairs`` (only its slice where ``slices`` has
+    one), prepared for the alignment (after ``integrity.check_stream``: a step with backwards
+    seq or a repeated key is refused)."""
+    cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
+    a, b = collect_pair(
+        _pairs_scan(run_a, pairs, columns, {r: c.seq_a for r, c in cut.items()}),
+        _pairs_scan(run_b, pairs, columns, {r: c.seq_b for r, c in cut.items()}),
+    )
     _integrity.check_stream(a, run_a.label)
     _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
@@ -102,13 +129,17 @@ def walk(
     boundary: Sequence[int],
     progress: Progress | None,
     found: Mapping[int, Found] | None = None,
+    *,
+    slices: Mapping[tuple[int, int], Slice] | None = None,
 ) -> dict[int, Found]:
     """rank -> Found for every rank with a divergence in its candidate steps (``cands``: rank ->
     sorted steps whose rollups differ); ``boundary``: resume boundary steps.
 
     ``found``: what an earlier walk of the same ranks' earlier steps found (a likely false root,
     a passed-over step); the walk goes on from there and returns the updated mapping. A rank
-    whose steps all change no value has a ``Found`` whose ``passed`` is true.
+    whose steps all change no value has a ``Found`` whose ``passed`` is true. ``slices``: the
+    candidate steps to read only in part (``blocks.slices``); a pick that needs records outside
+    its slice (its call or the one upstream cut, a module output's twin, a hazard) rereads the step.
     """
     found = dict(found or {})
     todo = {r: list(s) for r, s in cands.items() if s}
@@ -120,19 +151,49 @@ def walk(
     try:
         while todo:
             batches = chunks(sorted(todo), WALK_BATCH)
-            pending = pool.submit(_read_pairs, run_a, run_b, {r: todo[r][0] for r in batches[0]}, _align.NARROW_COLUMNS)
+            first_pairs = {r: todo[r][0] for r in batches[0]}
+            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices)
             for i, batch in enumerate(batches):
                 pairs = {r: todo[r][0] for r in batch}
                 read = pending.result()
                 if i + 1 < len(batches):
                     nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
-                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS)
-                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found)
+                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices)
+                cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
+                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
                 if progress:
                     progress("walk", len(found), total)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return found
+
+
+def _outside_slice(al: pl.DataFrame, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
+    """Ranks read in part whose pick needs records outside the slice: its call or the call
+    upstream of it may start before the slice, a module output needs its input twin (anywhere in
+    the step), a first divergence under a hazard needs the next clean one and its call's hazards."""
+    out = []
+    for row in firsts.to_dicts():
+        r = int(row["rank"])
+        c = cut.get(r)
+        if c is None:
+            continue
+        mine = al.filter(pl.col("rank") == r)
+        call = mine.filter(pl.col("call_hash") == row["call_hash"])
+        if row["kind"] == "module_output" or call["hz"].any():
+            out.append(r)
+            continue
+        if not c.cut:
+            continue  # the slice starts at the step's first record: nothing before it
+        start = call["o1"].min()
+        prev = mine.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
+        if not prev.height:
+            out.append(r)
+            continue
+        up = int(prev.sort("o1")["call_hash"][-1])
+        if mine.filter(pl.col("call_hash") == up)["o1"].min() == mine["o1"].min():
+            out.append(r)  # the upstream call may begin before the slice
+    return sorted(out)
 
 
 def _judge(part: pl.DataFrame, first: _Pick, nxt: _Pick | None, same_calls: Callable[[], bool]) -> str | None:
@@ -155,9 +216,11 @@ def _walk_batch(
     todo: dict[int, list[int]],
     boundary: Sequence[int],
     found: dict[int, Found],
+    cut: Mapping[int, Slice],
 ) -> None:
     """One walk batch: align ``read`` (the batch's prepared sides), pick, judge, enrich; updates
-    ``found`` and advances or drops the batch's ranks in ``todo`` (both in place)."""
+    ``found`` and advances or drops the batch's ranks in ``todo`` (both in place). ``cut``: the
+    batch's ranks read only in part (their slices)."""
     al = _align.align(*read)
     # Steps with records on one side only: re-align with the call-site columns, so a shifted
     # occurrence counter reads as structural, not as a value mismatch.
@@ -167,6 +230,13 @@ def _walk_batch(
         full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
         al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
     firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
+    reread = _outside_slice(al, firsts, cut)
+    if reread:
+        sub = {r: pairs[r] for r in reread}
+        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS)).select(al.columns)
+        al = pl.concat([al.filter(~pl.col("rank").is_in(reread)), full])
+        firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
+        cut = {r: c for r, c in cut.items() if r not in reread}
     by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
     # _pick only needs these columns: partitioning and filtering them per rank is far cheaper
     # than the full aligned frame (same rows, same order, so the same picks).
@@ -178,6 +248,8 @@ def _walk_batch(
             _advance(todo, r)  # only no-evidence differences (skipped records) in that step
             continue
         first = _pick(parts[r], by_rank[r])
+        if r in cut:
+            first = replace(first, kinds=cut[r].kinds)  # the kinds of the whole rank-step
         nxt = None
         if first.hz:
             clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)

@@ -152,7 +152,7 @@ def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
     records = run.scan("records").select("step", "kind", "status", "hazards").collect()
     metrics = run.scan("metrics").select("step", "name").collect()
     events = run.scan("events").select("step", "type").collect()
-    others = {t: run.scan(t).select("step").collect() for t in ("kernels", "dumps", "args")}
+    others = {t: run.scan(t).select("step").collect() for t in ("kernels", "dumps", "args", "rollups")}
     frames = {"records": records, "metrics": metrics, "events": events, **others}
     steps = pl.concat([f.select("step") for f in frames.values()])
     by_segment: dict[int, list[tuple[int, int | None]]] = {}

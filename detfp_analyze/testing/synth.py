@@ -74,6 +74,8 @@ class SynthSpec:
     #: (("tp", 8), ("dp", 19), ("pp", 16)); the product must equal ``ranks``. Default: dp only.
     #: Only the manifests' ``parallel`` coordinates change: every rank stays in the group ``dp``.
     layout: tuple[tuple[str, int], ...] = ()
+    #: Write the rollups table (as this release's capture does); False: a run as older writers wrote it.
+    rollups: bool = True
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ def _manifest(spec: SynthSpec, rank: int, start_step: int) -> dict:
     versions = {"torch": None, "cuda": None, "cudnn": None, "nccl": None, "python": "3", "os": "synthetic"}
     return {
         "commit_log": COMMIT_LOG_VERSION,
+        **({"rollups": contract.ROLLUP_VERSION} if spec.rollups else {}),
         "schema_version": contract.SCHEMA_VERSION,
         "digest_version": contract.DIGEST_VERSION,
         "digest_algorithm": contract.DIGEST_ALGORITHM,
@@ -296,7 +299,7 @@ class _Writer:
             write_manifest(root, _manifest(self.spec, rank, steps.start))
             windows = [[s] for s in steps] if self.spec.windows == "step" else [list(steps)]
             seq = 0
-            with ShardWriter(root, rank, 0, compression=self.spec.compression) as writer:
+            with ShardWriter(root, rank, 0, compression=self.spec.compression, rollups=self.spec.rollups) as writer:
                 for window in windows:
                     tables: dict[str, dict[str, list]] = {"records": {}, "metrics": {}, "events": {}}
                     for step in window:

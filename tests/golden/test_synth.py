@@ -43,7 +43,7 @@ def test_identical_pair_has_no_difference(tmp_path):
     assert p.expected == ()
     assert first_divergence(p.a, p.b) == {}
     run = open_run(p.a)
-    assert run.world_size == 4 and run.tables == {"records", "metrics", "events"}
+    assert run.world_size == 4 and run.tables == {"records", "metrics", "events", "rollups"}
     per_step = run.scan("records").group_by("rank", "step").len().collect()
     assert per_step["len"].to_list() == [300] * 12
 

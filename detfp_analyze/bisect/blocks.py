@@ -1,0 +1,125 @@
+"""The stored rollups: step candidates and divergent block slices without reading records.
+
+A run written with the rollups table (``contract.ROLLUP_VERSION``, manifest key ``rollups``) holds
+per (rank, step, block) fingerprints computed by the capture (``detfp_capture.rollups``). When
+both runs have them for every compared rank:
+
+1. ``step_rollup``: the blocks folded into the same per (rank, step) rollup ``narrow.step_rollup``
+   computes from records (count, order-free key and value XORs, errors), so
+   ``narrow.divergent_steps`` picks the same candidate steps while reading a few rows per block;
+2. ``slices``: for a candidate step with the same record count and key set on both sides and no
+   digest error (no structural difference), the records the exact walk must read: from the block
+   before the first block whose ordered fingerprint differs to the last such block. Blocks before
+   and after hold the same records in the same order on both sides, so the walk's alignment of
+   the slice is the full step's alignment restricted to it (positions shift equally on both
+   sides). Any other candidate step is read whole, as for runs without rollups.
+
+A rollup match is evidence from 64-bit hashes, as for ``narrow.step_rollup``; a mismatch is only
+a candidate. ``DETFP_BISECT_ROLLUPS=0`` ignores stored rollups (the path of older runs), for
+benchmarks and tests that compare both paths.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from detfp_analyze.io.reader import Run
+from detfp_capture import contract
+
+__all__ = ["Slice", "block_rollup", "enabled", "slices", "step_rollup"]
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The part of one candidate rank-step the walk reads, on each side."""
+
+    #: Inclusive seq range of run A's and run B's records to read.
+    seq_a: tuple[int, int]
+    seq_b: tuple[int, int]
+    #: The slice starts after the step's first record (the walk checks that what it picks lies inside).
+    cut: bool
+    #: Record kinds the whole rank-step holds on either side.
+    kinds: frozenset[str]
+
+
+def enabled(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
+    """Whether both runs wrote rollups on every launch of ``ranks`` (and they are not switched off)."""
+    if os.environ.get("DETFP_BISECT_ROLLUPS", "1") == "0":
+        return False
+    for run in (run_a, run_b):
+        for r in ranks:
+            if not all(m.get("rollups") == contract.ROLLUP_VERSION for m in run.manifests.get(r, ())):
+                return False
+    return True
+
+
+def block_rollup(rollups: pl.LazyFrame) -> pl.LazyFrame:
+    """Per (rank, step, block): the window rows of a block combined.
+
+    Columns: rank, step, block, n, n_err, kx, vx, ox (XORs), kinds (OR of masks), seq_lo, seq_hi.
+    """
+    return rollups.group_by("rank", "step", "block").agg(
+        pl.col("n").sum(),
+        pl.col("n_err").sum(),
+        pl.col("kx").bitwise_xor(),
+        pl.col("vx").bitwise_xor(),
+        pl.col("ox").bitwise_xor(),
+        pl.col("kinds").bitwise_or(),
+        pl.col("seq").min().alias("seq_lo"),
+        pl.col("seq_hi").max(),
+    )
+
+
+def step_rollup(blocks: pl.DataFrame) -> pl.DataFrame:
+    """``narrow.step_rollup``'s columns (rank, step, n, kx, vx, n_err) from ``block_rollup`` rows."""
+    return blocks.group_by("rank", "step").agg(
+        pl.col("n").sum(), pl.col("kx").bitwise_xor(), pl.col("vx").bitwise_xor(), pl.col("n_err").sum()
+    )
+
+
+def _kinds(mask: int) -> frozenset[str]:
+    return frozenset(k for i, k in enumerate(contract.KINDS) if mask >> i & 1)
+
+
+def slices(
+    blocks_a: pl.DataFrame, blocks_b: pl.DataFrame, cands: Mapping[int, Sequence[int]]
+) -> dict[tuple[int, int], Slice]:
+    """(rank, step) -> Slice for the candidate steps a slice covers exactly (see the module docstring)."""
+    want = pl.DataFrame(
+        [(r, s) for r, ss in cands.items() for s in ss], schema={"rank": pl.Int32, "step": pl.Int64}, orient="row"
+    )
+    if not want.height:
+        return {}
+    j = (
+        blocks_a.join(want, on=["rank", "step"], how="semi")
+        .join(blocks_b, on=["rank", "step", "block"], how="full", coalesce=True, suffix="_b")
+        .sort("rank", "step", "block")
+    )
+    out: dict[tuple[int, int], Slice] = {}
+    for (rank, step), g in j.group_by("rank", "step", maintain_order=True):
+        if g["n"].null_count() or g["n_b"].null_count():
+            continue  # a block on one side only: structural, read whole
+        same_keys = g["n"].sum() == g["n_b"].sum() and _xor(g["kx"]) == _xor(g["kx_b"])
+        if not same_keys or g["n_err"].sum() or g["n_err_b"].sum():
+            continue
+        differs = (g["n"] != g["n_b"]) | (g["ox"] != g["ox_b"])
+        idx = differs.arg_true()
+        if not len(idx):
+            continue  # no block differs although the step rollup did: cannot happen, read whole
+        first, last = int(idx[0]), int(idx[-1])
+        start = max(first - 1, 0)
+        out[(int(rank), int(step))] = Slice(
+            (int(g["seq_lo"][start]), int(g["seq_hi"][last])),
+            (int(g["seq_lo_b"][start]), int(g["seq_hi_b"][last])),
+            start > 0,
+            _kinds(int(g["kinds"].bitwise_or() or 0) | int(g["kinds_b"].bitwise_or() or 0)),
+        )
+    return out
+
+
+def _xor(s: pl.Series) -> int:
+    return int(s.bitwise_xor() or 0)
