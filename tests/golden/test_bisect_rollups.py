@@ -27,7 +27,7 @@ from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from detfp_capture import contract
 from detfp_capture.rollups import Positions, _python_rollups, window_rollups
 
-SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SPEC = SynthSpec(ranks=4, steps=3, records=2600)
 LATE = 2300  # block 2: the slice starts at block 1
 PLANTS = {
