@@ -98,10 +98,11 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
     else:
         cmd = [sys.executable, __file__, "--child", kind, str(a), str(b)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
+    # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
+    out = proc.stdout.read() if proc.stdout else ""
     # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    out = proc.stdout.read() if proc.stdout else ""
     if kind == "cli":
         code = os.waitstatus_to_exitcode(status)
         rep = json.loads(out) if code in (0, 1) else {}
