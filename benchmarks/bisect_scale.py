@@ -219,7 +219,7 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
     """The issue-15 table: per size and case, after / before (bisect in a child, the whole CLI)
     and the naive baseline; best of ``reps`` for times, peak memory of that child."""
     head = (
-        f"{'size':<4} {'case':<9} | {'after s':>7} {'MiB':>5} | {'before s':>8} {'MiB':>5} | "
+        f"{'size':<4} {'case':<9} | {'after s':>7} {'cpu':>5} {'MiB':>5} | {'before s':>8} {'cpu':>5} {'MiB':>5} | "
         f"{'cli after':>9} {'cli before':>10} | {'naive s':>7} {'MiB':>5} | check"
     )
     print(head)
@@ -244,14 +244,15 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
             cli_txt = f"{cli[0]['seconds']:9.2f} {cli[1]['seconds']:10.2f}" if cli else f"{'-':>9} {'-':>10}"
             nv_txt = f"{nv.get('seconds', float('nan')):7.2f} {nv['peak_mib']:5.0f}" if nv else f"{'-':>7} {'-':>5}"
             print(
-                f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after['peak_mib']:5.0f} | "
-                f"{before.get('seconds', float('nan')):8.2f} {before['peak_mib']:5.0f} | {cli_txt} | {nv_txt} | "
+                f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after.get('cpu', float('nan')):5.1f} "
+                f"{after['peak_mib']:5.0f} | {before.get('seconds', float('nan')):8.2f} "
+                f"{before.get('cpu', float('nan')):5.1f} {before['peak_mib']:5.0f} | {cli_txt} | {nv_txt} | "
                 f"{'/'.join(checks)}",
                 flush=True,
             )
     print(
         "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and with "
-        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; "
+        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; cpu: that child's user+sys CPU s; "
         "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s). "
         "naive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
     )
