@@ -191,10 +191,14 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
         "early": Plant(rank=5, step=0, index=200),
         "late": Plant(rank=5, step=STEPS - 1, index=records * 3 // 4),
     }
+    done = work / f"{size}-a.done"  # A is complete (an interrupted benchmark may leave a partial A)
+    if not done.exists():
+        shutil.rmtree(a, ignore_errors=True)
     if case == "identical":
         if not a.exists():
             write_pair(a, work / f".{size}-scratch", spec)
             shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
+            done.touch()
         shutil.rmtree(b, ignore_errors=True)
         shutil.copytree(a, b, copy_function=os.link)
         expected: list = []
@@ -203,6 +207,7 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
         scratch = work / f".{size}-scratch-a"
         planted = write_pair(scratch if a.exists() else a, b, spec, plants[case])
         shutil.rmtree(scratch, ignore_errors=True)
+        done.touch()
         expected = [[e.rank, e.step, e.seq] for e in planted.expected]
     meta.write_text(json.dumps(expected))
     return a, b, expected
@@ -241,7 +246,12 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
             )
             nv = measure("naive", a, b) if naive else None
             checks = [_check15(expected, r) for r in (after, before, *(cli or ()))]
-            cli_txt = f"{cli[0]['seconds']:9.2f} {cli[1]['seconds']:10.2f}" if cli else f"{'-':>9} {'-':>10}"
+            nan = float("nan")
+            cli_txt = (
+                f"{cli[0].get('seconds', nan):9.2f} {cli[1].get('seconds', nan):10.2f}"
+                if cli
+                else f"{'-':>9} {'-':>10}"
+            )
             nv_txt = f"{nv.get('seconds', float('nan')):7.2f} {nv['peak_mib']:5.0f}" if nv else f"{'-':>7} {'-':>5}"
             print(
                 f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after.get('cpu', float('nan')):5.1f} "
