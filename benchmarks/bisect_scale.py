@@ -196,6 +196,7 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
         shutil.rmtree(a, ignore_errors=True)
     if case == "identical":
         if not a.exists():
+            shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
             write_pair(a, work / f".{size}-scratch", spec)
             shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
             done.touch()
@@ -205,6 +206,8 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
     else:
         # A is the same run for every case of a size (same spec and seed): written once.
         scratch = work / f".{size}-scratch-a"
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
         planted = write_pair(scratch if a.exists() else a, b, spec, plants[case])
         shutil.rmtree(scratch, ignore_errors=True)
         done.touch()
