@@ -98,10 +98,11 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
     else:
         cmd = [sys.executable, __file__, "--child", kind, str(a), str(b)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
+    # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
+    out = proc.stdout.read() if proc.stdout else ""
     # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    out = proc.stdout.read() if proc.stdout else ""
     if kind == "cli":
         code = os.waitstatus_to_exitcode(status)
         rep = json.loads(out) if code in (0, 1) else {}
@@ -190,18 +191,26 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
         "early": Plant(rank=5, step=0, index=200),
         "late": Plant(rank=5, step=STEPS - 1, index=records * 3 // 4),
     }
+    done = work / f"{size}-a.done"  # A is complete (an interrupted benchmark may leave a partial A)
+    if not done.exists():
+        shutil.rmtree(a, ignore_errors=True)
     if case == "identical":
         if not a.exists():
+            shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
             write_pair(a, work / f".{size}-scratch", spec)
             shutil.rmtree(work / f".{size}-scratch", ignore_errors=True)
+            done.touch()
         shutil.rmtree(b, ignore_errors=True)
         shutil.copytree(a, b, copy_function=os.link)
         expected: list = []
     else:
         # A is the same run for every case of a size (same spec and seed): written once.
         scratch = work / f".{size}-scratch-a"
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(b, ignore_errors=True)
         planted = write_pair(scratch if a.exists() else a, b, spec, plants[case])
         shutil.rmtree(scratch, ignore_errors=True)
+        done.touch()
         expected = [[e.rank, e.step, e.seq] for e in planted.expected]
     meta.write_text(json.dumps(expected))
     return a, b, expected
@@ -218,7 +227,7 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
     """The issue-15 table: per size and case, after / before (bisect in a child, the whole CLI)
     and the naive baseline; best of ``reps`` for times, peak memory of that child."""
     head = (
-        f"{'size':<4} {'case':<9} | {'after s':>7} {'MiB':>5} | {'before s':>8} {'MiB':>5} | "
+        f"{'size':<4} {'case':<9} | {'after s':>7} {'cpu':>5} {'MiB':>5} | {'before s':>8} {'cpu':>5} {'MiB':>5} | "
         f"{'cli after':>9} {'cli before':>10} | {'naive s':>7} {'MiB':>5} | check"
     )
     print(head)
@@ -240,17 +249,23 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
             )
             nv = measure("naive", a, b) if naive else None
             checks = [_check15(expected, r) for r in (after, before, *(cli or ()))]
-            cli_txt = f"{cli[0]['seconds']:9.2f} {cli[1]['seconds']:10.2f}" if cli else f"{'-':>9} {'-':>10}"
+            nan = float("nan")
+            cli_txt = (
+                f"{cli[0].get('seconds', nan):9.2f} {cli[1].get('seconds', nan):10.2f}"
+                if cli
+                else f"{'-':>9} {'-':>10}"
+            )
             nv_txt = f"{nv.get('seconds', float('nan')):7.2f} {nv['peak_mib']:5.0f}" if nv else f"{'-':>7} {'-':>5}"
             print(
-                f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after['peak_mib']:5.0f} | "
-                f"{before.get('seconds', float('nan')):8.2f} {before['peak_mib']:5.0f} | {cli_txt} | {nv_txt} | "
+                f"{size:<4} {case:<9} | {after.get('seconds', float('nan')):7.2f} {after.get('cpu', float('nan')):5.1f} "
+                f"{after['peak_mib']:5.0f} | {before.get('seconds', float('nan')):8.2f} "
+                f"{before.get('cpu', float('nan')):5.1f} {before['peak_mib']:5.0f} | {cli_txt} | {nv_txt} | "
                 f"{'/'.join(checks)}",
                 flush=True,
             )
     print(
         "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and with "
-        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; "
+        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; cpu: that child's user+sys CPU s; "
         "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s). "
         "naive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
     )

@@ -34,6 +34,7 @@ __all__ = [
     "PHASES",
     "ROLES",
     "ROLLUP_BLOCK",
+    "ROLLUP_SALTS",
     "ROLLUP_VERSION",
     "SCHEMA_VERSION",
     "STATUSES",

@@ -152,7 +152,7 @@ def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
     records = run.scan("records").select("step", "kind", "status", "hazards").collect()
     metrics = run.scan("metrics").select("step", "name").collect()
     events = run.scan("events").select("step", "type").collect()
-    others = {t: run.scan(t).select("step").collect() for t in ("kernels", "dumps", "args", "rollups")}
+    others = {t: run.scan(t).select("step").collect() for t in ("kernels", "dumps", "args")}
     frames = {"records": records, "metrics": metrics, "events": events, **others}
     steps = pl.concat([f.select("step") for f in frames.values()])
     by_segment: dict[int, list[tuple[int, int | None]]] = {}
@@ -180,7 +180,8 @@ def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
         first_step=None if steps.height == 0 else int(steps["step"].min()),
         last_step=None if steps.height == 0 else int(steps["step"].max()),
         levels=tuple(levels),
-        tables=tuple((t, frames[t].height) for t in contract.TABLES),
+        # rollups is an index over records (what bisect reads first), not data a summary lists.
+        tables=tuple((t, frames[t].height) for t in contract.TABLES if t in frames),
         kinds=_counts(records, "kind"),
         statuses=_counts(records, "status"),
         hazards=_counts(hazards, "hazards") if hazards.height else (),
