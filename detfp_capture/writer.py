@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from detfp_capture import _faults, commitlog, contract
-from detfp_capture.arrowschema import arrow_schema
+from detfp_capture.arrowschema import arrow_schema, parquet_options
 from detfp_capture.errors import RunExistsError, SchemaError
 
 __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", "write_manifest"]
@@ -449,7 +449,7 @@ class ShardWriter:
             # Serialized in memory first: the file is then written in plain writes (a file-size
             # limit or a full disk fails the write, never leaves a file under its final name).
             sink = pa.BufferOutputStream()
-            pq.write_table(t, sink, compression=self._compression)
+            pq.write_table(t, sink, compression=self._compression, **parquet_options(table))
             _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
             rows[table] = t.num_rows
             self.rows_written += t.num_rows
