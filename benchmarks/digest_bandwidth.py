@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(r)
             verdict = "met" if r["share"] >= GOAL else "missed"
             print(
-                f"{mib:>5} MiB{d:>7}{r['copy_bytes_per_s'] / 1e9:>11.1f}{r['digest_bytes_per_s'] / 1e9:>13.1f}"
+                f"{mib:>5} MiB{d:>7}{r['copy_bytes_per_s'] / 1e9:>11.2f}{r['digest_bytes_per_s'] / 1e9:>13.2f}"
                 f"{r['share']:>8.0%}  {verdict}"
             )
     if args.json:

@@ -33,11 +33,14 @@ WORK=$(mktemp -d -t detfp-gpu-check-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
 DRY_RUN=${DRY_RUN:-0}
+# Timeouts of the benchmark steps are multiplied by this (a loaded CPU runs a dry run ~10x slower).
+SLOW=${SLOW:-1}
 if [ "$DRY_RUN" = 1 ]; then
+  SLOW=${SLOW_DRY:-6}
   ROUNDS=2; BIG_ARGS="--models gpt2 --width 64 --seq 32 --layers 1 --trials 1 --rounds 2 --warmup 1"
   DIGEST_MIB=${DIGEST_MIB:-1,4}
 else
-  BIG_ARGS="--models gpt2 --width ${BIG_WIDTH:-2048} --seq ${BIG_SEQ:-1024} --trials 1 --rounds $ROUNDS"
+  BIG_ARGS="--models gpt2 --width ${BIG_WIDTH:-2048} --seq ${BIG_SEQ:-1024} --trials 1 --rounds ${BIG_ROUNDS:-5}"
   DIGEST_MIB=${DIGEST_MIB:-256,1024}
 fi
 export DRY_RUN
@@ -264,22 +267,22 @@ finally:
     torch.use_deterministic_algorithms(False)
 raise SystemExit(1 if bad else 0)
 EOF
-CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout 240 \
+CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout $((240 * SLOW)) \
   "$PY" benchmarks/repeat_check.py --device "$DEVICE" --trials 3 --deterministic \
   || die "benchmarks/repeat_check.py --device $DEVICE"
 
 step "6/7 capture overhead on $DEVICE"
 if [ "$DRY_RUN" = 1 ]; then SMALL_ARGS="--models tiny --rounds 2 --warmup 1"; else SMALL_ARGS="--rounds $ROUNDS"; fi
 # shellcheck disable=SC2086
-timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $SMALL_ARGS --trials 1 \
+timeout $((150 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $SMALL_ARGS --trials 1 \
   || die "benchmarks/capture_overhead.py --device $DEVICE"
 echo "device-bound size: $BIG_ARGS"
 # shellcheck disable=SC2086
-timeout 300 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $BIG_ARGS \
+timeout $((300 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $BIG_ARGS \
   || die "benchmarks/capture_overhead.py --device $DEVICE $BIG_ARGS"
 
 step "7/7 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; goal >= 50%)"
-timeout 240 "$PY" benchmarks/digest_bandwidth.py --device "$DEVICE" --sizes-mib "$DIGEST_MIB" \
+timeout $((240 * SLOW)) "$PY" benchmarks/digest_bandwidth.py --device "$DEVICE" --sizes-mib "$DIGEST_MIB" \
   || die "benchmarks/digest_bandwidth.py --device $DEVICE"
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
