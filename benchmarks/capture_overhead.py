@@ -23,8 +23,10 @@ the median over trials and their range (on a shared machine the range is the hon
 Then where the overhead goes, per captured level: the bytes digested per step (from the trace
 the run wrote: every digested record's numel x element size), the time those bytes take at this
 machine's ``clone()`` bandwidth (measured in the same run: the floor of any design that reads every
-recorded byte once), the records per step, and the rest of the overhead per record (host time per
-record, microseconds).
+recorded byte once), the records per step (every record of the timed steps, those counted but not
+digested included), the whole overhead per record, and the rest per record once the floor is
+taken off (microseconds: hooks, bookkeeping, the flush, and the digest's arithmetic beyond one
+read of its bytes; on a CPU that arithmetic is most of it at level boundaries, see ``--profile``).
 
 Targets (issue 15, on the gpt2 row): metrics < 1.02x, boundaries < 1.15x, ops overhead <= 0.30 of
 DebugMode's.
@@ -60,6 +62,8 @@ TARGETS = {"metrics": 1.02, "boundaries": 1.15}
 OPS_SHARE = 0.30  # detfp's ops-level overhead over DebugMode's, at most
 MODELS = ("gpt2", "tiny")
 GATED = "gpt2"
+#: Size of the clone() bandwidth measurement: (CPU, device), see ``clone_bandwidth``.
+CLONE_MIB = (4, 256)
 #: Shape of each model unless given on the command line.
 SHAPES = {
     "gpt2": {"vocab": 512, "width": 256, "layers": 4, "heads": 4, "hidden": 1024, "seq": 128, "batch": 8},
@@ -289,17 +293,33 @@ def report(trials: list[dict[str, list[float]]], gated: bool) -> dict:
 def clone_bandwidth(device: torch.device) -> float:
     """Bytes per second that ``clone()`` copies on this machine (best of 20): the floor for any
     design that reads every recorded byte once. On a CPU the tensor is 4 MiB, the size of the
-    gpt2 row's largest activations (batch 8 x seq 128 x 1024 float32): a 128 MiB clone would
-    mostly time the page faults of its fresh allocation, which no recorded tensor pays; on a
-    device 256 MiB, past its caches."""
-    mib = 256 if device.type == "cuda" else 4
+    gpt2 row's largest activations (batch 8 x seq 128 x 1024 float32), so it is a copy from
+    and to cache, as the digest of a tensor a module just wrote is a read from cache: a 128 MiB
+    clone would mostly time the page faults of its fresh allocation, which no recorded tensor
+    pays; on a device 256 MiB, past its caches."""
+    return _best_rate(device, lambda x: x.clone())
+
+
+def digest_bandwidth(device: torch.device) -> float:
+    """Bytes per second that the detfp digest itself reads (``fingerprint``: start and resolve,
+    one sync; best of 20) on the same tensor as ``clone_bandwidth``: the cost of the digest's
+    arithmetic per byte, which on a CPU without int8 dot-product instructions (VNNI) is several
+    times a copy's (its level-0 GEMM runs in float32 there, exactly)."""
+    from detfp_capture.digest import fingerprint
+
+    return _best_rate(device, fingerprint)
+
+
+def _best_rate(device: torch.device, fn) -> float:
+    mib = CLONE_MIB[device.type == "cuda"]
     x = torch.rand(mib * 2**18, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn(x)  # warm-up: the digest's weights, the allocator
     best = float("inf")
     for _ in range(20):
         sync()
         t0 = time.perf_counter()
-        y = x.clone()
+        y = fn(x)
         sync()
         best = min(best, time.perf_counter() - t0)
         del y
@@ -327,16 +347,21 @@ def _trace_load(run: Path, first: int, last: int) -> tuple[int, int]:
     return len(rows), digested
 
 
-def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, bandwidth: float) -> dict:
+def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, bandwidth: float, digest_bw: float) -> dict:
     """Where each level's overhead goes: digested bytes at clone() bandwidth, and the rest per
     record (host time: hooks, bookkeeping, the flush), from the mean step times of all trials
     and the records of the timed steps in each trial's trace."""
     base = statistics.fmean([x for t in trials for x in t["none"]])
     first, last = args.warmup, args.warmup + args.rounds - 1
     out = {}
+    mib = CLONE_MIB[torch.device(args.device).type == "cuda"]
     print(
-        f"where the overhead goes (clone() bandwidth {bandwidth / 1e9:.1f} GB/s, measured in this run):\n"
-        f"{'level':<12}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}{'host us/record':>16}"
+        f"where the overhead goes (on a {mib} MiB tensor, measured in this run: clone() {bandwidth / 1e9:.1f} GB/s, "
+        f"the digest {digest_bw / 1e9:.1f} GB/s):\n"
+        f"  us/record = overhead / records; beyond clone = (overhead - bytes at clone bw) / records;\n"
+        f"  beyond digest = (overhead - bytes at digest bw) / records: bookkeeping (hooks, records, flush, copies)\n"
+        f"{'level':<12}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}"
+        f"{'at digest bw ms':>17}{'us/record':>11}{'beyond clone':>14}{'beyond digest':>15}"
     )
     for c in ("metrics", "boundaries", "ops"):
         if c not in trials[0]:
@@ -347,7 +372,13 @@ def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, band
         digested = statistics.fmean(b for _, b in loads) / args.rounds
         floor = digested / bandwidth
         per_record = (overhead - floor) / records if records else float("nan")
+        all_per_record = overhead / records if records else float("nan")
+        at_digest = digested / digest_bw
+        rest = (overhead - at_digest) / records if records else float("nan")
         out[c] = {
+            "overhead_s_per_record": all_per_record,
+            "bytes_at_digest_bandwidth_s": at_digest,
+            "beyond_digest_s_per_record": rest,
             "overhead_s": overhead,
             "records_per_step": records,
             "bytes_per_step": digested,
@@ -356,7 +387,7 @@ def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, band
         }
         print(
             f"{c:<12}{overhead * 1e3:>12.2f}{records:>9.0f}{digested / 1e6:>13.1f}{floor * 1e3:>16.2f}"
-            f"{per_record * 1e6:>16.1f}"
+            f"{at_digest * 1e3:>17.2f}{all_per_record * 1e6:>11.1f}{per_record * 1e6:>14.1f}{rest * 1e6:>15.1f}"
         )
     return out
 
@@ -430,7 +461,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     tt = load_example()
     bandwidth = clone_bandwidth(torch.device(args.device))
-    results = {"clone_bandwidth_bytes_per_s": bandwidth, "models": {}}
+    digest_bw = digest_bandwidth(torch.device(args.device))
+    results = {"clone_bandwidth_bytes_per_s": bandwidth, "digest_bandwidth_bytes_per_s": digest_bw, "models": {}}
     with tempfile.TemporaryDirectory(prefix="detfp-bench-") as tmp:
         for model in models:
             margs = argparse.Namespace(**vars(args), model=model)
@@ -449,7 +481,7 @@ def main(argv=None) -> int:
                 f"interleaved steps per config after {args.warmup} warm-up"
             )
             result = report(trials, gated=model == GATED)
-            result["where"] = breakdown(trials, runs, margs, bandwidth)
+            result["where"] = breakdown(trials, runs, margs, bandwidth, digest_bw)
             result["shape"] = {k: getattr(margs, k) for k in SHAPES[model]}
             results["models"][model] = result
     if args.json:

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from detfp_capture import _faults, commitlog, contract
 from detfp_capture import rollups as _rollups
-from detfp_capture.arrowschema import arrow_schema
+from detfp_capture.arrowschema import arrow_schema, parquet_options
 from detfp_capture.errors import RunExistsError, SchemaError
 
 __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", "write_manifest"]
@@ -471,7 +471,7 @@ class ShardWriter:
             # by the row groups' seq statistics.
             sink = pa.BufferOutputStream()
             rg = RECORDS_ROW_GROUP if table == "records" else None
-            pq.write_table(t, sink, compression=self._compression, row_group_size=rg)
+            pq.write_table(t, sink, compression=self._compression, row_group_size=rg, **parquet_options(table))
             _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
             rows[table] = t.num_rows
             self.rows_written += t.num_rows

@@ -7,13 +7,18 @@
 # 1. the example at every capture level on the GPU (torchrun, single node), traces validated,
 #    including kernel identities from the profiler carrying real CUDA kernel names;
 # 2. device digests equal the CPU reference digests, tensor by tensor (detfp_capture.fingerprint);
-# 3. host synchronizations during one ops-level step, counted with the profiler: fails if the
-#    capture adds anything like one per op (digests must stay on the device until a flush);
+# 3. host synchronizations per step at each level (metrics, boundaries, ops), counted with the
+#    profiler: fails if the capture adds anything like one per record (digests must stay on the
+#    device until a flush);
 # 4. the GPU-marked tests (pytest -m gpu), if any;
 # 5. repeat checks on the device: index_add_ with duplicate indices (float atomics) is caught within 5
 #    repeats, at that op, as an origin; the same op under torch.use_deterministic_algorithms(True) and a
 #    transformer block forward+backward pass; then the repeat-check cost (benchmarks/repeat_check.py);
-# 6. the capture-overhead table (benchmarks/capture_overhead.py --device cuda).
+# 6. the capture-overhead table (benchmarks/capture_overhead.py --device cuda), at the default
+#    sizes and at a device-bound size of the gpt2 row (--width 2048 --seq 1024);
+# 7. the digest's throughput on 256 MiB and 1 GiB bf16/fp32 tensors as a share of the device's
+#    clone() bandwidth (benchmarks/digest_bandwidth.py; goal >= 50%, printed, not enforced).
+# DRY_RUN=1 (with DEVICE=cpu) runs every step at small sizes: a quick check of the script itself.
 # Exits non-zero, naming the failed check, on the first failure; with KEEP_GOING=1 it runs every
 # check and names all the failures at the end (one lease on a time-boxed GPU machine shows them all).
 set -euo pipefail
@@ -26,6 +31,19 @@ DEVICE=${DEVICE:-cuda}
 export DEVICE
 WORK=$(mktemp -d -t detfp-gpu-check-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+
+DRY_RUN=${DRY_RUN:-0}
+# Timeouts of the benchmark steps are multiplied by this (a loaded CPU runs a dry run ~10x slower).
+SLOW=${SLOW:-1}
+if [ "$DRY_RUN" = 1 ]; then
+  SLOW=${SLOW_DRY:-6}
+  ROUNDS=2; BIG_ARGS="--models gpt2 --width 64 --seq 32 --layers 1 --trials 1 --rounds 2 --warmup 1"
+  DIGEST_MIB=${DIGEST_MIB:-1,4}
+else
+  BIG_ARGS="--models gpt2 --width ${BIG_WIDTH:-2048} --seq ${BIG_SEQ:-1024} --trials 1 --rounds ${BIG_ROUNDS:-5}"
+  DIGEST_MIB=${DIGEST_MIB:-256,1024}
+fi
+export DRY_RUN
 
 step() { printf '\n== %s\n' "$*"; }
 FAILED=()
@@ -57,7 +75,7 @@ else
 fi
 echo "ranks $NPROC, backend $BACKEND"
 
-step "1/6 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
+step "1/7 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
 for level in metrics boundaries ops; do
   steps=3; extra=""
   if [ "$level" = ops ]; then steps=2; extra="--capture-steps 1 --kernels 1"; fi
@@ -92,7 +110,7 @@ assert dev.height > 0, f"ops: kernels table has no {device} kernels (device type
 print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
-step "2/6 device digests == CPU reference digests (single, batched, staged)"
+step "2/7 device digests == CPU reference digests (single, batched, staged)"
 "$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
 import os, torch
 from detfp_capture import fingerprint
@@ -158,8 +176,8 @@ for k in range(3):
 raise SystemExit(1 if bad else 0)
 EOF
 
-step "3/6 host synchronizations in one ops-level step (profiler count)"
-"$PY" - "$WORK" <<'EOF' || die "capture at ops level synchronizes with the host per op (see counts above)"
+step "3/7 host synchronizations per step at each level (profiler count)"
+"$PY" - "$WORK" <<'EOF' || die "capture synchronizes with the host per record (see counts above)"
 import importlib.util, os, sys, types
 from pathlib import Path
 import torch
@@ -169,7 +187,7 @@ spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/ca
 bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
 tt = bench.load_example()
 device = os.environ["DEVICE"]
-args = types.SimpleNamespace(device=device, seed=1234, seq=32, batch=8, width=64, hidden=128, no_probes=False)
+args = types.SimpleNamespace(device=device, seed=1234, model="tiny", no_probes=False, **bench.SHAPES["tiny"])
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 def syncs(config):
@@ -181,20 +199,26 @@ def syncs(config):
     r.close()
     # cudaMemcpy (the synchronous one) blocks; cudaMemcpyAsync counts only if followed by a sync.
     return sum(e.count for e in prof.key_averages() if e.key in SYNC), r
-base, _ = syncs("none")
-ops, runner = syncs("ops")
-run = open_run(str(Path(sys.argv[1]) / "sync-ops" / "ops"))
 import polars as pl
-n_ops = (run.scan("records").filter((pl.col("kind") == "op") & (pl.col("step") == 2) & (pl.col("rank") == 0))
-         .select(pl.col("call_hash").n_unique()).collect().item())
-extra = ops - base
-print(f"host syncs per step: no capture {base}, ops capture {ops} (extra {extra}); op calls in the step {n_ops}")
-assert n_ops > 0, "no op records for the profiled step"
-# A flush makes one or two device-to-host copies per device; allow a handful per step, never one per op.
-raise SystemExit(0 if extra <= max(16, n_ops // 20) else 1)
+base, _ = syncs("none")
+print(f"host syncs per step: no capture {base}")
+bad = 0
+for level in ("metrics", "boundaries", "ops"):
+    n, _ = syncs(level)
+    run = open_run(str(Path(sys.argv[1]) / f"sync-{level}" / level))
+    recs = run.scan("records").filter((pl.col("step") == 2) & (pl.col("rank") == 0))
+    n_recs = recs.select(pl.len()).collect().item()
+    n_ops = recs.filter(pl.col("kind") == "op").select(pl.col("call_hash").n_unique()).collect().item()
+    extra = n - base
+    print(f"  {level:<11} {n} (extra {extra:+d}) for {n_recs} records, {n_ops} op calls in the step")
+    assert n_recs > 0, f"{level}: no records for the profiled step"
+    # A flush makes one or two device-to-host copies per device; allow a handful per step, never
+    # one per record (or per op).
+    bad += extra > max(16, n_recs // 20)
+raise SystemExit(1 if bad else 0)
 EOF
 
-step "4/6 GPU-marked tests"
+step "4/7 GPU-marked tests"
 if [ "$DEVICE" = cuda ]; then
   # Only the files that hold GPU tests are collected: the rest of the suite needs the analysis
   # and notebook dependencies, which a GPU box carrying just torch may not have.
@@ -207,7 +231,7 @@ else
   echo "skipped on $DEVICE"
 fi
 
-step "5/6 repeat checks on $DEVICE: float atomics caught, deterministic code passes"
+step "5/7 repeat checks on $DEVICE: float atomics caught, deterministic code passes"
 CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} "$PY" - <<'EOF' || die "repeat check on $DEVICE (see above)"
 import os, torch
 from detfp_capture import repeat_check
@@ -243,13 +267,23 @@ finally:
     torch.use_deterministic_algorithms(False)
 raise SystemExit(1 if bad else 0)
 EOF
-CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout 240 \
+CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout $((240 * SLOW)) \
   "$PY" benchmarks/repeat_check.py --device "$DEVICE" --trials 3 --deterministic \
   || die "benchmarks/repeat_check.py --device $DEVICE"
 
-step "6/6 capture overhead on $DEVICE"
-timeout 150 "$PY" benchmarks/capture_overhead.py --device "$DEVICE" --rounds "$ROUNDS" --trials 1 \
+step "6/7 capture overhead on $DEVICE"
+if [ "$DRY_RUN" = 1 ]; then SMALL_ARGS="--models tiny --rounds 2 --warmup 1"; else SMALL_ARGS="--rounds $ROUNDS"; fi
+# shellcheck disable=SC2086
+timeout $((150 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $SMALL_ARGS --trials 1 \
   || die "benchmarks/capture_overhead.py --device $DEVICE"
+echo "device-bound size: $BIG_ARGS"
+# shellcheck disable=SC2086
+timeout $((300 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $BIG_ARGS \
+  || die "benchmarks/capture_overhead.py --device $DEVICE $BIG_ARGS"
+
+step "7/7 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; goal >= 50%)"
+timeout $((240 * SLOW)) "$PY" benchmarks/digest_bandwidth.py --device "$DEVICE" --sizes-mib "$DIGEST_MIB" \
+  || die "benchmarks/digest_bandwidth.py --device $DEVICE"
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
   printf '\ngpu_check: %d check(s) FAILED:\n' "${#FAILED[@]}" >&2
