@@ -4,6 +4,7 @@ and the check leaves parameters, gradients, buffers, optimizer and RNG state as 
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 from detfp_capture import NotReproducibleError, assert_bitwise_reproducible, repeat_check
 from detfp_capture.errors import ConfigError
-from tests.fixtures.planted import PermutedSum, ShuffledEmbedding, permuted_sum, shuffled_index_add, shuffled_rows
+from tests.fixtures.planted import PermutedSum, ShuffledEmbedding, shuffled_index_add, shuffled_rows
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -88,7 +89,16 @@ def test_lower_levels_name_the_module_or_the_output():
     assert not res.ok and (res.verdict, res.divergence.kind, res.module) == ("origin", "module_output", "1")
     assert "magnitude" not in res.report.splitlines()[2]
     # Level metrics sees only what the call returned; a returned number is compared as a metric.
-    res = repeat_check(lambda: permuted_sum(x.repeat(1, 16)).sum().item(), level="metrics")
+    # The order of the additions alternates between calls, with values whose float32 sum depends
+    # on it ((1 + 1e8) - 1e8 = 0, (-1e8 + 1e8) + 1 = 1): a random order (permuted_sum) over few
+    # distinct values gives the same sum often enough to make the check pass by chance.
+    calls, vals = itertools.count(), torch.tensor([1.0, 1e8, -1e8])
+
+    def alternating_sum() -> float:
+        v = vals if next(calls) % 2 == 0 else vals.flip(0)
+        return ((v[0] + v[1]) + v[2]).item()
+
+    res = repeat_check(alternating_sum, level="metrics")
     assert not res.ok and res.divergence is None
     assert res.bisect.ranks[0].verdict == "metric_only" and res.bisect.ranks[0].metric_name == "output"
 
