@@ -38,18 +38,7 @@
 -- @column args_digest_b  Digest of the call's non-tensor arguments in B.
 CREATE VIEW pairs AS
 SELECT
-  coalesce(a.rank, b.rank) AS rank,
-  coalesce(a.step, b.step) AS step,
-  coalesce(a.key_hash, b.key_hash) AS key_hash,
-  coalesce(a.call_hash, b.call_hash) AS call_hash,
-  coalesce(a.microbatch, b.microbatch) AS microbatch,
-  coalesce(a.phase, b.phase) AS phase,
-  coalesce(a.module, b.module) AS module,
-  coalesce(a.kind, b.kind) AS kind,
-  coalesce(a.name, b.name) AS name,
-  coalesce(a.occurrence, b.occurrence) AS occurrence,
-  coalesce(a.role, b.role) AS role,
-  coalesce(a.arg, b.arg) AS arg,
+  ${joined_key},
   ${match} AS match,
   a.seq AS seq_a,
   b.seq AS seq_b,

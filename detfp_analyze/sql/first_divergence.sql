@@ -42,18 +42,7 @@ WHERE rank IN (SELECT rank FROM _scope_ranks)
 CREATE VIEW _aligned AS
 WITH j AS (
   SELECT
-    coalesce(a.rank, b.rank) AS rank,
-    coalesce(a.step, b.step) AS step,
-    coalesce(a.key_hash, b.key_hash) AS key_hash,
-    coalesce(a.call_hash, b.call_hash) AS call_hash,
-    coalesce(a.microbatch, b.microbatch) AS microbatch,
-    coalesce(a.phase, b.phase) AS phase,
-    coalesce(a.module, b.module) AS module,
-    coalesce(a.kind, b.kind) AS kind,
-    coalesce(a.name, b.name) AS name,
-    coalesce(a.occurrence, b.occurrence) AS occurrence,
-    coalesce(a.role, b.role) AS role,
-    coalesce(a.arg, b.arg) AS arg,
+    ${joined_key},
     ${match} AS match,
     a.call_hash AS call_hash_a,
     b.call_hash AS call_hash_b,

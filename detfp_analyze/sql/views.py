@@ -85,11 +85,16 @@ def _sql_list(values: Iterable[str]) -> str:
     return ", ".join(_lit(v) for v in values)
 
 
+#: The columns a full join of A and B (aliases a and b) takes from whichever side has the record:
+#: where it is, and the call-site key.
+_JOINED_KEY = ("rank", "step", "key_hash", "call_hash", *contract.CALL_KEY_COLUMNS, "role", "arg")
+
+
 def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
     """The ``${...}`` fragments of the comparison ``.sql`` files, rendered from ``detfp_analyze.rule``.
 
     ``match`` reads a join of aliases ``a`` and ``b``; ``value``, ``hazard`` and ``signature``
-    read suffixed or one-run columns; the rest are the rule's vocabulary and column lists.
+    read suffixed or one-run columns; ``joined_key`` the located key of such a join; the rest are the rule's vocabulary and column lists.
     """
     fam = rule.FAMILY
     sig = ", ".join(f"coalesce(CAST({to_sql(c, suffixed, dialect)} AS VARCHAR), '-')" for c in rule.SIGNATURE)
@@ -102,6 +107,7 @@ def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
         "family": ", ".join(fam),
         "family_on": " AND ".join(f"s.{c} = j.{c}" for c in fam),
         "family_on_ab": " AND ".join(f"a.{c} = b.{c}" for c in fam),
+        "joined_key": ", ".join(f"coalesce(a.{c}, b.{c}) AS {c}" for c in _JOINED_KEY),
         "divergent": _sql_list(rule.DIVERGENT),
         "shiftable": _sql_list(rule.SHIFTABLE),
         "boundary_kinds": _sql_list(rule.BOUNDARY_KINDS),
