@@ -38,7 +38,7 @@ from detfp_capture import contract
 from detfp_capture.commitlog import COMMIT_LOG_VERSION
 from detfp_capture.writer import ShardWriter, write_manifest
 
-__all__ = ["HOWS", "Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
+__all__ = ["DETERMINISTIC_SETTINGS", "HOWS", "Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
 
 _U64 = pa.uint64()
 _MASK64 = (1 << 64) - 1
@@ -139,19 +139,23 @@ def _parallel(spec: SynthSpec, rank: int) -> dict:
     return out
 
 
+#: The determinism settings of a fully deterministic run, as a manifest records them.
+DETERMINISTIC_SETTINGS = {
+    "deterministic_algorithms": True,
+    "deterministic_warn_only": False,
+    "cudnn_deterministic": True,
+    "cudnn_benchmark": False,
+    "cuda_matmul_allow_tf32": False,
+    "cudnn_allow_tf32": False,
+    "float32_matmul_precision": "highest",
+    "fill_uninitialized_memory": True,
+    "num_threads": 1,
+    "num_interop_threads": 1,
+}
+
+
 def _manifest(spec: SynthSpec, rank: int, start_step: int) -> dict:
-    det = {
-        "deterministic_algorithms": True,
-        "deterministic_warn_only": False,
-        "cudnn_deterministic": True,
-        "cudnn_benchmark": False,
-        "cuda_matmul_allow_tf32": False,
-        "cudnn_allow_tf32": False,
-        "float32_matmul_precision": "highest",
-        "fill_uninitialized_memory": True,
-        "num_threads": 1,
-        "num_interop_threads": 1,
-    }
+    det = dict(DETERMINISTIC_SETTINGS)
     versions = {"torch": None, "cuda": None, "cudnn": None, "nccl": None, "python": "3", "os": "synthetic"}
     return {
         "commit_log": COMMIT_LOG_VERSION,
