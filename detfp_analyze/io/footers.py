@@ -238,18 +238,21 @@ def _shard_info(
 _FOOTER_CHUNK = 64
 
 
+def _listdir(path: Path, shown: str) -> list[Path]:
+    """The entries of a directory by name, or a one-line ShardError naming it."""
+    try:
+        return sorted(path.iterdir(), key=lambda p: p.name)
+    except OSError as exc:
+        raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
+
+
 def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> list[tuple[str, int, Path, str]]:
     out: list[tuple[str, int, Path, str]] = []
     for table in contract.TABLES:
         tdir = root / table
         if not tdir.is_dir():
             continue
-        try:
-            entries = sorted(tdir.iterdir(), key=lambda p: p.name)
-        except OSError as exc:
-            raise ShardError(
-                f"{label}/{table}: cannot list the directory ({type(exc).__name__}); check permissions"
-            ) from None
+        entries = _listdir(tdir, f"{label}/{table}")
         for rdir in entries:
             if not visible(rdir.name):
                 continue
@@ -268,12 +271,7 @@ def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> lis
                 )
             if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
                 continue
-            try:
-                files = sorted(rdir.iterdir(), key=lambda p: p.name)
-            except OSError as exc:
-                raise ShardError(
-                    f"{label}/{table}/{rdir.name}: cannot list the directory ({type(exc).__name__}); check permissions"
-                ) from None
+            files = _listdir(rdir, f"{label}/{table}/{rdir.name}")
             for f in files:
                 if not (visible(f.name) and f.name.endswith(".parquet")):
                     continue
