@@ -6,8 +6,9 @@ and a short start need: no UI, no console progress bar, log4j at ERROR from the 
 properties file next to this module, passed to the driver JVM), Python-side query-context logs
 off, UTC session time zone. ``quiet_jvm`` sends the JVM's own stderr (start-up banners, stack
 traces) to a log file instead of the terminal; the CLI uses it. ``spark_errors`` turns any
-exception Spark raises into a ``EngineError`` or ``QueryError`` whose one line carries Spark's
-first line of reason, never a JVM stack trace.
+exception Spark raises into a ``ShardError`` (a shard's data cannot be decoded: the local
+engine's message), ``QueryError`` or ``EngineError`` whose one line carries Spark's first line
+of reason, never a JVM stack trace.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from detfp_analyze._deps import require
-from detfp_analyze.errors import EngineError, QueryError
+from detfp_analyze.errors import EngineError, QueryError, ShardError
 
 __all__ = ["JAVA_HINT", "check_java", "quiet_jvm", "session", "spark_errors", "spark_reason"]
 
@@ -43,6 +45,13 @@ _DEFAULTS = {
     # Small local jobs: the default 200 shuffle partitions cost more in task overhead than they split.
     "spark.sql.shuffle.partitions": "8",
     _JAVA_OPTIONS: f"-Dlog4j2.configurationFile=file:{_LOG4J}",
+}
+#: And on a local master (one machine, small jobs): list the shard files on the driver (above 32
+#: paths Spark lists them with a job of its own, which costs more than the listing on one disk), and
+#: no adaptive execution (it plans each shuffle as a separate job; these jobs are small).
+_LOCAL = {
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+    "spark.sql.adaptive.enabled": "false",
 }
 
 
@@ -78,6 +87,8 @@ def session(master: str | None = None, conf: Iterable[tuple[str, str]] = ()) -> 
     if master:
         builder = builder.master(master)
     settings = dict(_DEFAULTS)
+    if master and master.startswith("local"):
+        settings.update(_LOCAL)
     for k, v in conf:
         # Java options are added to the quiet logging option, not put in its place.
         settings[k] = f"{settings[k]} {v}" if k == _JAVA_OPTIONS else v
@@ -119,6 +130,10 @@ def spark_reason(exc: BaseException) -> str:
     return " ".join(first.split(" SQLSTATE:")[0].split())[:400]
 
 
+#: Spark's failures that mean a shard's data could not be read (not a problem of the engine).
+_DAMAGED = re.compile(r"FAILED_READ_FILE|ParquetDecodingException|CANNOT_READ_FILE_FOOTER|not a Parquet file")
+
+
 def _is_spark(exc: BaseException) -> bool:
     module = type(exc).__module__.split(".")[0]
     return module in ("pyspark", "py4j")
@@ -134,6 +149,13 @@ def spark_errors(doing: str, query: bool = False) -> Iterator[None]:
         if not _is_spark(exc):
             raise
         reason = spark_reason(exc)
+        if _DAMAGED.search(str(exc)):
+            # The reader validated footers and commit logs; the data inside a shard is damaged. The
+            # local engine's words for the same case (the CLI's message for a polars decode error).
+            raise ShardError(
+                f"a shard could not be decoded ({reason}); it is damaged: run detfp-analyze certify on each run, "
+                "then delete the shard or re-run the capture"
+            ) from None
         if query:
             raise QueryError(f"query failed: {reason}; list the views with: SHOW VIEWS (docs/spark.md)") from None
         raise EngineError(

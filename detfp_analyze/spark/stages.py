@@ -115,6 +115,13 @@ class SparkRun:
 
         keys = None if keys is None else sorted(set(keys))
         ranks = sorted({k[0] for k in keys} if keys is not None else set(ranks))
+        schema = {**polars_schema(table), _source.FILE_COLUMN: pl.String, _source.ROW_COLUMN: pl.Int64}
+        empty = pl.DataFrame(schema=schema)
+        wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
+        if not any(run._run.files(table, ranks) for run in self._pair()):  # nothing to read: no job
+            for run in self._pair():
+                run._cache.setdefault(table, {}).update(dict.fromkeys(wanted, empty))
+            return
         df = None
         for i, run in enumerate(self._pair()):
             side = _source.table(self._spark, run._run, table, ranks, provenance=True)
@@ -125,12 +132,9 @@ class SparkRun:
         with spark_errors(f"reading {table} of {self._run.label}"):
             got = df.toArrow()  # type: ignore[union-attr]
         self.jobs[table] = self.jobs.get(table, 0) + 1
-        schema = {**polars_schema(table), _source.FILE_COLUMN: pl.String, _source.ROW_COLUMN: pl.Int64}
         frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, "_side")))
         assert isinstance(frame, pl.DataFrame)
         frame = frame.sort("_side", "rank", *_EXTRA)
-        empty = pl.DataFrame(schema=schema)
-        wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
         by = ("_side", "rank") if keys is None else ("_side", "rank", "step")
         parts = frame.partition_by(*by, as_dict=True)
         for i, run in enumerate(self._pair()):
