@@ -1,10 +1,10 @@
 """detfp on Apache Spark: bisect's heavy stages and the SQL views, for traces past one node.
 
-``engine(spark)`` makes ``bisect(a, b, engine=...)`` run the per-(rank, step) rollups of both
-runs, their join into candidate steps, the first metric split per rank and the group-wide
-collective input test as Spark jobs; only small per-rank slices come back to the driver, where
-the walk, verdicts, diagnosis and report are the local engine's code (the report is
-byte-identical). ``connect(spark, a, b=None)`` registers the documented views (``a_records``,
+``engine(spark)`` makes ``bisect(a, b, engine=...)`` run its heavy stages as a fixed number of
+Spark jobs (``stages``): the first metric split per rank, the stored rollups' blocks or the
+records' rollups joined into candidate steps, the group-wide collective input test, and one read
+of every rank-step the walk needs; the walk, verdicts, diagnosis and report are the local
+engine's code on the driver (the report is byte-identical). ``connect(spark, a, b=None)`` registers the documented views (``a_records``,
 ``pairs``, ``first_divergence``, ``step_summary``, ``metric_pairs``, ...) as temporary views,
 from the same ``.sql`` files as DuckDB's, with the explicit translations of ``dialect``.
 ``session(master, conf)`` builds a quiet session (see docs/spark.md).
