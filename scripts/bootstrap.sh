@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install detfp with every extra the demo and tests need.
 # torch is pinned to the CPU build that the development machines carry; the package
-# itself only asks for torch>=2.9 (see pyproject.toml).
+# itself only asks for torch>=2.9 (see pyproject.toml). pyspark (the spark extra) comes from
+# requirements-dev.txt; `bootstrap.sh --java` also checks for the Java 17+ that Spark needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
