@@ -62,6 +62,8 @@ class ShardInfo:
 def shown_name(name: str) -> str:
     """A file name as it may appear in a one-line message: control characters and bytes that
     are not UTF-8 are escaped, so a hostile name cannot break the line or drive a terminal."""
+    if name.isascii() and name.isprintable():  # the common case, unchanged: no C0 control, no DEL
+        return name
     out = []
     for ch in name:
         code = ord(ch)
