@@ -2,11 +2,12 @@
 
 Pipeline: list ``<table>/rank=R/*.parquet`` (partition names must be ``rank=<decimal>``;
 dot- and underscore-prefixed names are writer temporaries or markers and are skipped) ->
-read each footer in a small thread pool, refusing one larger than ``MAX_FOOTER_BYTES``
-before parsing it -> check the schema version key, the contract columns and types (once per
-distinct schema), then from the column statistics: nulls in non-nullable columns, the rank
-column against the partition, and the step range (no negative step, none past ``MAX_STEP``)
--> one ``ShardInfo`` per file. Every problem is a ``ShardError`` or ``SchemaVersionError``
+read each footer in a small thread pool (one open per file: the tail, then the footer,
+parsed from memory), refusing one larger than ``MAX_FOOTER_BYTES`` before parsing it -> check
+the schema version key, the contract columns and types (once per distinct schema), then from
+the column statistics: nulls in non-nullable columns (those whose Parquet leaf can encode a
+null; a REQUIRED leaf cannot), the rank column against the partition, and the step range (no
+negative step, none past ``MAX_STEP``) -> one ``ShardInfo`` per file. Every problem is a ``ShardError`` or ``SchemaVersionError``
 whose one-line message names the file.
 """
 
