@@ -22,6 +22,14 @@ written with the plant. Runs under ``--workdir`` are reused when their ``planted
 (``DIR``, its root put first on ``PYTHONPATH``: e.g. ``git worktree add /tmp/base main``), both
 with the stored rollups, repeats interleaved: the code change side by side on one machine's load.
 
+``--engine spark`` compares the local engine with the Spark engine on Spark ``local[2]`` instead,
+on the same pairs (``--sizes``): ``spark`` is the session start + ``open_run`` both +
+``bisect(..., engine=...)`` in a child; the driver's peak RSS is the Python process's, the JVM's
+is given apart (in local mode it holds the driver and the executors); both reports must be
+byte-identical, and the Spark jobs are counted. Then both engines' time and memory are
+extrapolated linearly in records per run to 2,432 ranks x 800 steps x 700 records (an
+extrapolation from the measured points, labelled as such, not a measurement).
+
 Correctness is checked against the plant (origin ranks and the origin record's key) and printed
 next to the timings. Usage::
 
@@ -29,6 +37,7 @@ next to the timings. Usage::
     .venv/bin/python benchmarks/bisect_scale.py --sizes 64,256 --no-early-late
     .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep
     .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep --baseline /tmp/base
+    .venv/bin/python benchmarks/bisect_scale.py --engine spark --sizes 16,64   # 256: 20M records per run
 """
 
 from __future__ import annotations
@@ -51,9 +60,53 @@ RECORDS = int(os.environ.get("DETFP_SCALE_RECORDS", "20000"))
 NAIVE_MAX_RECORDS = 25_000_000
 
 
+def _spark_child(a: str, b: str) -> dict:
+    """bisect on Spark local[2] in this process; the JVM's peak RSS from its rusage once it exited."""
+    import resource
+
+    from detfp_analyze.bisect import bisect
+    from detfp_analyze.io.reader import open_run
+    from detfp_analyze.spark import engine, session
+
+    t0 = time.perf_counter()
+    spark = session("local[2]", [("spark.driver.memory", "4g"), ("spark.sql.shuffle.partitions", "2")])
+    started = time.perf_counter() - t0
+    bound = {}
+
+    def bind(ra, rb):
+        bound["st"] = engine(spark)(ra, rb)
+        return bound["st"]
+
+    res = bisect(open_run(a), open_run(b), level="op", engine=bind)
+    seconds = time.perf_counter() - t0
+    st = bound["st"]
+    out = {
+        "seconds": seconds,
+        "start_s": started,
+        "jobs": sum(st.jobs.values()) + sum(st.a.jobs.values()),
+        "report": json.dumps(res.to_json_dict(), sort_keys=True),
+        # The Python driver's own peak (the parent's wait4 figure is the larger of it and the JVM's).
+        "driver_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        gateway.shutdown()
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        out["jvm_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return out
+
+
 def _child(kind: str, a: str, b: str) -> None:
     """Run one measurement in this process and print one JSON line."""
     t0 = time.perf_counter()
+    if kind == "spark":
+        print(json.dumps(_spark_child(a, b)))
+        return
     if kind == "bisect":
         from detfp_analyze.bisect import bisect
         from detfp_analyze.io.reader import open_run
@@ -66,6 +119,7 @@ def _child(kind: str, a: str, b: str) -> None:
             "first": {
                 str(r.rank): [r.first.step, r.first.seq_a, r.first.verdict] for r in res.ranks if r.first is not None
             },
+            "report": json.dumps(res.to_json_dict(), sort_keys=True),
         }
     else:
         import pandas as pd
@@ -98,6 +152,7 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
     ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (its seconds are its wall time).
     """
     t0 = time.perf_counter()
+    a, b = Path(a).resolve(), Path(b).resolve()  # the child runs elsewhere (cwd below)
     if kind == "cli":
         exe = Path(sys.executable).with_name("detfp-analyze")
         cmd = [str(exe), "bisect", str(a), str(b), "--json"]
@@ -352,6 +407,77 @@ def fmt(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: The issue's target: 2,432 ranks x 800 steps x ~700 boundary records per rank-step, per run.
+TARGET_RECORDS = 2432 * 800 * 700
+
+
+def _fit(xs: list[float], ys: list[float], x: float) -> float:
+    """Least-squares line through (xs, ys) evaluated at x, never below the largest measured y (a
+    noisy negative slope says nothing about growth); one point: proportional to x."""
+    if len(xs) == 1:
+        return ys[0] * x / xs[0]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((a - mx) ** 2 for a in xs)
+    slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys, strict=True)) / var if var else 0.0
+    return max(my + slope * (x - mx), max(ys))
+
+
+def run_engines(work: Path, sizes: list[int], keep: bool) -> None:
+    """Local engine vs Spark local[2] on the same pairs, side by side, plus the extrapolation."""
+    from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+
+    rows = []
+    nan = float("nan")
+    for n in sizes:
+        a, b = work / f"eng-{n}-a", work / f"eng-{n}-b"
+        t0 = time.perf_counter()
+        if not (a.is_dir() and b.is_dir()):
+            spec = SynthSpec(ranks=n, steps=STEPS, records=RECORDS)
+            write_pair(a, b, spec, Plant(rank=n // 3, step=1, index=RECORDS // 4))
+        gen = time.perf_counter() - t0
+        loc, spk = measure("bisect", a, b), measure("spark", a, b)
+        same = "error" not in loc and "error" not in spk and loc.get("report") == spk.get("report")
+        rows.append(
+            {"ranks": n, "records": n * STEPS * RECORDS, "gen_s": gen, "local": loc, "spark": spk, "same": same}
+        )
+        print(f"  {n} ranks: local {loc.get('wall', nan):.1f} s, spark {spk.get('wall', nan):.1f} s", flush=True)
+        if not keep:
+            shutil.rmtree(a, ignore_errors=True)
+            shutil.rmtree(b, ignore_errors=True)
+    head = (
+        f"{'ranks':>5} {'records/run':>12} | {'local s':>7} {'cpu s':>6} {'MiB':>6} | {'spark s':>7} {'(start)':>7} "
+        f"{'cpu s':>6} {'jobs':>4} {'driver MiB':>10} {'JVM MiB':>7} | same report"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lo, sp = r["local"], r["spark"]
+        lines.append(
+            f"{r['ranks']:>5} {r['records']:>12,} | {lo.get('wall', nan):7.1f} {lo.get('cpu', nan):6.1f} "
+            f"{lo['peak_mib']:6.0f} | {sp.get('wall', nan):7.1f} {sp.get('start_s', nan):7.1f} {sp.get('cpu', nan):6.1f} "
+            f"{sp.get('jobs', -1):>4} {sp.get('driver_mib', nan):10.0f} {sp.get('jvm_mib', nan):7.0f} | "
+            f"{'yes' if r['same'] else 'NO ' + sp.get('error', '')}"
+        )
+    print("\n".join(lines))
+    xs = [float(r["records"]) for r in rows]
+    est = {
+        "local s": _fit(xs, [r["local"].get("wall", nan) for r in rows], TARGET_RECORDS),
+        "local MiB": _fit(xs, [r["local"]["peak_mib"] for r in rows], TARGET_RECORDS),
+        "spark local[2] s": _fit(xs, [r["spark"].get("wall", nan) for r in rows], TARGET_RECORDS),
+        "spark driver MiB": _fit(xs, [r["spark"].get("driver_mib", nan) for r in rows], TARGET_RECORDS),
+    }
+    print(
+        f"\nExtrapolated (not measured): a least-squares line in records per run through the points above, "
+        f"evaluated at 2,432 ranks x 800 steps x 700 records = {TARGET_RECORDS:,} records per run:"
+    )
+    for k, v in est.items():
+        print(f"  {k:<18} {v:12,.0f}")
+    print(
+        "wall s: the child's wall time (spark: including the session start, given apart); cpu s: the child's "
+        "user+sys CPU s (the JVM's included for spark); MiB: the child's peak RSS (driver MiB: the Python "
+        "driver's; JVM MiB: the local[2] JVM, driver and executors together); jobs: Spark jobs of the bisect."
+    )
+
+
 def _load() -> str:
     try:
         return " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -375,6 +501,12 @@ def main() -> None:
         type=Path,
         default=None,
         help="with --issue15: compare this tree with another checkout's root (e.g. a main worktree), interleaved",
+    )
+    ap.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="spark: the local engine vs Spark local[2] on the same pairs, side by side (see the docstring)",
     )
     ap.add_argument("--child", nargs=3, metavar=("KIND", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -404,6 +536,10 @@ def main() -> None:
         f"runs under {work}",
         flush=True,
     )
+    if args.engine == "spark":
+        run_engines(work, [int(s) for s in args.sizes.split(",") if s], args.keep or args.workdir is not None)
+        print(f"\nload average at the end: {_load()}")
+        return
     rows = []
     for n in [int(s) for s in args.sizes.split(",") if s]:
         plant = Plant(rank=n // 3, step=1, index=RECORDS // 4)

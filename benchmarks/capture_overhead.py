@@ -184,6 +184,30 @@ class Runner:
         self.session.close()
 
 
+def _time_gemms() -> list[float]:
+    """Time every call of the digest's level GEMM (``_digest.core.mm``: the int8 rows to float32,
+    the GEMM, the lanes back to int32) in this process; returns the running total in seconds.
+    Measured inside the configuration's own steps, so it is slowed by the machine's load exactly
+    as they are, unlike a best-of-N throughput: the part of the overhead that is the digest's
+    arithmetic, and with it the rest (hooks, records, copies, the tree's upper levels, the flush).
+    On a GPU the GEMMs are asynchronous: there this is only their host (launch) time."""
+    from detfp_capture._digest import core
+
+    total = [0.0]
+    inner = core.mm
+    clock = time.perf_counter
+
+    def mm(x, level, out=None):
+        t0 = clock()
+        try:
+            return inner(x, level, out)
+        finally:
+            total[0] += clock() - t0
+
+    core.mm = mm  # the module's own callers (lanes_of, tree, mm_short) look it up there too
+    return total
+
+
 def _worker(config: str, args, out_root: str, conn) -> None:
     """One configuration in its own process: step on each request, answer with the step time."""
     from detfp_capture._sources import steps as _steps
@@ -193,6 +217,7 @@ def _worker(config: str, args, out_root: str, conn) -> None:
     # so that timer would fire far more often per step than in a real run: only the record-count
     # flushes (and the final one, see Runner.flush) are charged here.
     _steps.FLUSH_SECONDS = float("inf")
+    gemm = _time_gemms()
     torch.set_num_threads(args.threads)
     runner = Runner(load_example(), config, args, Path(out_root))
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -201,17 +226,23 @@ def _worker(config: str, args, out_root: str, conn) -> None:
         # threads it started (the capture's writer) keep the whole machine, as in a real job.
         os.sched_setaffinity(0, {args.cpu})
     try:
-        while (cmd := conn.recv()) in ("step", "flush", "drain"):
+        while (cmd := conn.recv()) in ("step", "flush", "drain", "gemm"):
+            if cmd == "gemm":  # seconds in the digest's GEMMs since the drain (the timed steps)
+                conn.send(gemm[0])
+                continue
             conn.send(runner.step() if cmd == "step" else runner.flush() if cmd == "flush" else runner.drain())
+            if cmd == "drain":
+                gemm[0] = 0.0
     finally:
         runner.close()
         conn.send("closed")
 
 
-def measure(args, tt, out_root: Path) -> dict[str, list[float]]:
+def measure(args, tt, out_root: Path) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Each configuration runs in its own process (its own heap: the garbage collector's work is
     paid by the configuration that caused it, as in a real job), and they take turns step by
-    step, one at a time, in a shuffled order per round."""
+    step, one at a time, in a shuffled order per round. Returns the step times per configuration
+    and the seconds each spent in the digest's GEMMs over its timed steps (``_time_gemms``)."""
     import multiprocessing as mp
 
     configs = [c for c in CONFIGS if c in args.configs]
@@ -245,13 +276,14 @@ def measure(args, tt, out_root: Path) -> dict[str, list[float]]:
             # The records still buffered are the timed steps' too: their flush is charged to the
             # last step, so the mean step time is the amortized cost (flushes included).
             times[c][-1] += call(c, "flush")
+        gemm = {c: call(c, "gemm") for c in configs}
     finally:
         for proc, conn in workers.values():
             with contextlib.suppress(Exception):
                 conn.send("stop")
                 conn.recv()
             proc.join(timeout=60)
-    return times
+    return times, gemm
 
 
 def _ratios(times: dict[str, list[float]]) -> dict[str, float]:
@@ -347,10 +379,18 @@ def _trace_load(run: Path, first: int, last: int) -> tuple[int, int]:
     return len(rows), digested
 
 
-def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, bandwidth: float, digest_bw: float) -> dict:
+def breakdown(
+    trials: list[dict[str, list[float]]],
+    gemms: list[dict[str, float]],
+    runs: list[Path],
+    args,
+    bandwidth: float,
+    digest_bw: float,
+) -> dict:
     """Where each level's overhead goes: digested bytes at clone() bandwidth, and the rest per
     record (host time: hooks, bookkeeping, the flush), from the mean step times of all trials
-    and the records of the timed steps in each trial's trace."""
+    and the records of the timed steps in each trial's trace; then the time the digest's GEMMs
+    took inside those steps (``_time_gemms``) and the rest per record once it is taken off."""
     base = statistics.fmean([x for t in trials for x in t["none"]])
     first, last = args.warmup, args.warmup + args.rounds - 1
     out = {}
@@ -359,9 +399,12 @@ def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, band
         f"where the overhead goes (on a {mib} MiB tensor, measured in this run: clone() {bandwidth / 1e9:.1f} GB/s, "
         f"the digest {digest_bw / 1e9:.1f} GB/s):\n"
         f"  us/record = overhead / records; beyond clone = (overhead - bytes at clone bw) / records;\n"
-        f"  beyond digest = (overhead - bytes at digest bw) / records: bookkeeping (hooks, records, flush, copies)\n"
+        f"  beyond digest = (overhead - bytes at digest bw) / records: bookkeeping (hooks, records, flush, copies);\n"
+        f"  GEMM ms = time inside the digest's level GEMMs per step, timed in the steps themselves (as loaded as\n"
+        f"  they are); beyond GEMM = (overhead - GEMM ms) / records: hooks, records, copies, upper levels, flush\n"
         f"{'level':<12}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}"
         f"{'at digest bw ms':>17}{'us/record':>11}{'beyond clone':>14}{'beyond digest':>15}"
+        f"{'GEMM ms':>10}{'beyond GEMM':>13}"
     )
     for c in ("metrics", "boundaries", "ops"):
         if c not in trials[0]:
@@ -375,7 +418,11 @@ def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, band
         all_per_record = overhead / records if records else float("nan")
         at_digest = digested / digest_bw
         rest = (overhead - at_digest) / records if records else float("nan")
+        gemm = statistics.fmean(g[c] for g in gemms) / args.rounds
+        beyond_gemm = (overhead - gemm) / records if records else float("nan")
         out[c] = {
+            "gemm_s": gemm,
+            "beyond_gemm_s_per_record": beyond_gemm,
             "overhead_s_per_record": all_per_record,
             "bytes_at_digest_bandwidth_s": at_digest,
             "beyond_digest_s_per_record": rest,
@@ -388,6 +435,7 @@ def breakdown(trials: list[dict[str, list[float]]], runs: list[Path], args, band
         print(
             f"{c:<12}{overhead * 1e3:>12.2f}{records:>9.0f}{digested / 1e6:>13.1f}{floor * 1e3:>16.2f}"
             f"{at_digest * 1e3:>17.2f}{all_per_record * 1e6:>11.1f}{per_record * 1e6:>14.1f}{rest * 1e6:>15.1f}"
+            f"{gemm * 1e3:>10.2f}{beyond_gemm * 1e6:>13.1f}"
         )
     return out
 
@@ -473,7 +521,9 @@ def main(argv=None) -> int:
                 profile(margs, tt, Path(tmp) / model)
                 return 0
             runs = [Path(tmp) / model / f"trial{i}" for i in range(args.trials)]
-            trials = [measure(margs, tt, run) for run in runs]
+            measured = [measure(margs, tt, run) for run in runs]
+            trials = [t for t, _ in measured]
+            gemms = [g for _, g in measured]
             shape = ", ".join(f"{k} {getattr(margs, k)}" for k in SHAPES[model])
             print(
                 f"\nmodel {model} ({'gated' if model == GATED else 'reported, not gated'}; {shape}): device "
@@ -481,7 +531,7 @@ def main(argv=None) -> int:
                 f"interleaved steps per config after {args.warmup} warm-up"
             )
             result = report(trials, gated=model == GATED)
-            result["where"] = breakdown(trials, runs, margs, bandwidth, digest_bw)
+            result["where"] = breakdown(trials, gemms, runs, margs, bandwidth, digest_bw)
             result["shape"] = {k: getattr(margs, k) for k in SHAPES[model]}
             results["models"][model] = result
     if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "DetfpError",
     "DuplicateRankError",
+    "EngineError",
     "ExpectationError",
     "IncomparableError",
     "IncompleteRunError",
@@ -72,6 +73,11 @@ class SelectionError(DetfpError):
 
 class ExpectationError(DetfpError):
     """An expected-divergences file (``bisect --expect``) is missing, malformed or names an unknown field."""
+
+
+class EngineError(DetfpError):
+    """The analysis engine (Apache Spark: ``--engine spark``) cannot start or failed: no Java, a bad
+    ``--master`` or ``--conf``, executors that cannot read the runs."""
 
 
 class QueryError(DetfpError):

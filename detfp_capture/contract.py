@@ -32,6 +32,7 @@ __all__ = [
     "MANIFEST_OPTIONAL_KEYS",
     "NO_MICROBATCH",
     "PHASES",
+    "READ_RULE",
     "ROLES",
     "ROLLUP_BLOCK",
     "ROLLUP_SALTS",
@@ -390,6 +391,19 @@ def key_hash(key: str) -> int:
     Never Python's ``hash()``, which is salted per process.
     """
     return int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+#: How any engine reads a table directory (``<run>/<table>``), settled here so every engine sees
+#: the same rows and types (docs/trace-format.md §6). The ``rank=R`` directories are for pruning
+#: only; the ``rank`` column inside every file is the rank (a shard read alone is complete), so
+#: partition inference is off, or the engine adds a second ``rank`` from the path (Spark warns
+#: ``COLUMN_ALREADY_EXISTS``; DuckDB and polars type it BIGINT). The layout and SCHEMA_VERSION are
+#: unchanged by this rule: runs of every version read the same way.
+READ_RULE: dict[str, str] = {
+    "spark": 'spark.read.option("recursiveFileLookup", "true").parquet("<run>/<table>")',
+    "duckdb": "read_parquet('<run>/<table>/*/*.parquet', hive_partitioning = false)",
+    "polars": 'pl.scan_parquet("<run>/<table>/*/*.parquet", hive_partitioning=False)',
+}
 
 
 def shard_relpath(table: str, rank: int, segment: int, window: int) -> str:

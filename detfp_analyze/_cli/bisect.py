@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from detfp_analyze._cli import engine as _engine
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect import bisect
 from detfp_analyze.bisect.result import LEVELS
@@ -113,6 +114,9 @@ def command(
             "--html", metavar="FILE", help="Also write a self-contained HTML report (pictures need matplotlib)."
         ),
     ] = None,
+    engine: _engine.EngineOption = "local",
+    master: _engine.MasterOption = None,
+    conf: _engine.ConfOption = None,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     try:
@@ -125,13 +129,26 @@ def command(
         fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    problem = _engine.check(engine, master, conf)
+    if problem:
+        fail(problem)
     expectations = None if expect is None else load_expectations(expect)
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    # Spark starts only now: bad input has failed already, without a JVM.
+    heavy = _engine.bisect_engine(master, conf) if engine == "spark" else None
     bar = _Bar() if sys.stderr.isatty() else None
     try:
         result = bisect(
-            a, b, ranks=rank_list, steps=step_range, level=level, force=force, ignore_env=ignore_env or (), progress=bar
+            a,
+            b,
+            ranks=rank_list,
+            steps=step_range,
+            level=level,
+            force=force,
+            ignore_env=ignore_env or (),
+            progress=bar,
+            engine=heavy,
         )
     finally:
         if bar is not None:

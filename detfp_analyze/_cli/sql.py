@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
 
+from detfp_analyze._cli import engine as _engine
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, fail, handle_errors
 
 __all__ = ["command", "format_table"]
@@ -119,25 +120,34 @@ def command(
             help="Let the query read and write files other than the runs' shards (off: it can read only the runs).",
         ),
     ] = False,
+    engine: _engine.EngineOption = "local",
+    master: _engine.MasterOption = None,
+    conf: _engine.ConfOption = None,
 ) -> None:
     """Run a SQL query over one or two runs' views: a_records, pairs, first_divergence, step_summary, ..."""
     if len(args) not in (2, 3):
         fail(f'sql takes RUN_A [RUN_B] "QUERY", got {len(args)} argument(s); quote the query as one argument')
     *runs, sql = args
-    # Imported here: DuckDB takes longer to import than most bisects take to run.
-    from detfp_analyze.sql import connect, query
+    problem = _engine.check(engine, master, conf)
+    if problem:
+        fail(problem)
+    if engine == "spark":
+        result = _engine.spark_query(runs, sql, allow_missing_ranks, allow_incomplete, allow_file_access, master, conf)
+    else:
+        # Imported here: DuckDB takes longer to import than most bisects take to run.
+        from detfp_analyze.sql import connect, query
 
-    con = connect(
-        runs[0],
-        runs[1] if len(runs) == 2 else None,
-        allow_missing_ranks=allow_missing_ranks,
-        allow_incomplete=allow_incomplete,
-        allow_file_access=allow_file_access,
-    )
-    try:
-        result = query(con, sql)
-    finally:
-        con.close()
+        con = connect(
+            runs[0],
+            runs[1] if len(runs) == 2 else None,
+            allow_missing_ranks=allow_missing_ranks,
+            allow_incomplete=allow_incomplete,
+            allow_file_access=allow_file_access,
+        )
+        try:
+            result = query(con, sql)
+        finally:
+            con.close()
     if fmt is Format.parquet:
         if output is None:
             fail("--format parquet writes binary data; pass --output FILE.parquet")

@@ -25,6 +25,7 @@ from detfp_analyze.bisect import assemble as _assemble
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import scope as _scope
 from detfp_analyze.bisect.diagnose import diagnose
+from detfp_analyze.bisect.engine import Engine, local
 from detfp_analyze.bisect.result import LEVELS, BisectResult, Diagnosis, Window
 from detfp_analyze.bisect.search import search
 from detfp_analyze.bisect.verdict import resolve
@@ -48,6 +49,7 @@ def bisect(
     force: bool = False,
     ignore_env: Sequence[str] = (),
     progress: Progress | None = None,
+    engine: Engine | None = None,
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
 
@@ -56,7 +58,8 @@ def bisect(
     ``level``: step | phase | module | op | kernel (how deep to narrow). ``force``: compare
     even when the manifests say the comparison is meaningless. ``ignore_env``: shell globs of
     manifest keys left out of the environment diff (``host.*``; see ``envdiff.drop_keys``), listed
-    in ``notes``. ``progress``: optional callback.
+    in ``notes``. ``progress``: optional callback. ``engine``: where the heavy stages run
+    (``engine.local``, the default, or ``detfp_analyze.spark.engine(spark)``); the result is the same.
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
@@ -75,11 +78,13 @@ def bisect(
     scope = _scope.plan(run_a, run_b, steps=user_steps, compared=(both, one_sided))
     _scope.check(scope, run_a, run_b)
     notes = [*incomplete, *_scope_notes(scope, run_a, run_b, ignored)]
-    # 3. Search: each rank's first divergence.
-    found = search(run_a, run_b, scope, progress)
+    # 3. Search: each rank's first divergence; from here on every read goes through the engine.
+    stages = (engine or local)(run_a, run_b)
+    run_a, run_b = stages.a, stages.b
+    found = search(run_a, run_b, scope, progress, stages)
     notes += found.notes
     # 4. Verdicts, 5. evidence and assembly.
-    verdicts = resolve(run_a, run_b, found.found, scope)
+    verdicts = resolve(run_a, run_b, found.found, scope, stages.peer_inputs)
     ev = _evidence.gather(run_a, run_b, found.found, level)
     notes += ev.notes
     ordered, more = _assemble.rank_results(run_a, run_b, scope.ranks, found.found, found.metrics, verdicts, ev, level)

@@ -10,6 +10,10 @@
    where no value differs yet;
 4. what was passed over, and the digest errors, become notes; a resumed pair gets its boundary
    counts (``resume.boundary_counts``).
+
+The reads that grow with the trace (1, 2) run on an engine's ``Stages`` (``engine``: polars
+here by default, or Apache Spark), which is told the rank-steps each walk will read
+(``prefetch``); the walk itself reads the stages' runs and is the same code for every engine.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import polars as pl
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect import resume as _resume
-from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
+from detfp_analyze.bisect.engine import LocalStages, Stages
+from detfp_analyze.bisect.reads import scan
 from detfp_analyze.bisect.records import Found
 from detfp_analyze.bisect.result import ResumeInfo
 from detfp_analyze.bisect.scope import Scope
@@ -58,49 +63,39 @@ class Search:
 
 
 def rollup_candidates(
-    run_a: Run, run_b: Run, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str,
-    errors: list[int] | None = None, stored: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    stages: Stages, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str,
+    errors: list[int], stored: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> dict[int, list[int]]:  # fmt: skip
-    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]. ``errors``, when
-    given, accumulates [A, B] counts of records whose digest failed (no evidence). ``stored``:
-    both runs' ``blocks.block_rollup`` rows, used instead of reading the records."""
+    """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]; accumulates in
+    ``errors`` the [A, B] counts of records whose digest failed (no evidence). ``stored``: both
+    runs' ``blocks.block_rollup`` rows, used instead of reading the records (``stages``)."""
+    if stored is None:
+        return stages.rollup_candidates(ranks, lo, hi, progress, stage, errors)
     out: dict[int, list[int]] = {}
-    if stored is not None:  # both runs' stored rollups, already read
-        ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
-        ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
-        if errors is not None:
-            errors[0] += int(ra["n_err"].sum() or 0)
-            errors[1] += int(rb["n_err"].sum() or 0)
-        d = _narrow.divergent_steps(ra, rb)
-        for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
-            out.setdefault(int(rank), []).append(int(step))
-        if progress:
-            progress(stage, 1, 1)
-        return out
-    batches = chunks(ranks, ROLLUP_BATCH)
-    for i, batch in enumerate(batches):
-        ra, rb = collect_pair(
-            _narrow.step_rollup(scan(run_a, "records", batch, lo, hi)),
-            _narrow.step_rollup(scan(run_b, "records", batch, lo, hi)),
-        )
-        if errors is not None:
-            errors[0] += int(ra["n_err"].sum() or 0)
-            errors[1] += int(rb["n_err"].sum() or 0)
-        d = _narrow.divergent_steps(ra, rb)
-        for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
-            out.setdefault(int(rank), []).append(int(step))
-        if progress:
-            progress(stage, i + 1, len(batches))
+    ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
+    ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
+    errors[0] += int(ra["n_err"].sum() or 0)
+    errors[1] += int(rb["n_err"].sum() or 0)
+    d = _narrow.divergent_steps(ra, rb)
+    for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
+        out.setdefault(int(rank), []).append(int(step))
+    if progress:
+        progress(stage, 1, 1)
     return out
 
 
-def search(run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = None) -> Search:
-    """Each compared rank's first divergence and first metric split within ``scope``."""
+def search(
+    run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = None, stages: Stages | None = None
+) -> Search:
+    """Each compared rank's first divergence and first metric split within ``scope``; the heavy
+    reads run on ``stages`` (``engine``; default: polars here), the walk reads ``stages.a``/``.b``."""
+    st = stages if stages is not None else LocalStages(run_a, run_b)
+    run_a, run_b = st.a, st.b
     compared = list(scope.ranks)
     if scope.window is None or not compared:
         return Search({}, {}, scope.resume, ())
     lo, hi = scope.window
-    m = _narrow.metric_divergence(scan(run_a, "metrics", compared, lo, hi), scan(run_b, "metrics", compared, lo, hi))
+    m = st.metric_divergence(compared, lo, hi)
     metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m.to_dicts()}
     # The first differing record cannot come after the step where every metric split, unless
     # the capture missed it: search up to that bound first, the rest only where needed.
@@ -108,22 +103,19 @@ def search(run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = Non
     errors = [0, 0]
     stored = None
     if _blocks.enabled(run_a, run_b, compared):
-        stored = collect_pair(
-            _blocks.block_rollup(scan(run_a, "rollups", compared, lo, hi)),
-            _blocks.block_rollup(scan(run_b, "rollups", compared, lo, hi)),
-        )
-    cands = rollup_candidates(run_a, run_b, compared, lo, bound, progress, "steps", errors, stored)
+        stored = st.block_rollups(compared, lo, hi)
+    cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
     sl = _blocks.slices(*stored, cands) if stored is not None else None
+    st.prefetch(cands)
     found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl)
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
-            more = rollup_candidates(
-                run_a, run_b, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored
-            )
+            more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored)
             sl = _blocks.slices(*stored, more) if stored is not None else None
+            st.prefetch(more)
             found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl)
     notes = []
     if errors[0] or errors[1]:

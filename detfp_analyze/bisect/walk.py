@@ -62,13 +62,14 @@ def _prepared(lf: pl.LazyFrame, columns: Sequence[str]) -> pl.LazyFrame:
 
 def _whole_scan(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
     steps = sorted(set(pairs.values()))
-    key = pl.DataFrame(
-        {"rank": list(pairs), "step": [pairs[r] for r in pairs]}, schema={"rank": pl.Int32, "step": pl.Int64}
-    )
-    lf = _prepared(run.scan("records", ranks=sorted(pairs), steps=steps), columns)
-    if len(steps) == 1:
-        return lf  # the scan already selects exactly these (rank, step) pairs: no join
-    return lf.join(key.lazy(), on=["rank", "step"], how="semi")
+    if len(steps) == 1:  # the scan selects exactly these (rank, step) pairs
+        return _prepared(run.scan("records", ranks=sorted(pairs), steps=steps), columns)
+    # One scan per step, of exactly the ranks at that step: a run's reads then name only the
+    # (rank, step) pairs walked (an engine that fetched them ahead serves them all; a scan of
+    # every rank x every step would ask for pairs nobody walks). A stable sort by rank restores
+    # the order of one scan (each rank holds one step): rank, then file, then row.
+    parts = [run.scan("records", ranks=sorted(r for r in pairs if pairs[r] == s), steps=[s]) for s in steps]
+    return _prepared(pl.concat(parts).sort("rank", maintain_order=True), columns)
 
 
 def _read_pairs(

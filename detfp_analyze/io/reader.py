@@ -41,6 +41,7 @@ from detfp_analyze.errors import (
 )
 from detfp_analyze.io import completeness as _completeness
 from detfp_analyze.io.footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
+from detfp_analyze.io.uri import local_path
 from detfp_analyze.ranks import rank_list
 from detfp_capture import contract
 
@@ -403,7 +404,7 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False,
     file, the problem and the fix.
     """
     label = shown_name(os.fspath(path))
-    root = Path(os.fspath(path))
+    root = Path(local_path(os.fspath(path), label))  # file:// URIs are local paths (io.uri)
     if not root.exists():
         what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
         raise NotARunError(f"{label}: {what}; {_FIX_RUN}")

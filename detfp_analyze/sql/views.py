@@ -115,13 +115,14 @@ def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
     }
 
 
-def view_docs(file: str, run: str = "a") -> tuple[ViewDoc, ...]:
-    """Parse one ``.sql`` file of this package into its documented views (``${run}`` set to ``run``).
+def view_docs(file: str, run: str = "a", dialect: str = "duckdb") -> tuple[ViewDoc, ...]:
+    """Parse one ``.sql`` file of this package into its documented views (``${run}`` set to ``run``,
+    the rule's fragments rendered for ``dialect``: see ``rule_fragments``).
 
     A statement ends with ``;`` at the end of a line; the comment lines right above its
     CREATE VIEW are its doc, ``-- @column name doc`` lines its column docs.
     """
-    text = Template(_sql_text(file)).substitute(run=run, **rule_fragments())
+    text = Template(_sql_text(file)).substitute(run=run, **rule_fragments(dialect))
     views = []
     for chunk in re.split(r";[ \t]*$", text, flags=re.MULTILINE):
         lines = chunk.strip("\n").splitlines()

@@ -154,22 +154,44 @@ def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Te
         # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24,
         # and the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
         w = weights(dev, level, True)
-        m = x.shape[0]
-        if dev.type != "cpu" or m <= _FLOAT_BLOCK_ROWS:
+        if dev.type != "cpu":
             y = (x.to(torch.float32) @ w).to(torch.int32)
         else:
-            y = torch.empty(m, LANES, dtype=torch.int32) if out is None else out
-            buf = torch.empty(_FLOAT_BLOCK_ROWS, K, dtype=torch.float32)
-            acc = torch.empty(_FLOAT_BLOCK_ROWS, LANES, dtype=torch.float32)
+            # One reused float32 block per thread (no 1 MiB allocation per call), every block's
+            # GEMM written into one float32 result and converted to int32 once at the end (one
+            # conversion call per call, not one per block): the same GEMMs on the same rows.
+            m = x.shape[0]
+            buf = _float_block()
+            acc = torch.empty(m, LANES, dtype=torch.float32)
+            mmul = torch.mm
             for i in range(0, m, _FLOAT_BLOCK_ROWS):
-                n = min(_FLOAT_BLOCK_ROWS, m - i)
-                buf[:n].copy_(x[i : i + n])
-                torch.mm(buf[:n], w, out=acc[:n])
-                y[i : i + n].copy_(acc[:n])
+                j = i + _FLOAT_BLOCK_ROWS
+                if j > m:
+                    j = m
+                b = buf if j - i == _FLOAT_BLOCK_ROWS else buf[: j - i]
+                b.copy_(x[i:j])
+                mmul(b, w, out=acc[i:j])
+            if out is None:
+                return acc.to(torch.int32)
+            out.copy_(acc)
+            return out
     if out is not None and y is not out:
         out.copy_(y)
         return out
     return y
+
+
+_BLOCKS = threading.local()
+
+
+def _float_block() -> torch.Tensor:
+    """This thread's (``_FLOAT_BLOCK_ROWS``, 1024) float32 block of the exact float GEMM on CPU
+    (per thread: a DDP comm hook's callback may digest on a backend thread)."""
+    buf = getattr(_BLOCKS, "buf", None)
+    if buf is None:
+        with torch.inference_mode(False):  # written in and out of inference mode
+            buf = _BLOCKS.buf = torch.empty(_FLOAT_BLOCK_ROWS, K, dtype=torch.float32)
+    return buf
 
 
 def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:

@@ -16,14 +16,25 @@ from detfp_capture._digest.batched import BATCHED
 from detfp_capture._digest.resolve import resolve_raw, resolve_rows
 from detfp_capture._recorder.call import KIND, MICROBATCH, MODULE, NAME, PHASE, STEP, EventRow
 from detfp_capture._recorder.records import RecordBuffer
-from detfp_capture._recorder.slot import Slot
+from detfp_capture._recorder.slot import COPY, Slot
 
 __all__ = ["DigestFindings", "resolve_slots"]
 
 
 def resolve_slots(slots: list[Slot]) -> None:
     """Set every slot's ``hi``/``lo`` (and ``extra`` where there is more). Rows of batches (most
-    slots) are resolved in bulk; the rest, and any a failed device left, one by one."""
+    slots) are resolved in bulk; the rest, and any a failed device left, one by one; a copy's
+    slot (``COPY``) last, from its source's."""
+    copies = [s for s in slots if s.pending is COPY]
+    if copies:
+        listed = {id(s) for s in slots}
+        sources = []
+        for s in copies:
+            r = s.source
+            if r.hi is None and r.extra is None and id(r) not in listed:
+                listed.add(id(r))
+                sources.append(r)
+        slots = [s for s in slots if s.pending is not COPY] + sources
     rows: list[Slot] = []
     rest: list[Slot] = []
     for s in slots:
@@ -44,6 +55,10 @@ def resolve_slots(slots: list[Slot]) -> None:
             if r.error is not None or r.rows is not None or r.moments is not None or r.pointer_like:
                 s.extra = r
             s.pending = None
+    for s in copies:
+        r = s.source
+        s.hi, s.lo, s.extra = r.hi, r.lo, r.extra
+        s.pending = s.source = None
 
 
 class DigestFindings:

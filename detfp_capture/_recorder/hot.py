@@ -6,7 +6,8 @@ an unchanged tensor), else a new ``Slot`` that is deferred to a batch (level ops
 mode sees every write, so the digest can wait), staged as a snapshot (the boundaries, where
 writes are unseen) or started now (tensors too big to stage), then one row of the column buffer.
 ``append_batch`` is the same for a step boundary's hundreds of single-tensor records, whose
-missing digests are started together (``_digest.batched.start_many``).
+missing digests are started together (``_digest.batched.start_many``); ``append_copy`` the
+record of an exact copy (``aten::clone``), which shares its input's digest.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from detfp_capture import digest
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
-from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.slot import COPY, DTYPE_STR, Slot, dtype_str, gc_paused
 
-__all__ = ["append_batch", "append_plain"]
+__all__ = ["append_batch", "append_copy", "append_plain"]
 
 _NO_HAZARDS: tuple[str, ...] = ()
 _INT64 = torch.int64
@@ -90,6 +91,40 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rec.seq = seq
     if stage_t is not None:
         waiting.stage(stage_t, stage_s)
+
+
+def append_copy(rec: Any, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:
+    """Append to ``rec`` (a ``Recorder``) the record of ``item``'s tensor, an exact copy of ``src``
+    (``aten::clone``: the same dtype, shape and logical bytes, so the same digest, whatever the
+    memory format) whose digest is ``source``. Its Slot takes that digest at the flush
+    (``COPY``, resolved by ``flush.resolve_slots``) instead of hashing the same bytes again: a
+    slot of its own, since a Slot is also the version cache's entry of one tensor. False, and
+    nothing appended, for a subclass, another dtype or shape, or no digest to share."""
+    role, arg, t = item
+    if (
+        source is None
+        or type(t) is not _TENSOR
+        or type(src) is not _TENSOR
+        or t.dtype != src.dtype
+        or t.shape != src.shape
+    ):
+        return False
+    try:
+        version = t._version
+    except Exception:  # inference tensors have no version counter
+        return False
+    root = source.source if source.pending is COPY else source
+    s = Slot(COPY)
+    if root.hi is not None or root.extra is not None:  # resolved at an earlier flush
+        s.pending, s.hi, s.lo, s.extra = None, root.hi, root.lo, root.extra
+    else:
+        s.source = root
+    rec.vcache.put(t, s, version)
+    dt = t.dtype
+    rec.records.add(
+        call, rec.next_seq(), role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS
+    )
+    return True
 
 
 def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:

@@ -36,7 +36,7 @@ from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRo
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
-from detfp_capture._recorder.hot import append_batch, append_plain
+from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
 from detfp_capture._recorder.records import RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
 from detfp_capture._recorder.vcache import VersionCache
@@ -324,6 +324,22 @@ class Recorder:
         self.records_in_step += len(tensors)
         if len(out) >= self._flush_at:
             self.need_flush = True
+
+    def last_slot(self) -> Slot | None:
+        """The Slot of the record appended last (None: none, or not digested)."""
+        slots = self.records.slot
+        return slots[-1] if slots else None
+
+    def append_copy(self, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:
+        """Append the record of ``item``'s tensor, an exact copy of ``src`` whose digest is
+        ``source``, sharing that digest (``hot.append_copy``); False, nothing appended, where
+        that does not apply (per-record options, a subclass, no digest to share...)."""
+        if self._tensor_opts or not append_copy(self, call, item, src, source):
+            return False
+        self.records_in_step += 1
+        if len(self.records) >= self._flush_at:
+            self.need_flush = True
+        return True
 
     def record_many(self, specs: list[RecordSpec], *, fresh: bool = False) -> list[Call]:
         """Many single-tensor records at once, digests started as one batch (step boundaries).

@@ -3,9 +3,10 @@
 A record holds a ``Slot`` (or None: counted, not digested). The slot goes through three states:
 waiting for a batch (``pending`` None, see ``batches``), started (``pending``: a
 ``digest.Pending``, or ``BATCHED`` when it is a row of a batch and the slot itself stands for
-the pending), and resolved at the flush (``hi``/``lo``: the digest as two unsigned 64-bit
-integers; ``extra``: a ``digest.Resolved`` when the digest has an error, row digests, moments
-or a pointer flag). One slot is shared by every record of the same (tensor, version): it is also
+the pending; ``COPY`` when its tensor is an exact copy of another slot's, whose digest it
+takes), and resolved at the flush (``hi``/``lo``: the digest as two unsigned 64-bit integers;
+``extra``: a ``digest.Resolved`` when the digest has an error, row digests, moments or a
+pointer flag). One slot is shared by every record of the same (tensor, version): it is also
 the version cache's entry (``ref``, ``version``, ``opt_rows``, ``opt_moments``).
 
 Also the small helpers every part of the recorder uses: dtype text, the collector pause, the
@@ -23,7 +24,10 @@ import torch
 
 from detfp_capture._digest.batched import BATCHED
 
-__all__ = ["Slot", "dtype_str", "gc_paused", "storage_ptrs"]
+__all__ = ["COPY", "Slot", "dtype_str", "gc_paused", "storage_ptrs"]
+
+#: ``Slot.pending`` of a slot whose tensor is an exact copy of another slot's (``Slot.source``).
+COPY = object()
 
 #: dtype -> str(dtype), filled as dtypes are seen (str() of a dtype costs a call per record).
 DTYPE_STR: dict[torch.dtype, str] = {}
@@ -79,6 +83,7 @@ class Slot:
         "ref",
         "row",
         "shape",
+        "source",
         "version",
     )
 
@@ -100,6 +105,9 @@ class Slot:
         self.version: int | None = None
         self.opt_rows: bool | int = False
         self.opt_moments = False
+        #: With ``pending`` ``COPY``: the Slot of the tensor this one's tensor is an exact copy
+        #: of; the flush gives this slot that slot's resolved digest (``flush.resolve_slots``).
+        self.source: Slot | None = None
 
     @property
     def resolved(self) -> bool:

@@ -157,10 +157,11 @@ class CaptureMode(TorchDispatchMode):
             # Only an allocation, a write or a copy changes the hazard state: other ops pay nothing.
             hz = self.hazards
             if hz is not None and (info.empty or info.writing or info.nonblocking):
-                return None, info, None, False
+                return None, info, None, False, None
             return None
         rec.busy = True
         tensors, other = gather(args, kwargs, info.dest_pos, info.dest_kw)
+        source = None  # an exact-copy op's input (tensor, Slot) when it was digested plainly
         # No digest waits for a batch during a backward: a waiting digest holds its tensor, and
         # autograd's AccumulateGrad copies a gradient instead of stealing it when anything else
         # holds it (new_empty_strided + copy_ instead of detach): capture would change the
@@ -248,14 +249,16 @@ class CaptureMode(TorchDispatchMode):
                 # tensors of a _foreach_ op, not for a single in-place tensor.
                 defer=defer,
             )
+            if info.copies_input and len(tensors) == 1:
+                source = (tensors[0][2], rec.last_slot())
         if info.writing:
             # Digests waiting for a batch over what it writes are taken now, cached ones dropped.
             rec.before_write(written_storages(info, args, kwargs))
         rec.busy = False
-        return call, info, phase, taint
+        return call, info, phase, taint, source
 
     def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
-        call, info, phase, taint = pre
+        call, info, phase, taint, source = pre
         rec = self.rec
         rec.busy = True
         outs = op_outputs(info, args, out)
@@ -299,6 +302,8 @@ class CaptureMode(TorchDispatchMode):
                     fresh=fresh,
                     defer=phase != "backward",
                 )
+        elif source is not None and flags is None and len(outs) == 1 and rec.append_copy(call, outs[0], *source):
+            pass  # the copy's record shares its input's digest: the same bytes are not hashed twice
         elif outs:
             rec.append_records(
                 call,

@@ -133,6 +133,7 @@ class OpInfo:
     __slots__ = (
         "async_out",
         "batch_inputs",
+        "copies_input",
         "dest_kw",
         "dest_pos",
         "empty",
@@ -191,6 +192,9 @@ class OpInfo:
         # wait(); a functional collective's result is digested where wait_tensor returns it).
         self.async_out = c10d or (base.startswith(_FUNCTIONAL) and not base.endswith("::wait_tensor"))
         self.nonblocking = base in ("aten::_to_copy", "aten::copy_", "aten::to")
+        # The output is its input's exact copy (same dtype, shape and logical bytes, so the same
+        # digest, whatever the memory format): it shares the input's digest (Recorder.append_copy).
+        self.copies_input = self.name == "aten::clone.default"
 
 
 _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from detfp_capture import Session
+from tests.fixtures.fault_child import FORKSERVER_PRELOAD
 from tests.fixtures.models import Net, bits, read
 
 
@@ -101,7 +102,10 @@ def _worker(rank: int, world: int, init: str, out: str, q) -> None:
 
 @pytest.mark.multirank
 def test_ddp_two_ranks_no_perturbation_and_buckets(tmp_path):
-    ctx = mp.get_context("spawn")
+    # Forked from the forkserver that imported torch once (the one tests/integration/test_faults.py
+    # uses: whichever runs first starts it), not two interpreters that import torch each.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
     q = ctx.Queue()
     init = tempfile.mktemp(dir=tmp_path)
     procs = [ctx.Process(target=_worker, args=(r, 2, init, str(tmp_path / "run"), q)) for r in range(2)]

@@ -12,9 +12,10 @@ gloo, CPU; one 4-rank job) and the tests assert many things per job:
   RNG state are checked on the example's recorded pairs (``test_example_samples.py``) and on
   five third-party stacks live (``test_zoo.py``).
 
-Jobs run under ``torchrun`` (the level and 4-rank runs) or, to save the launcher's start-up
-time, as plain processes given the same environment torchrun provides (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+The 4-rank job runs the example script under ``torchrun``; the 2-rank jobs, to save a torch
+import per job, run in two launches of plain processes given the same environment torchrun
+provides (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), each process running its
+launch's jobs in turn (``tests/fixtures/example_many.py``).
 """
 
 from __future__ import annotations
@@ -53,29 +54,32 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _torchrun(args: list[str], nproc: int) -> str:
+    """Run the example script under torchrun on ``nproc`` ranks; return the combined stdout."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", EXAMPLE, *args]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
+    if proc.returncode != 0:
+        raise AssertionError(f"torchrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
 
 
-def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
-    """Run the example on ``nproc`` ranks; return the combined stdout (rank 0 logs the losses)."""
-    if torchrun:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            EXAMPLE,
-            *args,
-        ]
-        proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT)
-        if proc.returncode != 0:
-            raise AssertionError(f"torchrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return proc.stdout
-    port = str(_free_port())
+def _launch_many(runs: dict[str, list[str]], root: Path, tag: str, nproc: int = 2) -> dict[str, str]:
+    """Run the example jobs ``{name: args}`` on ``nproc`` ranks: one plain process per rank with
+    the environment torchrun sets, each running every job in turn (``example_many.py``);
+    return each job's combined stdout, ranks in order (rank 0 logs the losses)."""
+    socks = [socket.socket() for _ in runs]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        ports = [s.getsockname()[1] for s in socks]  # distinct: all held open while picked
+    finally:
+        for s in socks:
+            s.close()
+    spec = [
+        {"port": port, "argv": args, "stdout": str(root / name)}
+        for port, (name, args) in zip(ports, runs.items(), strict=True)
+    ]
+    (root / f"runs-{tag}.json").write_text(json.dumps(spec))
     procs = []
     for rank in range(nproc):
         env = _env()
@@ -85,22 +89,12 @@ def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
             WORLD_SIZE=str(nproc),
             LOCAL_WORLD_SIZE=str(nproc),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, EXAMPLE, *args],
-                env=env,
-                cwd=ROOT,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
-    outs = []
+        cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / "example_many.py"), str(root / f"runs-{tag}.json")]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stderr=subprocess.PIPE))
     for rank, p in enumerate(procs):
         try:
-            out, err = p.communicate(timeout=TIMEOUT)
+            _, err = p.communicate(timeout=TIMEOUT * len(runs))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
@@ -108,24 +102,27 @@ def _launch(args: list[str], nproc: int = 2, torchrun: bool = False) -> str:
         if p.returncode != 0:
             for q in procs:
                 q.kill()
-            raise AssertionError(f"rank {rank} of {' '.join(args)} failed ({p.returncode}):\n{err[-4000:]}")
-        outs.append(out)
-    return "".join(outs)
+            raise AssertionError(f"rank {rank} of launch {tag} {list(runs)} failed ({p.returncode}):\n{err[-4000:]}")
+    return {name: "".join((root / f"{name}.rank{r}.stdout").read_text() for r in range(nproc)) for name in runs}
 
 
 NONDET = "nondet_op,uninit,async_early"
-# name -> (example arguments, ranks, under torchrun).
+# name -> (example arguments, ranks, launch). The jobs of one launch share one process per rank
+# (``_launch_many``), in this order; "torchrun" runs the example script itself under torchrun.
+# The two runs of every compared pair (a/b, nondet_a/nondet_b) are in different launches, so
+# in different processes (their own hash seeds, urandom-seeded plants and allocator), and the
+# capture-off job is the first of its launch: no capture ran in its process before it.
 JOBS = {
-    "a": (["--level", "boundaries", "--steps", "3", "--rows"], 2, True),
-    "b": (["--level", "boundaries", "--steps", "3", "--rows"], 2, False),
-    "off": (["--steps", "3"], 2, False),
-    "metrics": (["--level", "metrics", "--steps", "3"], 2, False),
-    "four": (["--level", "boundaries", "--steps", "2"], 4, True),
+    "a": (["--level", "boundaries", "--steps", "3", "--rows"], 2, "p1"),
+    "off": (["--steps", "3"], 2, "p2"),
+    "b": (["--level", "boundaries", "--steps", "3", "--rows"], 2, "p2"),
+    "metrics": (["--level", "metrics", "--steps", "3"], 2, "p2"),
+    "four": (["--level", "boundaries", "--steps", "2"], 4, "torchrun"),
     # The ops-level pair also carries the hazard plants: they change no numbers, and the
     # uninitialized read comes before the planted combine, so bisect must look past it.
-    "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET], 2, True),
-    "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET], 2, False),
-    "moe_permute": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "moe_permute"], 2, False),
+    "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET], 2, "p1"),
+    "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET], 2, "p2"),
+    "moe_permute": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "moe_permute"], 2, "p2"),
 }
 
 
@@ -136,27 +133,35 @@ def jobs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     # on the assertions); by default every session starts from scratch.
     keep = os.environ.get("DETFP_EXAMPLE_JOBS")
     root = Path(keep) if keep else tmp_path_factory.mktemp("example")
+    root.mkdir(parents=True, exist_ok=True)
 
-    def run(name: str) -> tuple[Path, str]:
-        args, nproc, torchrun = JOBS[name]
-        out = root / name
-        log = root / f"{name}.stdout"
-        if keep and log.exists():
-            return out, log.read_text()
-        shutil.rmtree(out, ignore_errors=True)  # a half-written trace of an interrupted session
-        argv = list(args)
-        if name != "off":
-            argv += ["--out", str(out)]
+    def argv(name: str) -> list[str]:
+        args = list(JOBS[name][0])
+        return args if name == "off" else [*args, "--out", str(root / name)]
+
+    def run(launch: str) -> dict[str, str]:
+        names = [n for n, (_, _, how) in JOBS.items() if how == launch]
+        logs = {n: root / f"{n}.stdout" for n in names}
+        if keep and all(log.exists() for log in logs.values()):
+            return {n: log.read_text() for n, log in logs.items()}
+        for n in names:
+            shutil.rmtree(root / n, ignore_errors=True)  # a half-written trace of an interrupted session
         t0 = time.perf_counter()
-        stdout = _launch(argv, nproc=nproc, torchrun=torchrun)
-        print(f"job {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        if launch == "torchrun":
+            out = {n: _torchrun(argv(n), JOBS[n][1]) for n in names}
+        else:
+            out = _launch_many({n: argv(n) for n in names}, root, launch, nproc=JOBS[names[0]][1])
+        print(f"launch {launch} {names}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         if keep:
-            log.write_text(stdout)
-        return out, stdout
+            for n, text in out.items():
+                logs[n].write_text(text)
+        return out
 
-    # Two jobs at a time: one job's start-up (imports, rendezvous) overlaps another's training.
+    # Two launches at a time: one launch's start-up (imports, rendezvous) overlaps another's training.
+    launches = sorted({how for _, _, how in JOBS.values()})
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(JOBS, pool.map(run, JOBS), strict=True))
+        stdout = {n: text for got in pool.map(run, launches) for n, text in got.items()}
+    return {n: (root / n, stdout[n]) for n in JOBS}
 
 
 def _records(path: Path) -> pl.DataFrame:

@@ -186,9 +186,9 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _ranks(root: Path, runs: dict[str, tuple], level: str = "boundaries", script: str = PLAIN, world: int = 2) -> None:
-    """Launcher runs ``{name: script args}`` on ``world`` ranks: one process per rank with the
-    environment torchrun sets, each process running every run in turn
+def _ranks(root: Path, runs: dict[str, tuple[str, tuple]], level: str = "boundaries", world: int = 2) -> None:
+    """Launcher runs ``{name: (script, script args)}`` on ``world`` ranks: one process per rank
+    with the environment torchrun sets, each process running every run in turn
     (``tests/fixtures/zoo/launch_many.py``), so the imports are paid once per rank."""
     ports = _free_ports(len(runs))
     spec = [
@@ -196,7 +196,7 @@ def _ranks(root: Path, runs: dict[str, tuple], level: str = "boundaries", script
             "port": port,
             "argv": ["--out", str(root / name), "--level", level, "--", script, str(root / f"{name}.json"), *extra],
         }
-        for port, (name, extra) in zip(ports, runs.items(), strict=True)
+        for port, (name, (script, extra)) in zip(ports, runs.items(), strict=True)
     ]
     (root / "runs.json").write_text(json.dumps(spec))
     procs = []
@@ -210,11 +210,34 @@ def _ranks(root: Path, runs: dict[str, tuple], level: str = "boundaries", script
         assert p.returncode == 0, err[-3000:]
 
 
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory) -> Path:
+    """The two-rank runs of both scripts in one launch (one process per rank, the imports paid
+    once): ``plain/{a,b,data}`` and ``trainer/{a,b,nondet,data}``. The plain script's runs come
+    first: each destroys the process group it created, so the trainer's first run finds none,
+    as in a fresh process (accelerate's group outlives a ``Trainer`` run)."""
+    pytest.importorskip("transformers", reason="the zoo needs the development install (requirements-dev.txt)")
+    root = tmp_path_factory.mktemp("ddp")
+    (root / "plain").mkdir()
+    (root / "trainer").mkdir()
+    runs = {
+        "plain/a": (PLAIN, ()),
+        "plain/b": (PLAIN, ()),
+        "plain/data": (PLAIN, ("--data-rank", "1")),
+        "trainer/a": (TRAINER, ()),
+        "trainer/b": (TRAINER, ()),
+        "trainer/nondet": (TRAINER, ("--order", "rev")),
+        "trainer/data": (TRAINER, ("--data-step", "1", "--data-rank", "1")),
+    }
+    _ranks(root, runs)
+    return root
+
+
 @pytest.mark.multirank
-def test_plain_ddp_script_under_the_launcher(tmp_path):
+def test_plain_ddp_script_under_the_launcher(ddp):
     """Two DDP ranks, no detfp code: an identical pair is identical (the DDP reduction found at
     its first forward), and a changed sample on rank 1 is a source there, received on rank 0."""
-    _ranks(tmp_path, {"a": (), "b": (), "data": ("--data-rank", "1")})
+    tmp_path = ddp / "plain"
     assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
     run_a = open_run(tmp_path / "a")
     assert run_a.scan("records").filter(pl.col("kind") == "reduced_grad").collect().height > 0
@@ -235,12 +258,10 @@ def test_plain_ddp_script_under_the_launcher(tmp_path):
 
 
 @pytest.mark.multirank
-def test_trainer_ddp_under_the_launcher(tmp_path):
+def test_trainer_ddp_under_the_launcher(ddp):
     """``Trainer`` on two ranks (DDP over gloo, set up by accelerate), no detfp code: identical
     pair, the planted op on every rank, a changed batch on rank 1 only."""
-    pytest.importorskip("transformers", reason="the zoo needs the development install (requirements-dev.txt)")
-    runs = {"a": (), "b": (), "nondet": ("--order", "rev"), "data": ("--data-step", "1", "--data-rank", "1")}
-    _ranks(tmp_path, runs, script=TRAINER)
+    tmp_path = ddp / "trainer"
     assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
     run_a = open_run(tmp_path / "a")
     assert run_a.scan("records").filter(pl.col("kind") == "reduced_grad").collect().height > 0

@@ -467,16 +467,24 @@ def test_backward_hooks_leak_no_autograd_nodes(tmp_path, recompute):
     torch.manual_seed(0)
     emb, blocks = torch.nn.Linear(8, 8), torch.nn.ModuleList([_LeakBlock(), _LeakBlock()])
     model = torch.nn.ModuleDict({"emb": emb, "blocks": blocks})
-    with Session(tmp_path / "r", "boundaries") as s:
-        s.watch(model)
-        counts = []
-        for step in range(4):
-            with s.step(step):
-                x = emb(torch.randn(4, 8))
-                for b in blocks:
-                    x = checkpoint(b, x, use_reentrant=False) if recompute else b(x)
-                x.sum().backward()
-            counts.append(alive_nodes())
+    # Every object that exists now (the suite's whole heap: torch, polars, transformers) moves
+    # to the permanent generation, which gc.collect() and gc.get_objects() skip: each count
+    # then costs milliseconds, not seconds, and still sees every node the steps create.
+    gc.collect()
+    gc.freeze()
+    try:
+        with Session(tmp_path / "r", "boundaries") as s:
+            s.watch(model)
+            counts = []
+            for step in range(4):
+                with s.step(step):
+                    x = emb(torch.randn(4, 8))
+                    for b in blocks:
+                        x = checkpoint(b, x, use_reentrant=False) if recompute else b(x)
+                    x.sum().backward()
+                counts.append(alive_nodes())
+    finally:
+        gc.unfreeze()
     assert counts == [counts[0]] * 4, counts  # nothing accumulates from step to step
 
 

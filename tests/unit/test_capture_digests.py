@@ -454,3 +454,52 @@ def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
                 y.add_(100)  # between steps
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "output"))
     assert r.select("status", "digest_hi").rows() == [("ok", digest_hi(torch.full((300,), 2.0)))]
+
+
+def _clone_program(tmp_path, name: str) -> tuple[pl.DataFrame, int, dict]:
+    """Copies at level ops: their op records, the level-0 rows capture hashed, and the values."""
+    from detfp_capture._digest import core
+
+    rows = []
+    mm = core.mm
+
+    def counting(x, level, out=None):
+        if level == 0:
+            rows.append(x.shape[0])
+        return mm(x, level, out)
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 300, generator=g)
+    img = torch.randn(2, 3, 16, 16, generator=g)
+    want = {"a": x.t().contiguous(), "c": img.clone(), "d": x * 2.0}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core, "mm", counting)
+        with Session(tmp_path / name, "ops") as s, s.step(0):
+            a = x.t().clone()  # a non-contiguous input, a contiguous copy
+            b = a.clone()  # a copy of a copy
+            c = img.clone(memory_format=torch.channels_last)  # another memory format, the same values
+            x.mul_(2.0)  # a write to the input of the first copy while its digest waits for a batch
+            d = x.clone()
+            _ = a + b + 1.0, c * 2.0, d - 1.0  # the copies read again: their cached digests
+    r = read(tmp_path / name).filter(pl.col("kind") == "op").filter(pl.col("name") == "aten::clone.default")
+    return r.select("role", "arg", "status", "digest_hi", "digest_lo"), sum(rows), want
+
+
+def test_a_copy_shares_its_input_digest_and_keeps_the_value_at_record_time(tmp_path, monkeypatch):
+    from detfp_capture import digest
+    from detfp_capture._recorder.recorder import Recorder
+
+    def fp(t: torch.Tensor) -> tuple[int, int]:
+        d = digest.fingerprint(t).digest
+        return int(d[:16], 16), int(d[16:], 16)
+
+    got, hashed, want = _clone_program(tmp_path, "shared")
+    assert got["role"].to_list() == ["input", "output"] * 4 and (got["status"] == "ok").all()
+    pairs = list(zip(got["digest_hi"], got["digest_lo"], strict=True))
+    a, c, d = fp(want["a"]), fp(want["c"]), fp(want["d"])
+    assert pairs == [a, a, a, a, c, c, d, d]
+    # The same trace with every copy hashed: the same records, more bytes through the GEMM.
+    monkeypatch.setattr(Recorder, "append_copy", lambda *args: False)
+    plain, hashed_plain, _ = _clone_program(tmp_path, "hashed")
+    assert plain.equals(got)
+    assert hashed < hashed_plain, (hashed, hashed_plain)

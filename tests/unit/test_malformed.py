@@ -165,7 +165,7 @@ CASES = [
     Case("same_path_twice", lambda a, b: ["bisect", b, b], "are the same run directory; compare two runs"),
     Case("missing_directory", lambda a, b: ["bisect", a, b / "nope"], "nope: no such directory"),
     Case("run_is_a_file", lambda a, b: ["bisect", a, _shard(b)], "part-s00000-w0000001.parquet: not a directory"),
-    Case("unknown_option", lambda a, b: ["bisect", a, b, "--stpes", "3"], "No such option: --stpes (Possible options: --steps); see: detfp-analyze bisect --help"),
+    Case("unknown_option", lambda a, b: ["bisect", a, b, "--stpes", "3"], "No such option: --stpes (Possible options: --master, --steps); see: detfp-analyze bisect --help"),
     Case("mistyped_ranks", lambda a, b: ["bisect", a, b, "--ranks", "one"], "--ranks 'one': not a rank list"),
     Case("mistyped_steps", lambda a, b: ["bisect", a, b, "--steps", "5-3"], "--steps '5-3': not a step range"),
     Case("mistyped_level", lambda a, b: ["bisect", a, b, "--level", "opz"], "--level 'opz': not a level"),

@@ -11,12 +11,13 @@ loudly), with its explanation, what it depends on and its group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from detfp_analyze.bisect import evidence as _evidence
-from detfp_analyze.bisect.records import Extract, Found
+from detfp_analyze.bisect.records import CallKey, Extract, Found
 from detfp_analyze.bisect.result import check_verdict
 from detfp_analyze.bisect.scope import Scope
 from detfp_analyze.bisect.verdict.local import LocalVerdict, StepFacts, local_verdict
@@ -71,6 +72,8 @@ class RankVerdicts(NamedTuple):
 _Which = Literal["first", "next"]
 #: A walked record, within this module: (rank, which).
 _Slot = tuple[int, _Which]
+#: asks (peer, step, call_hash, group peers) -> (peer, step, call_hash) -> rule.DIFFERS | rule.SAME.
+PeerInputs = Callable[[Sequence[tuple[int, int, int, tuple[int, ...]]]], dict[CallKey, str]]
 
 
 def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: GroupTest | None) -> Verdict:
@@ -91,8 +94,11 @@ def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: Gr
     )
 
 
-def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) -> dict[int, RankVerdicts]:
-    """rank -> the verdicts of every record the walk found on it."""
+def resolve(
+    run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope, peer_inputs: PeerInputs | None = None
+) -> dict[int, RankVerdicts]:
+    """rank -> the verdicts of every record the walk found on it. ``peer_inputs``: the group-wide
+    test's read (``evidence.peer_inputs`` of the runs; an engine's ``Stages.peer_inputs``)."""
     compared = scope.ranks
     restored = set(scope.boundary)
     entry = restored | {r[0] for r in (scope.range_a, scope.range_b) if r is not None}
@@ -116,7 +122,8 @@ def resolve(run_a: Run, run_b: Run, found: Mapping[int, Found], scope: Scope) ->
             g = groups[(r, which)] = group_of(rec.name, rec.kind, _evidence.groups_of(run_a, r, every), ranks_all)
             asks.append((r, rec.step, rec.call_hash, tuple(p for p in g[1] if p != r)))
     # 2. The group-wide test of collectives.
-    peer_states = _evidence.peer_inputs(run_a, run_b, asks) if asks else {}
+    read = peer_inputs if peer_inputs is not None else functools.partial(_evidence.peer_inputs, run_a, run_b)
+    peer_states = read(asks) if asks else {}
     tests: dict[_Slot, GroupTest | None] = {}
     for key, lv in local.items():
         ex, group = extracts[key], groups.get(key)

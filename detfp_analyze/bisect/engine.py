@@ -1,0 +1,118 @@
+"""Where bisect's heavy stages run: the one engine seam of ``pipeline.bisect``.
+
+An engine binds a pair of opened runs to its ``Stages``: the reads that grow with the trace
+(each rank's first metric split; the per-(rank, step) rollups of both runs joined into candidate
+steps, or the stored rollups' blocks when both runs wrote them; the group-wide test of a
+collective's inputs on its peers), a ``prefetch`` of the rank-steps the walk is about to read,
+and the two run objects (``a``, ``b``) the walk, verdicts and evidence read their small
+per-rank slices from. ``LocalStages`` runs them here with polars (the default);
+``detfp_analyze.spark`` runs them on Apache Spark. Everything else (scope, walk, verdicts,
+diagnosis, report) is the same code for every engine, so a report does not depend on the
+engine that produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import polars as pl
+
+from detfp_analyze.bisect import blocks as _blocks
+from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
+from detfp_analyze.bisect.records import CallKey
+from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.io.reader import Run
+
+__all__ = ["Asks", "Engine", "LocalStages", "Stages", "local"]
+
+#: (peer, step, call_hash, group peers) asks of the group-wide collective test.
+Asks = Sequence[tuple[int, int, int, tuple[int, ...]]]
+
+
+class Stages(Protocol):
+    """The heavy stages of one bisect over runs ``a`` and ``b``."""
+
+    #: What the walk, verdicts and evidence read run A (B) through: ``scan(table, ranks, steps)``
+    #: and every other attribute of an opened ``Run``.
+    a: Any
+    b: Any
+
+    def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
+        """``narrow.metric_divergence`` of the two runs' metrics over ``ranks`` and steps [lo, hi]."""
+        ...
+
+    def block_rollups(self, ranks: Sequence[int], lo: int, hi: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Both runs' ``blocks.block_rollup`` rows over ``ranks`` and [lo, hi] (both stored rollups)."""
+        ...
+
+    def rollup_candidates(
+        self, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str, errors: list[int]
+    ) -> dict[int, list[int]]:
+        """From the records: rank -> sorted steps in [lo, hi] whose ``narrow.step_rollup`` differ
+        (``narrow.divergent_steps``); adds the [A, B] counts of digest errors to ``errors``."""
+        ...
+
+    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+        """The walk is about to read these rank-steps (rank -> steps) of both runs' records."""
+        ...
+
+    def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
+        """``evidence.peer_inputs``: whether a collective's inputs differ on each peer."""
+        ...
+
+
+#: An engine: opened runs A and B -> their stages.
+Engine = Callable[[Run, Run], Stages]
+
+
+@dataclass(frozen=True)
+class LocalStages:
+    """The stages with polars on this machine, reading the runs' shards directly."""
+
+    #: Run A and run B (opened ``Run`` objects).
+    a: Run
+    b: Run
+
+    def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
+        return _narrow.metric_divergence(scan(self.a, "metrics", ranks, lo, hi), scan(self.b, "metrics", ranks, lo, hi))
+
+    def block_rollups(self, ranks: Sequence[int], lo: int, hi: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+        return collect_pair(
+            _blocks.block_rollup(scan(self.a, "rollups", ranks, lo, hi)),
+            _blocks.block_rollup(scan(self.b, "rollups", ranks, lo, hi)),
+        )
+
+    def rollup_candidates(
+        self, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str, errors: list[int]
+    ) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        # Ranks in batches, streaming: memory is bounded by a batch's (rank, step) groups.
+        batches = chunks(ranks, ROLLUP_BATCH)
+        for i, batch in enumerate(batches):
+            ra, rb = collect_pair(
+                _narrow.step_rollup(scan(self.a, "records", batch, lo, hi)),
+                _narrow.step_rollup(scan(self.b, "records", batch, lo, hi)),
+            )
+            errors[0] += int(ra["n_err"].sum() or 0)
+            errors[1] += int(rb["n_err"].sum() or 0)
+            d = _narrow.divergent_steps(ra, rb)
+            for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
+                out.setdefault(int(rank), []).append(int(step))
+            if progress:
+                progress(stage, i + 1, len(batches))
+        return out
+
+    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+        return None  # the walk reads its batches from the shards as it goes
+
+    def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
+        return _evidence.peer_inputs(self.a, self.b, asks)
+
+
+def local(run_a: Run, run_b: Run) -> LocalStages:
+    """The default engine: polars and the local (or mounted) file system."""
+    return LocalStages(run_a, run_b)

@@ -1,0 +1,91 @@
+"""One table of one opened run as a Spark DataFrame, and Spark's rows back as contract frames.
+
+``table(spark, run, name, ranks)`` reads exactly the shards the reader validated (``Run.files``:
+the driver checked manifests, footers and commit logs first, so bad input fails with the
+reader's one-line errors before any Spark job), local paths as ``file:`` URIs so a cluster whose
+default file system is HDFS still reads them, other URIs unchanged. Partition inference is off
+(``recursiveFileLookup``, ``contract.READ_RULE``): the ``rank=R`` directories are for pruning,
+the ``rank`` column in every file is the rank, so Spark neither adds a second ``rank`` nor warns
+``COLUMN_ALREADY_EXISTS``. The rows a later segment captured again, and steps not held
+completely, are dropped with the DuckDB views' SQL predicates (``detfp_analyze.sql.views``), so
+every engine sees the rows ``Run.scan`` gives.
+
+Types: Spark has no unsigned 64-bit integer; uint64 columns (digests, key hashes, metric bits)
+are ``decimal(20,0)``, exact. ``to_contract`` turns fetched rows back into the contract's Arrow
+types (uint64 again), so frames from Spark equal frames from polars bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+
+from detfp_analyze.io.uri import spark_uri
+from detfp_analyze.sql.views import _excluded, _superseded
+from detfp_capture import contract
+from detfp_capture.arrowschema import arrow_schema
+
+__all__ = ["FILE_COLUMN", "ROW_COLUMN", "SPARK_TYPES", "spark_schema_ddl", "table", "to_contract"]
+
+#: Contract type -> Spark SQL type.
+SPARK_TYPES = {
+    "int32": "INT",
+    "int64": "BIGINT",
+    "uint64": "DECIMAL(20,0)",
+    "float64": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "STRING",
+    "large_binary": "BINARY",
+    "list<int64>": "ARRAY<BIGINT>",
+    "list<string>": "ARRAY<STRING>",
+}
+#: Provenance columns ``table(..., provenance=True)`` adds: the shard's path and the row's index in
+#: it (together: the file order ``Run.scan`` returns rows in).
+FILE_COLUMN = "shard"
+ROW_COLUMN = "_row"
+
+
+def spark_schema_ddl(name: str) -> str:
+    """The Spark DDL schema of contract table ``name`` (``rank INT, ...``)."""
+    return ", ".join(f"`{c.name}` {SPARK_TYPES[c.type]}" for c in contract.columns(name))
+
+
+def table(spark: Any, run: Any, name: str, ranks: Iterable[int] | None = None, *, provenance: bool = False) -> Any:
+    """DataFrame of table ``name`` of ``run`` (only the shards of ``ranks``, default all): the
+    contract's columns (as SPARK_TYPES), rows as ``run.scan`` gives them (superseded and excluded
+    rows dropped); with ``provenance`` also ``shard`` (the file's path, as a local path where it
+    is one) and ``_row`` (the row's index in it)."""
+    cols = contract.columns(name)
+    files = run.files(name, ranks)
+    if not files:
+        df = spark.createDataFrame([], spark_schema_ddl(name))
+        if provenance:
+            df = df.selectExpr("*", f"CAST(NULL AS STRING) AS {FILE_COLUMN}", f"CAST(NULL AS BIGINT) AS {ROW_COLUMN}")
+        return df
+    # The schema is given, not inferred: no footer-reading job, and uint64 as exact decimals.
+    reader = spark.read.schema(spark_schema_ddl(name)).option("recursiveFileLookup", "true")
+    df = reader.parquet(*[spark_uri(str(f)) for f in files])
+    sel = [f"`{c.name}`" for c in cols]
+    if provenance:
+        # file:/x/y -> /x/y: the same provenance text as the DuckDB views for a local run.
+        sel += [
+            f"regexp_replace(_metadata.file_path, '^file:(//)?', '') AS {FILE_COLUMN}",
+            f"_metadata.row_index AS {ROW_COLUMN}",
+        ]
+    df = df.selectExpr(*sel)  # one round trip to the JVM, not one per column
+    drop = " OR ".join(t for t in (_superseded(run), _excluded(run)) if t)
+    return df.where(f"NOT ({drop})") if drop else df
+
+
+def to_contract(t: pa.Table, name: str, extra: tuple[str, ...] = ()) -> pa.Table:
+    """Rows fetched from ``table`` (``DataFrame.toArrow``) in the contract's Arrow types: decimal(20,0)
+    back to uint64, and so on; ``extra`` columns are kept as they are, after the contract's."""
+    schema = arrow_schema(name)
+    arrays = [t.column(f.name).cast(f.type) for f in schema]
+    fields = list(schema)
+    for x in extra:
+        arrays.append(t.column(x))
+        fields.append(t.schema.field(x))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

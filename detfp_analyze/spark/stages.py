@@ -1,0 +1,369 @@
+"""Bisect's heavy stages on Apache Spark: ``engine(spark)`` for ``bisect(..., engine=...)``.
+
+On Spark, one job each over both runs' validated shards (``source.table``):
+
+* ``metric_divergence``: the first step per rank whose metrics differ bitwise
+  (``narrow.metric_divergence``'s rule);
+* ``block_rollups``: when both runs stored rollups (``bisect.blocks``), their window rows folded
+  per (rank, step, block), as ``blocks.block_rollup`` does; the candidate steps and the walk's
+  block slices are then computed on the driver from these few rows by the local code;
+* ``rollup_candidates`` (runs without rollups): the per-(rank, step) rollups of both runs (record
+  count, XOR of a hash of each key, XOR of a hash of each key with its status, digests and
+  arguments digest, digest errors), their join and the steps where they differ
+  (``narrow.divergent_steps``'s rule; Spark's xxhash64 in place of polars' hash on both sides:
+  a rollup only pre-selects steps, the exact walk decides);
+* ``peer_inputs``: the group-wide collective input test, the peers' inputs matched by key with
+  ``rule.MATCH`` rendered to Spark SQL (``rule.to_sql``, dialect ``spark``).
+
+Back on the driver: the rank-steps the walk reads. ``prefetch`` fetches every candidate
+rank-step of both runs in one job (a filter on (step, rank) pushed into the Parquet scan of only
+those ranks' shards, collected as Arrow into polars); ``SparkRun.scan`` serves the walk, the
+verdicts and the evidence from that cache, and fetches anything else it is asked for (dumps,
+kernels, argument texts, the discriminator's ranks) in one job per read, for both runs at once.
+So a bisect costs a small, fixed number of Spark jobs, not one per rank or per slice, and the
+walk, verdicts, diagnosis and report are the local engine's code: the report is byte-identical.
+Driver memory: the candidate rank-steps of one walk (every column), as documented in docs/spark.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from detfp_analyze import rule
+from detfp_analyze.bisect import blocks as _blocks
+from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.records import CallKey
+from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.io.reader import Run, polars_schema
+from detfp_analyze.rule.to_sql import qualified, to_sql
+from detfp_analyze.spark import source as _source
+from detfp_analyze.spark.runtime import spark_errors
+
+__all__ = ["SparkRun", "SparkStages", "engine"]
+
+_ALL = -1  # cache key step for a whole rank (a scan without a step selection)
+_EXTRA = (_source.FILE_COLUMN, _source.ROW_COLUMN)
+_U64 = 1 << 64
+
+
+def _signed(col: str) -> str:
+    """Spark SQL: a uint64 column (decimal(20,0)) as the signed 64-bit integer with the same bits
+    (bit_xor works on integers only)."""
+    return f"CAST(IF({col} >= {1 << 63}, {col} - {_U64}, {col}) AS BIGINT)"
+
+
+def _steps(steps: Any) -> list[int] | None:
+    if steps is None:
+        return None
+    if isinstance(steps, int):
+        return [steps]
+    return sorted({int(s) for s in steps})
+
+
+def _keys_predicate(keys: Iterable[tuple[int, int]]) -> str:
+    """Spark SQL predicate selecting exactly the (rank, step) ``keys``: per step, its ranks."""
+    by_step: dict[int, list[int]] = {}
+    for r, s in keys:
+        by_step.setdefault(s, []).append(r)
+    terms = [f"(step = {s} AND rank IN ({', '.join(str(r) for r in sorted(rs))}))" for s, rs in sorted(by_step.items())]
+    return " OR ".join(terms) or "false"
+
+
+class SparkRun:
+    """An opened ``Run`` whose ``scan`` serves (rank, step) parts of a table fetched from Spark.
+
+    Every other attribute (label, manifests, ranks, tables, files, ...) is the run's. Parts come
+    in cached per (rank, step) for both runs of the pair at once (its ``twin``: the walk and the
+    evidence read both runs with the same selection), one Spark job per fetch, and ``scan``
+    returns them as ``Run.scan`` does: the contract's columns and types, rows by rank, then file,
+    then row. ``jobs`` counts the fetches by table.
+    """
+
+    def __init__(self, spark: Any, run: Run, twin: SparkRun | None = None) -> None:
+        self._spark, self._run = spark, run
+        self._cache: dict[str, dict[tuple[int, int], pl.DataFrame]] = {}
+        self._twin = twin
+        self._lock = twin._lock if twin is not None else threading.Lock()
+        self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
+        if twin is not None:
+            twin._twin = self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    def __repr__(self) -> str:
+        return f"SparkRun({self._run!r})"
+
+    @property
+    def run(self) -> Run:
+        """The opened run itself."""
+        return self._run
+
+    def _pair(self) -> list[SparkRun]:
+        return [self] if self._twin is None else [self, self._twin]
+
+    def fetch(self, table: str, ranks: Iterable[int] = (), keys: Iterable[tuple[int, int]] | None = None) -> None:
+        """Fetch into the cache, for this run and its twin in one Spark job (the caller holds
+        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``."""
+        from pyspark.sql import functions as F
+
+        keys = None if keys is None else sorted(set(keys))
+        ranks = sorted({k[0] for k in keys} if keys is not None else set(ranks))
+        schema = {**polars_schema(table), _source.FILE_COLUMN: pl.String, _source.ROW_COLUMN: pl.Int64}
+        empty = pl.DataFrame(schema=schema)
+        wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
+        if not any(run._run.files(table, ranks) for run in self._pair()):  # nothing to read: no job
+            for run in self._pair():
+                run._cache.setdefault(table, {}).update(dict.fromkeys(wanted, empty))
+            return
+        df = None
+        for i, run in enumerate(self._pair()):
+            side = _source.table(self._spark, run._run, table, ranks, provenance=True)
+            # Pushed into the Parquet scan: row groups outside these steps are skipped.
+            side = side.where(F.col("rank").isin(ranks) if keys is None else _keys_predicate(keys))
+            side = side.withColumn("_side", F.lit(i))
+            df = side if df is None else df.unionByName(side)
+        with spark_errors(f"reading {table} of {self._run.label}"):
+            got = df.toArrow()  # type: ignore[union-attr]
+        self.jobs[table] = self.jobs.get(table, 0) + 1
+        frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, "_side")))
+        assert isinstance(frame, pl.DataFrame)
+        frame = frame.sort("_side", "rank", *_EXTRA)
+        by = ("_side", "rank") if keys is None else ("_side", "rank", "step")
+        parts = frame.partition_by(*by, as_dict=True)
+        for i, run in enumerate(self._pair()):
+            cache = run._cache.setdefault(table, {})
+            for k in wanted:
+                got_part = parts.get((i, k[0]) if keys is None else (i, *k))
+                cache[k] = empty if got_part is None else got_part.drop("_side").cast(schema)  # type: ignore[arg-type]
+
+    def forget(self, table: str) -> None:
+        """Drop the cached parts of ``table`` for this run and its twin."""
+        for run in self._pair():
+            run._cache.pop(table, None)
+
+    def scan(self, table: str, ranks: Iterable[int] | int | None = None, steps: Any = None) -> pl.LazyFrame:
+        """As ``Run.scan``: ``table``'s rows of ``ranks`` (default all) and ``steps`` (default all)."""
+        if ranks is None:
+            wanted = sorted(self._run.ranks)
+        else:
+            wanted = sorted({int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)})
+        sel = _steps(steps)
+        keys = [(r, s) for r in wanted for s in (sel if sel is not None else [_ALL])]
+        with self._lock:
+            cache = self._cache.setdefault(table, {})
+            missing = [k for k in keys if k not in cache]
+            if missing:
+                if sel is None:
+                    self.fetch(table, ranks={k[0] for k in missing})
+                else:
+                    self.fetch(table, keys=missing)
+                cache = self._cache[table]
+            parts = [cache[k] for k in keys]
+        full = [p for p in parts if p.height]
+        if not full:
+            return pl.LazyFrame(schema=polars_schema(table))
+        frame = full[0] if len(full) == 1 else pl.concat(full, how="vertical").sort("rank", *_EXTRA)
+        return frame.drop(_EXTRA).lazy()
+
+
+@dataclass
+class SparkStages:
+    """``bisect.engine.Stages`` on Spark for runs ``a`` and ``b`` (each a SparkRun)."""
+
+    #: The Spark session the stages run on.
+    spark: Any
+    #: Run A and run B as SparkRun objects (what the walk, verdicts and evidence read).
+    a: SparkRun
+    b: SparkRun
+    #: Spark jobs run so far by the stages, by stage (the runs' fetches are in ``a.jobs``).
+    jobs: dict[str, int] = field(default_factory=dict)
+
+    def _collect(self, df: Any, stage: str, doing: str) -> pa.Table:
+        with spark_errors(doing):
+            got = df.toArrow()
+        self.jobs[stage] = self.jobs.get(stage, 0) + 1
+        return got
+
+    def _frame(self, run: SparkRun, table: str, ranks: Sequence[int], lo: int, hi: int) -> Any:
+        from pyspark.sql import functions as F
+
+        df = _source.table(self.spark, run.run, table, ranks)
+        return df.where(F.col("rank").isin(list(ranks)) & F.col("step").between(lo, hi))
+
+    def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        key = list(_narrow.METRIC_KEY)
+
+        def side(run: SparkRun, sfx: str) -> Any:
+            df = self._frame(run, "metrics", ranks, lo, hi)
+            return df.select(*[F.col(c).alias(c + sfx) for c in (*key, "value", "bits")])
+
+        a, b = side(self.a, "_a"), side(self.b, "_b")
+        on = [a[f"{c}_a"].eqNullSafe(b[f"{c}_b"]) for c in key]
+        j = a.join(b, on, "full").select(
+            *[F.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in key], "value_a", "value_b", "bits_a", "bits_b"
+        )
+        diff = j.where(F.col("bits_a").isNull() | F.col("bits_b").isNull() | (F.col("bits_a") != F.col("bits_b")))
+        w = Window.partitionBy("rank").orderBy("step", "name", "microbatch", "occurrence")
+        first = diff.withColumn("_n", F.row_number().over(w)).where("_n = 1")
+        first = first.select(
+            "rank",
+            "step",
+            "name",
+            "value_a",
+            "value_b",
+            (F.col("bits_a").isNull() | F.col("bits_b").isNull()).alias("structural"),
+        )
+        got = self._collect(first, "metrics", "comparing metrics")
+        schema = {
+            "rank": pl.Int32,
+            "step": pl.Int64,
+            "name": pl.String,
+            "value_a": pl.Float64,
+            "value_b": pl.Float64,
+            "structural": pl.Boolean,
+        }
+        out = pl.from_arrow(got)
+        assert isinstance(out, pl.DataFrame)
+        return out.cast(schema).select(list(schema)).sort("rank")  # type: ignore[arg-type]
+
+    def block_rollups(self, ranks: Sequence[int], lo: int, hi: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+        from pyspark.sql import functions as F
+
+        df = None
+        for i, run in enumerate((self.a, self.b)):
+            side = (
+                self._frame(run, "rollups", ranks, lo, hi)
+                .groupBy("rank", "step", "block")
+                .agg(
+                    F.sum("n").alias("n"),
+                    F.sum("n_err").alias("n_err"),
+                    *[F.expr(f"bit_xor({_signed(c)})").alias(c) for c in ("kx", "vx", "ox")],
+                    F.bit_or("kinds").alias("kinds"),
+                    F.min("seq").alias("seq_lo"),
+                    F.max("seq_hi").alias("seq_hi"),
+                )
+            )
+            side = side.withColumn("_side", F.lit(i))
+            df = side if df is None else df.unionByName(side)
+        got = pl.from_arrow(self._collect(df, "rollups", "folding the stored rollups"))
+        assert isinstance(got, pl.DataFrame)
+        # The local fold's column types, so both engines' rows compare and join alike.
+        schema = _blocks.block_rollup(pl.LazyFrame(schema=polars_schema("rollups"))).collect_schema()
+        got = got.with_columns(pl.col(c).reinterpret(signed=False) for c in ("kx", "vx", "ox"))
+        out = [got.filter(pl.col("_side") == i).select(list(schema)).cast(dict(schema)) for i in (0, 1)]
+        return out[0], out[1]
+
+    def rollup_candidates(
+        self, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str, errors: list[int]
+    ) -> dict[int, list[int]]:
+        from pyspark.sql import functions as F
+
+        def rollup(run: SparkRun) -> Any:
+            df = self._frame(run, "records", ranks, lo, hi)
+            # Spark's hash skips nulls: each nullable part goes in with its null flag, so moving a
+            # null from one column to another cannot leave the hash unchanged.
+            parts = []
+            for c in ("status", "digest_hi", "digest_lo", "args_digest"):
+                parts += [F.col(c), F.col(c).isNull()]
+            return df.groupBy("rank", "step").agg(
+                F.count(F.lit(1)).alias("n"),
+                F.bit_xor(F.xxhash64("key_hash")).alias("kx"),
+                F.bit_xor(F.xxhash64("key_hash", *parts)).alias("vx"),
+                F.sum((F.col("status") == "error").cast("BIGINT")).alias("n_err"),
+            )
+
+        ra, rb = rollup(self.a).alias("a"), rollup(self.b).alias("b")
+        j = ra.join(rb, (F.col("a.rank") == F.col("b.rank")) & (F.col("a.step") == F.col("b.step")), "full")
+        structural = (
+            F.col("a.n").isNull()
+            | F.col("b.n").isNull()
+            | (F.col("a.n") != F.col("b.n"))
+            | (F.col("a.kx") != F.col("b.kx"))
+        )
+        differs = structural | (F.col("a.vx") != F.col("b.vx"))
+        err_a, err_b = F.coalesce(F.col("a.n_err"), F.lit(0)), F.coalesce(F.col("b.n_err"), F.lit(0))
+        rows = j.where(differs | (err_a + err_b > 0)).select(
+            F.coalesce("a.rank", "b.rank").alias("rank"),
+            F.coalesce("a.step", "b.step").alias("step"),
+            differs.alias("differs"),
+            err_a.alias("err_a"),
+            err_b.alias("err_b"),
+        )
+        got = self._collect(rows, "rollups", "rolling up records").to_pylist()
+        out: dict[int, list[int]] = {}
+        for r in sorted(got, key=lambda x: (x["rank"], x["step"])):
+            errors[0] += int(r["err_a"])
+            errors[1] += int(r["err_b"])
+            if r["differs"]:
+                out.setdefault(int(r["rank"]), []).append(int(r["step"]))
+        if progress:
+            progress(stage, 1, 1)
+        return out
+
+    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+        keys = [(int(r), int(s)) for r, ss in cands.items() for s in ss]
+        with self.a._lock:
+            # A new walk: the previous one's rank-steps are done with (driver memory stays one walk).
+            self.a.forget("records")
+            if keys:
+                self.a.fetch("records", keys=keys)
+
+    def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
+        from pyspark.sql import functions as F
+
+        peers = sorted({p for _, _, _, g in asks for p in g})
+        have = set(self.a.ranks) & set(self.b.ranks)
+        sel = [p for p in peers if p in have]
+        if not sel:
+            return {}
+        steps = sorted({s for _, s, _, _ in asks})
+        hashes = sorted({h for _, _, h, _ in asks})
+        cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
+
+        def side(run: SparkRun, alias: str) -> Any:
+            df = _source.table(self.spark, run.run, "records", sel)
+            df = df.where(
+                F.col("rank").isin(sel)
+                & F.col("step").isin(steps)
+                # uint64 literals as SQL text: Spark reads them as exact decimals (no Python int overflow).
+                & F.expr(f"call_hash IN ({', '.join(str(h) for h in hashes)})")
+                & (F.col("role") == "input")
+            )
+            return df.select(cols).alias(alias)
+
+        a, b = side(self.a, "a"), side(self.b, "b")
+        on = [F.col(f"a.{c}") == F.col(f"b.{c}") for c in ("rank", "step", "call_hash", "key_hash")]
+        j = a.join(b, on, "full")
+        # rule.MATCH in Spark SQL: the same definition bisect's polars alignment renders.
+        match = F.expr(to_sql(rule.MATCH, qualified, "spark"))
+        differs = match.isin(list(rule.DIVERGENT))
+        g = j.groupBy(
+            F.coalesce("a.rank", "b.rank").alias("rank"),
+            F.coalesce("a.step", "b.step").alias("step"),
+            F.coalesce("a.call_hash", "b.call_hash").alias("call_hash"),
+        ).agg(F.max(differs.cast("INT")).alias("d"))
+        got = self._collect(g, "peer_inputs", "testing a collective's inputs on its peers").to_pylist()
+        return {
+            CallKey(int(r["rank"]), int(r["step"]), int(r["call_hash"])): rule.DIFFERS if r["d"] else rule.SAME
+            for r in got
+        }
+
+
+def engine(spark: Any) -> Any:
+    """A bisect engine (``bisect(a, b, engine=engine(spark))``) whose heavy stages run on ``spark``."""
+
+    def bind(run_a: Run, run_b: Run) -> SparkStages:
+        a = SparkRun(spark, run_a)
+        return SparkStages(spark, a, SparkRun(spark, run_b, twin=a))
+
+    return bind

@@ -1,0 +1,190 @@
+"""``bisect --engine spark``: the same report as the local engine, byte for byte, in a few Spark jobs.
+
+Equivalence on every bundled sample pair and on synthetic pairs for every plant kind of
+``tests/golden/test_sql_bisect_equivalence.py`` (single-rank origin, rank subset, all ranks,
+structural insertion, resume, missing ranks with ``--allow-missing-ranks``, the identical pair,
+...), through the library (JSON and text) and through the command line (in-process, and once
+in a real process whose terminal must stay free of Spark's noise). Both of bisect's rollup paths
+run on Spark: the stored rollups (synthetic runs) and the records' rollups (the sample traces,
+written before the rollups table, and a synthetic pair with rollups switched off). The number of
+Spark jobs does not grow with the ranks. Bad input gets the local engine's one-line errors and
+exit 2. All tests share one SparkSession (``conftest.spark``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from detfp_analyze.bisect import bisect, walk
+from detfp_analyze.cli import app
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.render.report import render_text
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES, SPEC
+
+REPO = Path(__file__).resolve().parents[2]
+#: The shared session starts in the first test that uses it (~20 s, more on a loaded machine).
+pytestmark = pytest.mark.timeout(600)
+
+
+def _spark_bisect(spark, a, b, **kw):
+    """bisect on the Spark engine; also returns its stages (their job counts)."""
+    from detfp_analyze.spark import engine
+
+    bound = {}
+
+    def bind(run_a, run_b):
+        bound["stages"] = engine(spark)(run_a, run_b)
+        return bound["stages"]
+
+    return bisect(a, b, engine=bind, **kw), bound.get("stages")
+
+
+def _same(local, spark_result) -> None:
+    assert json.dumps(spark_result.to_json_dict(), indent=2, sort_keys=True) == json.dumps(
+        local.to_json_dict(), indent=2, sort_keys=True
+    )
+    assert render_text(spark_result) == render_text(local)
+
+
+@pytest.mark.parametrize(("a", "b"), SAMPLE_PAIRS, ids=[f"{a}:{b}" for a, b in SAMPLE_PAIRS])
+def test_sample_pairs_give_the_local_report(spark, a, b):
+    ra, rb = open_run(SAMPLES / a), open_run(SAMPLES / b)
+    got, stages = _spark_bisect(spark, ra, rb)
+    _same(bisect(ra, rb), got)
+    # The sample traces predate the rollups table: the records' rollups ran on Spark.
+    assert stages.jobs.get("rollups") == 1
+
+
+#: Every plant kind (``testing.plants.HOWS``) and the issue's cases: one rank, a subset, all ranks,
+#: structural, resume, missing ranks (``--allow-missing-ranks``) and, below, the identical pair.
+#: (The hazard and lost-RNG-resume variants add nothing the Spark stages see differently.)
+SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_lost_rng")}
+assert {p.how for p in SPARK_PLANTS.values()} == {p.how for p in PLANTS.values()}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spark_plants")
+    out = {name: write_pair(root / name / "a", root / name / "b", SPEC, p) for name, p in SPARK_PLANTS.items()}
+    out["identical"] = write_pair(root / "identical" / "a", root / "identical" / "b", SPEC)
+    return out
+
+
+@pytest.mark.parametrize("name", [*SPARK_PLANTS, "identical"])
+def test_synthetic_plants_give_the_local_report(spark, planted, name):
+    p = planted[name]
+    missing = bool(p.plant and p.plant.missing_ranks)
+    a, b = open_run(p.a, allow_missing_ranks=missing), open_run(p.b, allow_missing_ranks=missing)
+    got, stages = _spark_bisect(spark, a, b)
+    local = bisect(a, b)
+    _same(local, got)
+    assert got.diverged == (name not in ("identical", "digest_error"))  # a digest error is no evidence
+    if local.diverged:
+        # Both runs stored rollups: Spark folded them, one job, instead of rolling up records.
+        assert stages.jobs.get("rollups", 0) <= 1
+
+
+def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
+    """8 ranks walked in 4 batches (2 ranks each), each rank with its own divergent step: one job
+    for metrics, one for the stored rollups and one for the walk's rank-steps of both runs (plus
+    the evidence reads), not one per rank, batch or slice."""
+    monkeypatch.setattr(walk, "WALK_BATCH", 2)
+    spec = SynthSpec(ranks=8, steps=3, records=120)
+    p = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(step=1, index=30, all_ranks=True))
+    got, stages = _spark_bisect(spark, p.a, p.b)
+    _same(bisect(p.a, p.b), got)
+    assert sum(r.status == "diverged" for r in got.ranks) == 8
+    assert stages.jobs == {"metrics": 1, "rollups": 1}
+    fetches = stages.a.jobs
+    assert fetches.get("records", 0) <= 2 and sum(fetches.values()) <= 5, fetches
+
+
+def _cli(args) -> tuple[int, str, str]:
+    r = CliRunner().invoke(app, [str(x) for x in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_command_line_reports_are_byte_identical(spark):
+    """The text report through the command (in-process: the shared session is the active one; the
+    library tests above compare JSON and text, the slow real-process test --json)."""
+    a, b = SAMPLES / "data_rank/a", SAMPLES / "data_rank/b"
+    local = _cli(["bisect", a, b])
+    assert local[0] == 1 and local[1].startswith("A = ")
+    assert _cli(["bisect", a, b, "--engine", "spark"]) == local
+
+
+def _damaged(root: Path) -> Path:
+    """A copy of sample ops/b whose records shard of rank 1 has its data pages overwritten (footer intact)."""
+    import shutil
+
+    b = root / "b"
+    shutil.copytree(SAMPLES / "ops/b", b)
+    shard = sorted((b / "records" / "rank=1").glob("*.parquet"))[0]
+    data = bytearray(shard.read_bytes())
+    body = len(data) - int.from_bytes(data[-8:-4], "little") - 8
+    for i in range(8, body - 8, 3):
+        data[i] ^= 0x5A
+    shard.write_bytes(bytes(data))
+    return b
+
+
+def _incomparable(root: Path) -> Path:
+    import shutil
+
+    b = root / "inc"
+    shutil.copytree(SAMPLES / "ops/b", b)
+    for m in (b / "manifest").glob("rank=*/segment-*.json"):
+        doc = json.loads(m.read_text())
+        doc["world_size"] = 3
+        m.write_text(json.dumps(doc))
+    return b
+
+
+@pytest.mark.parametrize("case", ["missing_run", "not_a_run", "corrupt_shard", "incomparable", "bad_conf"])
+def test_bad_input_gets_the_local_engines_line_and_exit_2(spark, tmp_path, case):
+    a = SAMPLES / "ops/a"
+    b = {
+        "missing_run": lambda: tmp_path / "nope",
+        "not_a_run": lambda: SAMPLES,
+        "corrupt_shard": lambda: _damaged(tmp_path),
+        "incomparable": lambda: _incomparable(tmp_path),
+        "bad_conf": lambda: SAMPLES / "ops/b",
+    }[case]()
+    conf = ["--conf", "spark.sql.shuffle.partitions"] if case == "bad_conf" else []  # no "=VALUE"
+    code, out, err = _cli(["bisect", a, b, "--engine", "spark", *conf])
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("detfp-analyze: "), err
+    assert "Traceback" not in err and "\tat " not in err and "py4j" not in err
+    if case == "bad_conf":
+        assert "--conf 'spark.sql.shuffle.partitions': not KEY=VALUE" in err
+        return
+    local = _cli(["bisect", a, b])
+    assert local[0] == 2
+    if case == "corrupt_shard":  # the decoder's own words differ; the diagnosis and the fix do not
+        prefix = "detfp-analyze: a shard could not be decoded ("
+        assert local[2].startswith(prefix) and err.startswith(prefix), (local[2], err)
+        assert err.endswith("then delete the shard or re-run the capture\n")
+    else:
+        assert err == local[2]
+
+
+@pytest.mark.slow
+def test_a_real_process_keeps_sparks_noise_off_the_terminal(spark):
+    """The command in a process of its own (its own JVM, local[1]): stdout is the local engine's
+    JSON byte for byte, stderr is empty (no log4j banner, no progress bar, no warning). Slow (a
+    second JVM start, ~30-70 s on the shared 2-core machine): outside the default suite."""
+    a, b = SAMPLES / "nondet/a", SAMPLES / "nondet/b"
+    local = _cli(["bisect", a, b, "--json"])
+    cmd = [sys.executable, "-m", "detfp_analyze", "bisect", str(a), str(b), "--json"]
+    cmd += ["--engine", "spark", "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=1"]
+    cmd += ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=REPO, env={**os.environ})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, local[1], "")
