@@ -18,6 +18,10 @@ the records path of runs written without rollups), in the same run, one child pe
 An identical pair's B is a hard-link copy of A (same bytes, written once); early and late B are
 written with the plant. Runs under ``--workdir`` are reused when their ``planted.json`` is there.
 
+``--issue15 --baseline DIR`` measures the same rows with this tree and with another checkout
+(``DIR``, its root put first on ``PYTHONPATH``: e.g. ``git worktree add /tmp/base main``), both
+with the stored rollups, repeats interleaved: the code change side by side on one machine's load.
+
 ``--engine spark`` compares the local engine with the Spark engine on Spark ``local[2]`` instead,
 on the same pairs (``--sizes``): ``spark`` is the session start + ``open_run`` both +
 ``bisect(..., engine=...)`` in a child; the driver's peak RSS is the Python process's, the JVM's
@@ -32,6 +36,7 @@ next to the timings. Usage::
     .venv/bin/python benchmarks/bisect_scale.py                 # 64, 256, 1024 ranks + early/late
     .venv/bin/python benchmarks/bisect_scale.py --sizes 64,256 --no-early-late
     .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep
+    .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep --baseline /tmp/base
     .venv/bin/python benchmarks/bisect_scale.py --engine spark --sizes 16,64   # 256: 20M records per run
 """
 
@@ -41,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,12 +152,20 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
     ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (its seconds are its wall time).
     """
     t0 = time.perf_counter()
+    a, b = Path(a).resolve(), Path(b).resolve()  # the child runs elsewhere (cwd below)
     if kind == "cli":
         exe = Path(sys.executable).with_name("detfp-analyze")
         cmd = [str(exe), "bisect", str(a), str(b), "--json"]
     else:
-        cmd = [sys.executable, __file__, "--child", kind, str(a), str(b)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=None if env is None else {**os.environ, **env})
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, str(a), str(b)]
+    # cwd: the repository root must not shadow a baseline tree put first on PYTHONPATH (--baseline).
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+        cwd=tempfile.gettempdir(),
+    )
     # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
     out = proc.stdout.read() if proc.stdout else ""
     # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
@@ -165,7 +179,7 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
             for r in rep.get("ranks", ())
             if r.get("first")
         }
-        res = {"seconds": wall, "first": first} if code in (0, 1) else {"error": f"exit {code}"}
+        res = {"seconds": wall, "first": first, "report": out} if code in (0, 1) else {"error": f"exit {code}"}
         return res | {"wall": wall, "peak_mib": usage.ru_maxrss / 1024, "cpu": usage.ru_utime + usage.ru_stime}
     if os.waitstatus_to_exitcode(status) != 0:
         return {"error": f"exit {os.waitstatus_to_exitcode(status)}", "wall": wall, "peak_mib": usage.ru_maxrss / 1024}
@@ -282,7 +296,7 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
     and the naive baseline; best of ``reps`` for times, peak memory of that child."""
     head = (
         f"{'size':<4} {'case':<9} | {'after s':>7} {'cpu':>5} {'MiB':>5} | {'before s':>8} {'cpu':>5} {'MiB':>5} | "
-        f"{'cli after':>9} {'cli before':>10} | {'naive s':>7} {'MiB':>5} | check"
+        f"{'cli after':>9} {'MiB':>5} {'cli before':>10} {'MiB':>5} | {'naive s':>7} {'MiB':>5} | check"
     )
     print(head)
     print("-" * len(head), flush=True)
@@ -305,9 +319,10 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
             checks = [_check15(expected, r) for r in (after, before, *(cli or ()))]
             nan = float("nan")
             cli_txt = (
-                f"{cli[0].get('seconds', nan):9.2f} {cli[1].get('seconds', nan):10.2f}"
+                f"{cli[0].get('seconds', nan):9.2f} {cli[0]['peak_mib']:5.0f} "
+                f"{cli[1].get('seconds', nan):10.2f} {cli[1]['peak_mib']:5.0f}"
                 if cli
-                else f"{'-':>9} {'-':>10}"
+                else f"{'-':>9} {'-':>5} {'-':>10} {'-':>5}"
             )
             nv_txt = f"{nv.get('seconds', float('nan')):7.2f} {nv['peak_mib']:5.0f}" if nv else f"{'-':>7} {'-':>5}"
             print(
@@ -320,8 +335,53 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
     print(
         "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and with "
         "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; cpu: that child's user+sys CPU s; "
-        "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s). "
+        "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s; MiB: its peak RSS). "
         "naive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
+    )
+
+
+def compare_code(work: Path, sizes: list[str], reps: int, baseline: Path, cases: tuple[str, ...] = CASES) -> None:
+    """This tree against ``baseline`` (another checkout's root, put first on PYTHONPATH) on the
+    issue-15 rows, stored rollups on: the whole CLI process for the CLI sizes, the bisect child
+    for the others; repeats interleaved (base, this, this, base, ...), medians and minima, each
+    child's peak memory, and whether both trees print byte-identical JSON reports."""
+    base_env = {"PYTHONPATH": str(baseline.resolve()), "DETFP_BISECT_ROLLUPS": "1"}
+    this_env = {"DETFP_BISECT_ROLLUPS": "1"}
+    head = (
+        f"{'size':<4} {'case':<9} {'kind':<6} | {'base med':>8} {'min':>6} {'cpu':>5} {'MiB':>5} | "
+        f"{'this med':>8} {'min':>6} {'cpu':>5} {'MiB':>5} | {'this/base':>9} {'cpu':>5} | check"
+    )
+    print(head)
+    print("-" * len(head), flush=True)
+    for size in sizes:
+        for case in cases:
+            a, b, expected = _pair(work, size, case)
+            kind = "cli" if size in CLI_SIZES else "bisect"
+            runs: dict[str, list[dict]] = {"base": [], "this": []}
+            for i in range(reps):
+                order = (("base", base_env), ("this", this_env))
+                for name, env in order if i % 2 == 0 else order[::-1]:
+                    runs[name].append(measure(kind, a, b, env))
+            med = {k: statistics.median(m.get("seconds", float("nan")) for m in v) for k, v in runs.items()}
+            low = {k: min(m.get("seconds", float("nan")) for m in v) for k, v in runs.items()}
+            mib = {k: max(m["peak_mib"] for m in v) for k, v in runs.items()}
+            cpu = {k: statistics.median(m.get("cpu", float("nan")) for m in v) for k, v in runs.items()}
+            checks = {_check15(expected, m) for v in runs.values() for m in v}
+            if kind == "cli":
+                same = len({m.get("report") for v in runs.values() for m in v}) == 1
+                checks.add("same report" if same else "REPORTS DIFFER")
+            print(
+                f"{size:<4} {case:<9} {kind:<6} | {med['base']:8.2f} {low['base']:6.2f} {cpu['base']:5.1f} "
+                f"{mib['base']:5.0f} | {med['this']:8.2f} {low['this']:6.2f} {cpu['this']:5.1f} {mib['this']:5.0f} | "
+                f"{med['this'] / med['base']:9.2f} {cpu['this'] / cpu['base']:5.2f} | "
+                f"{'/'.join(sorted(checks))}",
+                flush=True,
+            )
+    print(
+        f"\nbase: {baseline}; this: {Path(__file__).resolve().parents[1]}. cli: the whole `detfp-analyze bisect "
+        "A B --json` process; bisect: open_run both + bisect(level='op') in a child (20M). Wall seconds over "
+        f"{reps} interleaved repeats (median, min); cpu: the median child's user+sys CPU seconds (all threads), "
+        "steadier than wall on a shared machine; MiB: the largest peak RSS of those children."
     )
 
 
@@ -437,6 +497,12 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help="cases for --issue15 (default identical,early,late)")
     ap.add_argument("--reps", type=int, default=3, help="repeats per measurement for --issue15 (best is shown)")
     ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="with --issue15: compare this tree with another checkout's root (e.g. a main worktree), interleaved",
+    )
+    ap.add_argument(
         "--engine",
         choices=("local", "spark"),
         default="local",
@@ -452,7 +518,11 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         print(f"{os.cpu_count()} CPUs, load average {_load()}; runs under {work}", flush=True)
         sizes = [s for s in args.issue15_sizes.split(",") if s]
-        issue15(work, sizes, not args.no_naive, args.reps, tuple(c for c in args.cases.split(",") if c))
+        cases = tuple(c for c in args.cases.split(",") if c)
+        if args.baseline is not None:
+            compare_code(work, sizes, args.reps, args.baseline, cases)
+        else:
+            issue15(work, sizes, not args.no_naive, args.reps, cases)
         print(f"load average at the end: {_load()}")
         if args.workdir is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)

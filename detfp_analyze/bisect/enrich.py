@@ -63,7 +63,6 @@ def enrich(
     """
     key = _frame(calls, "call_hash")
     sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
-    ranks, steps = sorted({c.rank for c in calls}), sorted({c.step for c in calls})
     hashes = key["call_hash"].unique().to_list()
     # The hazards lists are only read when a row of these calls has a hazard flag (hz covers
     # every record of the rank-step on both sides): decoding a list column is the costly part.
@@ -72,8 +71,8 @@ def enrich(
         cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
     extra = [c for c in DETAIL_COLUMNS if c not in ("rank", "step", "key_hash", *_CALL_DETAIL)] if detail_keys else []
     lfs = []
-    for run in (run_a, run_b):
-        lf = run.scan("records", ranks=ranks, steps=steps).filter(pl.col("call_hash").is_in(hashes))
+    for run, sfx in ((run_a, "a"), (run_b, "b")):
+        lf = _spans_scan(run, sub, sfx).filter(pl.col("call_hash").is_in(hashes))
         lf = lf.select("rank", "step", "call_hash", "key_hash", *cols, *extra)
         lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
     dets: list[Details] = []
@@ -91,6 +90,26 @@ def enrich(
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
     shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
     return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1]
+
+
+def _spans_scan(run: Run, sub: pl.DataFrame, side: str) -> pl.LazyFrame:
+    """One side's records of each (rank, step) of ``sub`` (aligned rows), only within the seq span
+    of that side's rows there: a key occurs once per rank-step (``integrity.check_stream``), so
+    the records ``sub`` joins to all lie in it, and the shards' seq statistics skip the row
+    groups outside it. A (rank, step) without a row on this side reads nothing."""
+    spans = (
+        sub.filter(pl.col(f"seq_{side}").is_not_null())
+        .group_by("rank", "step")
+        .agg(pl.col(f"seq_{side}").min().alias("lo"), pl.col(f"seq_{side}").max().alias("hi"))
+        .sort("rank", "step")
+    )
+    parts = [
+        run.scan("records", ranks=[int(r)], steps=[int(s)]).filter(pl.col("seq").is_between(int(lo), int(hi)))
+        for r, s, lo, hi in spans.iter_rows()
+    ]
+    if not parts:
+        return run.scan("records", ranks=[], steps=[])
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
 def hazard_names(rows: Iterable[Aligned]) -> tuple[str, ...]:

@@ -174,12 +174,16 @@ def _outside_slice(al: pl.DataFrame, firsts: pl.DataFrame, cut: Mapping[int, Sli
     upstream of it may start before the slice, a module output needs its input twin (anywhere in
     the step), a first divergence under a hazard needs the next clean one and its call's hazards."""
     out = []
-    for row in firsts.to_dicts():
+    rows = [row for row in firsts.to_dicts() if int(row["rank"]) in cut]
+    if not rows:
+        return out
+    # One partition of the columns needed, not a filter of the whole aligned batch per rank.
+    slim = al.filter(pl.col("rank").is_in([int(row["rank"]) for row in rows])).select("rank", "call_hash", "o1", "hz")
+    parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()}
+    for row in rows:
         r = int(row["rank"])
-        c = cut.get(r)
-        if c is None:
-            continue
-        mine = al.filter(pl.col("rank") == r)
+        c = cut[r]
+        mine = parts[r]
         call = mine.filter(pl.col("call_hash") == row["call_hash"])
         if row["kind"] == "module_output" or call["hz"].any():
             out.append(r)
