@@ -97,11 +97,7 @@ class LocalStages:
                 _narrow.step_rollup(scan(self.a, "records", batch, lo, hi)),
                 _narrow.step_rollup(scan(self.b, "records", batch, lo, hi)),
             )
-            errors[0] += int(ra["n_err"].sum() or 0)
-            errors[1] += int(rb["n_err"].sum() or 0)
-            d = _narrow.divergent_steps(ra, rb)
-            for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
-                out.setdefault(int(rank), []).append(int(step))
+            _narrow.add_candidates(ra, rb, out, errors)
             if progress:
                 progress(stage, i + 1, len(batches))
         return out

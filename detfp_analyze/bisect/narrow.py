@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["METRIC_KEY", "ROLLUP_COLUMNS", "divergent_steps", "metric_divergence", "step_rollup"]
+__all__ = [
+    "METRIC_KEY", "ROLLUP_COLUMNS", "add_candidates", "divergent_steps", "metric_divergence", "step_rollup",
+]  # fmt: skip
 
 #: Columns matching a metric in A to its twin in B.
 METRIC_KEY = ("rank", "step", "microbatch", "name", "occurrence")
@@ -111,3 +113,16 @@ def divergent_steps(rollup_a: pl.DataFrame, rollup_b: pl.DataFrame) -> pl.DataFr
         )
         .sort("rank", "step")
     )
+
+
+def add_candidates(
+    rollup_a: pl.DataFrame, rollup_b: pl.DataFrame, out: dict[int, list[int]], errors: list[int]
+) -> None:
+    """Add the divergent steps of two step rollups to ``out`` (rank -> steps, in step order) and
+    their digest-error counts to ``errors`` ([A, B]): the one tally of every rollup source
+    (stored blocks, records read in rank batches, a Spark stage)."""
+    errors[0] += int(rollup_a["n_err"].sum() or 0)
+    errors[1] += int(rollup_b["n_err"].sum() or 0)
+    d = divergent_steps(rollup_a, rollup_b)
+    for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=True):
+        out.setdefault(int(rank), []).append(int(step))

@@ -74,11 +74,7 @@ def rollup_candidates(
     out: dict[int, list[int]] = {}
     ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
     ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
-    errors[0] += int(ra["n_err"].sum() or 0)
-    errors[1] += int(rb["n_err"].sum() or 0)
-    d = _narrow.divergent_steps(ra, rb)
-    for rank, step in zip(d["rank"].to_list(), d["step"].to_list(), strict=False):
-        out.setdefault(int(rank), []).append(int(step))
+    _narrow.add_candidates(ra, rb, out, errors)
     if progress:
         progress(stage, 1, 1)
     return out

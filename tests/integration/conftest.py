@@ -20,7 +20,9 @@ import pytest
 SPARK_TEST_CONF = (
     ("spark.sql.shuffle.partitions", "2"),
     ("spark.sql.adaptive.enabled", "false"),
-    ("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1"),
+    # The first JIT tier alone gets the small code cache of a one-tier JVM (48 MiB), which the
+    # interpreted queries of a whole test session fill ("Out of space in CodeCache"): reserve more.
+    ("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"),
     ("spark.sql.codegen.wholeStage", "false"),
     ("spark.sql.codegen.factoryMode", "NO_CODEGEN"),
 )
