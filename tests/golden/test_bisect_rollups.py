@@ -26,6 +26,7 @@ from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from detfp_capture import contract
 from detfp_capture.rollups import Positions, _python_rollups, window_rollups
+from tests.fixtures.pairs import write_planted
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SPEC = SynthSpec(ranks=4, steps=3, records=2600)
@@ -124,10 +125,7 @@ def test_both_writer_paths_agree_on_windows_of_several_steps():
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rollups")
-    out = {name: write_pair(root / name / "a", root / name / "b", SPEC, p) for name, p in PLANTS.items()}
-    out["identical"] = write_pair(root / "identical" / "a", root / "identical" / "b", SPEC)
-    return out
+    return write_planted(tmp_path_factory.mktemp("rollups"), SPEC, PLANTS)
 
 
 @pytest.mark.parametrize("name", [*PLANTS, "identical"])

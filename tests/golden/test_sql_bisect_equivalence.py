@@ -28,9 +28,9 @@ from detfp_analyze.io.reader import open_run
 from detfp_analyze.rule.expr import Case, Lit
 from detfp_analyze.sql import connect
 from detfp_analyze.testing.plants import HOWS
-from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+from detfp_analyze.testing.synth import Plant, SynthSpec
 from detfp_capture.contract import call_key, key_hash, record_key
-from tests.fixtures.pairs import build_pair, template
+from tests.fixtures.pairs import build_pair, template, write_planted
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SAMPLE_PAIRS = [
@@ -99,10 +99,7 @@ def test_sample_pairs(a, b):
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plants")
-    out = {name: write_pair(root / name / "a", root / name / "b", SPEC, p) for name, p in PLANTS.items()}
-    out["identical"] = write_pair(root / "identical" / "a", root / "identical" / "b", SPEC)
-    return out
+    return write_planted(tmp_path_factory.mktemp("plants"), SPEC, PLANTS)
 
 
 @pytest.mark.parametrize("name", [*PLANTS, "identical"])

@@ -27,6 +27,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+from tests.fixtures.pairs import write_planted
 from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES, SPEC
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,10 +73,7 @@ assert {p.how for p in SPARK_PLANTS.values()} == {p.how for p in PLANTS.values()
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("spark_plants")
-    out = {name: write_pair(root / name / "a", root / name / "b", SPEC, p) for name, p in SPARK_PLANTS.items()}
-    out["identical"] = write_pair(root / "identical" / "a", root / "identical" / "b", SPEC)
-    return out
+    return write_planted(tmp_path_factory.mktemp("spark_plants"), SPEC, SPARK_PLANTS)
 
 
 @pytest.mark.parametrize("name", [*SPARK_PLANTS, "identical"])
