@@ -90,7 +90,7 @@ def _launch_many(runs: dict[str, list[str]], root: Path, tag: str, nproc: int = 
             LOCAL_WORLD_SIZE=str(nproc),
             MASTER_ADDR="127.0.0.1",
         )
-        cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / "example_many.py"), str(root / f"runs-{tag}.json")]
+        cmd = [sys.executable, "-m", "tests.fixtures.example_many", str(root / f"runs-{tag}.json")]  # cwd: ROOT
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, text=True, stderr=subprocess.PIPE))
     for rank, p in enumerate(procs):
         try:

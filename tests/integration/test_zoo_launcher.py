@@ -203,7 +203,7 @@ def _ranks(root: Path, runs: dict[str, tuple[str, tuple]], level: str = "boundar
     for rank in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
         env.update(LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
-        cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / "zoo" / "launch_many.py"), str(root / "runs.json")]
+        cmd = [sys.executable, "-m", "tests.fixtures.zoo.launch_many", str(root / "runs.json")]  # cwd: ROOT
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=240)
