@@ -7,7 +7,10 @@ reader's rule, an empty typed view when a table has no shard) -> the documented 
 ``.sql`` files next to this module (``run.sql`` per run, then ``union_*.sql``, then
 ``compare.sql`` and ``first_divergence.sql`` for two runs; their ``${...}`` fragments are the
 comparison rule rendered to SQL from ``detfp_analyze.rule``, and bisect's scope of the pair
-becomes private views, so ``first_divergence`` names the record ``bisect`` does). Everything stays lazy: DuckDB reads Parquet only when a query
+becomes private views, so ``first_divergence`` names the record ``bisect`` does). A run on another
+file system (``Run.store``: ``s3://``, ``gs://``, ...) is read through a ``pyarrow.dataset``
+registered with the connection instead of ``read_parquet`` (DuckDB's own object-store reader is an
+extension it would download); same views, the ``shard`` column holds the file's URI. Everything stays lazy: DuckDB reads Parquet only when a query
 runs, with projection and filter pushdown. Runs opened with ``allow_incomplete`` show only the
 steps held completely (with two runs: the steps both hold completely, as bisect compares).
 

@@ -24,6 +24,8 @@ from detfp_analyze import bisect  # noqa: E402
 from detfp_analyze.errors import DetfpError, NotARunError  # noqa: E402
 from detfp_analyze.io.reader import open_run  # noqa: E402
 from detfp_analyze.sql.views import connect, query  # noqa: E402
+from detfp_analyze.testing.plants import Plant  # noqa: E402
+from detfp_analyze.testing.synth import SynthSpec, write_pair  # noqa: E402
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 PAIRS = {"ops": ("a", "b"), "resume": ("full", "resumed")}
@@ -80,6 +82,22 @@ def test_bisect_over_a_pyarrow_file_system_equals_the_local_copy(mem, same_a, pa
     assert got == want
     assert labels == (f"{root}/{pair}/{name_a}", f"{root}/{remote_b}")  # the paths as given
     assert json.loads(got)["status"] == ("identical" if remote_b == "same/a" else "diverged")
+
+
+def test_bisect_with_stored_rollups_and_slices_over_a_pyarrow_file_system(mem, tmp_path):
+    # A synthetic pair as the capture writes it now (rollups table, several row groups): the
+    # stored-rollup narrowing and the walk's seq-sliced reads go through pyarrow datasets too.
+    fs, root = mem
+    spec = SynthSpec(ranks=4, steps=3, records=600)
+    pair = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(rank=2, step=1, index=400, also_ranks=(3,)))
+    base = f"{root}/synth-{uuid.uuid4().hex[:6]}"
+    _upload(fs, pair.a, f"{base}/a")
+    _upload(fs, pair.b, f"{base}/b")
+    want, _ = _report(open_run(pair.a), open_run(pair.b))
+    got, _ = _report(open_run(f"{base}/a", filesystem=fs), open_run(f"{base}/b", filesystem=fs))
+    assert got == want
+    diverged = sorted(r["rank"] for r in json.loads(got)["ranks"] if r["status"] != "identical")
+    assert diverged == [e.rank for e in pair.expected] and pair.origin_ranks == (2, 3)
 
 
 def test_scans_over_a_pyarrow_file_system_equal_the_local_ones(mem):
