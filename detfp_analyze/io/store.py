@@ -1,6 +1,6 @@
 """Where a run's files live: the one layer every read of a run goes through (no data parsing here).
 
-``store(path, label, filesystem=None)`` -> a ``Store``: a local directory (a plain path or a
+``store(path, label, fs=None)`` -> a ``Store``: a local directory (a plain path or a
 ``file:`` URI), any URI ``pyarrow.fs.FileSystem.from_uri`` resolves (``s3://``, ``s3a://``/``s3n://``
 as pyarrow's s3, ``gs://``, ``hdfs://``), or a path inside an explicit ``pyarrow.fs.FileSystem``
 (notebook users with their own credentials). The reader, the completeness check and the footer
@@ -221,21 +221,21 @@ class Store:
         )
 
 
-def store(path: str | os.PathLike[str], label: str, filesystem_: Any = None) -> Store:
+def store(path: str | os.PathLike[str], label: str, fs: Any = None) -> Store:
     """The ``Store`` of a run given as a path or URI (``label``: as shown in messages), or as a path
-    inside the explicit pyarrow ``filesystem_``. NotARunError naming the run when the URI's file
+    inside the explicit pyarrow FileSystem ``fs``. NotARunError naming the run when the URI's file
     system cannot be built (unknown scheme, a file system pyarrow lacks, bad credentials)."""
     text = os.fspath(path)
-    if filesystem_ is not None:
+    if fs is not None:
         root = text.rstrip("/") or "/"
-        return Store(root, label, filesystem_, root)
+        return Store(root, label, fs, root)
     if not is_remote(text):
         return Store(Path(local_path(text, label)), label)
-    fs, fs_root = filesystem(text, label)
+    resolved, fs_root = filesystem(text, label)
     # The root as the user spelled it, less a query string (pyarrow's options, e.g. endpoint_override)
     # and a trailing slash: the prefix of every file location of the run.
     root = text.split("?", 1)[0].rstrip("/")
-    return Store(root, label, fs, fs_root.rstrip("/"))
+    return Store(root, label, resolved, fs_root.rstrip("/"))
 
 
 def name_of(loc: Location) -> str:
