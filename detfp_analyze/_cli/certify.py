@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, echo, handle_errors
+from detfp_analyze.io.uri import is_remote
 from detfp_analyze.single.certify import CertifyResult, Problem, certify
 
 __all__ = ["command", "format_certify"]
@@ -41,11 +42,11 @@ def format_certify(res: CertifyResult) -> str:
 
 @handle_errors
 def command(
-    run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print {status, problems, notes} as JSON.")] = False,
 ) -> None:
     """Check one run before comparing it: ranks, steps, sequence, hazards, pending collectives, determinism."""
-    res = certify(run)
+    res = certify(run if is_remote(run) else Path(run))  # a local path shown as before: Path-normalised
     if as_json:
         typer.echo(json.dumps(res.to_json_dict(), indent=2))
     else:

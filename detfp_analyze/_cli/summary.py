@@ -14,12 +14,13 @@ import typer
 
 from detfp_analyze._cli.common import echo, handle_errors
 from detfp_analyze.io.reader import open_run
+from detfp_analyze.io.uri import is_remote
 from detfp_analyze.single.summary import format_summary, summarize, summary_dict
 
 
 @handle_errors
 def command(
-    run: Annotated[Path, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
+    run: Annotated[str, typer.Argument(metavar="RUN", help="Run directory written by a detfp capture.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Summarize the ranks present even if some are missing.")
@@ -27,7 +28,10 @@ def command(
 ) -> None:
     """Print what a run holds: ranks, segments, steps, capture levels, row counts, hazards, environment."""
     # Incomplete runs are summarized, not refused: the summary says what each rank holds completely.
-    summary = summarize(open_run(run, allow_missing_ranks=allow_missing_ranks, allow_incomplete=True))
+    local = not is_remote(run)  # a local path shown as before: Path-normalised
+    summary = summarize(
+        open_run(Path(run) if local else run, allow_missing_ranks=allow_missing_ranks, allow_incomplete=True)
+    )
     if as_json:
         typer.echo(json.dumps(summary_dict(summary), indent=2, sort_keys=False))
     else:

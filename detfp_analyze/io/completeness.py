@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from detfp_analyze.errors import ManifestError, SchemaVersionError
 from detfp_analyze.io.footers import ShardInfo
+from detfp_analyze.io.store import Location, Store, name_of
 from detfp_capture import commitlog
 
 if TYPE_CHECKING:  # the reader imports this module
@@ -130,7 +131,7 @@ class Completeness:
     #: Gaps that leave steps untrustworthy, or say the log is damaged, sorted by (rank, segment, window).
     gaps: tuple[Gap, ...]
     #: Shard files that must not be read: never committed, or not what their window committed.
-    dropped: frozenset[Path]
+    dropped: frozenset[Location]
     #: rank -> step ranges whose rows cannot be trusted (merged, sorted).
     excluded: Mapping[int, StepRanges]
 
@@ -178,7 +179,7 @@ def cutoffs(manifests: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[tuple[
 
 
 # ------------------------------------------------------------------------------ reading
-def _read_log(path: Path, shown: str, manifest: Mapping[str, Any]) -> commitlog.LogState | None:
+def _read_log(st: Store, path: Location, shown: str, manifest: Mapping[str, Any]) -> commitlog.LogState | None:
     """The parsed commit log, or None when there is none (legacy or lost: the caller decides)."""
     promised = manifest.get("commit_log")
     if promised is not None and (not isinstance(promised, int) or isinstance(promised, bool) or promised < 1):
@@ -191,17 +192,17 @@ def _read_log(path: Path, shown: str, manifest: Mapping[str, Any]) -> commitlog.
             f"{commitlog.COMMIT_LOG_VERSION}); analyze it with the detfp release that wrote it"
         )
     try:
-        with open(path, "rb") as f:
-            data = f.read(commitlog.COMMIT_LOG_MAX_BYTES + 1)
+        data = st.read_limited(path, commitlog.COMMIT_LOG_MAX_BYTES, regular=False)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ManifestError(
-            f"{shown}: commit log {path.name} unreadable ({type(exc).__name__}); check permissions"
+            f"{shown}: commit log {name_of(path)} unreadable ({type(exc).__name__}); check permissions"
         ) from None
+    assert data is not None  # regular=False: bytes or an OSError
     if len(data) > commitlog.COMMIT_LOG_MAX_BYTES:
         raise ManifestError(
-            f"{shown}: commit log {path.name} is larger than {commitlog.COMMIT_LOG_MAX_BYTES >> 20} MiB; "
+            f"{shown}: commit log {name_of(path)} is larger than {commitlog.COMMIT_LOG_MAX_BYTES >> 20} MiB; "
             "it is not a detfp commit log, delete it or re-run the capture"
         )
     state = commitlog.parse(data)
@@ -224,7 +225,7 @@ class _Segment:
     log: commitlog.LogState | None
     files: dict[int | None, list[ShardInfo]]  # window -> shards (None: a name without a window)
     gaps: list[Gap]
-    dropped: list[Path]
+    dropped: list[Location]
 
 
 def _start(seg: _Segment, earlier_last: int | None) -> int:
@@ -282,7 +283,7 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
         if flo is None:  # no statistics: from the last committed step on
             flo, fhi = (last if last is not None else _start(seg, earlier_last)), None
         for f in files:
-            what = f"{f.table} window {w}" if w is not None else f"{f.table} shard {f.path.name}"
+            what = f"{f.table} window {w}" if w is not None else f"{f.table} shard {name_of(f.path)}"
             seg.gaps.append(Gap("uncommitted_window", r, s, f.table, w, flo, fhi,
                                 f"{what} was written but never committed"))  # fmt: skip
     # Windows below the count with neither a commit line nor a file: one gap per run of them
@@ -316,12 +317,15 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
 
 
 def check(
-    root: Path,
+    root: Location,
     label: str,
     manifests: Mapping[int, Sequence[Mapping[str, Any]]],
     shards: Mapping[str, Sequence[ShardInfo]],
+    st: Store | None = None,
 ) -> Completeness:
-    """Judge every (rank, segment) of a run from its commit log, manifest and shard footers."""
+    """Judge every (rank, segment) of a run from its commit log, manifest and shard footers
+    (``st``: the run's store, default the local file system)."""
+    st = st if st is not None else Store(Path(root), str(root))
     by_seg: dict[tuple[int, int], dict[int | None, list[ShardInfo]]] = {}
     for infos in shards.values():
         for f in infos:
@@ -329,7 +333,7 @@ def check(
     cut = cutoffs(manifests)
     states: list[SegmentState] = []
     gaps: list[Gap] = []
-    dropped: list[Path] = []
+    dropped: list[Location] = []
     excluded: dict[int, list[tuple[int, int | None]]] = {}
     for rank, ms in sorted(manifests.items()):
         earlier_last: int | None = None
@@ -338,7 +342,7 @@ def check(
         for m in ms:
             s = m["segment"]
             shown = f"{label}/manifest/rank={rank}/segment-{s:05d}.json"
-            log = _read_log(root / commitlog.commit_log_relpath(rank, s), shown, m)
+            log = _read_log(st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m)
             files = by_seg.get((rank, s), {})
             seg = _Segment(rank, s, m.get("start_step"), log, files, [], [])
             if log is None and m.get("commit_log") is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from detfp_analyze.errors import SchemaVersionError, ShardError
+from detfp_analyze.errors import DetfpError, SchemaVersionError, ShardError
+from detfp_analyze.io.store import Location, Store, name_of
 from detfp_capture import contract
 from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
 
@@ -43,8 +44,9 @@ _SHARD_NAME = re.compile(r"part-s(\d{5,})-w(\d{7,})\.parquet")
 class ShardInfo:
     """What one shard's footer says (no data read)."""
 
-    #: Absolute path of the Parquet file.
-    path: Path
+    #: The Parquet file: its absolute path for a local run, its URI (as the run was given) for a
+    #: remote one (``detfp_analyze.io.store``).
+    path: Location
     #: Table the shard belongs to.
     table: str
     #: Rank of its ``rank=R`` partition (checked against the rank column statistics).
@@ -187,7 +189,7 @@ def _parse_footer(end: bytes) -> pq.FileMetaData:
 
 
 def _read_footer(path: Path) -> pq.FileMetaData | str:
-    """The footer, or one line saying why the file is not usable Parquet.
+    """The footer of a local file, or one line saying why the file is not usable Parquet.
 
     The file is opened once: its last 8 bytes (footer length, magic), then the footer itself,
     parsed from memory by ``_parse_footer``.
@@ -195,24 +197,66 @@ def _read_footer(path: Path) -> pq.FileMetaData | str:
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
-            if size < 12:
-                return f"{size} bytes, too short for Parquet"
-            f.seek(size - 8)
-            tail = f.read(8)
-            if tail[4:] != b"PAR1":
-                return "no Parquet magic at the end (truncated or foreign file)"
-            length = int.from_bytes(tail[:4], "little")
-            if length > size - 12:
-                return f"footer length {length} exceeds the file ({size} bytes): truncated"
-            if length > MAX_FOOTER_BYTES:
-                return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
-            f.seek(size - 8 - length)
-            end = f.read(length + 8)
-        if end[-8:] != tail:  # the file changed since its size was read
-            return "the file changed while its footer was read (still being written?)"
-        return _parse_footer(end)
+
+            def read_at(offset: int, n: int) -> bytes:
+                f.seek(offset)
+                return f.read(n)
+
+            return _footer_of(size, read_at, 8)
     except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
         return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+#: Bytes a remote footer read starts with: the whole footer of a typical shard in one request
+#: (a request to an object store costs far more than the extra bytes).
+_REMOTE_TAIL = 256 << 10
+
+
+def _read_remote_footer(st: Store, loc: str) -> pq.FileMetaData | str:
+    """``_read_footer`` of a remote file: one open (its size from the listing), one ranged read of
+    its tail, a second only for a footer larger than that tail. A failing read is the file system
+    failing (network, credentials): NotARunError naming the run, not a verdict on the shard."""
+
+    def read_at(offset: int, n: int) -> bytes:
+        try:
+            return f.read_at(n, offset)
+        except OSError as exc:
+            raise st.unreachable(exc) from None
+
+    try:
+        size, f = st.open_sized(loc)
+    except OSError as exc:
+        raise st.unreachable(exc) from None
+    try:
+        with f:
+            return _footer_of(size, read_at, _REMOTE_TAIL)
+    except DetfpError:
+        raise
+    except Exception as exc:  # ArrowInvalid, OSError from the parse, ...: all mean "not usable Parquet"
+        return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def _footer_of(size: int, read_at: Callable[[int, int], bytes], first: int) -> pq.FileMetaData | str:
+    """The footer of a file of ``size`` bytes read with ``read_at(offset, n)``: its last ``first``
+    bytes (at least the footer length and magic), then the footer unless they held it already."""
+    if size < 12:
+        return f"{size} bytes, too short for Parquet"
+    n = min(size, max(8, first))
+    chunk = read_at(size - n, n)
+    tail = chunk[-8:]
+    if tail[4:] != b"PAR1":
+        return "no Parquet magic at the end (truncated or foreign file)"
+    length = int.from_bytes(tail[:4], "little")
+    if length > size - 12:
+        return f"footer length {length} exceeds the file ({size} bytes): truncated"
+    if length > MAX_FOOTER_BYTES:
+        return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
+    if length + 8 <= n:
+        return _parse_footer(chunk[n - length - 8 :])
+    end = read_at(size - 8 - length, length + 8)
+    if end[-8:] != tail:  # the file changed since its size was read
+        return "the file changed while its footer was read (still being written?)"
+    return _parse_footer(end)
 
 
 def _file_segment(name: str) -> int:
@@ -223,7 +267,7 @@ def _file_segment(name: str) -> int:
 def _shard_info(
     table: str,
     rank: int,
-    path: Path,
+    path: Location,
     shown: str,
     md: pq.FileMetaData,
     check: _SchemaCheck,
@@ -263,9 +307,9 @@ def _shard_info(
         )
     if "segment" in lo and (lo["segment"] < 0 or hi["segment"] >= MAX_STEP):
         raise ShardError(f"{shown}: segment column holds {lo['segment']}, expected 0 or more; {FIX_SHARD}")
-    segment = lo["segment"] if "segment" in lo and lo["segment"] == hi["segment"] else _file_segment(path.name)
+    segment = lo["segment"] if "segment" in lo and lo["segment"] == hi["segment"] else _file_segment(name_of(path))
     full = md.num_rows > 0 and "step" in lo and "step" not in no_stats
-    m = _SHARD_NAME.fullmatch(path.name)
+    m = _SHARD_NAME.fullmatch(name_of(path))
     return ShardInfo(
         path=path,
         table=table,
@@ -282,45 +326,49 @@ def _shard_info(
 _FOOTER_CHUNK = 64
 
 
-def _listdir(path: Path, shown: str) -> list[Path]:
+def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
     """The entries of a directory by name, or a one-line ShardError naming it."""
     try:
-        return sorted(path.iterdir(), key=lambda p: p.name)
+        return st.listdir(path)
     except OSError as exc:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
 
 
-def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> list[tuple[str, int, Path, str]]:
-    out: list[tuple[str, int, Path, str]] = []
+def _candidates(
+    st: Store, root: Location, label: str, ranks: set[int], world_size: int
+) -> list[tuple[str, int, Location, str]]:
+    out: list[tuple[str, int, Location, str]] = []
     for table in contract.TABLES:
-        tdir = root / table
-        if not tdir.is_dir():
+        tdir = st.join(root, table)
+        if not st.is_dir(tdir):
             continue
-        entries = _listdir(tdir, f"{label}/{table}")
+        entries = _listdir(st, tdir, f"{label}/{table}")
         for rdir in entries:
-            if not visible(rdir.name):
+            rname = name_of(rdir)
+            if not visible(rname):
                 continue
-            rank = partition_rank(rdir.name, f"{label}/{table}")
+            rank = partition_rank(rname, f"{label}/{table}")
             if rank is None:
                 continue
-            if not rdir.is_dir():
+            if not st.is_dir(rdir):
                 raise ShardError(
-                    f"{label}/{table}/{rdir.name}: not a directory (a file, a dangling link or a link loop); "
+                    f"{label}/{table}/{rname}: not a directory (a file, a dangling link or a link loop); "
                     "delete it or re-run the capture"
                 )
             if rank >= world_size:
                 raise ShardError(
-                    f"{label}/{table}/{rdir.name}: rank {rank} is outside world size {world_size}; "
+                    f"{label}/{table}/{rname}: rank {rank} is outside world size {world_size}; "
                     "delete the partition or check that it belongs to this run"
                 )
             if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
                 continue
-            files = _listdir(rdir, f"{label}/{table}/{rdir.name}")
+            files = _listdir(st, rdir, f"{label}/{table}/{rname}")
             for f in files:
-                if not (visible(f.name) and f.name.endswith(".parquet")):
+                fname = name_of(f)
+                if not (visible(fname) and fname.endswith(".parquet")):
                     continue
-                shown = f"{label}/{table}/{rdir.name}/{shown_name(f.name)}"
-                if not f.is_file():  # silently skipping it would hide a shard
+                shown = f"{label}/{table}/{rname}/{shown_name(fname)}"
+                if not st.is_file(f):  # silently skipping it would hide a shard
                     raise ShardError(
                         f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
                     )
@@ -328,9 +376,15 @@ def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> lis
     return out
 
 
-def scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> dict[str, tuple[ShardInfo, ...]]:
-    """Every shard of ``ranks`` under ``root``, validated from its footer, by table, sorted by (rank, name)."""
-    candidates = _candidates(root, label, ranks, world_size)
+def scan_shards(
+    root: Location, label: str, ranks: set[int], world_size: int, st: Store | None = None
+) -> dict[str, tuple[ShardInfo, ...]]:
+    """Every shard of ``ranks`` under ``root``, validated from its footer, by table, sorted by (rank, name).
+
+    ``st``: the run's store (default: the local file system)."""
+    st = st if st is not None else Store(Path(root), str(root))
+    candidates = _candidates(st, root, label, ranks, world_size)
+    read = _read_footer if st.local else (lambda loc: _read_remote_footer(st, loc))
     # Footers in chunks: one pool task per file costs more in task overhead than the
     # parsing it overlaps (measured on thousands of small shards). Results are consumed in
     # candidate order as they arrive, so checking them overlaps reading the next chunks.
@@ -340,7 +394,7 @@ def scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> dic
     checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
     out: dict[str, list[ShardInfo]] = {}
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        footers = (md for part in pool.map(lambda ps: [_read_footer(p) for p in ps], chunked) for md in part)
+        footers = (md for part in pool.map(lambda ps: [read(p) for p in ps], chunked) for md in part)
         for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
             if isinstance(md, str):
                 raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")

@@ -8,7 +8,8 @@ the partition, nulls in non-nullable columns, and each shard's step range) -> co
 ``Run``. Only footers, manifests and commit logs are read, in a small thread pool, so
 validating thousands of shards costs milliseconds each and never reads data. Dot- and
 underscore-prefixed files (the writer's temporaries, ``_SUCCESS``) and non-Parquet names
-are ignored.
+are ignored. Every file access goes through ``io.store`` (local paths, or a URI / an explicit
+``filesystem=`` read through pyarrow's file systems).
 
 ``Run.scan`` returns a polars LazyFrame over the chosen shards: rank selection prunes
 files, step selection prunes files by their footer step range and pushes the predicate
@@ -41,9 +42,10 @@ from detfp_analyze.errors import (
 )
 from detfp_analyze.io import completeness as _completeness
 from detfp_analyze.io.footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
-from detfp_analyze.io.uri import local_path
+from detfp_analyze.io.store import Location, Store, name_of, store
 from detfp_analyze.ranks import rank_list
 from detfp_capture import contract
+from detfp_capture.arrowschema import arrow_schema
 
 __all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
@@ -77,8 +79,8 @@ def polars_schema(table: str) -> pl.Schema:
 class Run:
     """A validated run directory. Build it with ``open_run``; all data access is lazy."""
 
-    #: Resolved path of the run directory.
-    path: Path
+    #: Resolved path of the run directory; for a run on another file system, its URI (as given).
+    path: Location
     #: The path as the user gave it: used in messages and reports so they are byte-stable.
     label: str
     #: Number of ranks of the job (equal in every manifest).
@@ -100,6 +102,8 @@ class Run:
     #: this run (or, after ``completeness.restrict_pair``, the run it is compared with) does not
     #: hold completely. Empty unless opened with ``allow_incomplete``.
     excluded: Mapping[int, _completeness.StepRanges] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    #: The file system the run is read from (``detfp_analyze.io.store``); None: the local one.
+    store: Store | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -122,8 +126,9 @@ class Run:
         """Segments (process launches) of ``rank``, sorted."""
         return tuple(m["segment"] for m in self.manifests.get(rank, ()))
 
-    def files(self, table: str, ranks: Iterable[int] | None = None) -> list[Path]:
-        """Every shard path of ``table`` for ``ranks`` (default all), sorted by rank then file name.
+    def files(self, table: str, ranks: Iterable[int] | None = None) -> list[Location]:
+        """Every shard path of ``table`` for ``ranks`` (default all), sorted by rank then file name:
+        ``Path``s of a local run, URIs (``s3a://b/run/records/rank=0/...``) of a remote one.
 
         Raw files: rows superseded by a later segment are still in them (see ``supersession``).
         """
@@ -157,13 +162,19 @@ class Run:
         shards = self._select(table, ranks, steps)
         if not shards:
             return pl.LazyFrame(schema=schema)
-        lf = pl.scan_parquet(
-            [str(s.path) for s in shards],
-            schema=schema,
-            hive_partitioning=False,
-            glob=False,
-            extra_columns="ignore",
-        ).select(list(schema))
+        if self.store is None or self.store.local:
+            lf = pl.scan_parquet(
+                [str(s.path) for s in shards],
+                schema=schema,
+                hive_partitioning=False,
+                glob=False,
+                extra_columns="ignore",
+            ).select(list(schema))
+        else:
+            # Through pyarrow's file system: polars pushes the projection and the predicates below
+            # into the dataset scan (columns and row groups pruned at the source, as scan_parquet does).
+            dataset = self.store.dataset(arrow_schema(table), [str(s.path) for s in shards])
+            lf = pl.scan_pyarrow_dataset(dataset).select(list(schema)).cast(dict(schema))
         if steps is not None:
             lf = lf.filter(_step_predicate(steps))
         dropped = self._superseded({s.rank for s in shards})
@@ -251,29 +262,30 @@ _MAX_WORLD = 1 << 20
 _OBJECT_KEYS = ("parallel", "groups", "versions", "host", "determinism", "env", "git", "capture")
 
 
-def _listdir(path: Path, shown: str) -> list[Path]:
+def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
     try:
-        return sorted(path.iterdir(), key=lambda p: p.name)
+        return st.listdir(path)
     except OSError as exc:
         raise ManifestError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
 
 
-def _read_manifests(root: Path, label: str) -> dict[int, dict[int, dict]]:
-    mroot = root / contract.MANIFEST_DIR
-    if not mroot.is_dir():
+def _read_manifests(st: Store, root: Location, label: str) -> dict[int, dict[int, dict]]:
+    mroot = st.join(root, contract.MANIFEST_DIR)
+    if not st.is_dir(mroot):
         raise NotARunError(f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/ directory); {_FIX_RUN}")
     found: dict[int, dict[int, dict]] = {}
-    for rdir in _listdir(mroot, f"{label}/{contract.MANIFEST_DIR}"):
-        if not visible(rdir.name):
+    for rdir in _listdir(st, mroot, f"{label}/{contract.MANIFEST_DIR}"):
+        rname = name_of(rdir)
+        if not visible(rname):
             continue
-        rank = partition_rank(rdir.name, f"{label}/{contract.MANIFEST_DIR}")
+        rank = partition_rank(rname, f"{label}/{contract.MANIFEST_DIR}")
         if rank is None:
             continue
-        rshown = f"{label}/{contract.MANIFEST_DIR}/{rdir.name}"
-        if not rdir.is_dir():
+        rshown = f"{label}/{contract.MANIFEST_DIR}/{rname}"
+        if not st.is_dir(rdir):
             raise ManifestError(f"{rshown}: not a directory (a file, a dangling link or a link loop); delete it")
-        for mfile in _listdir(rdir, rshown):
-            name = mfile.name
+        for mfile in _listdir(st, rdir, rshown):
+            name = name_of(mfile)
             if not visible(name) or not (name.startswith("segment-") and name.endswith(".json")):
                 continue
             digits = name[len("segment-") : -len(".json")]
@@ -281,7 +293,7 @@ def _read_manifests(root: Path, label: str) -> dict[int, dict[int, dict]]:
             if not (digits.isascii() and digits.isdigit()):
                 raise ManifestError(f"{shown}: file name is not segment-<number>.json; rename or delete it")
             segment = int(digits)
-            manifest = _load_manifest(mfile, shown)
+            manifest = _load_manifest(st, mfile, shown)
             if manifest["rank"] != rank or manifest["segment"] != segment:
                 raise ManifestError(
                     f"{shown}: says rank {manifest['rank']} segment {manifest['segment']} but its path says "
@@ -301,18 +313,17 @@ def _read_manifests(root: Path, label: str) -> dict[int, dict[int, dict]]:
     return found
 
 
-def _read_limited(path: Path, shown: str) -> bytes:
+def _read_limited(st: Store, path: Location, shown: str) -> bytes:
     """The manifest's bytes, refusing anything that is not a regular file or is too large to be one."""
     try:
-        with open(path, "rb") as f:
-            if not os.path.isfile(path):
-                raise ManifestError(f"{shown}: not a regular file; delete it or re-run the capture")
-            data = f.read(MAX_MANIFEST_BYTES + 1)
+        data = st.read_limited(path, MAX_MANIFEST_BYTES)
     except OSError as exc:
         raise ManifestError(
             f"{shown}: unreadable ({type(exc).__name__}: a dangling link, a link loop or no permission); "
             "check the file or re-run the capture"
         ) from None
+    if data is None:
+        raise ManifestError(f"{shown}: not a regular file; delete it or re-run the capture")
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(
             f"{shown}: larger than {MAX_MANIFEST_BYTES >> 20} MiB, far beyond any manifest; "
@@ -321,8 +332,8 @@ def _read_limited(path: Path, shown: str) -> bytes:
     return data
 
 
-def _load_manifest(path: Path, shown: str) -> dict:
-    data = _read_limited(path, shown)
+def _load_manifest(st: Store, path: Location, shown: str) -> dict:
+    data = _read_limited(st, path, shown)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -393,24 +404,49 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False, allow_incomplete: bool = False) -> Run:
+def open_run(
+    path: str | os.PathLike[str],
+    *,
+    allow_missing_ranks: bool = False,
+    allow_incomplete: bool = False,
+    filesystem: Any = None,
+) -> Run:
     """Validate a run directory and return a ``Run`` (nothing but footers, manifests and commit logs is read).
 
+    ``path``: a local directory, a ``file:`` URI, or a URI of another file system pyarrow reads
+    (``s3://``, ``s3a://``, ``gs://``, ``hdfs://``: credentials and endpoints as pyarrow takes them,
+    see docs/spark.md); with ``filesystem`` (a ``pyarrow.fs.FileSystem``), a path inside it.
     Raises NotARunError, ManifestError, SchemaVersionError, MissingRankError (unless
     ``allow_missing_ranks``: then the absent ranks are listed in ``Run.missing_ranks``),
     DuplicateRankError, ShardError or IncompleteRunError (unless ``allow_incomplete``: then
     ``Run.completeness`` lists the gaps, shards that were never committed are left out, and
     ``scan`` leaves out the steps not held completely); each message is one line naming the
-    file, the problem and the fix.
+    file, the problem and the fix. A file system that cannot be read (network, credentials) is a
+    NotARunError naming the run.
     """
     label = shown_name(os.fspath(path))
-    root = Path(local_path(os.fspath(path), label))  # file:// URIs are local paths (io.uri)
-    if not root.exists():
-        what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
-        raise NotARunError(f"{label}: {what}; {_FIX_RUN}")
-    if not root.is_dir():
-        raise NotARunError(f"{label}: not a directory; {_FIX_RUN}")
-    found = _read_manifests(root, label)
+    st = store(path, label, filesystem)  # file:// URIs are local paths (io.uri)
+    try:
+        return _open(st, st.root, label, allow_missing_ranks, allow_incomplete)
+    except OSError as exc:  # not a typed error: a remote file system failing (network, credentials)
+        if st.local:
+            raise
+        raise st.unreachable(exc) from None
+
+
+def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allow_incomplete: bool) -> Run:
+    if isinstance(root, Path):
+        if not root.exists():
+            what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
+            raise NotARunError(f"{label}: {what}; {_FIX_RUN}")
+        if not root.is_dir():
+            raise NotARunError(f"{label}: not a directory; {_FIX_RUN}")
+        resolved: Location = root.resolve()
+    elif (kind := st.kind(root)) != "dir":
+        raise NotARunError(f"{label}: {'no such directory' if kind == 'missing' else 'not a directory'}; {_FIX_RUN}")
+    else:
+        resolved = root
+    found = _read_manifests(st, root, label)
     sizes: dict[int, list[int]] = {}
     for rank, per_rank in found.items():
         for m in per_rank.values():
@@ -435,15 +471,15 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False,
             "pass allow_missing_ranks=True (--allow-missing-ranks) to analyze the ranks present"
         )
     ranks = tuple(sorted(found))
-    shards = scan_shards(root.resolve(), label, set(ranks), world_size)
+    shards = scan_shards(resolved, label, set(ranks), world_size, st)
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
-    comp = _completeness.check(root.resolve(), label, manifests, shards)
+    comp = _completeness.check(resolved, label, manifests, shards, st)
     if comp.gaps and not allow_incomplete:
         raise IncompleteRunError(_completeness.refusal(label, comp))
     if comp.dropped:
         shards = {t: tuple(s for s in v if s.path not in comp.dropped) for t, v in shards.items()}
     return Run(
-        path=root.resolve(),
+        path=resolved,
         label=label,
         world_size=world_size,
         ranks=ranks,
@@ -453,9 +489,11 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False,
         shards=MappingProxyType(shards),
         completeness=comp,
         excluded=MappingProxyType(dict(comp.excluded) if allow_incomplete else {}),
+        store=None if st.local else st,
     )
 
 
 def as_run(run: Run | str | os.PathLike[str], *, allow_missing_ranks: bool = False) -> Run:
-    """``run`` itself when it is a ``Run``, else ``open_run(run)``: public entry points take either."""
+    """``run`` itself when it is a ``Run``, else ``open_run(run)``: public entry points take either
+    (a run on an explicit pyarrow file system: pass ``open_run(path, filesystem=fs)``)."""
     return run if isinstance(run, Run) else open_run(run, allow_missing_ranks=allow_missing_ranks)

@@ -7,7 +7,10 @@ reader's rule, an empty typed view when a table has no shard) -> the documented 
 ``.sql`` files next to this module (``run.sql`` per run, then ``union_*.sql``, then
 ``compare.sql`` and ``first_divergence.sql`` for two runs; their ``${...}`` fragments are the
 comparison rule rendered to SQL from ``detfp_analyze.rule``, and bisect's scope of the pair
-becomes private views, so ``first_divergence`` names the record ``bisect`` does). Everything stays lazy: DuckDB reads Parquet only when a query
+becomes private views, so ``first_divergence`` names the record ``bisect`` does). A run on another
+file system (``Run.store``: ``s3://``, ``gs://``, ...) is read through a ``pyarrow.dataset``
+registered with the connection instead of ``read_parquet`` (DuckDB's own object-store reader is an
+extension it would download); same views, the ``shard`` column holds the file's URI. Everything stays lazy: DuckDB reads Parquet only when a query
 runs, with projection and filter pushdown. Runs opened with ``allow_incomplete`` show only the
 steps held completely (with two runs: the steps both hold completely, as bisect compares).
 
@@ -44,6 +47,7 @@ from detfp_analyze.io.completeness import restrict_pair
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.rule.to_sql import qualified, suffixed, to_sql
 from detfp_capture import contract
+from detfp_capture.arrowschema import arrow_schema
 
 __all__ = ["ViewDoc", "connect", "query", "two_run_views", "view_docs"]
 
@@ -150,19 +154,23 @@ def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _source_sql(run: Run, table: str) -> str:
+def _source_sql(run: Run, table: str, arrow: str | None = None) -> str:
     """SELECT of one table's rows: contract columns + shard, superseded rows and steps not held
-    completely dropped."""
+    completely dropped. ``arrow``: the name of the run's table registered as a pyarrow dataset
+    (``_register``: a run on another file system), read instead of ``read_parquet``."""
     cols = contract.columns(table)
     files = run.files(table)
     if not files:
         typed = ", ".join(f"CAST(NULL AS {_DUCKDB_TYPES[c.type]}) AS {c.name}" for c in cols)
         return f"SELECT {typed}, CAST(NULL AS VARCHAR) AS shard WHERE false"
     names = ", ".join(c.name for c in cols)
-    paths = ", ".join(_lit(str(f)) for f in files)
-    # hive_partitioning off: the rank column is in every file (the reader checked it equals the
-    # rank=R partition), and a hive column would be inferred as BIGINT instead of INTEGER.
-    sql = f"SELECT {names}, filename AS shard FROM read_parquet([{paths}], hive_partitioning = false, filename = true)"
+    if arrow is not None:
+        sql = f"SELECT {names}, shard FROM {arrow}"
+    else:
+        paths = ", ".join(_lit(str(f)) for f in files)
+        # hive_partitioning off: the rank column is in every file (the reader checked it equals the
+        # rank=R partition), and a hive column would be inferred as BIGINT instead of INTEGER.
+        sql = f"SELECT {names}, filename AS shard FROM read_parquet([{paths}], hive_partitioning = false, filename = true)"
     drop = " OR ".join(t for t in (_superseded(run), _excluded(run)) if t)
     return f"{sql} WHERE NOT ({drop})" if drop else sql
 
@@ -237,9 +245,24 @@ def _as_run(x: str | os.PathLike[str] | Run, allow_missing_ranks: bool, allow_in
     return open_run(x, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
 
 
+def _register(con: duckdb.DuckDBPyConnection, run: Run, tag: str, table: str) -> str | None:
+    """For a run on another file system (``Run.store``), its table as a pyarrow dataset registered
+    with DuckDB (read through pyarrow's file system: DuckDB's own readers of object stores are an
+    extension it would download); its name, or None for a local run (``read_parquet``)."""
+    if run.store is None or run.store.local or not run.files(table):
+        return None
+    name = f"_{tag}_{table}_arrow"
+    # The shard column is the dataset's virtual partition column: each row's file URI, as filename
+    # gives it for a local run.
+    con.register(name, run.store.dataset(arrow_schema(table), [str(f) for f in run.files(table)], "shard"))
+    return name
+
+
 def _confine(con: duckdb.DuckDBPyConnection, runs: Iterable[Run]) -> None:
-    """Let DuckDB open exactly the runs' shard files from now on, and lock that setting."""
-    paths = sorted({str(f) for run in runs for table in contract.TABLES for f in run.files(table)})
+    """Let DuckDB open exactly the runs' shard files from now on, and lock that setting (remote
+    runs' files are read by pyarrow, never by DuckDB: none of them is allowed)."""
+    files = (f for run in runs for table in contract.TABLES for f in run.files(table))
+    paths = sorted({str(f) for f in files if isinstance(f, Path)})
     con.execute(f"SET allowed_paths = [{', '.join(_lit(p) for p in paths)}]")
     # No spill directory: DuckDB allows writing into it, and it would be a directory outside the runs.
     con.execute("SET temp_directory = ''")
@@ -317,9 +340,10 @@ def connect(
         views = _Views(con)
         for tag, run in runs.items():
             for table in contract.TABLES:
+                arrow = _register(con, run, tag, table)
                 views.create(
                     f"_{tag}_{table}_src",
-                    f"CREATE VIEW _{tag}_{table}_src AS {_source_sql(run, table)}",
+                    f"CREATE VIEW _{tag}_{table}_src AS {_source_sql(run, table, arrow)}",
                     f"Private: rows of table {table} of run {tag} ({run.label}), superseded rows dropped.",
                     {},
                 )

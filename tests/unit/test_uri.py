@@ -1,7 +1,8 @@
 """Run locations as URIs (``detfp_analyze.io.uri``): the mapping and validation, without a network.
 
-Only ``file://`` runs can be opened here; object stores (``s3a://``, ``gs://``, ``hdfs://``) are
-checked as far as the mapping to pyarrow's spelling and the resolution of a scheme go.
+Runs on object stores are opened in ``test_remote_runs.py`` (an in-memory pyarrow file system)
+and ``tests/integration/test_s3_runs.py`` (moto's S3 server); here the URIs' mapping to pyarrow's
+spelling and the resolution of a scheme.
 """
 
 from __future__ import annotations
