@@ -9,26 +9,48 @@ the column statistics: nulls in non-nullable columns (those whose Parquet leaf c
 null; a REQUIRED leaf cannot), the rank column against the partition, and the step range (no
 negative step, none past ``MAX_STEP``) -> one ``ShardInfo`` per file. Every problem is a ``ShardError`` or ``SchemaVersionError``
 whose one-line message names the file.
+
+Shards whose commit line states their size, steps and footer checksum (``commitlog.ShardFact``,
+``committed``) skip the footer at open: their size is checked against the commit (``stat``), and
+their ``ShardInfo`` comes from it. ``FooterChecks.verify`` checks such a shard's footer bytes
+against the committed checksum when a read first selects it (a few microseconds, no parse); a
+footer that differs is validated as above, so a damaged shard gives the same one-line error as
+when every footer was parsed at open, and one that passes all the same differs from its commit:
+also refused. A size that differs from the commit is refused at open, after the footer checks.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import stat
+import threading
+import zlib
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from detfp_analyze.errors import SchemaVersionError, ShardError
 from detfp_capture import contract
-from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
+from detfp_capture.commitlog import ShardFact
 
-__all__ = ["MAX_FOOTER_BYTES", "MAX_STEP", "ShardInfo", "partition_rank", "scan_shards", "shown_name", "visible"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+__all__ = [
+    "MAX_FOOTER_BYTES",
+    "MAX_STEP",
+    "Committed",
+    "FooterChecks",
+    "ShardInfo",
+    "partition_rank",
+    "scan_shards",
+    "shown_name",
+    "visible",
+]
 
 #: Footers larger than this are refused before pyarrow parses them (a real shard's footer is a
 #: few KiB to a few hundred KiB; a hostile one could claim gigabytes).
@@ -58,6 +80,15 @@ class ShardInfo:
     step_max: int | None
     #: Flush window from the file name ``part-sSSSSS-wWWWWWWW.parquet``; None for other names.
     window: int | None = None
+    #: The shard's footer checksum from its commit line when the footer was not parsed at open
+    #: (``FooterChecks.verify`` checks it before the first read); None: validated from its footer.
+    footer_crc32: int | None = None
+    #: The file as one-line messages name it (set with ``footer_crc32``).
+    shown: str | None = None
+
+
+#: (table, rank, segment, window) -> (rows, fact) of a shard as its commit line states it.
+Committed = Mapping[tuple[str, int, int, int], tuple[int, ShardFact]]
 
 
 def shown_name(name: str) -> str:
@@ -109,6 +140,8 @@ class _SchemaCheck:
 
 
 def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
+    import pyarrow as pa
+
     # Other producers may pick the large/small variant of the same logical type.
     def norm(t: pa.DataType) -> pa.DataType:
         if pa.types.is_large_string(t):
@@ -133,6 +166,8 @@ _RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
 
 
 def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
+    from detfp_capture.arrowschema import arrow_schema
+
     try:
         actual = md.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow raises several types for exotic footers
@@ -160,14 +195,6 @@ def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
     return _SchemaCheck(None, index)
 
 
-try:
-    # The reader object behind ``pq.ParquetFile`` (same open, same checks on a hostile footer),
-    # without ParquetFile's Python-side column-path index, which validation never uses.
-    from pyarrow._parquet import ParquetReader as _ParquetReader
-except ImportError:  # pragma: no cover - a pyarrow that moved it: the public path below
-    _ParquetReader = None
-
-
 def _parse_footer(end: bytes) -> pq.FileMetaData:
     """The ``FileMetaData`` of a Parquet file's end (footer, its length, the magic).
 
@@ -178,39 +205,52 @@ def _parse_footer(end: bytes) -> pq.FileMetaData:
     ``pyarrow._parquet._reconstruct_filemetadata`` (62 us): on fuzzed footers it aborts the
     process instead of raising.
     """
+    # pyarrow is imported here, not with the module: a run whose shards are all committed
+    # (``scan_shards``) is opened and bisected without it (the CLI's start-up time).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     source = pa.BufferReader(b"PAR1" + end)
-    if _ParquetReader is None:  # pragma: no cover
+    try:
+        # The reader object behind ``pq.ParquetFile`` (same open, same checks on a hostile footer),
+        # without ParquetFile's Python-side column-path index, which validation never uses.
+        from pyarrow._parquet import ParquetReader
+    except ImportError:  # pragma: no cover - a pyarrow that moved it: the public path
         return pq.read_metadata(source)
-    reader = _ParquetReader()
+    reader = ParquetReader()
     reader.open(source, pre_buffer=False)  # as pq.ParquetFile opens it
     return reader.metadata
 
 
-def _read_footer(path: Path) -> pq.FileMetaData | str:
-    """The footer, or one line saying why the file is not usable Parquet.
+def _footer_bytes(path: Path) -> bytes | str:
+    """The file's last ``footer length + 8`` bytes (footer, its length, the magic), or one line
+    saying why it has no readable footer. One open: the last 8 bytes, then the footer."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < 12:
+            return f"{size} bytes, too short for Parquet"
+        f.seek(size - 8)
+        tail = f.read(8)
+        if tail[4:] != b"PAR1":
+            return "no Parquet magic at the end (truncated or foreign file)"
+        length = int.from_bytes(tail[:4], "little")
+        if length > size - 12:
+            return f"footer length {length} exceeds the file ({size} bytes): truncated"
+        if length > MAX_FOOTER_BYTES:
+            return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
+        f.seek(size - 8 - length)
+        end = f.read(length + 8)
+    if end[-8:] != tail:  # the file changed since its size was read
+        return "the file changed while its footer was read (still being written?)"
+    return end
 
-    The file is opened once: its last 8 bytes (footer length, magic), then the footer itself,
-    parsed from memory by ``_parse_footer``.
-    """
+
+def _read_footer(path: Path) -> pq.FileMetaData | str:
+    """The footer, or one line saying why the file is not usable Parquet (``_footer_bytes``,
+    parsed from memory by ``_parse_footer``)."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size < 12:
-                return f"{size} bytes, too short for Parquet"
-            f.seek(size - 8)
-            tail = f.read(8)
-            if tail[4:] != b"PAR1":
-                return "no Parquet magic at the end (truncated or foreign file)"
-            length = int.from_bytes(tail[:4], "little")
-            if length > size - 12:
-                return f"footer length {length} exceeds the file ({size} bytes): truncated"
-            if length > MAX_FOOTER_BYTES:
-                return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
-            f.seek(size - 8 - length)
-            end = f.read(length + 8)
-        if end[-8:] != tail:  # the file changed since its size was read
-            return "the file changed while its footer was read (still being written?)"
-        return _parse_footer(end)
+        end = _footer_bytes(path)
+        return end if isinstance(end, str) else _parse_footer(end)
     except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
         return " ".join(str(exc).split())[:160] or type(exc).__name__
 
@@ -290,8 +330,17 @@ def _listdir(path: Path, shown: str) -> list[Path]:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
 
 
-def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> list[tuple[str, int, Path, str]]:
-    out: list[tuple[str, int, Path, str]] = []
+def _size(path: Path) -> int | None:
+    """The size of a regular file (links followed), None for anything else (as ``Path.is_file``)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> list[tuple[str, int, Path, str, int]]:
+    out: list[tuple[str, int, Path, str, int]] = []
     for table in contract.TABLES:
         tdir = root / table
         if not tdir.is_dir():
@@ -320,46 +369,157 @@ def _candidates(root: Path, label: str, ranks: set[int], world_size: int) -> lis
                 if not (visible(f.name) and f.name.endswith(".parquet")):
                     continue
                 shown = f"{label}/{table}/{rdir.name}/{shown_name(f.name)}"
-                if not f.is_file():  # silently skipping it would hide a shard
+                size = _size(f)
+                if size is None:  # silently skipping it would hide a shard
                     raise ShardError(
                         f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
                     )
-                out.append((table, rank, f, shown))
+                out.append((table, rank, f, shown, size))
     return out
 
 
-def scan_shards(root: Path, label: str, ranks: set[int], world_size: int) -> dict[str, tuple[ShardInfo, ...]]:
-    """Every shard of ``ranks`` under ``root``, validated from its footer, by table, sorted by (rank, name)."""
+class _Validator:
+    """The footer checks of ``scan_shards``, with the per-table cache of distinct schemas."""
+
+    def __init__(self) -> None:
+        self.checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
+        self.nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
+
+    def info(self, table: str, rank: int, path: Path, shown: str, md: pq.FileMetaData | str) -> ShardInfo:
+        """The ShardInfo of a parsed footer (``_read_footer``'s result), or its one-line error."""
+        if isinstance(md, str):
+            raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
+        from detfp_capture.arrowschema import SCHEMA_VERSION_KEY
+
+        version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
+        if version is not None and version != str(contract.SCHEMA_VERSION).encode():
+            raise SchemaVersionError(
+                f"{shown}: schema version {shown_name(version.decode(errors='replace'))[:40]} is not supported "
+                f"(this detfp reads schema version {contract.SCHEMA_VERSION}); "
+                "analyze it with the detfp release that wrote it"
+            )
+        # Shards of one writer share their schema: check each distinct schema once.
+        known = self.checks.setdefault(table, [])
+        check = next((c for s, c in known if s.equals(md.schema)), None)
+        if check is None:
+            check = _check_schema(table, md)
+            known.append((md.schema, check))
+        if check.problem is not None:
+            raise ShardError(
+                f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
+            )
+        return _shard_info(table, rank, path, shown, md, check, self.nullables[table])
+
+
+def _committed_info(table: str, rank: int, path: Path, shown: str, rows: int, fact: ShardFact) -> ShardInfo:
+    m = _SHARD_NAME.fullmatch(path.name)
+    assert m is not None  # committed facts are only looked up by a shard name's segment and window
+    return ShardInfo(
+        path=path,
+        table=table,
+        rank=rank,
+        segment=int(m.group(1)),
+        num_rows=rows,
+        step_min=fact.step_min if rows else None,
+        step_max=fact.step_max if rows else None,
+        window=int(m.group(2)),
+        footer_crc32=fact.footer_crc32,
+        shown=shown,
+    )
+
+
+def _fact(committed: Committed | None, table: str, rank: int, path: Path) -> tuple[int, ShardFact] | None:
+    if not committed:
+        return None
+    m = _SHARD_NAME.fullmatch(path.name)
+    return None if m is None else committed.get((table, rank, int(m.group(1)), int(m.group(2))))
+
+
+def scan_shards(
+    root: Path, label: str, ranks: set[int], world_size: int, committed: Committed | None = None
+) -> dict[str, tuple[ShardInfo, ...]]:
+    """Every shard of ``ranks`` under ``root``, by table, sorted by (rank, name): validated from
+    its footer, or, when ``committed`` states it and its size agrees, from its commit line (its
+    footer is then checked on first read: ``FooterChecks``)."""
     candidates = _candidates(root, label, ranks, world_size)
+    infos: list[ShardInfo | None] = [None] * len(candidates)
+    parse: list[int] = []  # candidates whose footers are read now
+    for i, (table, rank, path, shown, size) in enumerate(candidates):
+        got = _fact(committed, table, rank, path)
+        if got is not None and got[1].size == size:
+            infos[i] = _committed_info(table, rank, path, shown, got[0], got[1])
+        else:
+            parse.append(i)
     # Footers in chunks: one pool task per file costs more in task overhead than the
     # parsing it overlaps (measured on thousands of small shards). Results are consumed in
     # candidate order as they arrive, so checking them overlaps reading the next chunks.
     step = _FOOTER_CHUNK
-    chunked = [[c[2] for c in candidates[i : i + step]] for i in range(0, len(candidates), step)]
-    nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
-    checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
-    out: dict[str, list[ShardInfo]] = {}
+    chunked = [[candidates[i][2] for i in parse[j : j + step]] for j in range(0, len(parse), step)]
+    check = _Validator()
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         footers = (md for part in pool.map(lambda ps: [_read_footer(p) for p in ps], chunked) for md in part)
-        for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
-            if isinstance(md, str):
-                raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
-            version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
-            if version is not None and version != str(contract.SCHEMA_VERSION).encode():
-                raise SchemaVersionError(
-                    f"{shown}: schema version {shown_name(version.decode(errors='replace'))[:40]} is not supported "
-                    f"(this detfp reads schema version {contract.SCHEMA_VERSION}); "
-                    "analyze it with the detfp release that wrote it"
-                )
-            # Shards of one writer share their schema: check each distinct schema once.
-            known = checks.setdefault(table, [])
-            check = next((c for s, c in known if s.equals(md.schema)), None)
-            if check is None:
-                check = _check_schema(table, md)
-                known.append((md.schema, check))
-            if check.problem is not None:
+        for i, md in zip(parse, footers, strict=True):
+            table, rank, path, shown, size = candidates[i]
+            infos[i] = info = check.info(table, rank, path, shown, md)
+            got = _fact(committed, table, rank, path)
+            # Other rows than committed: the completeness check's row_mismatch gap, as always.
+            if got is not None and info.num_rows == got[0]:  # a usable footer, but not the committed file
                 raise ShardError(
-                    f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
+                    f"{shown}: {size} bytes, its commit line says {got[1].size}: the shard was truncated, "
+                    f"rewritten or replaced after its window was committed; {FIX_SHARD}"
                 )
-            out.setdefault(table, []).append(_shard_info(table, rank, path, shown, md, check, nullables[table]))
+    out: dict[str, list[ShardInfo]] = {}
+    for info in infos:
+        assert info is not None
+        out.setdefault(info.table, []).append(info)
     return {t: tuple(v) for t, v in out.items()}
+
+
+class FooterChecks:
+    """Which committed shards of one opened run have had their footer checked (``verify``).
+
+    A shard that ``scan_shards`` took from its commit line (``ShardInfo.footer_crc32``) is
+    checked once, before the first read that selects it: the CRC-32 of its footer bytes against
+    the committed one. Thread-safe (the walk reads in a background thread).
+    """
+
+    def __init__(self) -> None:
+        self._done: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def verify(self, shards: Iterable[ShardInfo]) -> None:
+        """Raise the one-line ShardError (or SchemaVersionError) of the first of ``shards`` whose
+        footer is not the one its commit line recorded; shards validated at open pass."""
+        with self._lock:
+            todo = [s for s in shards if s.footer_crc32 is not None and s.path not in self._done]
+        if not todo:
+            return
+        if len(todo) > _FOOTER_CHUNK:
+            with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+                ok = list(pool.map(_footer_matches, todo, chunksize=_FOOTER_CHUNK))
+        else:
+            ok = [_footer_matches(s) for s in todo]
+        for s, good in zip(todo, ok, strict=True):
+            if not good:
+                _refuse(s)
+        with self._lock:
+            self._done.update(s.path for s in todo)
+
+
+def _footer_matches(s: ShardInfo) -> bool:
+    try:
+        end = _footer_bytes(s.path)
+    except OSError:
+        return False
+    return not isinstance(end, str) and zlib.crc32(end) == s.footer_crc32
+
+
+def _refuse(s: ShardInfo) -> None:
+    """The error of a committed shard whose footer bytes differ from its commit: the footer
+    checks of ``scan_shards`` (the same message as when it is parsed at open), else its own."""
+    shown = s.shown or str(s.path)
+    _Validator().info(s.table, s.rank, s.path, shown, _read_footer(s.path))
+    raise ShardError(
+        f"{shown}: its footer is not the one its commit line recorded (checksum differs): the shard was "
+        f"rewritten or damaged after its window was committed; {FIX_SHARD}"
+    )

@@ -40,7 +40,7 @@ from detfp_analyze.errors import (
     SchemaVersionError,
 )
 from detfp_analyze.io import completeness as _completeness
-from detfp_analyze.io.footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
+from detfp_analyze.io.footers import FooterChecks, ShardInfo, partition_rank, scan_shards, shown_name, visible
 from detfp_analyze.io.uri import local_path
 from detfp_analyze.ranks import rank_list
 from detfp_capture import contract
@@ -100,6 +100,8 @@ class Run:
     #: this run (or, after ``completeness.restrict_pair``, the run it is compared with) does not
     #: hold completely. Empty unless opened with ``allow_incomplete``.
     excluded: Mapping[int, _completeness.StepRanges] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    #: Footers of shards taken from their commit lines, checked on first read (``footers.FooterChecks``).
+    footer_checks: FooterChecks = field(default_factory=FooterChecks, repr=False)
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -129,7 +131,9 @@ class Run:
         """
         contract.columns(table)  # KeyError naming the known tables
         wanted = None if ranks is None else {int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)}
-        return [s.path for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        shards = [s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        self.footer_checks.verify(shards)
+        return [s.path for s in shards]
 
     def supersession(self) -> tuple[tuple[int, int, int], ...]:
         """(rank, segment, first_step) triples: rows of that rank and segment with step >= first_step
@@ -155,6 +159,7 @@ class Run:
         """
         schema = polars_schema(table)
         shards = self._select(table, ranks, steps)
+        self.footer_checks.verify(shards)
         if not shards:
             return pl.LazyFrame(schema=schema)
         lf = pl.scan_parquet(
@@ -435,9 +440,12 @@ def open_run(path: str | os.PathLike[str], *, allow_missing_ranks: bool = False,
             "pass allow_missing_ranks=True (--allow-missing-ranks) to analyze the ranks present"
         )
     ranks = tuple(sorted(found))
-    shards = scan_shards(root.resolve(), label, set(ranks), world_size)
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
-    comp = _completeness.check(root.resolve(), label, manifests, shards)
+    # Commit logs first: shards whose commit line states them are not parsed now (footers).
+    logs = _completeness.read_logs(root.resolve(), label, manifests)
+    committed = _completeness.committed_shards(manifests, logs)
+    shards = scan_shards(root.resolve(), label, set(ranks), world_size, committed)
+    comp = _completeness.check(root.resolve(), label, manifests, shards, logs)
     if comp.gaps and not allow_incomplete:
         raise IncompleteRunError(_completeness.refusal(label, comp))
     if comp.dropped:
