@@ -495,8 +495,10 @@ class FooterChecks:
         if not todo:
             return
         if len(todo) > _FOOTER_CHUNK:
+            # In chunks, as in scan_shards (ThreadPoolExecutor.map ignores its chunksize).
+            parts = [todo[i : i + _FOOTER_CHUNK] for i in range(0, len(todo), _FOOTER_CHUNK)]
             with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-                ok = list(pool.map(_footer_matches, todo, chunksize=_FOOTER_CHUNK))
+                ok = [good for part in pool.map(lambda p: [_footer_matches(s) for s in p], parts) for good in part]
         else:
             ok = [_footer_matches(s) for s in todo]
         for s, good in zip(todo, ok, strict=True):
