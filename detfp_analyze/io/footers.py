@@ -12,7 +12,7 @@ whose one-line message names the file.
 
 Shards whose commit line states their size, steps and footer checksum (``commitlog.ShardFact``,
 ``committed``) skip the footer at open: their size is checked against the commit (``stat``), and
-their ``ShardInfo`` comes from it. ``FooterChecks.verify`` checks such a shard's footer bytes
+their ``ShardInfo`` comes from it. ``committed.FooterChecks`` checks such a shard's footer bytes
 against the committed checksum when a read first selects it (a few microseconds, no parse); a
 footer that differs is validated as above, so a damaged shard gives the same one-line error as
 when every footer was parsed at open, and one that passes all the same differs from its commit:
@@ -24,9 +24,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-import threading
-import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +42,6 @@ __all__ = [
     "MAX_FOOTER_BYTES",
     "MAX_STEP",
     "Committed",
-    "FooterChecks",
     "ShardInfo",
     "partition_rank",
     "scan_shards",
@@ -81,7 +78,7 @@ class ShardInfo:
     #: Flush window from the file name ``part-sSSSSS-wWWWWWWW.parquet``; None for other names.
     window: int | None = None
     #: The shard's footer checksum from its commit line when the footer was not parsed at open
-    #: (``FooterChecks.verify`` checks it before the first read); None: validated from its footer.
+    #: (``committed.FooterChecks`` checks it before the first read); None: validated from its footer.
     footer_crc32: int | None = None
     #: The file as one-line messages name it (set with ``footer_crc32``).
     shown: str | None = None
@@ -440,7 +437,7 @@ def scan_shards(
 ) -> dict[str, tuple[ShardInfo, ...]]:
     """Every shard of ``ranks`` under ``root``, by table, sorted by (rank, name): validated from
     its footer, or, when ``committed`` states it and its size agrees, from its commit line (its
-    footer is then checked on first read: ``FooterChecks``)."""
+    footer is then checked on first read: ``committed.FooterChecks``)."""
     candidates = _candidates(root, label, ranks, world_size)
     infos: list[ShardInfo | None] = [None] * len(candidates)
     parse: list[int] = []  # candidates whose footers are read now
@@ -473,55 +470,3 @@ def scan_shards(
         assert info is not None
         out.setdefault(info.table, []).append(info)
     return {t: tuple(v) for t, v in out.items()}
-
-
-class FooterChecks:
-    """Which committed shards of one opened run have had their footer checked (``verify``).
-
-    A shard that ``scan_shards`` took from its commit line (``ShardInfo.footer_crc32``) is
-    checked once, before the first read that selects it: the CRC-32 of its footer bytes against
-    the committed one. Thread-safe (the walk reads in a background thread).
-    """
-
-    def __init__(self) -> None:
-        self._done: set[Path] = set()
-        self._lock = threading.Lock()
-
-    def verify(self, shards: Iterable[ShardInfo]) -> None:
-        """Raise the one-line ShardError (or SchemaVersionError) of the first of ``shards`` whose
-        footer is not the one its commit line recorded; shards validated at open pass."""
-        with self._lock:
-            todo = [s for s in shards if s.footer_crc32 is not None and s.path not in self._done]
-        if not todo:
-            return
-        if len(todo) > _FOOTER_CHUNK:
-            # In chunks, as in scan_shards (ThreadPoolExecutor.map ignores its chunksize).
-            parts = [todo[i : i + _FOOTER_CHUNK] for i in range(0, len(todo), _FOOTER_CHUNK)]
-            with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-                ok = [good for part in pool.map(lambda p: [_footer_matches(s) for s in p], parts) for good in part]
-        else:
-            ok = [_footer_matches(s) for s in todo]
-        for s, good in zip(todo, ok, strict=True):
-            if not good:
-                _refuse(s)
-        with self._lock:
-            self._done.update(s.path for s in todo)
-
-
-def _footer_matches(s: ShardInfo) -> bool:
-    try:
-        end = _footer_bytes(s.path)
-    except OSError:
-        return False
-    return not isinstance(end, str) and zlib.crc32(end) == s.footer_crc32
-
-
-def _refuse(s: ShardInfo) -> None:
-    """The error of a committed shard whose footer bytes differ from its commit: the footer
-    checks of ``scan_shards`` (the same message as when it is parsed at open), else its own."""
-    shown = s.shown or str(s.path)
-    _Validator().info(s.table, s.rank, s.path, shown, _read_footer(s.path))
-    raise ShardError(
-        f"{shown}: its footer is not the one its commit line recorded (checksum differs): the shard was "
-        f"rewritten or damaged after its window was committed; {FIX_SHARD}"
-    )

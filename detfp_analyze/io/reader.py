@@ -40,7 +40,8 @@ from detfp_analyze.errors import (
     SchemaVersionError,
 )
 from detfp_analyze.io import completeness as _completeness
-from detfp_analyze.io.footers import FooterChecks, ShardInfo, partition_rank, scan_shards, shown_name, visible
+from detfp_analyze.io.committed import FooterChecks
+from detfp_analyze.io.footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
 from detfp_analyze.io.uri import local_path
 from detfp_analyze.ranks import rank_list
 from detfp_capture import contract
@@ -100,7 +101,7 @@ class Run:
     #: this run (or, after ``completeness.restrict_pair``, the run it is compared with) does not
     #: hold completely. Empty unless opened with ``allow_incomplete``.
     excluded: Mapping[int, _completeness.StepRanges] = field(default_factory=lambda: MappingProxyType({}), repr=False)
-    #: Footers of shards taken from their commit lines, checked on first read (``footers.FooterChecks``).
+    #: Footers of shards taken from their commit lines, checked on first read (``committed.FooterChecks``).
     footer_checks: FooterChecks = field(default_factory=FooterChecks, repr=False)
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
 from detfp_analyze.errors import IncompleteRunError, ShardError
-from detfp_analyze.io import footers
+from detfp_analyze.io import committed, footers
 from detfp_analyze.io.reader import open_run
 from detfp_capture import commitlog, contract
 from tests.fixtures.shards import hexdigest, write_run
@@ -110,8 +110,8 @@ def test_committed_shards_open_without_a_footer_parse_and_bisect_the_same(writte
 
 def test_a_read_checks_only_the_footers_it_selects_once(written, monkeypatch):
     checked: list[Path] = []
-    real = footers._footer_bytes
-    monkeypatch.setattr(footers, "_footer_bytes", lambda p: checked.append(p) or real(p))
+    real = committed._footer_bytes
+    monkeypatch.setattr(committed, "_footer_bytes", lambda p: checked.append(p) or real(p))
     run = open_run(written["a"])
     run.scan("records", ranks=[1], steps=[1]).collect()
     assert [p.relative_to(run.path).as_posix() for p in checked] == [SHARD]
