@@ -56,7 +56,8 @@ COMMIT_LOG_VERSION = 1
 #: field (and still parse every footer), so runs written with it stay readable by older releases.
 #: A manifest whose launch writes the field says so under the key ``shard_facts``.
 SHARD_FACTS_VERSION = 1
-#: Readers refuse larger logs (a window line is ~150 bytes: this is ~400,000 windows).
+#: Readers refuse larger logs (a window line is ~150 bytes, ~300 with its shard facts: this is
+#: 200,000 to 400,000 windows).
 COMMIT_LOG_MAX_BYTES = 64 << 20
 #: Longer lines are unreadable (a legitimate line is a few hundred bytes; a reason is capped).
 _MAX_LINE = 64 << 10
