@@ -65,10 +65,12 @@ def call_facts(al: pl.DataFrame, queries: Iterable[tuple[int, int]]) -> dict[tup
         .rename({"call_hash": "c"})
     )
     upstream = (
-        rows.join(calls.select("rank", "c", "start"), on="rank")
+        rows.with_columns((pl.col("o1").cast(pl.Int64) * (1 << 32) + pl.col("i").cast(pl.Int64)).alias("last"))
+        .join(calls.select("rank", "c", "start"), on="rank")
         .filter((pl.col("o1") < pl.col("start")) & (pl.col("call_hash") != pl.col("c")))
         .group_by("rank", "c")
-        .agg(pl.col("call_hash").sort_by("o1", "i").last().alias("up"))
+        # The last row in (o1, row order): the row of the largest (o1, i), one integer each.
+        .agg(pl.col("call_hash").get(pl.col("last").arg_max()).alias("up"))
     )
     call_first = rows.group_by("rank", "call_hash").agg(pl.col("o1").min().alias("up_first"))
     rank_first = rows.group_by("rank").agg(pl.col("o1").min().alias("rank_first"))

@@ -25,6 +25,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -198,6 +199,11 @@ class Run:
 
     def _cutoffs(self) -> dict[tuple[int, int], int]:
         """(rank, segment) -> first step a later segment of that rank captured again."""
+        return self._cutoff_map
+
+    @cached_property
+    def _cutoff_map(self) -> dict[tuple[int, int], int]:
+        # Once per Run (its manifests never change), not twice per scan: the walk scans per rank.
         return _completeness.cutoffs(self.manifests)
 
     def _excluded_expr(self, ranks: set[int]) -> pl.Expr | None:
