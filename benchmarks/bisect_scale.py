@@ -298,6 +298,7 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
         f"{'size':<4} {'case':<9} | {'after s':>7} {'cpu':>5} {'MiB':>5} | {'before s':>8} {'cpu':>5} {'MiB':>5} | "
         f"{'cli after':>9} {'MiB':>5} {'cli before':>10} {'MiB':>5} | {'naive s':>7} {'MiB':>5} | check"
     )
+    byte_compile(Path(__file__).resolve().parents[1])
     print(head)
     print("-" * len(head), flush=True)
     for size in sizes:
@@ -340,11 +341,27 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
     )
 
 
+def byte_compile(*trees: Path) -> None:
+    """Byte-compile the packages of ``trees`` once, when this environment does not write bytecode
+    (PYTHONDONTWRITEBYTECODE): every child would otherwise compile detfp's sources again at start
+    (~0.3 CPU s), which an installed package never does. Python still reads the compiled files."""
+    if not sys.flags.dont_write_bytecode:
+        return
+    import compileall
+
+    for tree in trees:
+        for pkg in ("detfp_analyze", "detfp_capture"):
+            if (tree / pkg).is_dir():
+                compileall.compile_dir(str(tree / pkg), quiet=1)
+    print("PYTHONDONTWRITEBYTECODE is set: both trees were byte-compiled first, as an installed package is", flush=True)
+
+
 def compare_code(work: Path, sizes: list[str], reps: int, baseline: Path, cases: tuple[str, ...] = CASES) -> None:
     """This tree against ``baseline`` (another checkout's root, put first on PYTHONPATH) on the
     issue-15 rows, stored rollups on: the whole CLI process for the CLI sizes, the bisect child
     for the others; repeats interleaved (base, this, this, base, ...), medians and minima, each
     child's peak memory, and whether both trees print byte-identical JSON reports."""
+    byte_compile(baseline.resolve(), Path(__file__).resolve().parents[1])
     base_env = {"PYTHONPATH": str(baseline.resolve()), "DETFP_BISECT_ROLLUPS": "1"}
     this_env = {"DETFP_BISECT_ROLLUPS": "1"}
     head = (

@@ -7,9 +7,13 @@ Completeness contract (docs/trace-format.md §5a, docs/reliability.md). Next to 
 
 * ``{"t": "open", "version": 1, "rank": R, "segment": S}`` first, written when the writer
   starts; the file is created with ``O_EXCL``, so two launches can never share a segment;
-* ``{"t": "window", "window": W, "rows": {table: n, ...}, "steps": [lo, hi] | null}`` after
-  every shard of flush window W is renamed into place (tables with no rows are left out;
-  windows are numbered 0, 1, 2, ... without gaps);
+* ``{"t": "window", "window": W, "rows": {table: n, ...}, "steps": [lo, hi] | null,
+  "shards": {table: [bytes, first step, last step, footer crc32], ...}}`` after every shard of
+  flush window W is renamed into place (tables with no rows are left out; windows are numbered
+  0, 1, 2, ... without gaps). ``shards`` (``SHARD_FACTS_VERSION``, manifest key
+  ``shard_facts``) lets a reader trust a shard by its size and check its footer's bytes only
+  when it reads the shard, instead of parsing every footer up front; lines without it (older
+  writers) are read as before, and readers before it ignore it;
 * ``{"t": "fail", "window": W, "reason": "..."}`` when the writer stops at window W (disk full,
   file-size limit, permissions): W and every later window are lost;
 * ``{"t": "close", "windows": N, "status": "ok" | "incomplete", "reason": str | null}`` last,
@@ -29,22 +33,31 @@ import os
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "COMMIT_LOG_MAX_BYTES",
     "COMMIT_LOG_VERSION",
+    "SHARD_FACTS_VERSION",
     "CommitLog",
     "LogState",
+    "ShardFact",
     "commit_log_relpath",
     "encode",
     "parse",
+    "shard_fact",
 ]
 
 #: Version of the commit-log format; a manifest written with a commit log says so in its
 #: ``commit_log`` key (absent: a legacy run written before the completeness contract).
 COMMIT_LOG_VERSION = 1
-#: Readers refuse larger logs (a window line is ~150 bytes: this is ~400,000 windows).
+#: Version of the ``shards`` field of window lines (per shard: bytes, step range, footer checksum).
+#: An addition to COMMIT_LOG_VERSION 1, not a new log format: readers that predate it ignore the
+#: field (and still parse every footer), so runs written with it stay readable by older releases.
+#: A manifest whose launch writes the field says so under the key ``shard_facts``.
+SHARD_FACTS_VERSION = 1
+#: Readers refuse larger logs (a window line is ~150 bytes, ~300 with its shard facts: this is
+#: 200,000 to 400,000 windows).
 COMMIT_LOG_MAX_BYTES = 64 << 20
 #: Longer lines are unreadable (a legitimate line is a few hundred bytes; a reason is capped).
 _MAX_LINE = 64 << 10
@@ -61,6 +74,24 @@ def encode(record: Mapping[str, Any]) -> bytes:
     body = json.dumps(dict(record), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
     data = body.encode("ascii")
     return b"%08x %s\n" % (zlib.crc32(data), data)
+
+
+class ShardFact(NamedTuple):
+    """What a window line commits about one of its shards (``shards`` field)."""
+
+    #: Size of the file in bytes.
+    size: int
+    #: First and last step of its rows.
+    step_min: int
+    step_max: int
+    #: CRC-32 of the file's last ``footer length + 8`` bytes: the Parquet footer, its length, the magic.
+    footer_crc32: int
+
+
+def shard_fact(data: bytes, step_min: int, step_max: int) -> ShardFact:
+    """The fact of a Parquet file whose whole content is ``data`` (the writer has it in memory)."""
+    length = int.from_bytes(data[-8:-4], "little")
+    return ShardFact(len(data), step_min, step_max, zlib.crc32(data[len(data) - 8 - length :]))
 
 
 def _decode(line: bytes) -> dict | None:
@@ -95,6 +126,9 @@ class LogState:
     bad_lines: int = 0
     #: The last line is incomplete (no newline): the writer was stopped mid-append.
     torn_tail: bool = False
+    #: window -> table -> ShardFact, for the readable window lines that carry a well-formed
+    #: ``shards`` field (a malformed one is left out: those shards are checked from their footers).
+    shards: dict[int, dict[str, ShardFact]] = field(default_factory=dict)
 
 
 def _int(v: Any) -> int | None:
@@ -126,6 +160,11 @@ def _record(state: LogState, rec: dict) -> bool:
                 return False
             span = (lo, hi)
         state.windows[w] = (counts, span)  # type: ignore[assignment]
+        facts = _facts(rec.get("shards"), counts)
+        if facts is not None:
+            state.shards[w] = facts
+        elif w in state.shards:  # a later line for the same window without facts: trust neither
+            del state.shards[w]
         return True
     if kind == "fail":
         w, reason = _int(rec.get("window")), rec.get("reason")
@@ -141,6 +180,22 @@ def _record(state: LogState, rec: dict) -> bool:
         state.close = (n, status, None if reason is None else reason[:_MAX_REASON])
         return True
     return False  # an unknown record type from a newer writer: not understood, not trusted
+
+
+def _facts(raw: Any, counts: Mapping[str, int | None]) -> dict[str, ShardFact] | None:
+    """The ``shards`` field of a window line, or None when absent or not what the format says
+    (then the reader checks those shards from their footers, as for older writers)."""
+    if not isinstance(raw, dict) or set(raw) != {t for t, n in counts.items() if n}:
+        return None
+    out = {}
+    for table, v in raw.items():
+        if not (isinstance(v, list) and len(v) == 4):
+            return None
+        size, lo, hi, crc = (_int(x) for x in v)
+        if size is None or lo is None or hi is None or crc is None or lo > hi or crc >= 1 << 32:
+            return None
+        out[str(table)] = ShardFact(size, lo, hi, crc)
+    return out
 
 
 def parse(data: bytes) -> LogState:

@@ -297,5 +297,6 @@ def collect_manifest(
         "capture": dict(capture or {}),
         "commit_log": commitlog.COMMIT_LOG_VERSION,
         "rollups": contract.ROLLUP_VERSION,
+        "shard_facts": commitlog.SHARD_FACTS_VERSION,
     }
     return manifest

@@ -218,6 +218,9 @@ class ShardWriter:
     ``max_pending_windows`` queued windows plus the one being written are alive at once.
     ``rollups``: also write each window's rollups table (``rollups.window_rollups``); the caller
     then says so in its manifest (``contract.ROLLUP_VERSION`` under the key ``rollups``).
+    ``shard_facts``: each commit line carries its shards' sizes, step ranges and footer checksums
+    (``commitlog.ShardFact``; manifest key ``shard_facts``); False only writes runs as older
+    writers did, for tests of that path.
     Creating it creates the commit log exclusively (RunExistsError when this rank and segment
     already have one; OSError when the directory cannot be written).
     """
@@ -233,6 +236,7 @@ class ShardWriter:
         compression: str = "zstd",
         commit_log: bool = True,
         rollups: bool = False,
+        shard_facts: bool = True,
     ) -> None:
         if max_pending_windows < 1:
             raise ValueError("max_pending_windows must be >= 1")
@@ -263,6 +267,7 @@ class ShardWriter:
         self.peak_pending = 0
         self._on_error = on_error
         self._compression = compression
+        self._shard_facts = shard_facts
         #: Each records shard gets its rollups shard (``contract.ROLLUP_VERSION``); None: a run
         #: written as older writers did (the manifest then has no ``rollups`` key).
         self._positions: _rollups.Positions | None = _rollups.Positions() if rollups else None
@@ -359,6 +364,7 @@ class ShardWriter:
     def _write(self, window: int, tables: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
         _faults.hit("window-start", window)
         rows: dict[str, int] = {}
+        facts: dict[str, list[int]] = {}
         lo: int | None = None
         hi: int | None = None
         built = [
@@ -374,8 +380,9 @@ class ShardWriter:
             if t.num_rows == 0:
                 continue
             steps = cols["step"]  # plain ints: cheaper than an Arrow kernel
-            lo = min(steps) if lo is None else min(lo, min(steps))
-            hi = max(steps) if hi is None else max(hi, max(steps))
+            t_lo, t_hi = min(steps), max(steps)
+            lo = t_lo if lo is None else min(lo, t_lo)
+            hi = t_hi if hi is None else max(hi, t_hi)
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)
             _mkdirs(self.run_dir, path.parent)
             # Serialized in memory first: the file is then written in plain writes (a file-size
@@ -385,13 +392,24 @@ class ShardWriter:
             sink = pa.BufferOutputStream()
             rg = RECORDS_ROW_GROUP if table == "records" else None
             pq.write_table(t, sink, compression=self._compression, row_group_size=rg, **parquet_options(table))
-            _atomic_write_bytes(path, sink.getvalue().to_pybytes(), "shard", window)
+            data = sink.getvalue().to_pybytes()
+            _atomic_write_bytes(path, data, "shard", window)
+            # Size, steps and footer checksum in the commit line: a reader trusts the shard by its
+            # size and checks the footer's bytes only when it reads the shard (commitlog.ShardFact).
+            facts[table] = list(commitlog.shard_fact(data, t_lo, t_hi))
             rows[table] = t.num_rows
             self.rows_written += t.num_rows
             self.files_written += 1
         _faults.hit("commit-before", window)
         if self._log is not None:
-            record = {"t": "window", "window": window, "rows": rows, "steps": None if lo is None else [lo, hi]}
+            record = {
+                "t": "window",
+                "window": window,
+                "rows": rows,
+                "steps": None if lo is None else [lo, hi],
+            }
+            if self._shard_facts:
+                record["shards"] = facts
             self._log.append(record, half=lambda: _faults.hit("commit-mid-write", window))
         _faults.hit("commit-after", window)
         self.windows_written += 1

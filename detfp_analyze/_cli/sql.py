@@ -16,14 +16,15 @@ import math
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import typer
 
 from detfp_analyze._cli import engine as _engine
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, fail, handle_errors
+
+if TYPE_CHECKING:  # pyarrow is imported by the command itself: other commands start without it
+    import pyarrow as pa
 
 __all__ = ["command", "format_table"]
 
@@ -64,6 +65,8 @@ def _text(v: Any) -> str:
 
 def format_table(t: pa.Table) -> str:
     """An aligned plain-text rendering of ``t`` (header, rule, one line per row, row count)."""
+    import pyarrow as pa
+
     names = t.column_names
     rows = [[_text(v) for v in row.values()] for row in t.to_pylist()]
     widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
@@ -151,6 +154,8 @@ def command(
     if fmt is Format.parquet:
         if output is None:
             fail("--format parquet writes binary data; pass --output FILE.parquet")
+        import pyarrow.parquet as pq
+
         pq.write_table(result, output)
         return
     text = {Format.table: format_table, Format.csv: _csv, Format.json: _json}[fmt](result)

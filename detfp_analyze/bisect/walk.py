@@ -24,6 +24,7 @@ import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
+from detfp_analyze.bisect import callfacts as _calls
 from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect, collect_pair
@@ -113,14 +114,10 @@ class _Pick:
         return CallKey(int(self.row["rank"]), int(self.row["step"]), int(self.row["call_hash"]))
 
 
-def _pick(al: pl.DataFrame, row: dict[str, Any]) -> _Pick:
-    """From one rank's narrow alignment: the divergent row, whether its call has a hazard, the
-    call one hop upstream and the record kinds the rank-step holds (what else the capture saw)."""
-    call = al.filter(pl.col("call_hash") == row["call_hash"])
-    start = call["o1"].min()
-    prev = al.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
-    upstream = int(prev.sort("o1")["call_hash"][-1]) if prev.height else None
-    return _Pick(row, bool(call["hz"].any()), upstream, frozenset(al["kind"].unique().to_list()))
+def _pick(row: dict[str, Any], call: _calls.CallFacts, rank: _calls.RankFacts) -> _Pick:
+    """The divergent row, whether its call has a hazard, the call one hop upstream and the record
+    kinds the rank-step holds (what else the capture saw), from the batch's ``callfacts``."""
+    return _Pick(row, call.hz, call.upstream, rank.kinds)
 
 
 def walk(
@@ -177,35 +174,24 @@ def _outside_slice(al: pl.DataFrame, firsts: pl.DataFrame, cut: Mapping[int, Sli
     rows = [row for row in firsts.to_dicts() if int(row["rank"]) in cut]
     if not rows:
         return out
-    # One partition of the columns needed, not a filter of the whole aligned batch per rank.
-    slim = al.filter(pl.col("rank").is_in([int(row["rank"]) for row in rows])).select("rank", "call_hash", "o1", "hz")
-    parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()}
+    facts = _calls.call_facts(al, [(int(row["rank"]), int(row["call_hash"])) for row in rows])
     for row in rows:
         r = int(row["rank"])
-        c = cut[r]
-        mine = parts[r]
-        call = mine.filter(pl.col("call_hash") == row["call_hash"])
-        if row["kind"] == "module_output" or call["hz"].any():
+        call = facts[(r, int(row["call_hash"]))]
+        if row["kind"] == "module_output" or call.hz:
             out.append(r)
-            continue
-        if not c.cut:
+        elif not cut[r].cut:
             continue  # the slice starts at the step's first record: nothing before it
-        start = call["o1"].min()
-        prev = mine.filter((pl.col("o1") < start) & (pl.col("call_hash") != row["call_hash"]))
-        if not prev.height:
-            out.append(r)
-            continue
-        up = int(prev.sort("o1")["call_hash"][-1])
-        if mine.filter(pl.col("call_hash") == up)["o1"].min() == mine["o1"].min():
-            out.append(r)  # the upstream call may begin before the slice
+        elif call.upstream is None or call.upstream_at_first:
+            out.append(r)  # no call before it in the slice, or the upstream call may begin before the slice
     return sorted(out)
 
 
-def _judge(part: pl.DataFrame, first: _Pick, nxt: _Pick | None, same_calls: Callable[[], bool]) -> str | None:
-    """Why the rank-step changes no value ("hazards", "structure"), or None when it does."""
+def _judge(values: int, first: _Pick, nxt: _Pick | None, same_calls: Callable[[], bool]) -> str | None:
+    """Why the rank-step changes no value ("hazards", "structure"), or None when it does;
+    ``values``: the rank-step's rows that are value evidence without a hazard flag."""
     # Framework bookkeeping whose control flow depends on the process (DDP's finalize order,
     # FSDP's buffer alignment) moves records without changing a value: the state after it is equal.
-    values = part.filter(pl.col("value") & ~pl.col("hz")).height
     if values and first.row["state"] in (rule.REORDERED, rule.SHIFTED) and same_calls():
         values = 0  # the same calls, permuted within their families: occurrence keys only moved
     if first.hz and nxt is None:
@@ -243,24 +229,27 @@ def _walk_batch(
         firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
         cut = {r: c for r, c in cut.items() if r not in reread}
     by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
-    # _pick only needs these columns: partitioning and filtering them per rank is far cheaper
-    # than the full aligned frame (same rows, same order, so the same picks).
+    # The facts of every rank's picked call in one pass over the batch (callfacts), not a few
+    # small queries per rank: the same answers.
     slim = al.select("rank", "call_hash", "o1", "hz", "kind", _VALUE.alias("value"))
-    parts = {int(k[0]): v for k, v in slim.partition_by("rank", as_dict=True).items()} if by_rank else {}
+    facts = _calls.call_facts(slim, [(r, int(row["call_hash"])) for r, row in by_rank.items()])
+    per_rank = _calls.rank_facts(slim) if by_rank else {}
     picks: dict[int, tuple[_Pick | None, _Pick | None]] = {}
     for r in pairs:
         if r not in by_rank:
             _advance(todo, r)  # only no-evidence differences (skipped records) in that step
             continue
-        first = _pick(parts[r], by_rank[r])
+        first = _pick(by_rank[r], facts[(r, int(by_rank[r]["call_hash"]))], per_rank[r])
         if r in cut:
             first = replace(first, kinds=cut[r].kinds)  # the kinds of the whole rank-step
         nxt = None
         if first.hz:
             clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
             if clean.height:
-                nxt = _pick(parts[r], clean.row(0, named=True))
-        passed = _judge(parts[r], first, nxt, lambda r=r: _same_calls(run_a, run_b, r, pairs[r]))
+                row = clean.row(0, named=True)
+                nxt_facts = _calls.call_facts(slim, [(r, int(row["call_hash"]))])
+                nxt = _pick(row, nxt_facts[(r, int(row["call_hash"]))], per_rank[r])
+        passed = _judge(per_rank[r].values, first, nxt, lambda r=r: _same_calls(run_a, run_b, r, pairs[r]))
         held = found.get(r)
         # A false root (a step whose only divergences sit under hazards) stays the rank's first;
         # a step that changes no value otherwise is passed over, kept only for the note on a

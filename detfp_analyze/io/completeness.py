@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from detfp_analyze.errors import ManifestError, SchemaVersionError
-from detfp_analyze.io.footers import ShardInfo
+from detfp_analyze.io.footers import Committed, ShardInfo
 from detfp_analyze.io.store import Location, Store, name_of
 from detfp_capture import commitlog
 
@@ -44,9 +44,11 @@ __all__ = [
     "SegmentState",
     "StepRanges",
     "check",
+    "committed_shards",
     "cutoffs",
     "format_steps",
     "held_ranks",
+    "read_logs",
     "refusal",
     "restrict_pair",
 ]
@@ -214,6 +216,43 @@ def _read_log(st: Store, path: Location, shown: str, manifest: Mapping[str, Any]
     return state
 
 
+#: (rank, segment) -> its parsed commit log (None: none), or the error reading it raised.
+Logs = Mapping[tuple[int, int], "commitlog.LogState | Exception | None"]
+
+
+def read_logs(st: Store, root: Location, label: str, manifests: Mapping[int, Sequence[Mapping[str, Any]]]) -> Logs:
+    """Every (rank, segment)'s commit log, read before the shards are scanned; an error is kept,
+    not raised, so ``check`` raises it where it always did (after the shards' own errors)."""
+    out: dict[tuple[int, int], commitlog.LogState | Exception | None] = {}
+    for rank, ms in sorted(manifests.items()):
+        for m in ms:
+            s = m["segment"]
+            shown = f"{label}/manifest/rank={rank}/segment-{s:05d}.json"
+            try:
+                out[(rank, s)] = _read_log(
+                    st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m
+                )
+            except (ManifestError, SchemaVersionError) as exc:
+                out[(rank, s)] = exc
+    return out
+
+
+def committed_shards(manifests: Mapping[int, Sequence[Mapping[str, Any]]], logs: Logs) -> Committed:
+    """(table, rank, segment, window) -> (rows, ShardFact) of every shard a commit line states
+    (launches whose manifest says ``shard_facts`` is this reader's ``SHARD_FACTS_VERSION``)."""
+    out: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] = {}
+    for rank, ms in manifests.items():
+        for m in ms:
+            log = logs.get((rank, m["segment"]))
+            if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION or not isinstance(log, commitlog.LogState):
+                continue
+            for w, facts in log.shards.items():
+                rows = log.windows[w][0]
+                for table, fact in facts.items():
+                    out[(table, rank, m["segment"], w)] = (rows[table], fact)
+    return out
+
+
 # ------------------------------------------------------------------------------ judging
 @dataclass
 class _Segment:
@@ -322,9 +361,10 @@ def check(
     manifests: Mapping[int, Sequence[Mapping[str, Any]]],
     shards: Mapping[str, Sequence[ShardInfo]],
     st: Store | None = None,
+    logs: Logs | None = None,
 ) -> Completeness:
-    """Judge every (rank, segment) of a run from its commit log, manifest and shard footers
-    (``st``: the run's store, default the local file system)."""
+    """Judge every (rank, segment) of a run from its commit log, manifest and shard footers (``st``:
+    the run's store, default local; ``logs``: as ``read_logs`` read them, default: read here)."""
     st = st if st is not None else Store(Path(root), str(root))
     by_seg: dict[tuple[int, int], dict[int | None, list[ShardInfo]]] = {}
     for infos in shards.values():
@@ -342,7 +382,13 @@ def check(
         for m in ms:
             s = m["segment"]
             shown = f"{label}/manifest/rank={rank}/segment-{s:05d}.json"
-            log = _read_log(st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m)
+            if logs is None:
+                log = _read_log(st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m)
+            else:
+                got = logs[(rank, s)]
+                if isinstance(got, Exception):
+                    raise got
+                log = got
             files = by_seg.get((rank, s), {})
             seg = _Segment(rank, s, m.get("start_step"), log, files, [], [])
             if log is None and m.get("commit_log") is None:

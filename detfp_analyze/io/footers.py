@@ -9,31 +9,48 @@ the column statistics: nulls in non-nullable columns (those whose Parquet leaf c
 null; a REQUIRED leaf cannot), the rank column against the partition, and the step range (no
 negative step, none past ``MAX_STEP``) -> one ``ShardInfo`` per file. Every problem is a ``ShardError`` or ``SchemaVersionError``
 whose one-line message names the file.
+
+Shards whose commit line states their size, steps and footer checksum (``commitlog.ShardFact``,
+``committed``) skip the footer at open: their size is checked against the commit (``stat``), and
+their ``ShardInfo`` comes from it. ``committed.FooterChecks`` checks such a shard's footer bytes
+against the committed checksum when a read first selects it (a few microseconds, no parse); a
+footer that differs is validated as above, so a damaged shard gives the same one-line error as
+when every footer was parsed at open, and one that passes all the same differs from its commit:
+also refused. A size that differs from the commit is refused at open, after the footer checks.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+import stat
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from detfp_analyze.errors import DetfpError, SchemaVersionError, ShardError
+from detfp_analyze.errors import SchemaVersionError, ShardError
+from detfp_analyze.io.footer_read import MAX_FOOTER_BYTES, read_footer
 from detfp_analyze.io.store import Location, Store, name_of
 from detfp_capture import contract
-from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, arrow_schema
+from detfp_capture.commitlog import ShardFact
 
-__all__ = ["MAX_FOOTER_BYTES", "MAX_STEP", "ShardInfo", "partition_rank", "scan_shards", "shown_name", "visible"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-#: Footers larger than this are refused before pyarrow parses them (a real shard's footer is a
-#: few KiB to a few hundred KiB; a hostile one could claim gigabytes).
-MAX_FOOTER_BYTES = 16 << 20
+__all__ = [
+    "MAX_FOOTER_BYTES",
+    "MAX_STEP",
+    "Committed",
+    "ShardInfo",
+    "partition_rank",
+    "scan_shards",
+    "shown_name",
+    "visible",
+]
+
 #: Steps at or past this are refused: no job runs 2^62 steps, and step arithmetic must not overflow.
 MAX_STEP = 1 << 62
 FIX_SHARD = "delete it or re-run the capture"
@@ -44,8 +61,7 @@ _SHARD_NAME = re.compile(r"part-s(\d{5,})-w(\d{7,})\.parquet")
 class ShardInfo:
     """What one shard's footer says (no data read)."""
 
-    #: The Parquet file: its absolute path for a local run, its URI (as the run was given) for a
-    #: remote one (``detfp_analyze.io.store``).
+    #: The Parquet file: an absolute local path, or a URI on the run's file system (``io.store``).
     path: Location
     #: Table the shard belongs to.
     table: str
@@ -60,6 +76,15 @@ class ShardInfo:
     step_max: int | None
     #: Flush window from the file name ``part-sSSSSS-wWWWWWWW.parquet``; None for other names.
     window: int | None = None
+    #: The shard's footer checksum from its commit line when the footer was not parsed at open
+    #: (``committed.FooterChecks`` checks it before the first read); None: validated from its footer.
+    footer_crc32: int | None = None
+    #: The file as one-line messages name it (set with ``footer_crc32``).
+    shown: str | None = None
+
+
+#: (table, rank, segment, window) -> (rows, fact) of a shard as its commit line states it.
+Committed = Mapping[tuple[str, int, int, int], tuple[int, ShardFact]]
 
 
 def shown_name(name: str) -> str:
@@ -111,6 +136,8 @@ class _SchemaCheck:
 
 
 def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
+    import pyarrow as pa
+
     # Other producers may pick the large/small variant of the same logical type.
     def norm(t: pa.DataType) -> pa.DataType:
         if pa.types.is_large_string(t):
@@ -135,6 +162,8 @@ _RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
 
 
 def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
+    from detfp_capture.arrowschema import arrow_schema
+
     try:
         actual = md.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow raises several types for exotic footers
@@ -160,103 +189,6 @@ def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
         if col.path in want and (col.path in _RANGE_COLUMNS or col.max_definition_level > 0):
             index[col.path] = i
     return _SchemaCheck(None, index)
-
-
-try:
-    # The reader object behind ``pq.ParquetFile`` (same open, same checks on a hostile footer),
-    # without ParquetFile's Python-side column-path index, which validation never uses.
-    from pyarrow._parquet import ParquetReader as _ParquetReader
-except ImportError:  # pragma: no cover - a pyarrow that moved it: the public path below
-    _ParquetReader = None
-
-
-def _parse_footer(end: bytes) -> pq.FileMetaData:
-    """The ``FileMetaData`` of a Parquet file's end (footer, its length, the magic).
-
-    Parsed by pyarrow's Parquet reader from memory, as the file ``PAR1`` + ``end``: the
-    reader's own checks guard the parse of a hostile footer. Measured on 2,048 shards: 112 us a
-    footer, against 195 us through ``pq.read_metadata`` of the same bytes and 334 us for
-    ``pq.read_metadata(path)`` (a second open through pyarrow's filesystem layer). Not
-    ``pyarrow._parquet._reconstruct_filemetadata`` (62 us): on fuzzed footers it aborts the
-    process instead of raising.
-    """
-    source = pa.BufferReader(b"PAR1" + end)
-    if _ParquetReader is None:  # pragma: no cover
-        return pq.read_metadata(source)
-    reader = _ParquetReader()
-    reader.open(source, pre_buffer=False)  # as pq.ParquetFile opens it
-    return reader.metadata
-
-
-def _read_footer(path: Path) -> pq.FileMetaData | str:
-    """The footer of a local file, or one line saying why the file is not usable Parquet.
-
-    The file is opened once: its last 8 bytes (footer length, magic), then the footer itself,
-    parsed from memory by ``_parse_footer``.
-    """
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-
-            def read_at(offset: int, n: int) -> bytes:
-                f.seek(offset)
-                return f.read(n)
-
-            return _footer_of(size, read_at, 8)
-    except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"
-        return " ".join(str(exc).split())[:160] or type(exc).__name__
-
-
-#: Bytes a remote footer read starts with: the whole footer of a typical shard in one request
-#: (a request to an object store costs far more than the extra bytes).
-_REMOTE_TAIL = 256 << 10
-
-
-def _read_remote_footer(st: Store, loc: str) -> pq.FileMetaData | str:
-    """``_read_footer`` of a remote file: one open (its size from the listing), one ranged read of
-    its tail, a second only for a footer larger than that tail. A failing read is the file system
-    failing (network, credentials): NotARunError naming the run, not a verdict on the shard."""
-
-    def read_at(offset: int, n: int) -> bytes:
-        try:
-            return f.read_at(n, offset)
-        except OSError as exc:
-            raise st.unreachable(exc) from None
-
-    try:
-        size, f = st.open_sized(loc)
-    except OSError as exc:
-        raise st.unreachable(exc) from None
-    try:
-        with f:
-            return _footer_of(size, read_at, _REMOTE_TAIL)
-    except DetfpError:
-        raise
-    except Exception as exc:  # ArrowInvalid, OSError from the parse, ...: all mean "not usable Parquet"
-        return " ".join(str(exc).split())[:160] or type(exc).__name__
-
-
-def _footer_of(size: int, read_at: Callable[[int, int], bytes], first: int) -> pq.FileMetaData | str:
-    """The footer of a file of ``size`` bytes read with ``read_at(offset, n)``: its last ``first``
-    bytes (at least the footer length and magic), then the footer unless they held it already."""
-    if size < 12:
-        return f"{size} bytes, too short for Parquet"
-    n = min(size, max(8, first))
-    chunk = read_at(size - n, n)
-    tail = chunk[-8:]
-    if tail[4:] != b"PAR1":
-        return "no Parquet magic at the end (truncated or foreign file)"
-    length = int.from_bytes(tail[:4], "little")
-    if length > size - 12:
-        return f"footer length {length} exceeds the file ({size} bytes): truncated"
-    if length > MAX_FOOTER_BYTES:
-        return f"footer of {length} bytes exceeds the {MAX_FOOTER_BYTES >> 20} MiB limit"
-    if length + 8 <= n:
-        return _parse_footer(chunk[n - length - 8 :])
-    end = read_at(size - 8 - length, length + 8)
-    if end[-8:] != tail:  # the file changed since its size was read
-        return "the file changed while its footer was read (still being written?)"
-    return _parse_footer(end)
 
 
 def _file_segment(name: str) -> int:
@@ -334,10 +266,26 @@ def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
 
 
+def _size(st: Store, loc: Location) -> int | None:
+    """The size of a regular file (links followed), None for anything else (as ``Path.is_file``);
+    a remote file's from the run's one listing (-1 when the listing does not say: its footer is
+    then parsed at open, committed or not)."""
+    if not isinstance(loc, Path):
+        if not st.is_file(loc):
+            return None
+        size = st.size(loc)
+        return -1 if size is None else size
+    try:
+        info = os.stat(loc)
+    except (OSError, ValueError):
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
 def _candidates(
     st: Store, root: Location, label: str, ranks: set[int], world_size: int
-) -> list[tuple[str, int, Location, str]]:
-    out: list[tuple[str, int, Location, str]] = []
+) -> list[tuple[str, int, Location, str, int]]:
+    out: list[tuple[str, int, Location, str, int]] = []
     for table in contract.TABLES:
         tdir = st.join(root, table)
         if not st.is_dir(tdir):
@@ -368,52 +316,114 @@ def _candidates(
                 if not (visible(fname) and fname.endswith(".parquet")):
                     continue
                 shown = f"{label}/{table}/{rname}/{shown_name(fname)}"
-                if not st.is_file(f):  # silently skipping it would hide a shard
+                size = _size(st, f)
+                if size is None:  # silently skipping it would hide a shard
                     raise ShardError(
                         f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
                     )
-                out.append((table, rank, f, shown))
+                out.append((table, rank, f, shown, size))
     return out
 
 
-def scan_shards(
-    root: Location, label: str, ranks: set[int], world_size: int, st: Store | None = None
-) -> dict[str, tuple[ShardInfo, ...]]:
-    """Every shard of ``ranks`` under ``root``, validated from its footer, by table, sorted by (rank, name).
+class _Validator:
+    """The footer checks of ``scan_shards``, with the per-table cache of distinct schemas."""
 
-    ``st``: the run's store (default: the local file system)."""
+    def __init__(self) -> None:
+        self.checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
+        self.nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
+
+    def info(self, table: str, rank: int, path: Location, shown: str, md: pq.FileMetaData | str) -> ShardInfo:
+        """The ShardInfo of a parsed footer (``read_footer``'s result), or its one-line error."""
+        if isinstance(md, str):
+            raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
+        from detfp_capture.arrowschema import SCHEMA_VERSION_KEY
+
+        version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
+        if version is not None and version != str(contract.SCHEMA_VERSION).encode():
+            raise SchemaVersionError(
+                f"{shown}: schema version {shown_name(version.decode(errors='replace'))[:40]} is not supported "
+                f"(this detfp reads schema version {contract.SCHEMA_VERSION}); "
+                "analyze it with the detfp release that wrote it"
+            )
+        # Shards of one writer share their schema: check each distinct schema once.
+        known = self.checks.setdefault(table, [])
+        check = next((c for s, c in known if s.equals(md.schema)), None)
+        if check is None:
+            check = _check_schema(table, md)
+            known.append((md.schema, check))
+        if check.problem is not None:
+            raise ShardError(
+                f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
+            )
+        return _shard_info(table, rank, path, shown, md, check, self.nullables[table])
+
+
+def _committed_info(table: str, rank: int, path: Location, shown: str, rows: int, fact: ShardFact) -> ShardInfo:
+    m = _SHARD_NAME.fullmatch(name_of(path))
+    assert m is not None  # committed facts are only looked up by a shard name's segment and window
+    return ShardInfo(
+        path=path,
+        table=table,
+        rank=rank,
+        segment=int(m.group(1)),
+        num_rows=rows,
+        step_min=fact.step_min if rows else None,
+        step_max=fact.step_max if rows else None,
+        window=int(m.group(2)),
+        footer_crc32=fact.footer_crc32,
+        shown=shown,
+    )
+
+
+def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> tuple[int, ShardFact] | None:
+    if not committed:
+        return None
+    m = _SHARD_NAME.fullmatch(name_of(path))
+    return None if m is None else committed.get((table, rank, int(m.group(1)), int(m.group(2))))
+
+
+def scan_shards(
+    root: Location,
+    label: str,
+    ranks: set[int],
+    world_size: int,
+    st: Store | None = None,
+    committed: Committed | None = None,
+) -> dict[str, tuple[ShardInfo, ...]]:
+    """Every shard of ``ranks`` under ``root``, by table, sorted by (rank, name): validated from
+    its footer, or, when ``committed`` states it and its size agrees, from its commit line (its
+    footer is then checked on first read: ``committed.FooterChecks``). ``st``: the run's store
+    (default: the local file system)."""
     st = st if st is not None else Store(Path(root), str(root))
     candidates = _candidates(st, root, label, ranks, world_size)
-    read = _read_footer if st.local else (lambda loc: _read_remote_footer(st, loc))
+    infos: list[ShardInfo | None] = [None] * len(candidates)
+    parse: list[int] = []  # candidates whose footers are read now
+    for i, (table, rank, path, shown, size) in enumerate(candidates):
+        got = _fact(committed, table, rank, path)
+        if got is not None and got[1].size == size:
+            infos[i] = _committed_info(table, rank, path, shown, got[0], got[1])
+        else:
+            parse.append(i)
     # Footers in chunks: one pool task per file costs more in task overhead than the
     # parsing it overlaps (measured on thousands of small shards). Results are consumed in
     # candidate order as they arrive, so checking them overlaps reading the next chunks.
     step = _FOOTER_CHUNK
-    chunked = [[c[2] for c in candidates[i : i + step]] for i in range(0, len(candidates), step)]
-    nullables = {t: {c.name: c.nullable for c in contract.columns(t)} for t in contract.TABLES}
-    checks: dict[str, list[tuple[pq.ParquetSchema, _SchemaCheck]]] = {}
-    out: dict[str, list[ShardInfo]] = {}
+    chunked = [[candidates[i][2] for i in parse[j : j + step]] for j in range(0, len(parse), step)]
+    check = _Validator()
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        footers = (md for part in pool.map(lambda ps: [read(p) for p in ps], chunked) for md in part)
-        for (table, rank, path, shown), md in zip(candidates, footers, strict=True):
-            if isinstance(md, str):
-                raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
-            version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
-            if version is not None and version != str(contract.SCHEMA_VERSION).encode():
-                raise SchemaVersionError(
-                    f"{shown}: schema version {shown_name(version.decode(errors='replace'))[:40]} is not supported "
-                    f"(this detfp reads schema version {contract.SCHEMA_VERSION}); "
-                    "analyze it with the detfp release that wrote it"
-                )
-            # Shards of one writer share their schema: check each distinct schema once.
-            known = checks.setdefault(table, [])
-            check = next((c for s, c in known if s.equals(md.schema)), None)
-            if check is None:
-                check = _check_schema(table, md)
-                known.append((md.schema, check))
-            if check.problem is not None:
+        footers = (md for part in pool.map(lambda ps: [read_footer(st, p) for p in ps], chunked) for md in part)
+        for i, md in zip(parse, footers, strict=True):
+            table, rank, path, shown, size = candidates[i]
+            infos[i] = info = check.info(table, rank, path, shown, md)
+            got = _fact(committed, table, rank, path)
+            # Other rows than committed: the completeness check's row_mismatch gap, as always.
+            if got is not None and size >= 0 and info.num_rows == got[0]:  # a usable footer, not the committed file
                 raise ShardError(
-                    f"{shown}: {check.problem}; the shard was not written to this contract; delete it or re-run the capture"
+                    f"{shown}: {size} bytes, its commit line says {got[1].size}: the shard was truncated, "
+                    f"rewritten or replaced after its window was committed; {FIX_SHARD}"
                 )
-            out.setdefault(table, []).append(_shard_info(table, rank, path, shown, md, check, nullables[table]))
+    out: dict[str, list[ShardInfo]] = {}
+    for info in infos:
+        assert info is not None
+        out.setdefault(info.table, []).append(info)
     return {t: tuple(v) for t, v in out.items()}

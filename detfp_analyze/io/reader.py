@@ -22,10 +22,10 @@ names the file, the problem and the fix.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -33,19 +33,18 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze.errors import (
-    DuplicateRankError,
     IncompleteRunError,
     ManifestError,
     MissingRankError,
     NotARunError,
-    SchemaVersionError,
 )
 from detfp_analyze.io import completeness as _completeness
-from detfp_analyze.io.footers import ShardInfo, partition_rank, scan_shards, shown_name, visible
-from detfp_analyze.io.store import Location, Store, name_of, store
+from detfp_analyze.io.committed import FooterChecks
+from detfp_analyze.io.footers import ShardInfo, scan_shards, shown_name
+from detfp_analyze.io.manifests import FIX_RUN, MAX_MANIFEST_BYTES, read_manifests
+from detfp_analyze.io.store import Location, Store, store
 from detfp_analyze.ranks import rank_list
 from detfp_capture import contract
-from detfp_capture.arrowschema import arrow_schema
 
 __all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
@@ -63,10 +62,6 @@ _POLARS_TYPES: dict[str, pl.DataType] = {
     "list<int64>": pl.List(pl.Int64()),
     "list<string>": pl.List(pl.String()),
 }
-#: Manifests larger than this are refused before parsing (a real one is a few KiB; the largest
-#: part, the command line, is bounded by the OS at about 2 MiB).
-MAX_MANIFEST_BYTES = 4 << 20
-_FIX_RUN = "pass the directory given to detfp_capture.Session(...) or --out"
 
 
 def polars_schema(table: str) -> pl.Schema:
@@ -104,6 +99,8 @@ class Run:
     excluded: Mapping[int, _completeness.StepRanges] = field(default_factory=lambda: MappingProxyType({}), repr=False)
     #: The file system the run is read from (``detfp_analyze.io.store``); None: the local one.
     store: Store | None = field(default=None, repr=False)
+    #: Footers of shards taken from their commit lines, checked on first read (``committed.FooterChecks``).
+    footer_checks: FooterChecks = field(default_factory=FooterChecks, repr=False)
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -134,7 +131,9 @@ class Run:
         """
         contract.columns(table)  # KeyError naming the known tables
         wanted = None if ranks is None else {int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)}
-        return [s.path for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        shards = [s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        self.footer_checks.verify(shards)
+        return [s.path for s in shards]
 
     def supersession(self) -> tuple[tuple[int, int, int], ...]:
         """(rank, segment, first_step) triples: rows of that rank and segment with step >= first_step
@@ -160,6 +159,7 @@ class Run:
         """
         schema = polars_schema(table)
         shards = self._select(table, ranks, steps)
+        self.footer_checks.verify(shards)
         if not shards:
             return pl.LazyFrame(schema=schema)
         if self.store is None or self.store.local:
@@ -173,6 +173,8 @@ class Run:
         else:
             # Through pyarrow's file system: polars pushes the projection and the predicates below
             # into the dataset scan (columns and row groups pruned at the source, as scan_parquet does).
+            from detfp_capture.arrowschema import arrow_schema  # pyarrow: remote runs only
+
             dataset = self.store.dataset(arrow_schema(table), [str(s.path) for s in shards])
             lf = pl.scan_pyarrow_dataset(dataset).select(list(schema)).cast(dict(schema))
         if steps is not None:
@@ -203,6 +205,11 @@ class Run:
 
     def _cutoffs(self) -> dict[tuple[int, int], int]:
         """(rank, segment) -> first step a later segment of that rank captured again."""
+        return self._cutoff_map
+
+    @cached_property
+    def _cutoff_map(self) -> dict[tuple[int, int], int]:
+        # Once per Run (its manifests never change), not twice per scan: the walk scans per rank.
         return _completeness.cutoffs(self.manifests)
 
     def _excluded_expr(self, ranks: set[int]) -> pl.Expr | None:
@@ -255,155 +262,6 @@ def _step_predicate(steps: Steps) -> pl.Expr:
     return pl.col("step").is_in(sorted({int(s) for s in steps}))
 
 
-# ------------------------------------------------------------------- manifests
-#: World sizes above this are refused: no job has a million ranks, and the reader enumerates them.
-_MAX_WORLD = 1 << 20
-#: Manifest keys that hold JSON objects, and the one that holds a list of strings.
-_OBJECT_KEYS = ("parallel", "groups", "versions", "host", "determinism", "env", "git", "capture")
-
-
-def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
-    try:
-        return st.listdir(path)
-    except OSError as exc:
-        raise ManifestError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
-
-
-def _read_manifests(st: Store, root: Location, label: str) -> dict[int, dict[int, dict]]:
-    mroot = st.join(root, contract.MANIFEST_DIR)
-    if not st.is_dir(mroot):
-        raise NotARunError(f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/ directory); {_FIX_RUN}")
-    found: dict[int, dict[int, dict]] = {}
-    for rdir in _listdir(st, mroot, f"{label}/{contract.MANIFEST_DIR}"):
-        rname = name_of(rdir)
-        if not visible(rname):
-            continue
-        rank = partition_rank(rname, f"{label}/{contract.MANIFEST_DIR}")
-        if rank is None:
-            continue
-        rshown = f"{label}/{contract.MANIFEST_DIR}/{rname}"
-        if not st.is_dir(rdir):
-            raise ManifestError(f"{rshown}: not a directory (a file, a dangling link or a link loop); delete it")
-        for mfile in _listdir(st, rdir, rshown):
-            name = name_of(mfile)
-            if not visible(name) or not (name.startswith("segment-") and name.endswith(".json")):
-                continue
-            digits = name[len("segment-") : -len(".json")]
-            shown = f"{rshown}/{shown_name(name)}"
-            if not (digits.isascii() and digits.isdigit()):
-                raise ManifestError(f"{shown}: file name is not segment-<number>.json; rename or delete it")
-            segment = int(digits)
-            manifest = _load_manifest(st, mfile, shown)
-            if manifest["rank"] != rank or manifest["segment"] != segment:
-                raise ManifestError(
-                    f"{shown}: says rank {manifest['rank']} segment {manifest['segment']} but its path says "
-                    f"rank {rank} segment {segment}; move it to "
-                    f"{contract.manifest_relpath(manifest['rank'], manifest['segment'])} or re-run the capture"
-                )
-            per_rank = found.setdefault(rank, {})
-            if segment in per_rank:
-                raise DuplicateRankError(
-                    f"{shown}: a second manifest for rank {rank} segment {segment}; delete the stray copy"
-                )
-            per_rank[segment] = manifest
-    if not found:
-        raise NotARunError(
-            f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/rank=N/segment-N.json files); {_FIX_RUN}"
-        )
-    return found
-
-
-def _read_limited(st: Store, path: Location, shown: str) -> bytes:
-    """The manifest's bytes, refusing anything that is not a regular file or is too large to be one."""
-    try:
-        data = st.read_limited(path, MAX_MANIFEST_BYTES)
-    except OSError as exc:
-        raise ManifestError(
-            f"{shown}: unreadable ({type(exc).__name__}: a dangling link, a link loop or no permission); "
-            "check the file or re-run the capture"
-        ) from None
-    if data is None:
-        raise ManifestError(f"{shown}: not a regular file; delete it or re-run the capture")
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(
-            f"{shown}: larger than {MAX_MANIFEST_BYTES >> 20} MiB, far beyond any manifest; "
-            "it was not written by detfp, restore the file or re-run the capture"
-        )
-    return data
-
-
-def _load_manifest(st: Store, path: Location, shown: str) -> dict:
-    data = _read_limited(st, path, shown)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ManifestError(f"{shown}: not UTF-8 text; restore the file or re-run the capture") from None
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(
-            f"{shown}: not valid JSON ({exc.msg} at line {exc.lineno}); restore the file or re-run the capture"
-        ) from None
-    except RecursionError:
-        raise ManifestError(f"{shown}: JSON nested too deeply; restore the file or re-run the capture") from None
-    except ValueError as exc:  # e.g. an integer of thousands of digits
-        reason = " ".join(str(exc).split())[:80]
-        raise ManifestError(f"{shown}: not valid JSON ({reason}); restore the file or re-run the capture") from None
-    if not isinstance(manifest, dict):
-        raise ManifestError(f"{shown}: not a JSON object; restore the file or re-run the capture")
-    missing = [k for k in contract.MANIFEST_KEYS if k not in manifest]
-    if missing:
-        raise ManifestError(
-            f"{shown}: missing key(s) {', '.join(missing)}; the file was not written by a detfp capture "
-            "of this schema, re-run the capture"
-        )
-    for key in ("schema_version", "digest_version"):
-        want = contract.SCHEMA_VERSION if key == "schema_version" else contract.DIGEST_VERSION
-        if manifest[key] != want or isinstance(manifest[key], bool):
-            raise SchemaVersionError(
-                f"{shown}: {key} {_short(manifest[key])} is not supported (this detfp reads {key} {want}); "
-                "analyze it with the detfp release that wrote it, or re-run the capture with this one"
-            )
-    for key, top in (("rank", _MAX_WORLD), ("world_size", _MAX_WORLD + 1), ("segment", 1 << 31)):
-        v = manifest[key]
-        if not isinstance(v, int) or isinstance(v, bool) or not (1 if key == "world_size" else 0) <= v < top:
-            raise ManifestError(
-                f"{shown}: {key} is {_short(v)}, expected an integer in "
-                f"{1 if key == 'world_size' else 0}..{top - 1}; re-run the capture"
-            )
-    start = manifest["start_step"]
-    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < (1 << 62)):
-        raise ManifestError(
-            f"{shown}: start_step is {_short(start)}, expected a non-negative integer or null; re-run the capture"
-        )
-    for key in _OBJECT_KEYS:
-        if not isinstance(manifest[key], dict):
-            raise ManifestError(
-                f"{shown}: {key} is {_short(manifest[key])}, expected a JSON object; restore the file or re-run the capture"
-            )
-    groups = manifest["groups"]
-    if not all(isinstance(v, list) and all(_is_rank(x, manifest["world_size"]) for x in v) for v in groups.values()):
-        raise ManifestError(
-            f"{shown}: groups must map names to lists of ranks below world_size {manifest['world_size']}; "
-            "restore the file or re-run the capture"
-        )
-    if not isinstance(manifest["command"], list) or not all(isinstance(x, str) for x in manifest["command"]):
-        raise ManifestError(f"{shown}: command must be a list of strings; restore the file or re-run the capture")
-    if not isinstance(manifest["digest_algorithm"], str):
-        raise ManifestError(f"{shown}: digest_algorithm must be a string; restore the file or re-run the capture")
-    return manifest
-
-
-def _is_rank(x: Any, world_size: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world_size
-
-
-def _short(value: Any) -> str:
-    """A JSON value for a one-line message: at most 40 characters, no control characters."""
-    text = shown_name(json.dumps(value, ensure_ascii=False)[:60])
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def open_run(
     path: str | os.PathLike[str],
     *,
@@ -438,15 +296,15 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
     if isinstance(root, Path):
         if not root.exists():
             what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
-            raise NotARunError(f"{label}: {what}; {_FIX_RUN}")
+            raise NotARunError(f"{label}: {what}; {FIX_RUN}")
         if not root.is_dir():
-            raise NotARunError(f"{label}: not a directory; {_FIX_RUN}")
+            raise NotARunError(f"{label}: not a directory; {FIX_RUN}")
         resolved: Location = root.resolve()
     elif (kind := st.kind(root)) != "dir":
-        raise NotARunError(f"{label}: {'no such directory' if kind == 'missing' else 'not a directory'}; {_FIX_RUN}")
+        raise NotARunError(f"{label}: {'no such directory' if kind == 'missing' else 'not a directory'}; {FIX_RUN}")
     else:
         resolved = root
-    found = _read_manifests(st, root, label)
+    found = read_manifests(st, root, label)
     sizes: dict[int, list[int]] = {}
     for rank, per_rank in found.items():
         for m in per_rank.values():
@@ -471,9 +329,12 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
             "pass allow_missing_ranks=True (--allow-missing-ranks) to analyze the ranks present"
         )
     ranks = tuple(sorted(found))
-    shards = scan_shards(resolved, label, set(ranks), world_size, st)
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
-    comp = _completeness.check(resolved, label, manifests, shards, st)
+    # Commit logs first: shards whose commit line states them are not parsed now (footers).
+    logs = _completeness.read_logs(st, resolved, label, manifests)
+    committed = _completeness.committed_shards(manifests, logs)
+    shards = scan_shards(resolved, label, set(ranks), world_size, st, committed)
+    comp = _completeness.check(resolved, label, manifests, shards, st, logs)
     if comp.gaps and not allow_incomplete:
         raise IncompleteRunError(_completeness.refusal(label, comp))
     if comp.dropped:
@@ -490,6 +351,7 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
         completeness=comp,
         excluded=MappingProxyType(dict(comp.excluded) if allow_incomplete else {}),
         store=None if st.local else st,
+        footer_checks=FooterChecks(st),
     )
 
 

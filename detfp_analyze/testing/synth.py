@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from detfp_analyze.testing.plants import HOWS, STABLE_KINDS, Expected, Plant, RankPlan, origin_ranks, plan, snap
 from detfp_analyze.testing.template import _template
 from detfp_capture import contract
-from detfp_capture.commitlog import COMMIT_LOG_VERSION
+from detfp_capture.commitlog import COMMIT_LOG_VERSION, SHARD_FACTS_VERSION
 from detfp_capture.writer import ShardWriter, write_manifest
 
 __all__ = ["DETERMINISTIC_SETTINGS", "HOWS", "Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
@@ -76,6 +76,9 @@ class SynthSpec:
     layout: tuple[tuple[str, int], ...] = ()
     #: Write the rollups table (as this release's capture does); False: a run as older writers wrote it.
     rollups: bool = True
+    #: Commit each shard's size, steps and footer checksum (as this release's capture does);
+    #: False: a run as older writers wrote it (every footer parsed when it is opened).
+    shard_facts: bool = True
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,7 @@ def _manifest(spec: SynthSpec, rank: int, start_step: int) -> dict:
     versions = {"torch": None, "cuda": None, "cudnn": None, "nccl": None, "python": "3", "os": "synthetic"}
     return {
         "commit_log": COMMIT_LOG_VERSION,
+        **({"shard_facts": SHARD_FACTS_VERSION} if spec.shard_facts else {}),
         **({"rollups": contract.ROLLUP_VERSION} if spec.rollups else {}),
         "schema_version": contract.SCHEMA_VERSION,
         "digest_version": contract.DIGEST_VERSION,
@@ -303,7 +307,14 @@ class _Writer:
             write_manifest(root, _manifest(self.spec, rank, steps.start))
             windows = [[s] for s in steps] if self.spec.windows == "step" else [list(steps)]
             seq = 0
-            with ShardWriter(root, rank, 0, compression=self.spec.compression, rollups=self.spec.rollups) as writer:
+            with ShardWriter(
+                root,
+                rank,
+                0,
+                compression=self.spec.compression,
+                rollups=self.spec.rollups,
+                shard_facts=self.spec.shard_facts,
+            ) as writer:
                 for window in windows:
                     tables: dict[str, dict[str, list]] = {"records": {}, "metrics": {}, "events": {}}
                     for step in window:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -92,7 +93,12 @@ def test_a_clean_run_is_complete_and_its_log_says_why(tmp_path, runs):
     a = runs(tmp_path / "a")
     lines = [commitlog._decode(line) for line in _log(a).read_bytes().splitlines()]
     assert lines[0] == {"t": "open", "version": 1, "rank": 1, "segment": 0}
+    facts = lines[1].pop("shards")  # each shard's size, steps and footer checksum (commitlog.ShardFact)
     assert lines[1] == {"t": "window", "window": 0, "rows": {"events": 2, "metrics": 1, "records": 3}, "steps": [0, 0]}
+    for table, (size, lo, hi, crc) in facts.items():
+        data = (a / table / "rank=1" / "part-s00000-w0000000.parquet").read_bytes()
+        assert (size, lo, hi) == (len(data), 0, 0)
+        assert crc == zlib.crc32(data[-8 - int.from_bytes(data[-8:-4], "little") :])
     assert lines[-1] == {"t": "close", "windows": 4, "status": "ok", "reason": None}
     r = open_run(a)
     assert r.completeness.complete and r.excluded == {}

@@ -33,3 +33,21 @@ def test_cli_help_runs_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_bisect_of_committed_runs_runs_without_pyarrow_and_numpy(tmp_path):
+    # Start-up time of `detfp-analyze bisect` (docs/report.md, bisect performance): a run whose
+    # shards its commit lines state (the capture's default) is opened and bisected by polars alone.
+    from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_pair(a, b, SynthSpec(ranks=2, steps=2, records=40), Plant(rank=1, step=1, index=5))
+    code = (
+        "import sys; from detfp_analyze.cli import main\n"
+        f"sys.argv = ['detfp-analyze', 'bisect', {str(a)!r}, {str(b)!r}, '--json']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'pyarrow', 'numpy', 'pandas', 'torch'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "1 []"
