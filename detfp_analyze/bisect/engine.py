@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import polars as pl
 
@@ -37,9 +37,11 @@ class Stages(Protocol):
     """The heavy stages of one bisect over runs ``a`` and ``b``."""
 
     #: What the walk, verdicts and evidence read run A (B) through: ``scan(table, ranks, steps)``
-    #: and every other attribute of an opened ``Run``.
+    #: and every other attribute of an opened ``Run``, with ``scan_spans``.
     a: Any
     b: Any
+    #: Rank-steps per walk batch; None: the walk's own (``reads.WALK_BATCH``, its memory bound).
+    walk_batch: int | None
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         """``narrow.metric_divergence`` of the two runs' metrics over ``ranks`` and steps [lo, hi]."""
@@ -76,6 +78,8 @@ class LocalStages:
     #: Run A and run B (opened ``Run`` objects).
     a: Run
     b: Run
+    #: The walk reads its batches from the shards as it goes: its own batch size.
+    walk_batch: ClassVar[int | None] = None
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         return _narrow.metric_divergence(scan(self.a, "metrics", ranks, lo, hi), scan(self.b, "metrics", ranks, lo, hi))

@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 import pyarrow as pa
@@ -39,7 +39,7 @@ from detfp_analyze import rule
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect.records import CallKey
-from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.bisect.walk import FIRST_PASS_COLUMNS, Progress
 from detfp_analyze.io.reader import Run, polars_schema
 from detfp_analyze.rule.to_sql import qualified, to_sql
 from detfp_analyze.spark import source as _source
@@ -75,19 +75,25 @@ def _keys_predicate(keys: Iterable[tuple[int, int]]) -> str:
     return " OR ".join(terms) or "false"
 
 
+#: A cache's columns: a tuple of column names, or None for all of the table's.
+Columns = tuple[str, ...] | None
+
+
 class SparkRun:
     """An opened ``Run`` whose ``scan`` serves (rank, step) parts of a table fetched from Spark.
 
     Every other attribute (label, manifests, ranks, tables, files, ...) is the run's. Parts come
-    in cached per (rank, step) for both runs of the pair at once (its ``twin``: the walk and the
-    evidence read both runs with the same selection), one Spark job per fetch, and ``scan``
-    returns them as ``Run.scan`` does: the contract's columns and types, rows by rank, then file,
-    then row. ``jobs`` counts the fetches by table.
+    in cached per (table, columns) and (rank, step), for both runs of the pair at once (its
+    ``twin``: the walk and the evidence read both runs with the same selection), one Spark job
+    per fetch, and ``scan`` returns them as ``Run.scan`` does: the contract's columns and types
+    (or the ``columns`` asked for), rows by rank, then file, then row. A scan is served by any
+    cached part of its table holding the columns it asks for; ``scan_spans`` (a few calls'
+    records, read in full) is one job for this run, not cached. ``jobs`` counts the fetches by table.
     """
 
     def __init__(self, spark: Any, run: Run, twin: SparkRun | None = None) -> None:
         self._spark, self._run = spark, run
-        self._cache: dict[str, dict[tuple[int, int], pl.DataFrame]] = {}
+        self._cache: dict[tuple[str, Columns], dict[tuple[int, int], pl.DataFrame]] = {}
         self._twin = twin
         self._lock = twin._lock if twin is not None else threading.Lock()
         self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
@@ -108,47 +114,78 @@ class SparkRun:
     def _pair(self) -> list[SparkRun]:
         return [self] if self._twin is None else [self, self._twin]
 
-    def fetch(self, table: str, ranks: Iterable[int] = (), keys: Iterable[tuple[int, int]] | None = None) -> None:
+    def _read(self, run: Run, table: str, ranks: Sequence[int], cols: Columns, where: Any) -> Any:
+        """Spark DataFrame of ``run``'s ``table`` rows of ``ranks`` matching ``where``: ``cols``
+        (None: all) with the provenance columns (only the columns asked for are decoded)."""
+        side = _source.table(self._spark, run, table, ranks, provenance=True).where(where)
+        return side if cols is None else side.select(*cols, *_EXTRA)
+
+    def _frame(self, got: pa.Table, table: str, cols: Columns, extra: tuple[str, ...]) -> pl.DataFrame:
+        frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, *extra), cols))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+
+    def fetch(
+        self,
+        table: str,
+        ranks: Iterable[int] = (),
+        keys: Iterable[tuple[int, int]] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> None:
         """Fetch into the cache, for this run and its twin in one Spark job (the caller holds
-        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``."""
+        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``:
+        only ``columns`` (default all; rank and step always)."""
         from pyspark.sql import functions as F
 
+        cols = _columns(table, columns)
         keys = None if keys is None else sorted(set(keys))
         ranks = sorted({k[0] for k in keys} if keys is not None else set(ranks))
-        schema = {**polars_schema(table), _source.FILE_COLUMN: pl.String, _source.ROW_COLUMN: pl.Int64}
+        schema = _schema(table, cols)
         empty = pl.DataFrame(schema=schema)
         wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
         if not any(run._run.files(table, ranks) for run in self._pair()):  # nothing to read: no job
             for run in self._pair():
-                run._cache.setdefault(table, {}).update(dict.fromkeys(wanted, empty))
+                run._cache.setdefault((table, cols), {}).update(dict.fromkeys(wanted, empty))
             return
+        # Pushed into the Parquet scan: row groups outside these steps are skipped.
+        where = F.col("rank").isin(ranks) if keys is None else F.expr(_keys_predicate(keys))
         df = None
         for i, run in enumerate(self._pair()):
-            side = _source.table(self._spark, run._run, table, ranks, provenance=True)
-            # Pushed into the Parquet scan: row groups outside these steps are skipped.
-            side = side.where(F.col("rank").isin(ranks) if keys is None else _keys_predicate(keys))
-            side = side.withColumn("_side", F.lit(i))
+            side = self._read(run._run, table, ranks, cols, where).withColumn("_side", F.lit(i))
             df = side if df is None else df.unionByName(side)
         with spark_errors(f"reading {table} of {self._run.label}"):
             got = df.toArrow()  # type: ignore[union-attr]
         self.jobs[table] = self.jobs.get(table, 0) + 1
-        frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, "_side")))
-        assert isinstance(frame, pl.DataFrame)
-        frame = frame.sort("_side", "rank", *_EXTRA)
+        frame = self._frame(got, table, cols, ("_side",)).sort("_side", "rank", *_EXTRA)
         by = ("_side", "rank") if keys is None else ("_side", "rank", "step")
         parts = frame.partition_by(*by, as_dict=True)
         for i, run in enumerate(self._pair()):
-            cache = run._cache.setdefault(table, {})
+            cache = run._cache.setdefault((table, cols), {})
             for k in wanted:
                 got_part = parts.get((i, k[0]) if keys is None else (i, *k))
                 cache[k] = empty if got_part is None else got_part.drop("_side").cast(schema)  # type: ignore[arg-type]
 
     def forget(self, table: str) -> None:
-        """Drop the cached parts of ``table`` for this run and its twin."""
+        """Drop the cached parts of ``table`` (every column set) for this run and its twin."""
         for run in self._pair():
-            run._cache.pop(table, None)
+            for k in [k for k in run._cache if k[0] == table]:
+                del run._cache[k]
 
-    def scan(self, table: str, ranks: Iterable[int] | int | None = None, steps: Any = None) -> pl.LazyFrame:
+    def _served(self, table: str, keys: Sequence[tuple[int, int]], cols: Columns) -> list[pl.DataFrame] | None:
+        """The cached parts of ``keys`` from one cache of ``table`` holding ``cols``, or None."""
+        for (t, have), cache in self._cache.items():
+            fits = have is None or (cols is not None and set(cols) <= set(have))
+            if t == table and fits and all(k in cache for k in keys):
+                return [cache[k] for k in keys]
+        return None
+
+    def scan(
+        self,
+        table: str,
+        ranks: Iterable[int] | int | None = None,
+        steps: Any = None,
+        columns: Sequence[str] | None = None,
+    ) -> pl.LazyFrame:
         """As ``Run.scan``: ``table``'s rows of ``ranks`` (default all) and ``steps`` (default all)."""
         if ranks is None:
             wanted = sorted(self._run.ranks)
@@ -156,21 +193,66 @@ class SparkRun:
             wanted = sorted({int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)})
         sel = _steps(steps)
         keys = [(r, s) for r in wanted for s in (sel if sel is not None else [_ALL])]
+        cols = _columns(table, columns)
         with self._lock:
-            cache = self._cache.setdefault(table, {})
-            missing = [k for k in keys if k not in cache]
-            if missing:
+            parts = self._served(table, keys, cols)
+            if parts is None:
+                cache = self._cache.setdefault((table, cols), {})
+                missing = [k for k in keys if k not in cache]
                 if sel is None:
-                    self.fetch(table, ranks={k[0] for k in missing})
+                    self.fetch(table, ranks={k[0] for k in missing}, columns=cols)
                 else:
-                    self.fetch(table, keys=missing)
-                cache = self._cache[table]
-            parts = [cache[k] for k in keys]
-        full = [p for p in parts if p.height]
+                    self.fetch(table, keys=missing, columns=cols)
+                parts = [self._cache[(table, cols)][k] for k in keys]
+        return self._lazy(table, [p for p in parts if p.height], columns)
+
+    def scan_spans(
+        self, table: str, spans: Mapping[tuple[int, int], tuple[int, int]], columns: Sequence[str] | None = None
+    ) -> pl.LazyFrame:
+        """As ``Run.scan_spans``: the rows of each (rank, step) within its inclusive seq span, in
+        one Spark job for this run (a filter on (rank, step, seq) pushed into the Parquet scan)."""
+        from pyspark.sql import functions as F
+
+        cols = _columns(table, columns)
+        ranks = sorted({r for r, _ in spans})
+        if not spans or not self._run.files(table, ranks):
+            return self._lazy(table, [], columns)
+        where = " OR ".join(
+            f"(rank = {r} AND step = {s} AND seq BETWEEN {lo} AND {hi})" for (r, s), (lo, hi) in sorted(spans.items())
+        )
+        with self._lock, spark_errors(f"reading {table} of {self._run.label}"):
+            got = self._read(self._run, table, ranks, cols, F.expr(where)).toArrow()
+            self.jobs[table] = self.jobs.get(table, 0) + 1
+        # Run.scan_spans' order: by (rank, step), then file order.
+        frame = self._frame(got, table, cols, ()).sort("rank", "step", *_EXTRA).cast(_schema(table, cols))  # type: ignore[arg-type]
+        return self._lazy(table, [frame] if frame.height else [], columns)
+
+    def _lazy(self, table: str, full: list[pl.DataFrame], columns: Sequence[str] | None) -> pl.LazyFrame:
+        """Non-empty cached parts as one lazy frame in ``Run.scan``'s order and columns."""
         if not full:
-            return pl.LazyFrame(schema=polars_schema(table))
-        frame = full[0] if len(full) == 1 else pl.concat(full, how="vertical").sort("rank", *_EXTRA)
-        return frame.drop(_EXTRA).lazy()
+            lf = pl.LazyFrame(schema=polars_schema(table))
+        else:
+            frame = full[0] if len(full) == 1 else pl.concat(full, how="vertical").sort("rank", *_EXTRA)
+            lf = frame.drop(_EXTRA).lazy()
+        return lf if columns is None else lf.select(list(columns))
+
+
+def _columns(table: str, columns: Sequence[str] | None) -> Columns:
+    """A cache's columns for a read of ``columns`` (None: all): rank and step always, in contract order."""
+    if columns is None:
+        return None
+    want = {"rank", "step", *columns}
+    return tuple(c for c in polars_schema(table) if c in want)
+
+
+def _schema(table: str, cols: Columns) -> dict[str, Any]:
+    """The polars schema of a cached part: ``cols`` (None: all) and the provenance columns."""
+    full = polars_schema(table)
+    return {
+        **{c: t for c, t in full.items() if cols is None or c in cols},
+        _source.FILE_COLUMN: pl.String,
+        _source.ROW_COLUMN: pl.Int64,
+    }
 
 
 @dataclass
@@ -184,6 +266,10 @@ class SparkStages:
     b: SparkRun
     #: Spark jobs run so far by the stages, by stage (the runs' fetches are in ``a.jobs``).
     jobs: dict[str, int] = field(default_factory=dict)
+    #: One walk batch: the walk's rank-steps are fetched ahead (``prefetch``) and held anyway, so
+    #: its wider reads (the calls a verdict needs, the same-calls test, the call-site re-alignment)
+    #: are one Spark job each per walk round, whatever the number of ranks.
+    walk_batch: ClassVar[int | None] = 1 << 62
 
     def _collect(self, df: Any, stage: str, doing: str) -> pa.Table:
         with spark_errors(doing):
@@ -316,7 +402,8 @@ class SparkStages:
             # A new walk: the previous one's rank-steps are done with (driver memory stays one walk).
             self.a.forget("records")
             if keys:
-                self.a.fetch("records", keys=keys)
+                # Only the columns the walk's first pass reads: its wider reads are a few calls'.
+                self.a.fetch("records", keys=keys, columns=FIRST_PASS_COLUMNS)
 
     def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
         from pyspark.sql import functions as F
