@@ -22,6 +22,7 @@ import polars as pl
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
 from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.walk import Progress
@@ -58,8 +59,9 @@ class Stages(Protocol):
         (``narrow.divergent_steps``); adds the [A, B] counts of digest errors to ``errors``."""
         ...
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
-        """The walk is about to read these rank-steps (rank -> steps) of both runs' records."""
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
+        """The walk is about to read these rank-steps (rank -> steps) of both runs' records, the
+        ones in ``slices`` (``blocks.slices``) only in part, the first pass on ``walk.FIRST_PASS_COLUMNS``."""
         ...
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
@@ -106,7 +108,7 @@ class LocalStages:
                 progress(stage, i + 1, len(batches))
         return out
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         return None  # the walk reads its batches from the shards as it goes
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:

@@ -104,14 +104,14 @@ def search(
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
     sl = _blocks.slices(*stored, cands) if stored is not None else None
-    st.prefetch(cands)
+    st.prefetch(cands, sl)
     found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl, batch_size=st.walk_batch)
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
             more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored)
             sl = _blocks.slices(*stored, more) if stored is not None else None
-            st.prefetch(more)
+            st.prefetch(more, sl)
             found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl, batch_size=st.walk_batch)
     notes = []
     if errors[0] or errors[1]:

@@ -67,14 +67,13 @@ _SAME_CALLS_COLUMNS = tuple(
 def _pairs_scan(
     run: Run, pairs: Mapping[int, int], columns: Sequence[str], seqs: Mapping[int, tuple[int, int]]
 ) -> pl.LazyFrame:
-    """``pairs``' records; a rank in ``seqs`` only within that inclusive seq range (its slice: one
-    scan per rank, so the row groups' seq statistics skip the rest of its file)."""
+    """``pairs``' records; a rank in ``seqs`` only within that inclusive seq range (its slice:
+    ``Run.scan_spans``, so the row groups' seq statistics skip the rest of its file)."""
     whole = {r: s for r, s in pairs.items() if r not in seqs}
     parts = [_whole_scan(run, whole, columns)] if whole else []
-    for r, (lo, hi) in sorted(seqs.items()):
-        lf = run.scan("records", ranks=[r], steps=[pairs[r]], columns=_read_columns(columns))
-        lf = lf.filter(pl.col("seq").is_between(lo, hi))
-        parts.append(_prepared(lf, columns))
+    if seqs:
+        spans = {(r, pairs[r]): span for r, span in seqs.items()}
+        parts.append(_prepared(run.scan_spans("records", spans, _read_columns(columns)), columns))
     return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 

@@ -38,6 +38,7 @@ import pyarrow as pa
 from detfp_analyze import rule
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.walk import FIRST_PASS_COLUMNS, Progress
 from detfp_analyze.io.reader import Run, polars_schema
@@ -66,12 +67,19 @@ def _steps(steps: Any) -> list[int] | None:
     return sorted({int(s) for s in steps})
 
 
-def _keys_predicate(keys: Iterable[tuple[int, int]]) -> str:
-    """Spark SQL predicate selecting exactly the (rank, step) ``keys``: per step, its ranks."""
+def _keys_predicate(
+    keys: Iterable[tuple[int, int]], spans: Mapping[tuple[int, int], tuple[int, int]] | None = None
+) -> str:
+    """Spark SQL predicate selecting exactly the (rank, step) ``keys`` (per step, its ranks) and the
+    rows of ``spans``' (rank, step)s within their inclusive seq spans."""
     by_step: dict[int, list[int]] = {}
     for r, s in keys:
         by_step.setdefault(s, []).append(r)
     terms = [f"(step = {s} AND rank IN ({', '.join(str(r) for r in sorted(rs))}))" for s, rs in sorted(by_step.items())]
+    terms += [
+        f"(rank = {r} AND step = {s} AND seq BETWEEN {lo} AND {hi})"
+        for (r, s), (lo, hi) in sorted((spans or {}).items())
+    ]
     return " OR ".join(terms) or "false"
 
 
@@ -94,6 +102,8 @@ class SparkRun:
     def __init__(self, spark: Any, run: Run, twin: SparkRun | None = None) -> None:
         self._spark, self._run = spark, run
         self._cache: dict[tuple[str, Columns], dict[tuple[int, int], pl.DataFrame]] = {}
+        # Parts of (rank, step)s fetched only within a seq span: (lo, hi, rows), for scan_spans.
+        self._spans: dict[tuple[str, Columns], dict[tuple[int, int], tuple[int, int, pl.DataFrame]]] = {}
         self._twin = twin
         self._lock = twin._lock if twin is not None else threading.Lock()
         self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
@@ -131,24 +141,29 @@ class SparkRun:
         ranks: Iterable[int] = (),
         keys: Iterable[tuple[int, int]] | None = None,
         columns: Sequence[str] | None = None,
+        spans: Mapping[tuple[int, int], tuple[int, int]] | None = None,
     ) -> None:
         """Fetch into the cache, for this run and its twin in one Spark job (the caller holds
-        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``:
-        only ``columns`` (default all; rank and step always)."""
+        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``
+        and of ``spans``' (rank, step)s within their inclusive seq spans (both runs' rows in the
+        span: a superset of what either run reads there): only ``columns`` (default all; rank
+        and step always)."""
         from pyspark.sql import functions as F
 
         cols = _columns(table, columns)
-        keys = None if keys is None else sorted(set(keys))
-        ranks = sorted({k[0] for k in keys} if keys is not None else set(ranks))
+        spans = dict(spans or {})
+        keys = None if keys is None and not spans else sorted(set(keys or ()))
+        ranks = sorted({k[0] for k in (*(keys or ()), *spans)} if keys is not None else set(ranks))
         schema = _schema(table, cols)
         empty = pl.DataFrame(schema=schema)
         wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
         if not any(run._run.files(table, ranks) for run in self._pair()):  # nothing to read: no job
             for run in self._pair():
                 run._cache.setdefault((table, cols), {}).update(dict.fromkeys(wanted, empty))
+                run._spans.setdefault((table, cols), {}).update({k: (*v, empty) for k, v in spans.items()})
             return
-        # Pushed into the Parquet scan: row groups outside these steps are skipped.
-        where = F.col("rank").isin(ranks) if keys is None else F.expr(_keys_predicate(keys))
+        # Pushed into the Parquet scan: row groups outside these steps (and spans) are skipped.
+        where = F.col("rank").isin(ranks) if keys is None else F.expr(_keys_predicate(keys, spans))
         df = None
         for i, run in enumerate(self._pair()):
             side = self._read(run._run, table, ranks, cols, where).withColumn("_side", F.lit(i))
@@ -160,16 +175,23 @@ class SparkRun:
         by = ("_side", "rank") if keys is None else ("_side", "rank", "step")
         parts = frame.partition_by(*by, as_dict=True)
         for i, run in enumerate(self._pair()):
+
+            def part(k: tuple[int, ...], i: int = i) -> pl.DataFrame:
+                got_part = parts.get((i, *k))
+                return empty if got_part is None else got_part.drop("_side").cast(schema)  # type: ignore[arg-type]
+
             cache = run._cache.setdefault((table, cols), {})
             for k in wanted:
-                got_part = parts.get((i, k[0]) if keys is None else (i, *k))
-                cache[k] = empty if got_part is None else got_part.drop("_side").cast(schema)  # type: ignore[arg-type]
+                cache[k] = part((k[0],) if keys is None else k)
+            run._spans.setdefault((table, cols), {}).update({k: (lo, hi, part(k)) for k, (lo, hi) in spans.items()})
 
     def forget(self, table: str) -> None:
         """Drop the cached parts of ``table`` (every column set) for this run and its twin."""
         for run in self._pair():
             for k in [k for k in run._cache if k[0] == table]:
                 del run._cache[k]
+            for k in [k for k in run._spans if k[0] == table]:
+                del run._spans[k]
 
     def _served(self, table: str, keys: Sequence[tuple[int, int]], cols: Columns) -> list[pl.DataFrame] | None:
         """The cached parts of ``keys`` from one cache of ``table`` holding ``cols``, or None."""
@@ -178,6 +200,29 @@ class SparkRun:
             if t == table and fits and all(k in cache for k in keys):
                 return [cache[k] for k in keys]
         return None
+
+    def _served_spans(
+        self, table: str, spans: Mapping[tuple[int, int], tuple[int, int]], cols: Columns
+    ) -> list[pl.DataFrame] | None:
+        """Each span's rows, in (rank, step) order, from cached parts (whole rank-steps, or spans
+        holding it) with ``cols``, or None when one is not cached."""
+        out = []
+        for k, (lo, hi) in sorted(spans.items()):
+            whole = self._served(table, [k], cols)
+            if whole is not None:
+                out.append(whole[0].filter(pl.col("seq").is_between(lo, hi)))
+                continue
+            held = [
+                got
+                for (t, have), cache in self._spans.items()
+                if t == table and (have is None or (cols is not None and set(cols) <= set(have)))
+                for got in [cache.get(k)]
+                if got is not None and got[0] <= lo and hi <= got[1]
+            ]
+            if not held:
+                return None
+            out.append(held[0][2].filter(pl.col("seq").is_between(lo, hi)))
+        return out
 
     def scan(
         self,
@@ -217,22 +262,26 @@ class SparkRun:
         ranks = sorted({r for r, _ in spans})
         if not spans or not self._run.files(table, ranks):
             return self._lazy(table, [], columns)
-        where = " OR ".join(
-            f"(rank = {r} AND step = {s} AND seq BETWEEN {lo} AND {hi})" for (r, s), (lo, hi) in sorted(spans.items())
-        )
+        with self._lock:
+            parts = self._served_spans(table, spans, cols)
+        if parts is not None:  # already in (rank, step) order
+            return self._lazy(table, [p for p in parts if p.height], columns, ordered=True)
         with self._lock, spark_errors(f"reading {table} of {self._run.label}"):
-            got = self._read(self._run, table, ranks, cols, F.expr(where)).toArrow()
+            got = self._read(self._run, table, ranks, cols, F.expr(_keys_predicate((), spans))).toArrow()
             self.jobs[table] = self.jobs.get(table, 0) + 1
         # Run.scan_spans' order: by (rank, step), then file order.
         frame = self._frame(got, table, cols, ()).sort("rank", "step", *_EXTRA).cast(_schema(table, cols))  # type: ignore[arg-type]
         return self._lazy(table, [frame] if frame.height else [], columns)
 
-    def _lazy(self, table: str, full: list[pl.DataFrame], columns: Sequence[str] | None) -> pl.LazyFrame:
-        """Non-empty cached parts as one lazy frame in ``Run.scan``'s order and columns."""
+    def _lazy(
+        self, table: str, full: list[pl.DataFrame], columns: Sequence[str] | None, ordered: bool = False
+    ) -> pl.LazyFrame:
+        """Non-empty cached parts as one lazy frame in ``Run.scan``'s order (``ordered``: as they come) and columns."""
         if not full:
             lf = pl.LazyFrame(schema=polars_schema(table))
         else:
-            frame = full[0] if len(full) == 1 else pl.concat(full, how="vertical").sort("rank", *_EXTRA)
+            frame = pl.concat(full, how="vertical") if len(full) > 1 else full[0]
+            frame = frame if ordered or len(full) == 1 else frame.sort("rank", *_EXTRA)
             lf = frame.drop(_EXTRA).lazy()
         return lf if columns is None else lf.select(list(columns))
 
@@ -396,14 +445,21 @@ class SparkStages:
             progress(stage, 1, 1)
         return out
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         keys = [(int(r), int(s)) for r, ss in cands.items() for s in ss]
+        # A sliced rank-step is read in part on each side: one span covering both sides' slices.
+        cut = {
+            k: (min(c.seq_a[0], c.seq_b[0]), max(c.seq_a[1], c.seq_b[1]))
+            for k, c in (slices or {}).items()
+            if k in set(keys)
+        }
         with self.a._lock:
             # A new walk: the previous one's rank-steps are done with (driver memory stays one walk).
             self.a.forget("records")
             if keys:
                 # Only the columns the walk's first pass reads: its wider reads are a few calls'.
-                self.a.fetch("records", keys=keys, columns=FIRST_PASS_COLUMNS)
+                whole = [k for k in keys if k not in cut]
+                self.a.fetch("records", keys=whole, columns=FIRST_PASS_COLUMNS, spans=cut)
 
     def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
         from pyspark.sql import functions as F
