@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import polars as pl
 
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
 from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.walk import Progress
@@ -37,9 +38,11 @@ class Stages(Protocol):
     """The heavy stages of one bisect over runs ``a`` and ``b``."""
 
     #: What the walk, verdicts and evidence read run A (B) through: ``scan(table, ranks, steps)``
-    #: and every other attribute of an opened ``Run``.
+    #: and every other attribute of an opened ``Run``, with ``scan_spans``.
     a: Any
     b: Any
+    #: Rank-steps per walk batch; None: the walk's own (``reads.WALK_BATCH``, its memory bound).
+    walk_batch: int | None
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         """``narrow.metric_divergence`` of the two runs' metrics over ``ranks`` and steps [lo, hi]."""
@@ -56,8 +59,9 @@ class Stages(Protocol):
         (``narrow.divergent_steps``); adds the [A, B] counts of digest errors to ``errors``."""
         ...
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
-        """The walk is about to read these rank-steps (rank -> steps) of both runs' records."""
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
+        """The walk is about to read these rank-steps (rank -> steps) of both runs' records, the
+        ones in ``slices`` (``blocks.slices``) only in part, the first pass on ``walk.FIRST_PASS_COLUMNS``."""
         ...
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
@@ -76,6 +80,8 @@ class LocalStages:
     #: Run A and run B (opened ``Run`` objects).
     a: Run
     b: Run
+    #: The walk reads its batches from the shards as it goes: its own batch size.
+    walk_batch: ClassVar[int | None] = None
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         return _narrow.metric_divergence(scan(self.a, "metrics", ranks, lo, hi), scan(self.b, "metrics", ranks, lo, hi))
@@ -102,7 +108,7 @@ class LocalStages:
                 progress(stage, i + 1, len(batches))
         return out
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         return None  # the walk reads its batches from the shards as it goes
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:

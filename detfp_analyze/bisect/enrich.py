@@ -70,9 +70,10 @@ def enrich(
     if not sub["hz"].any():
         cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
     extra = [c for c in DETAIL_COLUMNS if c not in ("rank", "step", "key_hash", *_CALL_DETAIL)] if detail_keys else []
+    read = ["rank", "step", "call_hash", "key_hash", *[c for c in cols if isinstance(c, str)], *extra]
     lfs = []
     for run, sfx in ((run_a, "a"), (run_b, "b")):
-        lf = _spans_scan(run, sub, sfx).filter(pl.col("call_hash").is_in(hashes))
+        lf = run.scan_spans("records", _spans(sub, sfx), read).filter(pl.col("call_hash").is_in(hashes))
         lf = lf.select("rank", "step", "call_hash", "key_hash", *cols, *extra)
         lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
     dets: list[Details] = []
@@ -92,24 +93,17 @@ def enrich(
     return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1]
 
 
-def _spans_scan(run: Run, sub: pl.DataFrame, side: str) -> pl.LazyFrame:
-    """One side's records of each (rank, step) of ``sub`` (aligned rows), only within the seq span
-    of that side's rows there: a key occurs once per rank-step (``integrity.check_stream``), so
-    the records ``sub`` joins to all lie in it, and the shards' seq statistics skip the row
-    groups outside it. A (rank, step) without a row on this side reads nothing."""
+def _spans(sub: pl.DataFrame, side: str) -> dict[tuple[int, int], tuple[int, int]]:
+    """(rank, step) -> the seq span of one side's rows of ``sub`` (aligned rows) there: a key
+    occurs once per rank-step (``integrity.check_stream``), so the records ``sub`` joins to all
+    lie in it, and ``Run.scan_spans`` reads only it. A (rank, step) without a row on this side
+    reads nothing."""
     spans = (
         sub.filter(pl.col(f"seq_{side}").is_not_null())
         .group_by("rank", "step")
         .agg(pl.col(f"seq_{side}").min().alias("lo"), pl.col(f"seq_{side}").max().alias("hi"))
-        .sort("rank", "step")
     )
-    parts = [
-        run.scan("records", ranks=[int(r)], steps=[int(s)]).filter(pl.col("seq").is_between(int(lo), int(hi)))
-        for r, s, lo, hi in spans.iter_rows()
-    ]
-    if not parts:
-        return run.scan("records", ranks=[], steps=[])
-    return parts[0] if len(parts) == 1 else pl.concat(parts)
+    return {(int(r), int(s)): (int(lo), int(hi)) for r, s, lo, hi in spans.iter_rows()}
 
 
 def hazard_names(rows: Iterable[Aligned]) -> tuple[str, ...]:

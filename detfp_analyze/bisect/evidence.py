@@ -182,7 +182,7 @@ def discriminator(run_a: Run, run_b: Run, results: Sequence[RankResult], diag: D
     cols = list(_align.ALIGN_COLUMNS)
 
     def side(run: Run) -> pl.DataFrame:
-        lf = run.scan("records", ranks=sorted(pairs), steps=sorted(set(pairs.values())))
+        lf = run.scan("records", ranks=sorted(pairs), steps=sorted(set(pairs.values())), columns=cols)
         key = pl.DataFrame(
             {"rank": list(pairs), "step": list(pairs.values())}, schema={"rank": pl.Int32, "step": pl.Int64}
         )

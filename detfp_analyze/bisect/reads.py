@@ -38,6 +38,9 @@ def collect_pair(lf_a: pl.LazyFrame, lf_b: pl.LazyFrame) -> tuple[pl.DataFrame, 
     return a, b
 
 
-def scan(run: Run, table: str, ranks: Sequence[int], lo: int, hi: int) -> pl.LazyFrame:
-    """``run.scan`` of ``ranks`` over the inclusive step range [lo, hi] (files pruned by the reader)."""
-    return run.scan(table, ranks=list(ranks), steps=range(lo, hi + 1))
+def scan(
+    run: Run, table: str, ranks: Sequence[int], lo: int, hi: int, columns: Sequence[str] | None = None
+) -> pl.LazyFrame:
+    """``run.scan`` of ``ranks`` over the inclusive step range [lo, hi] (files pruned by the reader),
+    only ``columns`` (default all)."""
+    return run.scan(table, ranks=list(ranks), steps=range(lo, hi + 1), columns=columns)

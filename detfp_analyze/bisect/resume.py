@@ -99,6 +99,10 @@ def boundary_steps(
     return tuple(sorted(steps))
 
 
+#: The records columns ``boundary_counts`` reads.
+BOUNDARY_COLUMNS = ("rank", "step", "kind", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest")
+
+
 def boundary_counts(records_a: pl.LazyFrame, records_b: pl.LazyFrame, step: int) -> tuple[int, int]:
     """(compared, differing) restored-state records at ``step``, matched by (rank, key_hash) with
     ``rule.MATCH``: a pair without evidence (``unknown``: skipped, a digest error) is not counted,

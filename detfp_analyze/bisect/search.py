@@ -104,15 +104,15 @@ def search(
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
     sl = _blocks.slices(*stored, cands) if stored is not None else None
-    st.prefetch(cands)
-    found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl)
+    st.prefetch(cands, sl)
+    found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl, batch_size=st.walk_batch)
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
             more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored)
             sl = _blocks.slices(*stored, more) if stored is not None else None
-            st.prefetch(more)
-            found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl)
+            st.prefetch(more, sl)
+            found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl, batch_size=st.walk_batch)
     notes = []
     if errors[0] or errors[1]:
         notes.append(
@@ -124,7 +124,9 @@ def search(
     s = info.first_common_step
     if info.resumed and s is not None and s <= hi:
         n, d = _resume.boundary_counts(
-            scan(run_a, "records", compared, s, s), scan(run_b, "records", compared, s, s), s
+            scan(run_a, "records", compared, s, s, _resume.BOUNDARY_COLUMNS),
+            scan(run_b, "records", compared, s, s, _resume.BOUNDARY_COLUMNS),
+            s,
         )
         info = replace(info, first_common_step=s, boundary_compared=n, boundary_differing=d)
     return Search({r: f for r, f in found.items() if not f.passed}, metrics, info, tuple(notes))

@@ -27,14 +27,14 @@ from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import callfacts as _calls
 from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
-from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect, collect_pair
+from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import to_polars
 from detfp_capture.contract import STATUSES
 
-__all__ = ["Progress", "walk"]
+__all__ = ["FIRST_PASS_COLUMNS", "Progress", "walk"]
 
 #: progress(stage, done, total): called between batches; the CLI draws a bar with it.
 Progress = Callable[[str, int, int], None]
@@ -42,16 +42,39 @@ Progress = Callable[[str, int, int], None]
 _VALUE = to_polars(rule.VALUE)
 
 
+def _read_columns(columns: Sequence[str]) -> tuple[str, ...]:
+    """The records columns read to prepare ``columns`` for the alignment (with the hazard flag's inputs)."""
+    return tuple(dict.fromkeys((*columns, *_align.HAZARD_FLAG.meta.root_names())))
+
+
+#: What the walk's first pass reads of every candidate rank-step (the narrow columns and the
+#: hazard flag's inputs): an engine that fetches the rank-steps ahead (``Stages.prefetch``)
+#: fetches these; the wider reads (call-site columns, record details) are of a few calls only.
+FIRST_PASS_COLUMNS = _read_columns(_align.NARROW_COLUMNS)
+#: The columns of the same-calls test (``_same_calls``).
+_SAME_CALLS_COLUMNS = tuple(
+    dict.fromkeys(
+        (
+            "rank",
+            "step",
+            *rule.FAMILY,
+            "call_hash",
+            *(n for c in rule.SIGNATURE for n in to_polars(c).meta.root_names()),
+        )
+    )
+)
+
+
 def _pairs_scan(
     run: Run, pairs: Mapping[int, int], columns: Sequence[str], seqs: Mapping[int, tuple[int, int]]
 ) -> pl.LazyFrame:
-    """``pairs``' records; a rank in ``seqs`` only within that inclusive seq range (its slice: one
-    scan per rank, so the row groups' seq statistics skip the rest of its file)."""
+    """``pairs``' records; a rank in ``seqs`` only within that inclusive seq range (its slice:
+    ``Run.scan_spans``, so the row groups' seq statistics skip the rest of its file)."""
     whole = {r: s for r, s in pairs.items() if r not in seqs}
     parts = [_whole_scan(run, whole, columns)] if whole else []
-    for r, (lo, hi) in sorted(seqs.items()):
-        lf = run.scan("records", ranks=[r], steps=[pairs[r]]).filter(pl.col("seq").is_between(lo, hi))
-        parts.append(_prepared(lf, columns))
+    if seqs:
+        spans = {(r, pairs[r]): span for r, span in seqs.items()}
+        parts.append(_prepared(run.scan_spans("records", spans, _read_columns(columns)), columns))
     return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
@@ -62,15 +85,22 @@ def _prepared(lf: pl.LazyFrame, columns: Sequence[str]) -> pl.LazyFrame:
 
 
 def _whole_scan(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
+    return _prepared(_records(run, pairs, _read_columns(columns)), columns)
+
+
+def _records(run: Run, pairs: Mapping[int, int], columns: Sequence[str]) -> pl.LazyFrame:
+    """``columns`` of the records of the (rank, step) ``pairs`` (one step per rank), by rank, in file order."""
     steps = sorted(set(pairs.values()))
     if len(steps) == 1:  # the scan selects exactly these (rank, step) pairs
-        return _prepared(run.scan("records", ranks=sorted(pairs), steps=steps), columns)
+        return run.scan("records", ranks=sorted(pairs), steps=steps, columns=columns)
     # One scan per step, of exactly the ranks at that step: a run's reads then name only the
     # (rank, step) pairs walked (an engine that fetched them ahead serves them all; a scan of
     # every rank x every step would ask for pairs nobody walks). A stable sort by rank restores
     # the order of one scan (each rank holds one step): rank, then file, then row.
-    parts = [run.scan("records", ranks=sorted(r for r in pairs if pairs[r] == s), steps=[s]) for s in steps]
-    return _prepared(pl.concat(parts).sort("rank", maintain_order=True), columns)
+    parts = [
+        run.scan("records", ranks=sorted(r for r in pairs if pairs[r] == s), steps=[s], columns=columns) for s in steps
+    ]
+    return pl.concat(parts).sort("rank", maintain_order=True)
 
 
 def _read_pairs(
@@ -129,6 +159,7 @@ def walk(
     found: Mapping[int, Found] | None = None,
     *,
     slices: Mapping[tuple[int, int], Slice] | None = None,
+    batch_size: int | None = None,
 ) -> dict[int, Found]:
     """rank -> Found for every rank with a divergence in its candidate steps (``cands``: rank ->
     sorted steps whose rollups differ); ``boundary``: resume boundary steps.
@@ -138,6 +169,7 @@ def walk(
     whose steps all change no value has a ``Found`` whose ``passed`` is true. ``slices``: the
     candidate steps to read only in part (``blocks.slices``); a pick that needs records outside
     its slice (its call or the one upstream cut, a module output's twin, a hazard) rereads the step.
+    ``batch_size``: rank-steps per batch (default WALK_BATCH); the report does not depend on it.
     """
     found = dict(found or {})
     todo = {r: list(s) for r, s in cands.items() if s}
@@ -148,7 +180,7 @@ def walk(
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         while todo:
-            batches = chunks(sorted(todo), WALK_BATCH)
+            batches = chunks(sorted(todo), batch_size or WALK_BATCH)
             first_pairs = {r: todo[r][0] for r in batches[0]}
             pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices)
             for i, batch in enumerate(batches):
@@ -234,6 +266,16 @@ def _walk_batch(
     slim = al.select("rank", "call_hash", "o1", "hz", "kind", _VALUE.alias("value"))
     facts = _calls.call_facts(slim, [(r, int(row["call_hash"])) for r, row in by_rank.items()])
     per_rank = _calls.rank_facts(slim) if by_rank else {}
+    # The same-calls test of every rank whose judgement needs it (_judge), in one read.
+    same = _same_calls(
+        run_a,
+        run_b,
+        {
+            r: pairs[r]
+            for r in pairs
+            if r in by_rank and by_rank[r]["state"] in (rule.REORDERED, rule.SHIFTED) and per_rank[r].values
+        },
+    )
     picks: dict[int, tuple[_Pick | None, _Pick | None]] = {}
     for r in pairs:
         if r not in by_rank:
@@ -249,7 +291,7 @@ def _walk_batch(
                 row = clean.row(0, named=True)
                 nxt_facts = _calls.call_facts(slim, [(r, int(row["call_hash"]))])
                 nxt = _pick(row, nxt_facts[(r, int(row["call_hash"]))], per_rank[r])
-        passed = _judge(per_rank[r].values, first, nxt, lambda r=r: _same_calls(run_a, run_b, r, pairs[r]))
+        passed = _judge(per_rank[r].values, first, nxt, lambda r=r: r in same)
         held = found.get(r)
         # A false root (a step whose only divergences sit under hazards) stays the rank's first;
         # a step that changes no value otherwise is passed over, kept only for the note on a
@@ -309,24 +351,32 @@ def _extracts(
     return _enrich.with_twins(run_a, run_b, al, out)
 
 
-def _same_calls(run_a: Run, run_b: Run, rank: int, step: int) -> bool:
-    """Whether both runs made the same calls in the rank-step, up to their order within each
-    call-site family (``rule.SIGNATURE``, ``rule.FAMILY``): per family, the multiset of calls is
-    equal. Occurrence numbers key the alignment, so calls in another order (DDP copying its
-    buckets back in the order it packed them) read as values that differ; this is the exact
-    check, read only for a step whose first difference is such a reordering."""
+def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
+    """The ranks of ``pairs`` (rank -> step) where both runs made the same calls in the rank-step,
+    up to their order within each call-site family (``rule.SIGNATURE``, ``rule.FAMILY``): per
+    family, the multiset of calls is equal. Occurrence numbers key the alignment, so calls in
+    another order (DDP copying its buckets back in the order it packed them) read as values that
+    differ; this is the exact check, read only for the steps whose first difference is such a
+    reordering (all of a batch's in one read)."""
+    if not pairs:
+        return set()
+    sig = pl.concat_str([to_polars(c).cast(pl.String).fill_null("-") for c in rule.SIGNATURE], separator="\x1f")
 
-    def calls(run: Run) -> pl.DataFrame:
-        lf = run.scan("records", ranks=[rank], steps=[step]).filter(pl.col("step") == step)
-        sig = pl.concat_str([to_polars(c).cast(pl.String).fill_null("-") for c in rule.SIGNATURE], separator="\x1f")
+    def calls(run: Run) -> pl.LazyFrame:
         per_call = (
-            lf.select(*rule.FAMILY, "call_hash", sig.alias("sig"))
-            .group_by(*rule.FAMILY, "call_hash")
+            _records(run, pairs, _SAME_CALLS_COLUMNS)
+            .select("rank", *rule.FAMILY, "call_hash", sig.alias("sig"))
+            .group_by("rank", *rule.FAMILY, "call_hash")
             .agg(pl.col("sig").sort().str.join("\x1e").alias("call"))
         )
-        return collect(per_call.group_by(*rule.FAMILY).agg(pl.col("call").sort()).sort(*rule.FAMILY))
+        return per_call.group_by("rank", *rule.FAMILY).agg(pl.col("call").sort()).sort("rank", *rule.FAMILY)
 
-    return calls(run_a).equals(calls(run_b))
+    a, b = collect_pair(calls(run_a), calls(run_b))
+
+    def of(frame: pl.DataFrame, r: int) -> pl.DataFrame:
+        return frame.filter(pl.col("rank") == r).drop("rank")
+
+    return {r for r in pairs if of(a, r).equals(of(b, r))}
 
 
 def _advance(todo: dict[int, list[int]], r: int) -> None:

@@ -23,7 +23,7 @@ names the file, the problem and the fix.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -148,15 +148,40 @@ class Run:
         out because they are not held completely; for readers that bypass ``scan``. Sorted."""
         return tuple((r, lo, hi) for r, ranges in sorted(self.excluded.items()) for lo, hi in ranges)
 
-    def scan(self, table: str, ranks: Iterable[int] | None = None, steps: Steps | None = None) -> pl.LazyFrame:
+    def scan(
+        self,
+        table: str,
+        ranks: Iterable[int] | None = None,
+        steps: Steps | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pl.LazyFrame:
         """Lazy frame of ``table`` with exactly the contract's columns and types.
 
         ``ranks`` selects partitions (files); ``steps`` prunes files by their step range
         and filters rows (pushed down to row groups). Rows come in file order: by rank,
         then segment and flush window, then write order (``seq`` increasing within a
         (rank, segment)). Rows of a (rank, step) captured again by a later segment are
-        dropped. An absent table gives an empty frame of the same schema.
+        dropped. An absent table gives an empty frame of the same schema. ``columns``: only
+        these (in this order); the reader pushes the projection down anyway, but an engine that
+        fetches rows from elsewhere (``detfp_analyze.spark``) then fetches only these.
         """
+        lf = self._scan(table, ranks, steps)
+        return lf if columns is None else lf.select(list(columns))
+
+    def scan_spans(
+        self, table: str, spans: Mapping[tuple[int, int], tuple[int, int]], columns: Sequence[str] | None = None
+    ) -> pl.LazyFrame:
+        """``scan`` of each (rank, step) of ``spans`` only within its inclusive ``seq`` span, in
+        (rank, step) order (one scan per span, so the row groups' seq statistics skip the rest of
+        its file). No spans: an empty frame."""
+        parts = [
+            self._scan(table, [r], [s]).filter(pl.col("seq").is_between(lo, hi))
+            for (r, s), (lo, hi) in sorted(spans.items())
+        ]
+        lf = pl.concat(parts) if len(parts) > 1 else parts[0] if parts else pl.LazyFrame(schema=polars_schema(table))
+        return lf if columns is None else lf.select(list(columns))
+
+    def _scan(self, table: str, ranks: Iterable[int] | None, steps: Steps | None) -> pl.LazyFrame:
         schema = polars_schema(table)
         shards = self._select(table, ranks, steps)
         self.footer_checks.verify(shards)

@@ -27,7 +27,7 @@ from typing import Any
 from detfp_analyze._deps import require
 from detfp_analyze.errors import EngineError, QueryError, ShardError
 
-__all__ = ["JAVA_HINT", "check_java", "quiet_jvm", "session", "spark_errors", "spark_reason"]
+__all__ = ["JAVA_HINT", "check_java", "local_cores", "quiet_jvm", "session", "spark_errors", "spark_reason"]
 
 #: How to get Java when it is missing (the Spark engine needs a JDK 17 or later on PATH or in JAVA_HOME).
 JAVA_HINT = (
@@ -42,7 +42,8 @@ _DEFAULTS = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # Small local jobs: the default 200 shuffle partitions cost more in task overhead than they split.
+    # Small jobs: the default 200 shuffle partitions cost more in task overhead than they split
+    # (a local master gets one per core instead: local_cores).
     "spark.sql.shuffle.partitions": "8",
     _JAVA_OPTIONS: f"-Dlog4j2.configurationFile=file:{_LOG4J}",
 }
@@ -52,7 +53,20 @@ _DEFAULTS = {
 _LOCAL = {
     "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
     "spark.sql.adaptive.enabled": "false",
+    # The walk's rank-steps come back to the driver by design (their narrow columns: ~1 GiB of
+    # Arrow for 256 ranks x 20,000 records x 2 runs); on one machine the driver's memory is the
+    # limit, not Spark's default 1 GiB cap on a job's results.
+    "spark.driver.maxResultSize": "0",
 }
+
+
+def local_cores(master: str | None) -> int | None:
+    """The cores of a ``local``, ``local[N]`` or ``local[*]`` master (``[N, F]`` too); None otherwise."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", (master or "").strip())
+    if m is None:
+        return None
+    n = m.group(1)
+    return 1 if n is None else (os.cpu_count() or 1) if n == "*" else max(int(n), 1)
 
 
 def check_java() -> None:
@@ -89,6 +103,10 @@ def session(master: str | None = None, conf: Iterable[tuple[str, str]] = ()) -> 
     settings = dict(_DEFAULTS)
     if master and master.startswith("local"):
         settings.update(_LOCAL)
+    cores = local_cores(master)
+    if cores is not None:
+        # One machine: one shuffle partition per core (each partition is a task; more only queue).
+        settings["spark.sql.shuffle.partitions"] = str(cores)
     for k, v in conf:
         # Java options are added to the quiet logging option, not put in its place.
         settings[k] = f"{settings[k]} {v}" if k == _JAVA_OPTIONS else v

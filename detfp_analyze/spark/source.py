@@ -17,7 +17,7 @@ types (uint64 again), so frames from Spark equal frames from polars bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -79,12 +79,13 @@ def table(spark: Any, run: Any, name: str, ranks: Iterable[int] | None = None, *
     return df.where(f"NOT ({drop})") if drop else df
 
 
-def to_contract(t: pa.Table, name: str, extra: tuple[str, ...] = ()) -> pa.Table:
+def to_contract(t: pa.Table, name: str, extra: tuple[str, ...] = (), columns: Sequence[str] | None = None) -> pa.Table:
     """Rows fetched from ``table`` (``DataFrame.toArrow``) in the contract's Arrow types: decimal(20,0)
-    back to uint64, and so on; ``extra`` columns are kept as they are, after the contract's."""
+    back to uint64, and so on; only ``columns`` (default all) of the contract's, in its order;
+    ``extra`` columns are kept as they are, after the contract's."""
     schema = arrow_schema(name)
-    arrays = [t.column(f.name).cast(f.type) for f in schema]
-    fields = list(schema)
+    fields = [f for f in schema if columns is None or f.name in columns]
+    arrays = [t.column(f.name).cast(f.type) for f in fields]
     for x in extra:
         arrays.append(t.column(x))
         fields.append(t.schema.field(x))

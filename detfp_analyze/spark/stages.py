@@ -15,22 +15,22 @@ On Spark, one job each over both runs' validated shards (``source.table``):
 * ``peer_inputs``: the group-wide collective input test, the peers' inputs matched by key with
   ``rule.MATCH`` rendered to Spark SQL (``rule.to_sql``, dialect ``spark``).
 
-Back on the driver: the rank-steps the walk reads. ``prefetch`` fetches every candidate
-rank-step of both runs in one job (a filter on (step, rank) pushed into the Parquet scan of only
-those ranks' shards, collected as Arrow into polars); ``SparkRun.scan`` serves the walk, the
-verdicts and the evidence from that cache, and fetches anything else it is asked for (dumps,
-kernels, argument texts, the discriminator's ranks) in one job per read, for both runs at once.
-So a bisect costs a small, fixed number of Spark jobs, not one per rank or per slice, and the
-walk, verdicts, diagnosis and report are the local engine's code: the report is byte-identical.
-Driver memory: the candidate rank-steps of one walk (every column), as documented in docs/spark.md.
+Back on the driver: the rank-steps the walk reads, through ``SparkRun`` (``runs``): ``prefetch``
+fetches the first pass's columns (``walk.FIRST_PASS_COLUMNS``) of every candidate rank-step of
+both runs in one job, only the block slice where the stored rollups narrow a step
+(``blocks.slices``); the call-site and detail columns of the few calls a verdict needs, a
+re-read, the evidence (dumps, kernels, argument texts, the discriminator's ranks) are one job
+per read, and the walk on Spark is one batch (``walk_batch``). So a bisect costs a small, fixed
+number of Spark jobs, not one per rank, batch or slice, and the walk, verdicts, diagnosis and
+report are the local engine's code: the report is byte-identical. Driver memory: the narrow
+columns of one walk's rank-steps (or slices), as documented in docs/spark.md.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 import pyarrow as pa
@@ -38,17 +38,17 @@ import pyarrow as pa
 from detfp_analyze import rule
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.records import CallKey
-from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.bisect.walk import FIRST_PASS_COLUMNS, Progress
 from detfp_analyze.io.reader import Run, polars_schema
 from detfp_analyze.rule.to_sql import qualified, to_sql
 from detfp_analyze.spark import source as _source
+from detfp_analyze.spark.runs import SparkRun
 from detfp_analyze.spark.runtime import spark_errors
 
 __all__ = ["SparkRun", "SparkStages", "engine"]
 
-_ALL = -1  # cache key step for a whole rank (a scan without a step selection)
-_EXTRA = (_source.FILE_COLUMN, _source.ROW_COLUMN)
 _U64 = 1 << 64
 
 
@@ -56,121 +56,6 @@ def _signed(col: str) -> str:
     """Spark SQL: a uint64 column (decimal(20,0)) as the signed 64-bit integer with the same bits
     (bit_xor works on integers only)."""
     return f"CAST(IF({col} >= {1 << 63}, {col} - {_U64}, {col}) AS BIGINT)"
-
-
-def _steps(steps: Any) -> list[int] | None:
-    if steps is None:
-        return None
-    if isinstance(steps, int):
-        return [steps]
-    return sorted({int(s) for s in steps})
-
-
-def _keys_predicate(keys: Iterable[tuple[int, int]]) -> str:
-    """Spark SQL predicate selecting exactly the (rank, step) ``keys``: per step, its ranks."""
-    by_step: dict[int, list[int]] = {}
-    for r, s in keys:
-        by_step.setdefault(s, []).append(r)
-    terms = [f"(step = {s} AND rank IN ({', '.join(str(r) for r in sorted(rs))}))" for s, rs in sorted(by_step.items())]
-    return " OR ".join(terms) or "false"
-
-
-class SparkRun:
-    """An opened ``Run`` whose ``scan`` serves (rank, step) parts of a table fetched from Spark.
-
-    Every other attribute (label, manifests, ranks, tables, files, ...) is the run's. Parts come
-    in cached per (rank, step) for both runs of the pair at once (its ``twin``: the walk and the
-    evidence read both runs with the same selection), one Spark job per fetch, and ``scan``
-    returns them as ``Run.scan`` does: the contract's columns and types, rows by rank, then file,
-    then row. ``jobs`` counts the fetches by table.
-    """
-
-    def __init__(self, spark: Any, run: Run, twin: SparkRun | None = None) -> None:
-        self._spark, self._run = spark, run
-        self._cache: dict[str, dict[tuple[int, int], pl.DataFrame]] = {}
-        self._twin = twin
-        self._lock = twin._lock if twin is not None else threading.Lock()
-        self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
-        if twin is not None:
-            twin._twin = self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._run, name)
-
-    def __repr__(self) -> str:
-        return f"SparkRun({self._run!r})"
-
-    @property
-    def run(self) -> Run:
-        """The opened run itself."""
-        return self._run
-
-    def _pair(self) -> list[SparkRun]:
-        return [self] if self._twin is None else [self, self._twin]
-
-    def fetch(self, table: str, ranks: Iterable[int] = (), keys: Iterable[tuple[int, int]] | None = None) -> None:
-        """Fetch into the cache, for this run and its twin in one Spark job (the caller holds
-        ``_lock``), ``table``'s rows of whole ``ranks``, or of exactly the (rank, step) ``keys``."""
-        from pyspark.sql import functions as F
-
-        keys = None if keys is None else sorted(set(keys))
-        ranks = sorted({k[0] for k in keys} if keys is not None else set(ranks))
-        schema = {**polars_schema(table), _source.FILE_COLUMN: pl.String, _source.ROW_COLUMN: pl.Int64}
-        empty = pl.DataFrame(schema=schema)
-        wanted = keys if keys is not None else [(r, _ALL) for r in ranks]
-        if not any(run._run.files(table, ranks) for run in self._pair()):  # nothing to read: no job
-            for run in self._pair():
-                run._cache.setdefault(table, {}).update(dict.fromkeys(wanted, empty))
-            return
-        df = None
-        for i, run in enumerate(self._pair()):
-            side = _source.table(self._spark, run._run, table, ranks, provenance=True)
-            # Pushed into the Parquet scan: row groups outside these steps are skipped.
-            side = side.where(F.col("rank").isin(ranks) if keys is None else _keys_predicate(keys))
-            side = side.withColumn("_side", F.lit(i))
-            df = side if df is None else df.unionByName(side)
-        with spark_errors(f"reading {table} of {self._run.label}"):
-            got = df.toArrow()  # type: ignore[union-attr]
-        self.jobs[table] = self.jobs.get(table, 0) + 1
-        frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, "_side")))
-        assert isinstance(frame, pl.DataFrame)
-        frame = frame.sort("_side", "rank", *_EXTRA)
-        by = ("_side", "rank") if keys is None else ("_side", "rank", "step")
-        parts = frame.partition_by(*by, as_dict=True)
-        for i, run in enumerate(self._pair()):
-            cache = run._cache.setdefault(table, {})
-            for k in wanted:
-                got_part = parts.get((i, k[0]) if keys is None else (i, *k))
-                cache[k] = empty if got_part is None else got_part.drop("_side").cast(schema)  # type: ignore[arg-type]
-
-    def forget(self, table: str) -> None:
-        """Drop the cached parts of ``table`` for this run and its twin."""
-        for run in self._pair():
-            run._cache.pop(table, None)
-
-    def scan(self, table: str, ranks: Iterable[int] | int | None = None, steps: Any = None) -> pl.LazyFrame:
-        """As ``Run.scan``: ``table``'s rows of ``ranks`` (default all) and ``steps`` (default all)."""
-        if ranks is None:
-            wanted = sorted(self._run.ranks)
-        else:
-            wanted = sorted({int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)})
-        sel = _steps(steps)
-        keys = [(r, s) for r in wanted for s in (sel if sel is not None else [_ALL])]
-        with self._lock:
-            cache = self._cache.setdefault(table, {})
-            missing = [k for k in keys if k not in cache]
-            if missing:
-                if sel is None:
-                    self.fetch(table, ranks={k[0] for k in missing})
-                else:
-                    self.fetch(table, keys=missing)
-                cache = self._cache[table]
-            parts = [cache[k] for k in keys]
-        full = [p for p in parts if p.height]
-        if not full:
-            return pl.LazyFrame(schema=polars_schema(table))
-        frame = full[0] if len(full) == 1 else pl.concat(full, how="vertical").sort("rank", *_EXTRA)
-        return frame.drop(_EXTRA).lazy()
 
 
 @dataclass
@@ -184,6 +69,10 @@ class SparkStages:
     b: SparkRun
     #: Spark jobs run so far by the stages, by stage (the runs' fetches are in ``a.jobs``).
     jobs: dict[str, int] = field(default_factory=dict)
+    #: One walk batch: the walk's rank-steps are fetched ahead (``prefetch``) and held anyway, so
+    #: its wider reads (the calls a verdict needs, the same-calls test, the call-site re-alignment)
+    #: are one Spark job each per walk round, whatever the number of ranks.
+    walk_batch: ClassVar[int | None] = 1 << 62
 
     def _collect(self, df: Any, stage: str, doing: str) -> pa.Table:
         with spark_errors(doing):
@@ -310,13 +199,21 @@ class SparkStages:
             progress(stage, 1, 1)
         return out
 
-    def prefetch(self, cands: Mapping[int, Sequence[int]]) -> None:
+    def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         keys = [(int(r), int(s)) for r, ss in cands.items() for s in ss]
+        # A sliced rank-step is read in part on each side: one span covering both sides' slices.
+        cut = {
+            k: (min(c.seq_a[0], c.seq_b[0]), max(c.seq_a[1], c.seq_b[1]))
+            for k, c in (slices or {}).items()
+            if k in set(keys)
+        }
         with self.a._lock:
             # A new walk: the previous one's rank-steps are done with (driver memory stays one walk).
             self.a.forget("records")
             if keys:
-                self.a.fetch("records", keys=keys)
+                # Only the columns the walk's first pass reads: its wider reads are a few calls'.
+                whole = [k for k in keys if k not in cut]
+                self.a.fetch("records", keys=whole, columns=FIRST_PASS_COLUMNS, spans=cut)
 
     def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
         from pyspark.sql import functions as F

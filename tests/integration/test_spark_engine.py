@@ -27,7 +27,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from tests.fixtures.pairs import write_planted
+from tests.fixtures.pairs import build_pair, write_planted
 from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES, SPEC
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,9 +91,11 @@ def test_synthetic_plants_give_the_local_report(spark, planted, name):
 
 
 def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
-    """8 ranks walked in 4 batches (2 ranks each), each rank with its own divergent step: one job
-    for metrics, one for the stored rollups and one for the walk's rank-steps of both runs (plus
-    the evidence reads), not one per rank, batch or slice."""
+    """8 ranks, each with its own divergent step (the local walk's batches made 2 ranks small: the
+    Spark walk takes every rank in one batch anyway): one job for metrics, one for the stored
+    rollups, and 4 reads of records: the walk's rank-steps of both runs (the narrow columns), the
+    calls its verdicts need (each run's spans) and the discriminator's origin calls; not one per
+    rank, batch or slice."""
     monkeypatch.setattr(walk, "WALK_BATCH", 2)
     spec = SynthSpec(ranks=8, steps=3, records=120)
     p = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(step=1, index=30, all_ranks=True))
@@ -101,8 +103,48 @@ def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
     _same(bisect(p.a, p.b), got)
     assert sum(r.status == "diverged" for r in got.ranks) == 8
     assert stages.jobs == {"metrics": 1, "rollups": 1}
-    fetches = stages.a.jobs
-    assert fetches.get("records", 0) <= 2 and sum(fetches.values()) <= 5, fetches
+    assert stages.a.jobs == {"records": 4}, stages.a.jobs
+
+
+def _mixed_steps(root: Path) -> tuple[Path, Path]:
+    """A synthetic pair whose ranks diverge at different steps: B is the pair "early"'s B (an
+    origin on rank 0 at step 1, carried to every rank by the all-reduce) with rank 2 taken from
+    the pair "late"'s B (an origin on rank 2 at step 3) and rank 3 from A (identical)."""
+    import shutil
+
+    spec = SynthSpec(ranks=4, steps=4, records=120)
+    early = write_pair(root / "early" / "a", root / "early" / "b", spec, Plant(rank=0, step=1, index=40))
+    late = write_pair(root / "late" / "a", root / "late" / "b", spec, Plant(rank=2, step=3, index=70))
+    for rank, src in ((2, late.b), (3, early.a)):
+        for part in src.glob(f"*/rank={rank}"):
+            dest = early.b / part.parent.name / part.name
+            shutil.rmtree(dest)
+            shutil.copytree(part, dest)
+    return early.a, early.b
+
+
+def _mixed_steps_no_rollups(root: Path) -> tuple[Path, Path]:
+    """The same shape from the tiny hand-built runs (no stored rollups: the records' rollups run on
+    Spark): rank 0 diverges at step 1, rank 2 at step 3 (from its relu on), ranks 1 and 3 not."""
+    return build_pair(
+        root,
+        world=4,
+        steps=range(4),
+        edits_b={(0, 1): {"change": ["mm.out"]}, (2, 3): {"after": "relu.out"}},
+        open_runs=False,
+    )
+
+
+@pytest.mark.parametrize("make", [_mixed_steps, _mixed_steps_no_rollups], ids=["stored_rollups", "records_rollups"])
+def test_ranks_diverging_at_different_steps_give_the_local_report(spark, tmp_path, make):
+    """The walk's rank-steps span several steps (rank 0 at step 1, rank 2 at step 3, an identical
+    rank): `bisect --engine spark --json` prints the local engine's bytes."""
+    a, b = make(tmp_path)
+    local = _cli(["bisect", a, b, "--json"])
+    assert local[0] == 1
+    firsts = {r["rank"]: r["first"]["step"] for r in json.loads(local[1])["ranks"] if r.get("first")}
+    assert firsts[0] == 1 and firsts[2] == 3 and 3 not in firsts, firsts
+    assert _cli(["bisect", a, b, "--json", "--engine", "spark"]) == local
 
 
 def _cli(args) -> tuple[int, str, str]:
