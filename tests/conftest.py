@@ -13,27 +13,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
-#: Test files that share one unit of work under ``--dist loadfile`` (the test command's two
-#: workers): the Spark tests, so one worker starts the one JVM they share (a JVM start is 16-34 s
-#: of a worker's time; two files on two workers started two).
-_SAME_WORKER = ("tests/integration/test_spark_",)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, with the files of ``_SAME_WORKER`` as one unit; other modes as xdist has them."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class _Scheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return next((p for p in _SAME_WORKER if scope.startswith(p)), scope)
-
-    return _Scheduling(config, log)
-
-
 @pytest.fixture
 def gloo1(tmp_path):
     """A one-rank gloo process group in this process (collectives without spawning)."""
