@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +46,7 @@ __all__ = [
     "Committed",
     "ShardInfo",
     "partition_rank",
+    "partitions",
     "scan_shards",
     "shown_name",
     "visible",
@@ -119,6 +120,16 @@ def partition_rank(name: str, where: str) -> int | None:
             "rename or delete the directory"
         )
     return int(digits)
+
+
+def partitions(entries: Iterable[Location], where: str) -> Iterator[tuple[int, Location, str]]:
+    """(rank, location, name) of the ``rank=R`` partitions among a directory's ``entries``, in
+    their order: hidden names (``visible``) and names that are not partitions are skipped, a bad
+    ``rank=`` name is ``partition_rank``'s ShardError (``where``: the directory as shown)."""
+    for loc in entries:
+        name = name_of(loc)
+        if visible(name) and (rank := partition_rank(name, where)) is not None:
+            yield rank, loc, name
 
 
 def visible(name: str) -> bool:
@@ -290,14 +301,7 @@ def _candidates(
         tdir = st.join(root, table)
         if not st.is_dir(tdir):
             continue
-        entries = _listdir(st, tdir, f"{label}/{table}")
-        for rdir in entries:
-            rname = name_of(rdir)
-            if not visible(rname):
-                continue
-            rank = partition_rank(rname, f"{label}/{table}")
-            if rank is None:
-                continue
+        for rank, rdir, rname in partitions(_listdir(st, tdir, f"{label}/{table}"), f"{label}/{table}"):
             if not st.is_dir(rdir):
                 raise ShardError(
                     f"{label}/{table}/{rname}: not a directory (a file, a dangling link or a link loop); "

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from detfp_analyze.errors import DuplicateRankError, ManifestError, NotARunError, SchemaVersionError
-from detfp_analyze.io.footers import partition_rank, shown_name, visible
+from detfp_analyze.io.footers import partitions, shown_name, visible
 from detfp_analyze.io.store import Location, Store, name_of
 from detfp_capture import contract
 
@@ -42,13 +42,8 @@ def read_manifests(st: Store, root: Location, label: str) -> dict[int, dict[int,
     if not st.is_dir(mroot):
         raise NotARunError(f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/ directory); {FIX_RUN}")
     found: dict[int, dict[int, dict]] = {}
-    for rdir in _listdir(st, mroot, f"{label}/{contract.MANIFEST_DIR}"):
-        rname = name_of(rdir)
-        if not visible(rname):
-            continue
-        rank = partition_rank(rname, f"{label}/{contract.MANIFEST_DIR}")
-        if rank is None:
-            continue
+    mshown = f"{label}/{contract.MANIFEST_DIR}"
+    for rank, rdir, rname in partitions(_listdir(st, mroot, mshown), mshown):
         rshown = f"{label}/{contract.MANIFEST_DIR}/{rname}"
         if not st.is_dir(rdir):
             raise ManifestError(f"{rshown}: not a directory (a file, a dangling link or a link loop); delete it")

@@ -130,7 +130,7 @@ class Run:
         Raw files: rows superseded by a later segment are still in them (see ``supersession``).
         """
         contract.columns(table)  # KeyError naming the known tables
-        wanted = None if ranks is None else {int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)}
+        wanted = _rank_set(ranks)
         shards = [s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
         self.footer_checks.verify(shards)
         return [s.path for s in shards]
@@ -141,7 +141,7 @@ class Run:
 
         For readers that bypass ``scan`` (SQL over ``files``). Sorted; empty for single-segment runs.
         """
-        return tuple(sorted((r, s, c) for (r, s), c in self._cutoffs().items()))
+        return tuple(sorted((r, s, c) for (r, s), c in self._cutoffs.items()))
 
     def exclusions(self) -> tuple[tuple[int, int, int | None], ...]:
         """(rank, first_step, last_step) triples (last None: open-ended) whose rows ``scan`` leaves
@@ -216,25 +216,22 @@ class Run:
     def _select(self, table: str, ranks: Iterable[int] | None, steps: Steps | None) -> list[ShardInfo]:
         contract.columns(table)  # KeyError naming the known tables
         shards = self.shards.get(table, ())
-        if ranks is not None:
-            wanted = {int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)}
+        wanted = _rank_set(ranks)
+        if wanted is not None:
             shards = tuple(s for s in shards if s.rank in wanted)
         if steps is not None:
             lo, hi = _step_bounds(steps)
             shards = tuple(
                 s for s in shards if s.step_min is None or s.step_max is None or (s.step_max >= lo and s.step_min <= hi)
             )
-        cutoffs = self._cutoffs()
+        cutoffs = self._cutoffs
         # A shard entirely past the start of a later segment holds only superseded rows.
         return [s for s in shards if s.step_min is None or s.step_min < cutoffs.get((s.rank, s.segment), _INF)]
 
-    def _cutoffs(self) -> dict[tuple[int, int], int]:
-        """(rank, segment) -> first step a later segment of that rank captured again."""
-        return self._cutoff_map
-
     @cached_property
-    def _cutoff_map(self) -> dict[tuple[int, int], int]:
-        # Once per Run (its manifests never change), not twice per scan: the walk scans per rank.
+    def _cutoffs(self) -> dict[tuple[int, int], int]:
+        """(rank, segment) -> first step a later segment of that rank captured again. Once per
+        Run (its manifests never change), not twice per scan: the walk scans per rank."""
         return _completeness.cutoffs(self.manifests)
 
     def _excluded_expr(self, ranks: set[int]) -> pl.Expr | None:
@@ -252,7 +249,7 @@ class Run:
     def _superseded(self, ranks: set[int]) -> pl.Expr | None:
         """Predicate true on rows superseded by a later segment (None when nothing is)."""
         by_pair: dict[tuple[int, int], list[int]] = {}
-        for (rank, segment), cutoff in self._cutoffs().items():
+        for (rank, segment), cutoff in self._cutoffs.items():
             if rank in ranks:
                 by_pair.setdefault((segment, cutoff), []).append(rank)
         if not by_pair:
@@ -268,6 +265,11 @@ class Run:
 
 
 _INF = float("inf")
+
+
+def _rank_set(ranks: Iterable[int] | int | None) -> set[int] | None:
+    """The ranks a ``files``/``scan`` selection names (one rank or several); None: all."""
+    return None if ranks is None else {int(r) for r in ([ranks] if isinstance(ranks, int) else ranks)}
 
 
 def _step_bounds(steps: Steps) -> tuple[float, float]:
