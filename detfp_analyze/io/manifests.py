@@ -144,8 +144,7 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
             raise ManifestError(
                 f"{shown}: {key} is {_short(manifest[key])}, expected a JSON object; restore the file or re-run the capture"
             )
-    groups = manifest["groups"]
-    if not all(isinstance(v, list) and all(_is_rank(x, manifest["world_size"]) for x in v) for v in groups.values()):
+    if not all(_ranks_list(v, manifest["world_size"]) for v in manifest["groups"].values()):
         raise ManifestError(
             f"{shown}: groups must map names to lists of ranks below world_size {manifest['world_size']}; "
             "restore the file or re-run the capture"
@@ -157,8 +156,13 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
     return manifest
 
 
-def _is_rank(x: Any, world_size: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < world_size
+def _ranks_list(v: Any, world_size: int) -> bool:
+    """``v`` is a list of ranks below ``world_size``. Every manifest holds its groups' members, so a
+    run's manifests hold world_size^2 of them: one type test each, then one min and max."""
+    if not isinstance(v, list):
+        return False
+    # type() is int: JSON integers are exactly int, and a bool (an int subclass) is refused.
+    return all(type(x) is int for x in v) and (not v or (min(v) >= 0 and max(v) < world_size))
 
 
 def _short(value: Any) -> str:
