@@ -14,6 +14,11 @@ Completeness contract (docs/trace-format.md §5a, docs/reliability.md). Next to 
   ``shard_facts``) lets a reader trust a shard by its size and check its footer's bytes only
   when it reads the shard, instead of parsing every footer up front; lines without it (older
   writers) are read as before, and readers before it ignore it;
+  ``"sums": {step: [n, errors, kx, vx, metrics, metrics hash], ...}`` (``STEP_SUMS_VERSION``,
+  manifest key ``step_sums``): per step of the window, its records' rollup folded over the
+  window's blocks (count, digest errors, key XOR, value XOR: ``step_sums``) and its metrics
+  (count, sum of ``metric_hash`` mod 2^64). The folds combine across windows, so a reader
+  decides which (rank, step)s differ from the commit logs alone and reads only those shards;
 * ``{"t": "fail", "window": W, "reason": "..."}`` when the writer stops at window W (disk full,
   file-size limit, permissions): W and every later window are lost;
 * ``{"t": "close", "windows": N, "status": "ok" | "incomplete", "reason": str | null}`` last,
@@ -28,6 +33,7 @@ file, the manifest and the shard footers to decide what a run holds completely.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -39,13 +45,17 @@ __all__ = [
     "COMMIT_LOG_MAX_BYTES",
     "COMMIT_LOG_VERSION",
     "SHARD_FACTS_VERSION",
+    "STEP_SUMS_VERSION",
+    "SUM_FIELDS",
     "CommitLog",
     "LogState",
     "ShardFact",
     "commit_log_relpath",
     "encode",
+    "metric_hash",
     "parse",
     "shard_fact",
+    "step_sums",
 ]
 
 #: Version of the commit-log format; a manifest written with a commit log says so in its
@@ -56,6 +66,10 @@ COMMIT_LOG_VERSION = 1
 #: field (and still parse every footer), so runs written with it stay readable by older releases.
 #: A manifest whose launch writes the field says so under the key ``shard_facts``.
 SHARD_FACTS_VERSION = 1
+#: Version of the ``sums`` field of window lines (per step: the records' rollup and the metrics,
+#: folded); an addition to COMMIT_LOG_VERSION 1 like SHARD_FACTS_VERSION. A manifest whose launch
+#: writes the field says so under the key ``step_sums``.
+STEP_SUMS_VERSION = 1
 #: Readers refuse larger logs (a window line is ~150 bytes, ~300 with its shard facts: this is
 #: 200,000 to 400,000 windows).
 COMMIT_LOG_MAX_BYTES = 64 << 20
@@ -94,6 +108,38 @@ def shard_fact(data: bytes, step_min: int, step_max: int) -> ShardFact:
     return ShardFact(len(data), step_min, step_max, zlib.crc32(data[len(data) - 8 - length :]))
 
 
+#: Entries of one step's sums: records, digest errors, key XOR, value XOR, metrics, metrics hash.
+SUM_FIELDS = ("n", "n_err", "kx", "vx", "m_n", "m_h")
+_U64 = 1 << 64
+
+
+def metric_hash(microbatch: int, name: str, occurrence: int, bits: int) -> int:
+    """64-bit hash of one metric row as the bisect compares it (its key and raw bits; not its
+    value text or dtype). Summed mod 2^64 per step: a sum, not a XOR, so a repeated row counts."""
+    body = json.dumps([int(microbatch), str(name), int(occurrence), int(bits)], separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(body.encode(), digest_size=8).digest(), "little")
+
+
+def step_sums(rollups: Mapping[str, list] | None, metrics: Mapping[str, list] | None) -> dict[str, list[int]]:
+    """The ``sums`` field of one window: step (as text) -> SUM_FIELDS, from the window's rollups
+    columns (``rollups.window_rollups``: one row per (step, block)) and metrics columns."""
+    out: dict[int, list[int]] = {}
+    if rollups:
+        for s, n, e, kx, vx in zip(*(rollups[c] for c in ("step", "n", "n_err", "kx", "vx")), strict=True):
+            acc = out.setdefault(int(s), [0, 0, 0, 0, 0, 0])
+            acc[0] += int(n)
+            acc[1] += int(e)
+            acc[2] ^= int(kx)
+            acc[3] ^= int(vx)
+    if metrics:
+        cols = (metrics[c] for c in ("step", "microbatch", "name", "occurrence", "bits"))
+        for s, mb, name, occ, bits in zip(*cols, strict=True):
+            acc = out.setdefault(int(s), [0, 0, 0, 0, 0, 0])
+            acc[4] += 1
+            acc[5] = (acc[5] + metric_hash(mb, name, occ, bits)) % _U64
+    return {str(s): v for s, v in sorted(out.items())}
+
+
 def _decode(line: bytes) -> dict | None:
     """The record of one complete line (without its newline), or None when it is unreadable."""
     if len(line) > _MAX_LINE or len(line) < 10 or line[8:9] != b" ":
@@ -129,6 +175,9 @@ class LogState:
     #: window -> table -> ShardFact, for the readable window lines that carry a well-formed
     #: ``shards`` field (a malformed one is left out: those shards are checked from their footers).
     shards: dict[int, dict[str, ShardFact]] = field(default_factory=dict)
+    #: window -> step -> SUM_FIELDS values, for the readable window lines that carry a
+    #: well-formed ``sums`` field (a malformed one is left out: readers then read the shards).
+    sums: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
 
 def _int(v: Any) -> int | None:
@@ -165,6 +214,11 @@ def _record(state: LogState, rec: dict) -> bool:
             state.shards[w] = facts
         elif w in state.shards:  # a later line for the same window without facts: trust neither
             del state.shards[w]
+        sums = _sums(rec.get("sums"), span)
+        if sums is not None:
+            state.sums[w] = sums
+        elif w in state.sums:
+            del state.sums[w]
         return True
     if kind == "fail":
         w, reason = _int(rec.get("window")), rec.get("reason")
@@ -195,6 +249,26 @@ def _facts(raw: Any, counts: Mapping[str, int | None]) -> dict[str, ShardFact] |
         if size is None or lo is None or hi is None or crc is None or lo > hi or crc >= 1 << 32:
             return None
         out[str(table)] = ShardFact(size, lo, hi, crc)
+    return out
+
+
+def _sums(raw: Any, span: tuple[int, int] | None) -> dict[int, tuple[int, ...]] | None:
+    """The ``sums`` field of a window line, or None when absent or not what the format says:
+    steps within the line's step span, SUM_FIELDS non-negative integers (hashes below 2^64)."""
+    if not isinstance(raw, dict) or (span is None and raw):
+        return None
+    out = {}
+    for key, v in raw.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 20):
+            return None
+        step = int(key)
+        if span is None or not span[0] <= step <= span[1]:
+            return None
+        if not (isinstance(v, list) and len(v) == len(SUM_FIELDS)):
+            return None
+        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _U64 for x in v):
+            return None
+        out[step] = tuple(v)
     return out
 
 

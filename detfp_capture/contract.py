@@ -443,4 +443,5 @@ MANIFEST_OPTIONAL_KEYS: dict[str, str] = {
     "commit_log": "int: version of the commit log next to this manifest (segment-S.commits: committed flush windows and the clean-close line). Absent in runs written before the completeness contract: readers treat those as legacy and cannot verify their completeness.",
     "rollups": "int: ROLLUP_VERSION of the rollups table this launch writes next to its records. Absent in runs written before it: analyses read those runs' records (slower, same answer).",
     "shard_facts": "int: SHARD_FACTS_VERSION of the shards field of this launch's commit lines (each shard's bytes, step range and footer checksum). Absent in runs written before it: readers parse every shard footer when opening the run (slower, same answer).",
+    "step_sums": "int: STEP_SUMS_VERSION of the sums field of this launch's commit lines (per step: the records' rollup and the metrics, folded). Absent in runs written before it: analyses read the rollups and metrics shards of every compared step (slower, same answer).",
 }

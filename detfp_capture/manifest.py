@@ -298,5 +298,6 @@ def collect_manifest(
         "commit_log": commitlog.COMMIT_LOG_VERSION,
         "rollups": contract.ROLLUP_VERSION,
         "shard_facts": commitlog.SHARD_FACTS_VERSION,
+        "step_sums": commitlog.STEP_SUMS_VERSION,
     }
     return manifest

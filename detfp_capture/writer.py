@@ -165,6 +165,15 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     return t
 
 
+def _metric_columns(built: Sequence[tuple[str, pa.Table, Any]]) -> dict[str, list] | None:
+    """The columns ``commitlog.step_sums`` folds of a window's built metrics table (plain ints and
+    text as written: the built table, not the caller's lists, whatever types those held)."""
+    t = next((t for name, t, _ in built if name == "metrics"), None)
+    if t is None or not t.num_rows:
+        return None
+    return {c: t.column(c).to_pylist() for c in ("step", "microbatch", "name", "occurrence", "bits")}
+
+
 def _check_columns(table: str, data: Mapping[str, Sequence[Any]]) -> int:
     """Validate column names and lengths of one table of a window; return its row count."""
     known = {c.name: c for c in contract.columns(table)}
@@ -220,7 +229,10 @@ class ShardWriter:
     then says so in its manifest (``contract.ROLLUP_VERSION`` under the key ``rollups``).
     ``shard_facts``: each commit line carries its shards' sizes, step ranges and footer checksums
     (``commitlog.ShardFact``; manifest key ``shard_facts``); False only writes runs as older
-    writers did, for tests of that path.
+    writers did, for tests of that path. ``step_sums`` (with ``rollups``): each commit line
+    carries its steps' rollup and metrics folds (``commitlog.step_sums``; manifest key
+    ``step_sums``), so a reader compares two runs' steps without reading their shards; False
+    writes runs as older writers did.
     Creating it creates the commit log exclusively (RunExistsError when this rank and segment
     already have one; OSError when the directory cannot be written).
     """
@@ -237,6 +249,7 @@ class ShardWriter:
         commit_log: bool = True,
         rollups: bool = False,
         shard_facts: bool = True,
+        step_sums: bool = True,
     ) -> None:
         if max_pending_windows < 1:
             raise ValueError("max_pending_windows must be >= 1")
@@ -268,6 +281,7 @@ class ShardWriter:
         self._on_error = on_error
         self._compression = compression
         self._shard_facts = shard_facts
+        self._step_sums = step_sums and rollups
         #: Each records shard gets its rollups shard (``contract.ROLLUP_VERSION``); None: a run
         #: written as older writers did (the manifest then has no ``rollups`` key).
         self._positions: _rollups.Positions | None = _rollups.Positions() if rollups else None
@@ -371,11 +385,12 @@ class ShardWriter:
             (table, build_table(table, tables[table], self.rank, self.segment), tables[table])
             for table in sorted(tables)
         ]
+        rollup_cols = None
         if self._positions is not None:
             rec = next((t for name, t, _ in built if name == "records"), None)
             if rec is not None and rec.num_rows:
-                cols = _rollups.window_rollups(rec, self._positions)
-                built.append(("rollups", build_table("rollups", cols, self.rank, self.segment), cols))
+                rollup_cols = _rollups.window_rollups(rec, self._positions)
+                built.append(("rollups", build_table("rollups", rollup_cols, self.rank, self.segment), rollup_cols))
         for table, t, cols in built:
             if t.num_rows == 0:
                 continue
@@ -410,6 +425,8 @@ class ShardWriter:
             }
             if self._shard_facts:
                 record["shards"] = facts
+            if self._step_sums:
+                record["sums"] = commitlog.step_sums(rollup_cols, _metric_columns(built))
             self._log.append(record, half=lambda: _faults.hit("commit-mid-write", window))
         _faults.hit("commit-after", window)
         self.windows_written += 1

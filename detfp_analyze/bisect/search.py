@@ -32,6 +32,7 @@ from detfp_analyze.bisect.records import Found
 from detfp_analyze.bisect.result import ResumeInfo
 from detfp_analyze.bisect.scope import Scope
 from detfp_analyze.bisect.walk import Progress, walk
+from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.reader import Run
 
 __all__ = ["MetricSplit", "Search", "rollup_candidates", "search"]
@@ -65,19 +66,37 @@ class Search:
 def rollup_candidates(
     stages: Stages, ranks: Sequence[int], lo: int, hi: int, progress: Progress | None, stage: str,
     errors: list[int], stored: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+    sums: tuple[_stepsums.Sums, _stepsums.Sums] | None = None,
 ) -> dict[int, list[int]]:  # fmt: skip
     """rank -> candidate steps (sorted) whose rollups differ, over [lo, hi]; accumulates in
     ``errors`` the [A, B] counts of records whose digest failed (no evidence). ``stored``: both
-    runs' ``blocks.block_rollup`` rows, used instead of reading the records (``stages``)."""
-    if stored is None:
+    runs' ``blocks.block_rollup`` rows, used instead of reading the records (``stages``);
+    ``sums``: both runs' committed step folds (``io.stepsums``), used instead of either."""
+    if sums is None and stored is None:
         return stages.rollup_candidates(ranks, lo, hi, progress, stage, errors)
     out: dict[int, list[int]] = {}
-    ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
-    ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
+    if sums is not None:
+        ra, rb = (_sum_rollup(s, ranks, lo, hi) for s in sums)
+    else:
+        assert stored is not None
+        ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
+        ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
     _narrow.add_candidates(ra, rb, out, errors)
     if progress:
         progress(stage, 1, 1)
     return out
+
+
+_SUM_SCHEMA = {"rank": pl.Int32, "step": pl.Int64, "n": pl.Int64, "kx": pl.UInt64, "vx": pl.UInt64, "n_err": pl.Int64}
+
+
+def _sum_rollup(sums: _stepsums.Sums, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
+    """``blocks.step_rollup``'s rows from committed step folds: the same values, as the folds are
+    of the same rollups rows (a step with metrics only has no rollup row, as in the shards)."""
+    want = set(ranks)
+    rows = [(r, s, n, kx, vx, e) for (r, s), (n, e, kx, vx, _, _) in sorted(sums.items())
+            if r in want and lo <= s <= hi and n]  # fmt: skip
+    return pl.DataFrame(rows, schema=_SUM_SCHEMA, orient="row")
 
 
 def search(
@@ -91,16 +110,22 @@ def search(
     if scope.window is None or not compared:
         return Search({}, {}, scope.resume, ())
     lo, hi = scope.window
-    m = st.metric_divergence(compared, lo, hi)
-    metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m.to_dicts()}
+    rollups = _blocks.enabled(run_a, run_b, compared)
+    # Committed step folds (io.stepsums) say which ranks' metrics and rollups differ at all:
+    # only those are read (an identical pair reads neither).
+    sums = _stepsums.pair(run_a, run_b, compared, lo, hi) if rollups else None
+    m_ranks = compared if sums is None else _stepsums.metric_ranks(*sums)
+    m = st.metric_divergence(m_ranks, lo, hi).to_dicts() if m_ranks else []
+    metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m}
     # The first differing record cannot come after the step where every metric split, unless
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
     errors = [0, 0]
     stored = None
-    if _blocks.enabled(run_a, run_b, compared):
-        stored = st.block_rollups(compared, lo, hi)
-    cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored)
+    blocks = compared if sums is None else _stepsums.record_ranks(*sums)
+    if rollups and blocks:  # the blocks slice the candidate steps; the folds pick them (when held)
+        stored = st.block_rollups(blocks, lo, hi)
+    cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored, sums)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
     sl = _blocks.slices(*stored, cands) if stored is not None else None
@@ -109,7 +134,7 @@ def search(
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
-            more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored)
+            more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored, sums)
             sl = _blocks.slices(*stored, more) if stored is not None else None
             st.prefetch(more, sl)
             found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl, batch_size=st.walk_batch)

@@ -39,6 +39,7 @@ from detfp_analyze.errors import (
     NotARunError,
 )
 from detfp_analyze.io import completeness as _completeness
+from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.committed import FooterChecks
 from detfp_analyze.io.footers import ShardInfo, scan_shards, shown_name
 from detfp_analyze.io.manifests import FIX_RUN, MAX_MANIFEST_BYTES, read_manifests
@@ -101,6 +102,10 @@ class Run:
     store: Store | None = field(default=None, repr=False)
     #: Footers of shards taken from their commit lines, checked on first read (``committed.FooterChecks``).
     footer_checks: FooterChecks = field(default_factory=FooterChecks, repr=False)
+    #: (rank, segment) -> step -> the folds its commit lines state (``stepsums``; None: none).
+    step_sums: Mapping[tuple[int, int], Mapping[int, tuple[int, ...]] | None] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False
+    )
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -379,6 +384,7 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
         excluded=MappingProxyType(dict(comp.excluded) if allow_incomplete else {}),
         store=None if st.local else st,
         footer_checks=FooterChecks(st),
+        step_sums=MappingProxyType(_stepsums.from_logs(manifests, logs)),
     )
 
 

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from detfp_analyze.testing.plants import HOWS, STABLE_KINDS, Expected, Plant, RankPlan, origin_ranks, plan, snap
 from detfp_analyze.testing.template import _template
 from detfp_capture import contract
-from detfp_capture.commitlog import COMMIT_LOG_VERSION, SHARD_FACTS_VERSION
+from detfp_capture.commitlog import COMMIT_LOG_VERSION, SHARD_FACTS_VERSION, STEP_SUMS_VERSION
 from detfp_capture.writer import ShardWriter, write_manifest
 
 __all__ = ["DETERMINISTIC_SETTINGS", "HOWS", "Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
@@ -79,6 +79,9 @@ class SynthSpec:
     #: Commit each shard's size, steps and footer checksum (as this release's capture does);
     #: False: a run as older writers wrote it (every footer parsed when it is opened).
     shard_facts: bool = True
+    #: Commit each step's rollup and metrics folds (with ``rollups``, as this release's capture
+    #: does); False: a run as older writers wrote it (the bisect reads rollups and metrics shards).
+    step_sums: bool = True
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ def _manifest(spec: SynthSpec, rank: int, start_step: int) -> dict:
         "commit_log": COMMIT_LOG_VERSION,
         **({"shard_facts": SHARD_FACTS_VERSION} if spec.shard_facts else {}),
         **({"rollups": contract.ROLLUP_VERSION} if spec.rollups else {}),
+        **({"step_sums": STEP_SUMS_VERSION} if spec.rollups and spec.step_sums else {}),
         "schema_version": contract.SCHEMA_VERSION,
         "digest_version": contract.DIGEST_VERSION,
         "digest_algorithm": contract.DIGEST_ALGORITHM,
@@ -314,6 +318,7 @@ class _Writer:
                 compression=self.spec.compression,
                 rollups=self.spec.rollups,
                 shard_facts=self.spec.shard_facts,
+                step_sums=self.spec.step_sums,
             ) as writer:
                 for window in windows:
                     tables: dict[str, dict[str, list]] = {"records": {}, "metrics": {}, "events": {}}

@@ -3,7 +3,8 @@
 * the writer's vectorized rollup hashes are the contract's reference ``rollup_hashes``, bit for bit;
 * every synthetic plant (each HOWS value, subsets, resume, hazards), with its origin in the first
   block and past the second (a slice that starts after the step's first record), and every sample
-  pair: the JSON report with the rollups (``DETFP_BISECT_ROLLUPS=1``) equals the report without;
+  pair: the JSON report with the rollups (``DETFP_BISECT_ROLLUPS=1``), from the commit lines'
+  step folds or from the stored blocks (``DETFP_BISECT_SUMS=0``), equals the report without;
 * a rollup that differs although the records match is decided by the exact walk (identical);
 * a missing rollups shard is refused or reported by the completeness contract, a damaged one
   refused; a run without rollups (an older writer) bisects on the records path, with the same answer.
@@ -23,6 +24,7 @@ import pytest
 from detfp_analyze.bisect import blocks
 from detfp_analyze.bisect.pipeline import bisect
 from detfp_analyze.errors import DetfpError, IncompleteRunError
+from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from detfp_capture import contract
@@ -47,8 +49,9 @@ PLANTS = {
 }
 
 
-def report(a, b, monkeypatch, rollups: bool) -> dict:
+def report(a, b, monkeypatch, rollups: bool, sums: bool = True) -> dict:
     monkeypatch.setenv("DETFP_BISECT_ROLLUPS", "1" if rollups else "0")
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "1" if sums else "0")
     return bisect(open_run(a), open_run(b)).to_json_dict()
 
 
@@ -132,8 +135,12 @@ def planted(tmp_path_factory):
 @pytest.mark.parametrize("name", [*PLANTS, "identical"])
 def test_rollups_and_records_give_the_same_report(planted, name, monkeypatch):
     p = planted[name]
-    assert blocks.enabled(open_run(p.a), open_run(p.b), range(SPEC.ranks))
+    ra, rb = open_run(p.a), open_run(p.b)
+    assert blocks.enabled(ra, rb, range(SPEC.ranks))
+    assert stepsums.pair(ra, rb, range(SPEC.ranks), 0, SPEC.steps) is not None
+    # Three paths, one report: the commit lines' step folds, the stored blocks, the records.
     with_rollups = report(p.a, p.b, monkeypatch, True)
+    assert with_rollups == report(p.a, p.b, monkeypatch, True, sums=False)
     assert with_rollups == report(p.a, p.b, monkeypatch, False)
     got = {r["rank"]: (r["first"]["step"], r["first"]["seq_a"]) for r in with_rollups["ranks"] if r.get("first")}
     if name not in ("structural", "missing_records", "resume", "hazard", "digest_error"):

@@ -1,0 +1,199 @@
+"""The commit lines' step folds (``sums``) and the bisect's use of them (``io.stepsums``).
+
+* the writer commits, per step, exactly the fold of the rollups and metrics shards it wrote,
+  also for a step cut by windows; ``metric_hash`` is pinned (a format constant);
+* a malformed ``sums`` is left out, and a launch without folds anywhere sends the bisect to
+  the shards (older writers, ``DETFP_BISECT_SUMS=0``, a window line without them, exclusions);
+* the report is the same with and without the folds, and they cut the reads: an identical pair
+  reads no metrics or rollups shard, a pair reads those of the ranks that differ only;
+* a difference in the metrics alone is found from the folds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from detfp_analyze.bisect.engine import LocalStages
+from detfp_analyze.bisect.pipeline import bisect
+from detfp_analyze.io import stepsums
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+from detfp_capture import commitlog
+from detfp_capture.writer import ShardWriter
+from tests.fixtures.pairs import build_pair
+
+SPEC = SynthSpec(ranks=4, steps=3, records=300)
+
+
+def _fold_shards(run_dir) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(rank, step) -> SUM_FIELDS folded from the run's rollups and metrics shards."""
+    out: dict[tuple[int, int], list[int]] = {}
+    roll = pl.read_parquet(run_dir / "rollups" / "**" / "*.parquet")
+    for r, s, n, e, kx, vx in roll.select("rank", "step", "n", "n_err", "kx", "vx").iter_rows():
+        acc = out.setdefault((r, s), [0] * 6)
+        acc[0], acc[1], acc[2], acc[3] = acc[0] + n, acc[1] + e, acc[2] ^ kx, acc[3] ^ vx
+    met = pl.read_parquet(run_dir / "metrics" / "**" / "*.parquet")
+    for r, s, mb, name, occ, bits in met.select("rank", "step", "microbatch", "name", "occurrence", "bits").iter_rows():
+        acc = out.setdefault((r, s), [0] * 6)
+        acc[4] += 1
+        acc[5] = (acc[5] + commitlog.metric_hash(mb, name, occ, bits)) % (1 << 64)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def test_metric_hash_is_pinned():
+    # A format constant: runs written by one release are compared by another.
+    assert commitlog.metric_hash(-1, "loss", 0, 0x3FF0000000000000) == 0x5428A1666875F0EE
+    assert commitlog.metric_hash(-1, "loss", 1, 0x3FF0000000000000) != 0x5428A1666875F0EE
+
+
+@pytest.mark.parametrize("windows", ["step", "run"])
+def test_committed_folds_are_the_folds_of_the_shards(tmp_path, windows):
+    import dataclasses
+
+    spec = dataclasses.replace(SPEC, windows=windows)
+    p = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(rank=1, step=1, index=40))
+    for run_dir in (p.a, p.b):
+        run = open_run(run_dir)
+        got = stepsums.pair(run, run, run.ranks, 0, 10)
+        assert got is not None
+        assert got[0] == _fold_shards(run_dir)
+
+
+def test_a_step_cut_by_windows_folds_to_the_whole_step(tmp_path):
+    rows = [
+        {"step": 3, "seq": i, "microbatch": -1, "phase": "forward", "module": "", "kind": "op",
+         "name": f"aten::op{i % 7}", "occurrence": i, "role": "output", "arg": "out[0]", "status": "ok",
+         "digest_hi": i * 11, "digest_lo": i * 13}
+        for i in range(1500)
+    ]  # fmt: skip
+    from tests.fixtures.shards import _columnar, _Filler
+
+    filler = _Filler(0)
+    full = [filler.record(r) for r in rows]
+    with ShardWriter(tmp_path, 0, 0, rollups=True) as w:
+        w.write_window({"records": _columnar(full[:700], "records")})
+        w.write_window({"records": _columnar(full[700:], "records")})
+    state = commitlog.parse((tmp_path / "manifest" / "rank=0" / "segment-00000.commits").read_bytes())
+    assert sorted(state.sums) == [0, 1]
+    folded = stepsums._fold([state.sums[0], state.sums[1]], {})
+    roll = pl.read_parquet(tmp_path / "rollups" / "**" / "*.parquet")
+    kx = vx = 0
+    for a, b in roll.select("kx", "vx").iter_rows():
+        kx, vx = kx ^ a, vx ^ b
+    assert folded == {3: (1500, 0, kx, vx, 0, 0)}
+
+
+def _line(rec: dict) -> bytes:
+    return commitlog.encode(rec)
+
+
+@pytest.mark.parametrize(
+    "sums",
+    [
+        {"9": [1, 0, 1, 1, 0, 0]},  # a step outside the line's steps
+        {"1": [1, 0, 1, 1, 0]},  # too short
+        {"1": [1, 0, -1, 1, 0, 0]},  # negative
+        {"1": [1, 0, 1 << 64, 1, 0, 0]},  # not 64 bits
+        {"1": [True, 0, 1, 1, 0, 0]},  # a boolean
+        {"x1": [1, 0, 1, 1, 0, 0]},  # not a step
+        [1, 0, 1, 1, 0, 0],  # not an object
+    ],
+)
+def test_malformed_sums_are_left_out(sums):
+    rec = {"t": "window", "window": 0, "rows": {"records": 1}, "steps": [1, 2], "sums": sums}
+    state = commitlog.parse(_line({"t": "open", "version": 1}) + _line(rec))
+    assert state.windows and 0 not in state.sums and state.bad_lines == 0
+    good = dict(rec, sums={"1": [1, 0, (1 << 64) - 1, 1, 2, 3]})
+    state = commitlog.parse(_line({"t": "open", "version": 1}) + _line(good))
+    assert state.sums == {0: {1: (1, 0, (1 << 64) - 1, 1, 2, 3)}}
+    # A later line for the same window without sums: neither is trusted.
+    state = commitlog.parse(_line({"t": "open", "version": 1}) + _line(good) + _line(rec))
+    assert 0 not in state.sums
+
+
+def _strip_sums(log) -> None:
+    """Rewrite one commit log's window lines without their sums (checksums recomputed)."""
+    out = []
+    for line in log.read_bytes().splitlines():
+        rec = json.loads(line[9:])
+        if rec["t"] == "window" and rec["window"] == 1:
+            rec.pop("sums")
+        out.append(commitlog.encode(rec))
+    log.write_bytes(b"".join(out))
+
+
+def test_the_folds_are_used_only_where_both_runs_hold_them_everywhere(tmp_path, monkeypatch):
+    import dataclasses
+
+    plant = Plant(rank=1, step=1, index=40)
+    new = write_pair(tmp_path / "a", tmp_path / "b", SPEC, plant)
+    old = write_pair(tmp_path / "oa", tmp_path / "ob", dataclasses.replace(SPEC, step_sums=False), plant)
+    ranks = list(range(SPEC.ranks))
+    assert stepsums.pair(open_run(new.a), open_run(new.b), ranks, 0, 2) is not None
+    assert stepsums.pair(open_run(old.a), open_run(old.b), ranks, 0, 2) is None
+    assert stepsums.pair(open_run(new.a), open_run(old.b), ranks, 0, 2) is None
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
+    assert stepsums.pair(open_run(new.a), open_run(new.b), ranks, 0, 2) is None
+    monkeypatch.delenv("DETFP_BISECT_SUMS")
+    _strip_sums(new.b / "manifest" / "rank=2" / "segment-00000.commits")
+    rb = open_run(new.b)
+    assert rb.step_sums[(2, 0)] is None and rb.step_sums[(1, 0)] is not None
+    assert stepsums.pair(open_run(new.a), rb, ranks, 0, 2) is None
+    assert stepsums.pair(open_run(new.a), rb, [0, 1, 3], 0, 2) is not None
+    # Every path gives the report of the shards.
+    expect = bisect(open_run(old.a), open_run(old.b)).to_json_dict()
+    got = bisect(open_run(new.a), rb).to_json_dict()
+    assert {k: v for k, v in got.items() if k not in ("a", "b")} == {
+        k: v for k, v in expect.items() if k not in ("a", "b")
+    }
+
+
+def _spy(monkeypatch) -> dict[str, list]:
+    calls: dict[str, list] = {"metric_divergence": [], "block_rollups": []}
+    for name in calls:
+        orig = getattr(LocalStages, name)
+
+        def wrapped(self, ranks, lo, hi, _orig=orig, _name=name):
+            calls[_name].append(list(ranks))
+            return _orig(self, ranks, lo, hi)
+
+        monkeypatch.setattr(LocalStages, name, wrapped)
+    return calls
+
+
+def test_an_identical_pair_reads_no_metrics_or_rollups(tmp_path, monkeypatch):
+    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC)
+    calls = _spy(monkeypatch)
+    res = bisect(open_run(p.a), open_run(p.b))
+    assert not res.diverged and calls == {"metric_divergence": [], "block_rollups": []}
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
+    assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == res.to_json_dict()
+    assert calls["metric_divergence"] == [list(range(SPEC.ranks))]
+
+
+def test_only_the_ranks_that_differ_are_read(tmp_path, monkeypatch):
+    # An origin on rank 1 of the last step after its all-reduce (the optimizer's records): only
+    # rank 1's records differ, and no metric (the loss came before it).
+    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=1, step=2, index=290))
+    calls = _spy(monkeypatch)
+    res = bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2])
+    assert calls == {"metric_divergence": [], "block_rollups": [[1]]}
+    assert [r["rank"] for r in res.to_json_dict()["ranks"] if r.get("first")] == [1]
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
+    assert bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2]).to_json_dict() == res.to_json_dict()
+
+
+def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
+    a, b = build_pair(tmp_path, world=3, metrics_b=lambda r, s: 9.5 if (r, s) == (1, 1) else 1.0 + s, rollups=True)
+    sums = stepsums.pair(a, b, [0, 1, 2], 0, 2)
+    assert sums is not None and stepsums.metric_ranks(*sums) == [1] and stepsums.record_ranks(*sums) == []
+    calls = _spy(monkeypatch)
+    res = bisect(a, b).to_json_dict()
+    assert calls == {"metric_divergence": [[1]], "block_rollups": []}
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
+    assert bisect(a, b).to_json_dict() == res
+    rank1 = next(r for r in res["ranks"] if r["rank"] == 1)
+    assert json.dumps(rank1).count("9.5") >= 1
