@@ -197,3 +197,28 @@ def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
     assert bisect(a, b).to_json_dict() == res
     rank1 = next(r for r in res["ranks"] if r["rank"] == 1)
     assert json.dumps(rank1).count("9.5") >= 1
+
+
+def test_a_launch_resumed_into_the_run_supersedes_its_earlier_folds(tmp_path, monkeypatch):
+    # Run B's first launch wrote steps 0-2, step 2 different; its second launch (start_step 2)
+    # captured steps 2-3 again, as run A has them: B's steps are A's (the first launch's step 2
+    # superseded), and the folds say so without reading a shard.
+    from tests.fixtures.pairs import records_for
+    from tests.fixtures.shards import write_run
+
+    def tables(steps, edits=None):
+        return {r: {"records": records_for(r, steps, edits), "metrics": [dict(step=s, name="loss", value=1.0 + s) for s in steps]}
+                for r in range(2)}  # fmt: skip
+
+    write_run(tmp_path / "a", tables(range(4)), rollups=True)
+    changed = {(r, 2): {"after": "mm.out"} for r in range(2)}
+    write_run(tmp_path / "b", tables(range(3), changed), rollups=True)
+    write_run(tmp_path / "b", tables(range(2, 4)), segment=1, start_step=2, rollups=True)
+    a, b = open_run(tmp_path / "a"), open_run(tmp_path / "b")
+    sums = stepsums.pair(a, b, [0, 1], 0, 3)
+    assert sums is not None and sums[0] == sums[1]
+    calls = _spy(monkeypatch)
+    res = bisect(a, b).to_json_dict()
+    assert res["status"] == "identical" and calls == {"metric_divergence": [], "block_rollups": []}
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
+    assert bisect(a, b).to_json_dict() == res
