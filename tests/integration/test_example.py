@@ -35,7 +35,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
+from tests.fixtures.shards import fold_shards
 
 # The shared fixture launches every job inside the first test's setup: allow it more than
 # the suite's default per-test timeout on a busy 2-core machine.
@@ -226,6 +228,9 @@ def test_every_level_writes_valid_two_rank_traces(jobs):
         # bits are the raw IEEE-754 bits of value.
         for value, bits in met.select("value", "bits").iter_rows():
             assert struct.unpack("<Q", struct.pack("<d", value))[0] == bits
+        # The commit lines' step folds are those of the shards written (the bisect trusts them).
+        held = stepsums.pair(run, run, run.ranks, 0, steps)
+        assert held is not None and held[0] == fold_shards(jobs[name][0]), level
     assert {"param", "rng_state"} <= kinds["metrics"]
     assert not kinds["metrics"] & {"op", "module_input", "module_output", "collective"}
     assert kinds["boundaries"] >= BOUNDARY_KINDS, BOUNDARY_KINDS - kinds["boundaries"]

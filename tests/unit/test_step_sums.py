@@ -24,23 +24,9 @@ from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from detfp_capture import commitlog
 from detfp_capture.writer import ShardWriter
 from tests.fixtures.pairs import build_pair
+from tests.fixtures.shards import fold_shards
 
 SPEC = SynthSpec(ranks=4, steps=3, records=300)
-
-
-def _fold_shards(run_dir) -> dict[tuple[int, int], tuple[int, ...]]:
-    """(rank, step) -> SUM_FIELDS folded from the run's rollups and metrics shards."""
-    out: dict[tuple[int, int], list[int]] = {}
-    roll = pl.read_parquet(run_dir / "rollups" / "**" / "*.parquet")
-    for r, s, n, e, kx, vx in roll.select("rank", "step", "n", "n_err", "kx", "vx").iter_rows():
-        acc = out.setdefault((r, s), [0] * 6)
-        acc[0], acc[1], acc[2], acc[3] = acc[0] + n, acc[1] + e, acc[2] ^ kx, acc[3] ^ vx
-    met = pl.read_parquet(run_dir / "metrics" / "**" / "*.parquet")
-    for r, s, mb, name, occ, bits in met.select("rank", "step", "microbatch", "name", "occurrence", "bits").iter_rows():
-        acc = out.setdefault((r, s), [0] * 6)
-        acc[4] += 1
-        acc[5] = (acc[5] + commitlog.metric_hash(mb, name, occ, bits)) % (1 << 64)
-    return {k: tuple(v) for k, v in out.items()}
 
 
 def test_metric_hash_is_pinned():
@@ -59,7 +45,7 @@ def test_committed_folds_are_the_folds_of_the_shards(tmp_path, windows):
         run = open_run(run_dir)
         got = stepsums.pair(run, run, run.ranks, 0, 10)
         assert got is not None
-        assert got[0] == _fold_shards(run_dir)
+        assert got[0] == fold_shards(run_dir)
 
 
 def test_a_step_cut_by_windows_folds_to_the_whole_step(tmp_path):
