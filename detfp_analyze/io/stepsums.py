@@ -22,7 +22,7 @@ from typing import Any
 
 from detfp_capture import commitlog
 
-__all__ = ["Sums", "from_logs", "metric_ranks", "pair", "record_ranks"]
+__all__ = ["Sums", "from_logs", "held", "metric_ranks", "mismatches", "pair", "record_ranks", "shard_folds"]
 
 #: (rank, step) -> commitlog.SUM_FIELDS values folded over the step's windows and launches.
 Sums = dict[tuple[int, int], tuple[int, ...]]
@@ -111,3 +111,63 @@ def record_ranks(a: Sums, b: Sums) -> list[int]:
 def metric_ranks(a: Sums, b: Sums) -> list[int]:
     """Ranks with a step whose metrics differ: the only ones whose metrics are read."""
     return _differ(a, b, slice(4, 6))
+
+
+def held(run: Any) -> tuple[list[int], Sums]:
+    """The ranks whose every launch holds step folds and has no completeness gap, and their
+    folds (superseded steps left out, as ``Run.scan`` leaves their rows out), over every step."""
+    gaps = {g.rank for g in run.completeness.gaps} if run.completeness is not None else set()
+    ranks = [
+        r
+        for r in run.ranks
+        if r not in gaps and all(run.step_sums.get((r, m["segment"])) is not None for m in run.manifests[r])
+    ]
+    cut = {(r, s): c for r, s, c in run.supersession()}
+    out: Sums = {}
+    for r in ranks:
+        for m in run.manifests[r]:
+            stop = cut.get((r, m["segment"]))
+            _fold([run.step_sums[(r, m["segment"])]], out, key=lambda s, r=r: (r, s),
+                  keep=lambda s, stop=stop: stop is None or s < stop)  # fmt: skip
+    return ranks, out
+
+
+def shard_folds(run: Any, ranks: Sequence[int]) -> Sums:
+    """The same folds computed from the rollups and metrics shards of ``ranks`` (what ``held``
+    must equal): one pass over the rollups table, and one hash per metric row."""
+    import polars as pl
+
+    out: dict[tuple[int, int], list[int]] = {}
+    roll = (
+        run.scan("rollups", ranks=ranks)
+        .group_by("rank", "step")
+        .agg(pl.col("n").sum(), pl.col("n_err").sum(), pl.col("kx").bitwise_xor(), pl.col("vx").bitwise_xor())
+        .collect()
+    )
+    for r, s, n, e, kx, vx in roll.select("rank", "step", "n", "n_err", "kx", "vx").iter_rows():
+        out[(r, s)] = [n, e, kx, vx, 0, 0]
+    met = run.scan("metrics", ranks=ranks, columns=("rank", "step", "microbatch", "name", "occurrence", "bits"))
+    for r, s, mb, name, occ, bits in met.collect().iter_rows():
+        acc = out.setdefault((r, s), [0] * len(commitlog.SUM_FIELDS))
+        acc[4] += 1
+        acc[5] = (acc[5] + commitlog.metric_hash(mb, name, occ, bits)) % _U64
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def mismatches(run: Any) -> list[tuple[int, int, str]]:
+    """(rank, step, table) wherever a rank's committed folds differ from its shards' (``held``
+    against ``shard_folds``), sorted: shards rewritten after their commit, or a faulty writer.
+    The bisect trusts the folds; ``certify`` checks them with this."""
+    ranks, committed = held(run)
+    if not ranks:
+        return []
+    shards = shard_folds(run, ranks)
+    zero = (0,) * len(commitlog.SUM_FIELDS)
+    out = []
+    for key in sorted(committed.keys() | shards.keys()):
+        c, s = committed.get(key, zero), shards.get(key, zero)
+        if c[:4] != s[:4]:
+            out.append((*key, "rollups"))
+        if c[4:] != s[4:]:
+            out.append((*key, "metrics"))
+    return out

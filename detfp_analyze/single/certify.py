@@ -22,6 +22,9 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
   off (``replicas.py``);
 * ``reduction_not_captured``, ``setting_changed``: capture events (a gradient reduction capture
   could not record, a determinism setting changed between steps);
+* ``step_sums``: a launch's commit lines state step folds (``io.stepsums``) that differ from
+  the fold of its rollups or metrics shards (rewritten after their commit, or a faulty writer):
+  the bisect decides which steps differ from those folds, so it could miss a difference there;
 * ``partial_step`` (a note, not a problem): a trailing step without an optimizer step;
 * ``determinism``: the manifest's determinism settings (deterministic algorithms off or
   warn-only, cuDNN benchmark on, and on CUDA: cuDNN deterministic off, CUBLAS_WORKSPACE_CONFIG
@@ -42,6 +45,7 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.single.replicas import replica_splits
@@ -168,6 +172,15 @@ def _completeness(run: Run) -> list[Problem]:
             Problem(g.kind, g.rank, g.first_step, None, f"{where}: {g.detail}" + (f" ({steps})" if steps else ""))
         )
     return out
+
+
+def _step_sums(run: Run) -> list[Problem]:
+    return [
+        Problem("step_sums", r, s, None, f"the commit lines' step fold of the {table} differs from the {table} "
+                "shards (rewritten after their window was committed?); bisect this run with DETFP_BISECT_SUMS=0 "
+                "or re-run the capture")
+        for r, s, table in _stepsums.mismatches(run)
+    ]  # fmt: skip
 
 
 def _steps_seen(run: Run) -> set[tuple[int, int]]:
@@ -415,6 +428,8 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
         problems += _determinism(r)
     if "replicas" in wanted:
         problems += _replicas(r)
+    if "step_sums" in wanted:
+        problems += _step_sums(r)
     problems.sort(key=Problem.sort_key)
     notes = tuple(p for p in problems if p.kind in NOTE_KINDS)
     problems = [p for p in problems if p.kind not in NOTE_KINDS]
@@ -433,4 +448,5 @@ CHECKS = (
     "digest_error",
     "determinism",
     "replicas",
+    "step_sums",
 )

@@ -208,3 +208,26 @@ def test_a_launch_resumed_into_the_run_supersedes_its_earlier_folds(tmp_path, mo
     assert res["status"] == "identical" and calls == {"metric_divergence": [], "block_rollups": []}
     monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
     assert bisect(a, b).to_json_dict() == res
+
+
+def test_certify_finds_shards_that_disagree_with_their_committed_folds(tmp_path):
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from detfp_analyze.single.certify import certify
+
+    # Without shard facts: a shard rewritten after its commit would be refused by its size.
+    p = write_pair(tmp_path / "a", tmp_path / "b", dataclasses.replace(SPEC, shard_facts=False))
+    assert not [x for x in certify(p.b).problems if x.kind == "step_sums"]
+    roll = sorted((p.b / "rollups" / "rank=2").glob("*.parquet"))[1]
+    t = pl.read_parquet(roll)
+    pq.write_table(t.with_columns(pl.col("vx") ^ 1).to_arrow(), roll)
+    met = sorted((p.b / "metrics" / "rank=0").glob("*.parquet"))[2]
+    t = pl.read_parquet(met)
+    pq.write_table(t.with_columns(pl.col("bits") ^ 1).to_arrow(), met)
+    got = [(x.rank, x.step, x.detail.split(" differs")[0]) for x in certify(p.b).problems if x.kind == "step_sums"]
+    assert got == [
+        (0, 2, "the commit lines' step fold of the metrics"),
+        (2, 1, "the commit lines' step fold of the rollups"),
+    ]
