@@ -120,6 +120,16 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def _same_key(value: Any) -> Any:
+    """A value that compares equal exactly when ``_canon`` texts do, cheaper for the scalars that
+    most manifest values are (thousands of ranks x hundreds of keys): a text or an integer by
+    its type and value (True, 1 and 1.0 stay apart), anything else by its canonical text."""
+    t = type(value)
+    if t is str or t is int or value is None:
+        return (t, value)
+    return _canon(value)
+
+
 def manifest_diff(
     manifests_a: Mapping[int, Mapping[str, Any]], manifests_b: Mapping[int, Mapping[str, Any]]
 ) -> tuple[EnvDiff, ...]:
@@ -140,8 +150,8 @@ def manifest_diff(
     keys = sorted(set().union(*(flat_a[r].keys() | flat_b[r].keys() for r in ranks)))
     out: list[EnvDiff] = []
     for key in keys:
-        va = [_canon(flat_a[r].get(key)) for r in ranks]
-        vb = [_canon(flat_b[r].get(key)) for r in ranks]
+        va = [_same_key(flat_a[r].get(key)) for r in ranks]
+        vb = [_same_key(flat_b[r].get(key)) for r in ranks]
         if va == vb:
             continue
         if len(set(va)) == 1 and len(set(vb)) == 1:

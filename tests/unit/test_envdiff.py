@@ -73,3 +73,28 @@ def test_env_diff_on_runs_and_cli(tmp_path):
     assert json.loads(out.output)["env_diff"] == []
     out = runner.invoke(app, ["env", str(tmp_path / "a"), str(tmp_path / "missing")])
     assert out.exit_code == 2
+
+
+def test_the_comparison_key_agrees_with_the_canonical_text():
+    # _same_key stands in for _canon in manifest_diff: equal exactly when the texts are.
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from detfp_analyze.io.envdiff import _canon, _same_key
+
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=4),
+        st.sampled_from(["1", "true", "null", "1.0", ""]),
+    )  # fmt: skip
+    values = st.recursive(
+        scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=3)
+    )
+
+    @settings(max_examples=400, deadline=None)
+    @given(values, values)
+    def check(x, y):
+        assert (_same_key(x) == _same_key(y)) == (_canon(x) == _canon(y))
+
+    check()
+    for x, y in ((1, 1.0), (1, True), (0, False), (None, "null"), ("1", 1), (float("nan"), float("nan"))):
+        assert (_same_key(x) == _same_key(y)) == (_canon(x) == _canon(y)), (x, y)
