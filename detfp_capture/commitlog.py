@@ -70,8 +70,8 @@ SHARD_FACTS_VERSION = 1
 #: folded); an addition to COMMIT_LOG_VERSION 1 like SHARD_FACTS_VERSION. A manifest whose launch
 #: writes the field says so under the key ``step_sums``.
 STEP_SUMS_VERSION = 1
-#: Readers refuse larger logs (a window line is ~150 bytes, ~300 with its shard facts: this is
-#: 200,000 to 400,000 windows).
+#: Readers refuse larger logs (a window line is ~150 bytes, ~300 with its shard facts, ~400 with
+#: the step folds of one step: this is 160,000 to 400,000 windows).
 COMMIT_LOG_MAX_BYTES = 64 << 20
 #: Longer lines are unreadable (a legitimate line is a few hundred bytes; a reason is capped).
 _MAX_LINE = 64 << 10
