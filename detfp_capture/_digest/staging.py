@@ -34,16 +34,15 @@ class Staging:
       bytes just written (still in cache), and per-tensor upper levels cost more (~85 us each
       at 1.5 MiB) than one GEMM over all of them;
     - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
-      strided view, cached per layout, and one copy per tensor, the bytes moved once; the padding
-      tail of the last row is zero because the buffer's rows are zeroed in bulk, when first taken
-      and after each batch), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
+      strided view and one copy per tensor, the bytes moved once; the padding tail of the last
+      row is zero because the buffer's rows are zeroed in bulk, ahead of the rows taken), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
       is cheaper than a GEMM call each. Same bytes, same digest as ``digest.start``.
     """
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
     MAX_TENSOR = 16 << 20
-    #: Cached snapshot views (``views``) before the cache is emptied.
-    VIEWS_MAX = 1 << 14
+    #: Rows zeroed at a time ahead of the rows taken (see ``put_many``).
+    ZERO_ROWS = 1024
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
@@ -52,9 +51,6 @@ class Staging:
         #: Rows [used, clean) of ``buf`` are known to be zero (see ``put_many``).
         self.clean = 0
         self.buf: torch.Tensor | None = None
-        #: (row, dtype, shape) -> the snapshot view of ``buf`` there: a boundary repeats the same
-        #: layout every step, and a cached view saves an ``as_strided`` per staged tensor.
-        self.views: dict[tuple, torch.Tensor] = {}
         self.typed: dict[torch.dtype, torch.Tensor] = {}  # dtype views of the whole buffer
         # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
         # keeps these until its flush, see _records): slot, dtype, shape, numel, rows.
@@ -96,18 +92,6 @@ class Staging:
                 v = self.typed[dt] = self.buf.view(dt)
         return v
 
-    def _view(self, row: int, dt: torch.dtype, shape: tuple) -> torch.Tensor:
-        """The contiguous ``dt`` view of ``buf`` of this shape at this row (cached)."""
-        views = self.views
-        if len(views) >= self.VIEWS_MAX:
-            views.clear()
-        typed = self._typed(dt)
-        with torch.inference_mode(False):  # cached: must not be an inference-mode view
-            v = views[(row, dt, shape)] = typed.as_strided(
-                shape, digest._contiguous_strides(shape), row * _K // dt.itemsize
-            )
-        return v
-
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
         need = need1 = 0
@@ -125,12 +109,13 @@ class Staging:
             return False
         end = self.used + need
         if end > self.clean:
-            # Zero the rows taken for the first time since the last batch, all at once: the
-            # padding tail of each tensor's last row must be zero, and the rest of the row is
-            # overwritten by the copy. (One zero_ per new stretch of rows, instead of a slice
-            # and a zero_ per tensor: each is a dispatcher call, several microseconds.)
-            self._typed(torch.int8)[self.clean * _K : end * _K].zero_()
-            self.clean = end
+            # The padding tail of each tensor's last row must be zero (the copy overwrites the
+            # rest of the row): rows are zeroed ahead of those taken, in stretches of ZERO_ROWS
+            # (1 MiB) from the start of each batch, instead of a slice and a zero_ per tensor
+            # (two dispatcher calls, several microseconds, for every small tensor of a window).
+            clean = min(self.cap_rows, max(end, self.clean + self.ZERO_ROWS))
+            self._typed(torch.int8)[self.clean * _K : clean * _K].zero_()
+            self.clean = clean
         if need1 and self.lanes is None:
             with torch.inference_mode(False):  # reused in and out of inference mode
                 self.lanes = torch.empty(self.l1_cap * 16, core.LANES, dtype=torch.int32, device=self.dev)
@@ -138,7 +123,6 @@ class Staging:
         d_slot, d_dtype, d_shape, d_numel, d_rows = self.direct
         n0, d0 = len(i_slot), len(d_slot)
         row, row1 = self.used, self.l1_used
-        views = self.views
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
@@ -161,10 +145,10 @@ class Staging:
                     d_rows.append(m1)
                     row1 += m1
                     continue
-                dst = views.get((row, dt, shape))
-                if dst is None:
-                    dst = self._view(row, dt, shape)
-                dst.copy_(t)
+                typed = self.typed.get(dt)
+                if typed is None:
+                    typed = self._typed(dt)
+                typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
                 i_slot.append(slot)
                 i_dtype.append(dt)
                 i_shape.append(shape)
@@ -204,10 +188,7 @@ class Staging:
             held = BatchLanes(final)
             if _INT64 in items[1]:
                 self._pointer_flags(held, items)
-            if used:
-                # The rows the batch used are zero again for the next one (put_many relies on
-                # it): one memset, after everything that reads the snapshots (same stream).
-                self.buf[: used * _K].zero_()
+            self.clean = 0  # the rows are taken again from the start: put_many zeroes them again
             return held, tuple(a + b for a, b in zip(items, direct, strict=True))
 
     def _pointer_flags(self, held: BatchLanes, items: tuple) -> None:

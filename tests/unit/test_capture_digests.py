@@ -506,10 +506,9 @@ def test_a_copy_shares_its_input_digest_and_keeps_the_value_at_record_time(tmp_p
 
 
 def test_staging_rows_reused_by_another_layout_digest_like_single_digests():
-    # The staging buffer's rows are zeroed in bulk (when first taken, and after each batch), not
-    # per tensor: a batch whose small tensors land on rows that held the middle of a bigger
-    # tensor in the batch before must still see zero padding tails; a cached snapshot view is
-    # reused only for the same row, dtype and shape.
+    # The staging buffer's rows are zeroed in bulk ahead of the rows taken (again from the start
+    # of each batch), not per tensor: a batch whose small tensors land on rows that held the
+    # middle of a bigger tensor in the batch before must still see zero padding tails.
     from detfp_capture import digest
     from detfp_capture._digest.staging import Staging
     from detfp_capture._recorder.slot import Slot
