@@ -43,7 +43,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     fits = Staging.fits
     stage_t: list | None = None
     stage_s: list = []
-    add = rec.records.add
+    ext = rec.records.rows.extend
     seq = rec.seq
     for role, arg, t in tensors:
         try:
@@ -86,7 +86,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 s = Slot(start(t, pointer_check=dt is _INT64))
             if version is not None:
                 cache_put(t, s, version, ptr=ptr)
-        add(call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+        ext((call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS))
         seq += 1
     rec.seq = seq
     if stage_t is not None:
@@ -159,7 +159,7 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
                 vcache.put(specs[i].tensor, s, versions[i])
     # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
     calls = []
-    add = rec.records.add
+    ext = rec.records.rows.extend
     occ_map = rec.occ
     step, mb = rec.step, rec.microbatch
     seq = rec.seq
@@ -172,17 +172,7 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
             call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
         t = sp.tensor
         dt = t.dtype
-        add(
-            call,
-            seq,
-            sp.role,
-            sp.arg,
-            DTYPE_STR.get(dt) or dtype_str(dt),
-            tuple(t.shape),
-            t.numel(),
-            s,
-            _NO_HAZARDS,
-        )
+        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS))
         seq += 1
         calls.append(call)
     rec.seq = seq

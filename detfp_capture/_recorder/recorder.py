@@ -37,7 +37,7 @@ from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
 from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
-from detfp_capture._recorder.records import RecordBuffer, record_columns
+from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
 from detfp_capture._recorder.vcache import VersionCache
 
@@ -96,6 +96,7 @@ class Recorder:
         self.need_flush = False
         self._tensor_opts = cfg.rows.enabled or cfg.moments.enabled or cfg.dumps.enabled
         self._flush_at = cfg.flush_records
+        self._flush_rows = cfg.flush_records * WIDTH  # the same, in RecordBuffer.rows values
 
     # ----------------------------------------------------------------------------- context
     @property
@@ -286,20 +287,22 @@ class Recorder:
         out = self.records
         if not digest_it and not hazards:
             # Views and metadata ops: counted, not digested (and never dumped).
-            add = out.add
+            ext = out.rows.extend
             seq = self.seq
             for role, arg, t in tensors:
                 dt = t.dtype
-                add(
-                    call,
-                    seq,
-                    role,
-                    arg,
-                    DTYPE_STR.get(dt) or dtype_str(dt),
-                    tuple(t.shape),
-                    t.numel(),
-                    None,
-                    _NO_HAZARDS,
+                ext(
+                    (
+                        call,
+                        seq,
+                        role,
+                        arg,
+                        DTYPE_STR.get(dt) or dtype_str(dt),
+                        tuple(t.shape),
+                        t.numel(),
+                        None,
+                        _NO_HAZARDS,
+                    )
                 )
                 seq += 1
             self.seq = seq
@@ -322,13 +325,12 @@ class Recorder:
                 if dump:
                     self.dumps.append(DumpRow(call, seq, role, arg, t.detach().clone()))
         self.records_in_step += len(tensors)
-        if len(out) >= self._flush_at:
+        if len(out.rows) >= self._flush_rows:
             self.need_flush = True
 
     def last_slot(self) -> Slot | None:
         """The Slot of the record appended last (None: none, or not digested)."""
-        slots = self.records.slot
-        return slots[-1] if slots else None
+        return self.records.last_slot()
 
     def append_copy(self, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:
         """Append the record of ``item``'s tensor, an exact copy of ``src`` whose digest is

@@ -50,6 +50,7 @@ class CaptureMode(TorchDispatchMode):
         self.hazards = ctx.hazards
         self.views = ctx.cfg.views
         self.info: dict[Any, OpInfo] = {}
+        self.guards: dict[Any, Any] = {}  # op -> its guard.Guard (see __torch_dispatch__)
         self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
         # Storage -> weak reference of a workspace output (see ops.WORKSPACE_OUTPUTS): its readers
         # do not digest it either, while the tensor lives.
@@ -85,7 +86,10 @@ class CaptureMode(TorchDispatchMode):
             return self._call(func, args, kwargs)
         # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path): the guard
         # only catches (and clears busy on failure).
-        guard = rec.guard("dispatch of {}", func, busy=False)
+        # One guard per op overload, reused (an object per op call is measurable here).
+        guard = self.guards.get(func)
+        if guard is None:
+            guard = self.guards[func] = rec.guard("dispatch of {}", func, busy=False)
         pre = None
         with guard:
             pre = self._pre(func, args, kwargs)
@@ -170,6 +174,7 @@ class CaptureMode(TorchDispatchMode):
         hz = self.hazards
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
+        redest = False  # the hazard check made an input write-only (role dest)
         blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
         ws = self.workspaces
         if ws and tensors:
@@ -197,6 +202,7 @@ class CaptureMode(TorchDispatchMode):
                     # output inherits the flag.
                     if role != "dest":
                         tensors[i] = ("dest", arg, t)
+                        redest = True
                     if not info.no_read and not info.skip:
                         hz.event(UNINIT, module, f"{info.name} {arg} read while {UNINIT}")
                         taint = True
@@ -216,7 +222,7 @@ class CaptureMode(TorchDispatchMode):
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if flags is None and not blind and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or redest):
             # Write-only arguments are counted, never digested: inputs first, then destinations.
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
