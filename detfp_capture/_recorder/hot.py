@@ -25,6 +25,8 @@ from detfp_capture._recorder.slot import COPY, DTYPE_STR, Slot, dtype_str, gc_pa
 __all__ = ["append_batch", "append_copy", "append_plain"]
 
 _NO_HAZARDS: tuple[str, ...] = ()
+#: The per-record options (rows, moments) of a plain digest, as the version cache stores them.
+_PLAIN_OPT = False
 _INT64 = torch.int64
 _TENSOR = torch.Tensor
 
@@ -34,7 +36,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
     wait for a batch (level ops, outside a backward)."""
     vcache = rec.vcache
-    cache_get = vcache.get
+    cached = vcache.by_id  # VersionCache.get, inlined: every record looks it up
     cache_put = vcache.put
     start = digest.start
     waiting = rec.waiting
@@ -50,8 +52,15 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
             version = t._version
         except Exception:  # inference tensors have no version counter
             version = None
-        s = cache_get(t, version) if version is not None and not fresh else None
+        s = None
+        if version is not None and not fresh:
+            s = cached.get(id(t))
+            if s is not None and not (
+                s.version == version and s.ref() is t and s.opt_rows == _PLAIN_OPT and s.opt_moments == _PLAIN_OPT
+            ):
+                s = None
         dt = t.dtype
+        numel = t.numel()
         if s is None:
             ptr = None  # the storage's data pointer, where it is looked up anyway
             if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
@@ -72,7 +81,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 waiting.slots.append(s)
                 waiting.versions.append(None if fresh else version)
                 waiting.addrs.append(t.data_ptr())
-                waiting.nbytes += t.numel() * dt.itemsize
+                waiting.nbytes += numel * dt.itemsize
             elif fits(t):
                 # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch;
                 # the call's tensors are snapshotted together below.
@@ -86,7 +95,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 s = Slot(start(t, pointer_check=dt is _INT64))
             if version is not None:
                 cache_put(t, s, version, ptr=ptr)
-        ext((call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS))
+        ext((call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), numel, s, _NO_HAZARDS))
         seq += 1
     rec.seq = seq
     if stage_t is not None:

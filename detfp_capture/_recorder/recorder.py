@@ -261,9 +261,13 @@ class Recorder:
         defer: bool = False,
     ) -> Call:
         """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call."""
-        if occurrence is None:
-            occurrence = self.occurrence(phase, module, kind, name)
-        call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
+        mb = self.microbatch
+        if occurrence is None:  # self.occurrence, inlined (once per recorded call)
+            key = (mb, phase, module, kind, name)
+            occ = self.occ
+            occurrence = occ.get(key, 0)
+            occ[key] = occurrence + 1
+        call = (self.step, mb, phase, module, kind, name, occurrence, args_src, compiled)
         if tensors:
             self.append_records(
                 call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh, defer=defer

@@ -50,7 +50,6 @@ class CaptureMode(TorchDispatchMode):
         self.hazards = ctx.hazards
         self.views = ctx.cfg.views
         self.info: dict[Any, OpInfo] = {}
-        self.guards: dict[Any, Any] = {}  # op -> its guard.Guard (see __torch_dispatch__)
         self.autocast_keys: dict[Any, tuple] = {}  # op -> autocast keys it has no kernel for
         # Storage -> weak reference of a workspace output (see ops.WORKSPACE_OUTPUTS): its readers
         # do not digest it either, while the tensor lives.
@@ -83,29 +82,40 @@ class CaptureMode(TorchDispatchMode):
         rec = self.rec
         scope = self.scope
         if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping:
-            return self._call(func, args, kwargs)
-        # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path): the guard
-        # only catches (and clears busy on failure).
-        # One guard per op overload, reused (an object per op call is measurable here).
-        guard = self.guards.get(func)
-        if guard is None:
-            guard = self.guards[func] = rec.guard("dispatch of {}", func, busy=False)
-        pre = None
-        with guard:
+            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
+        # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path). Their
+        # failures follow the guard's policy (``guard.Guard``: capture off, training goes on),
+        # spelled out here as try/except: a guard object and its two calls per op add up on
+        # the busiest path of the capture.
+        try:
             pre = self._pre(func, args, kwargs)
+        except Exception as exc:
+            self._fail(exc, func)
+            pre = None
         if pre is None:
-            return self._call(func, args, kwargs)
+            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
         kr = self.kernel_range
         if kr is not None and pre[0] is not None:
             with kr(pre[0]):
                 out = self._call(func, args, kwargs)
+        elif not self.autocast_seen:
+            out = func(*args, **kwargs)
         else:
             out = self._call(func, args, kwargs)
-        with guard:
+        try:
             self._post(pre, args, kwargs, out)
+        except Exception as exc:
+            self._fail(exc, func)
         if rec.need_flush:
             rec.flush_safely()
         return out
+
+    def _fail(self, exc: Exception, func: Any) -> None:
+        """What ``rec.guard("dispatch of {}", func, busy=False)`` does with an exception."""
+        rec = self.rec
+        if rec.depth == 0:
+            rec.busy = False  # set by hand on this path
+        rec.fail(exc, f"dispatch of {func}")
 
     def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``func`` as it would run without the mode, where autocast is concerned.
@@ -271,7 +281,9 @@ class CaptureMode(TorchDispatchMode):
         hz = self.hazards
         flags = None
         if hz is not None:
-            track_hazard_state(hz, info, args, kwargs, outs)
+            if info.empty or info.nonblocking or (hz.uninit and (info.writes or info.out_kwargs)):
+                # (the only ops that change the hazard state: a call per op saved otherwise)
+                track_hazard_state(hz, info, args, kwargs, outs)
             if call is None:  # an op of a module left out by modules=: state only
                 rec.busy = False
                 return
