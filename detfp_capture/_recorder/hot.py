@@ -20,7 +20,7 @@ from detfp_capture import digest
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
-from detfp_capture._recorder.slot import COPY, DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 
 __all__ = ["append_batch", "append_copy", "append_plain"]
 
@@ -46,6 +46,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     stage_t: list | None = None
     stage_s: list = []
     ext = rec.records.rows.extend
+    shapes = SHAPES
     seq = rec.seq
     for role, arg, t in tensors:
         try:
@@ -95,7 +96,20 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 s = Slot(start(t, pointer_check=dt is _INT64))
             if version is not None:
                 cache_put(t, s, version, ptr=ptr)
-        ext((call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), numel, s, _NO_HAZARDS))
+        shape = t.shape
+        ext(
+            (
+                call,
+                seq,
+                role,
+                arg,
+                DTYPE_STR.get(dt) or dtype_str(dt),
+                shapes.get(shape) or shape_tuple(shape),
+                numel,
+                s,
+                _NO_HAZARDS,
+            )
+        )
         seq += 1
     rec.seq = seq
     if stage_t is not None:
@@ -181,7 +195,9 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
             call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
         t = sp.tensor
         dt = t.dtype
-        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS))
+        shape = t.shape
+        shape = SHAPES.get(shape) or shape_tuple(shape)
+        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), shape, t.numel(), s, _NO_HAZARDS))
         seq += 1
         calls.append(call)
     rec.seq = seq

@@ -38,7 +38,7 @@ from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
 from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
 from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
-from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 from detfp_capture._recorder.vcache import VersionCache
 
 __all__ = ["Recorder"]
@@ -302,7 +302,7 @@ class Recorder:
                         role,
                         arg,
                         DTYPE_STR.get(dt) or dtype_str(dt),
-                        tuple(t.shape),
+                        SHAPES.get(t.shape) or shape_tuple(t.shape),
                         t.numel(),
                         None,
                         _NO_HAZARDS,
