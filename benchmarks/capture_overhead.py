@@ -28,6 +28,9 @@ digested included), the whole overhead per record, and the rest per record once 
 taken off (microseconds: hooks, bookkeeping, the flush, and the digest's arithmetic beyond one
 read of its bytes; on a CPU that arithmetic is most of it at level boundaries, see ``--profile``).
 
+The host cost per record alone (tiny tensors, so the digest's arithmetic is negligible), this tree
+against another one side by side: ``benchmarks/capture_host.py --baseline <tree>``.
+
 Targets (issue 15, on the gpt2 row): metrics < 1.02x, boundaries < 1.15x, ops overhead <= 0.30 of
 DebugMode's.
 

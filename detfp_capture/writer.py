@@ -148,7 +148,9 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     values of the wrong type propagate.
     """
     schema = arrow_schema(table)
-    data = {k: list(v) for k, v in cols.items()}
+    # The capture hands over lists it never touches again: no copy of those (columns are only
+    # read below; derived ones are new lists).
+    data = {k: v if type(v) is list else list(v) for k, v in cols.items()}
     n = _check_columns(table, data)
     if n == 0:
         return schema.empty_table()

@@ -35,17 +35,21 @@ class Staging:
       at 1.5 MiB) than one GEMM over all of them;
     - **snapshot**: the others are copied into whole 1024-byte rows of one device buffer (one
       strided view and one copy per tensor, the bytes moved once; the padding tail of the last
-      row zeroed), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
+      row is zero because the buffer's rows are zeroed in bulk, ahead of the rows taken), hashed by one GEMM when the batch runs. Small and odd-sized tensors: a copy
       is cheaper than a GEMM call each. Same bytes, same digest as ``digest.start``.
     """
 
     #: Tensors up to this many bytes are staged (bigger ones are digested directly).
     MAX_TENSOR = 16 << 20
+    #: Rows zeroed at a time ahead of the rows taken (see ``put_many``).
+    ZERO_ROWS = 1024
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
         self.cap_rows = cap_bytes // _K
         self.used = 0
+        #: Rows [used, clean) of ``buf`` are known to be zero (see ``put_many``).
+        self.clean = 0
         self.buf: torch.Tensor | None = None
         self.typed: dict[torch.dtype, torch.Tensor] = {}  # dtype views of the whole buffer
         # What is staged, in buffer order, as parallel lists (no object per tensor: the capture
@@ -80,7 +84,7 @@ class Staging:
         if v is None:
             with torch.inference_mode(False):  # cached: must not be an inference-mode view
                 if self.buf is None:
-                    # Not zeroed: put_many zeroes each tensor's last-row tail itself (the buffer is
+                    # Not zeroed: put_many zeroes rows as it first takes them (the buffer is
                     # reused), and filling 64 MiB up front cost ~60 ms per session, most of a small
                     # step's capture (a repeat check opens one session per call).
                     self.buf = torch.empty(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
@@ -103,6 +107,15 @@ class Staging:
                 need += m
         if self.used + need > self.cap_rows or self.l1_used + need1 > self.l1_cap:
             return False
+        end = self.used + need
+        if end > self.clean:
+            # The padding tail of each tensor's last row must be zero (the copy overwrites the
+            # rest of the row): rows are zeroed ahead of those taken, in stretches of ZERO_ROWS
+            # (1 MiB) from the start of each batch, instead of a slice and a zero_ per tensor
+            # (two dispatcher calls, several microseconds, for every small tensor of a window).
+            clean = min(self.cap_rows, max(end, self.clean + self.ZERO_ROWS))
+            self._typed(torch.int8)[self.clean * _K : clean * _K].zero_()
+            self.clean = clean
         if need1 and self.lanes is None:
             with torch.inference_mode(False):  # reused in and out of inference mode
                 self.lanes = torch.empty(self.l1_cap * 16, core.LANES, dtype=torch.int32, device=self.dev)
@@ -135,8 +148,6 @@ class Staging:
                 typed = self.typed.get(dt)
                 if typed is None:
                     typed = self._typed(dt)
-                if m * _K != numel * dt.itemsize:  # the last row's tail must be zero (the buffer is reused)
-                    self.buf[(row + m - 1) * _K : (row + m) * _K].zero_()
                 typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
                 i_slot.append(slot)
                 i_dtype.append(dt)
@@ -145,6 +156,7 @@ class Staging:
                 i_rows.append(m)
                 row += m
         except BaseException:
+            self.clean = self.used  # rows past it may hold part of a copy now
             for col in self.items:  # all or nothing: the caller digests these tensors another way
                 del col[n0:]
             for col in self.direct:
@@ -176,6 +188,7 @@ class Staging:
             held = BatchLanes(final)
             if _INT64 in items[1]:
                 self._pointer_flags(held, items)
+            self.clean = 0  # the rows are taken again from the start: put_many zeroes them again
             return held, tuple(a + b for a, b in zip(items, direct, strict=True))
 
     def _pointer_flags(self, held: BatchLanes, items: tuple) -> None:

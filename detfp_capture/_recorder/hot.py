@@ -20,11 +20,13 @@ from detfp_capture import digest
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
-from detfp_capture._recorder.slot import COPY, DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 
 __all__ = ["append_batch", "append_copy", "append_plain"]
 
 _NO_HAZARDS: tuple[str, ...] = ()
+#: The per-record options (rows, moments) of a plain digest, as the version cache stores them.
+_PLAIN_OPT = False
 _INT64 = torch.int64
 _TENSOR = torch.Tensor
 
@@ -34,7 +36,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
     wait for a batch (level ops, outside a backward)."""
     vcache = rec.vcache
-    cache_get = vcache.get
+    cached = vcache.by_id  # VersionCache.get, inlined: every record looks it up
     cache_put = vcache.put
     start = digest.start
     waiting = rec.waiting
@@ -43,15 +45,23 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     fits = Staging.fits
     stage_t: list | None = None
     stage_s: list = []
-    add = rec.records.add
+    ext = rec.records.rows.extend
+    shapes = SHAPES
     seq = rec.seq
     for role, arg, t in tensors:
         try:
             version = t._version
         except Exception:  # inference tensors have no version counter
             version = None
-        s = cache_get(t, version) if version is not None and not fresh else None
+        s = None
+        if version is not None and not fresh:
+            s = cached.get(id(t))
+            if s is not None and not (
+                s.version == version and s.ref() is t and s.opt_rows == _PLAIN_OPT and s.opt_moments == _PLAIN_OPT
+            ):
+                s = None
         dt = t.dtype
+        numel = t.numel()
         if s is None:
             ptr = None  # the storage's data pointer, where it is looked up anyway
             if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
@@ -72,7 +82,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 waiting.slots.append(s)
                 waiting.versions.append(None if fresh else version)
                 waiting.addrs.append(t.data_ptr())
-                waiting.nbytes += t.numel() * dt.itemsize
+                waiting.nbytes += numel * dt.itemsize
             elif fits(t):
                 # Boundaries (no dispatch mode sees writes): a snapshot copy, digested in a batch;
                 # the call's tensors are snapshotted together below.
@@ -86,7 +96,20 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
                 s = Slot(start(t, pointer_check=dt is _INT64))
             if version is not None:
                 cache_put(t, s, version, ptr=ptr)
-        add(call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), tuple(t.shape), t.numel(), s, _NO_HAZARDS)
+        shape = t.shape
+        ext(
+            (
+                call,
+                seq,
+                role,
+                arg,
+                DTYPE_STR.get(dt) or dtype_str(dt),
+                shapes.get(shape) or shape_tuple(shape),
+                numel,
+                s,
+                _NO_HAZARDS,
+            )
+        )
         seq += 1
     rec.seq = seq
     if stage_t is not None:
@@ -159,7 +182,7 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
                 vcache.put(specs[i].tensor, s, versions[i])
     # The records (occurrence, seq and dtype text inlined: hundreds per optimizer step).
     calls = []
-    add = rec.records.add
+    ext = rec.records.rows.extend
     occ_map = rec.occ
     step, mb = rec.step, rec.microbatch
     seq = rec.seq
@@ -172,17 +195,9 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
             call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
         t = sp.tensor
         dt = t.dtype
-        add(
-            call,
-            seq,
-            sp.role,
-            sp.arg,
-            DTYPE_STR.get(dt) or dtype_str(dt),
-            tuple(t.shape),
-            t.numel(),
-            s,
-            _NO_HAZARDS,
-        )
+        shape = t.shape
+        shape = SHAPES.get(shape) or shape_tuple(shape)
+        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), shape, t.numel(), s, _NO_HAZARDS))
         seq += 1
         calls.append(call)
     rec.seq = seq

@@ -37,8 +37,8 @@ from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
 from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
-from detfp_capture._recorder.records import RecordBuffer, record_columns
-from detfp_capture._recorder.slot import DTYPE_STR, Slot, dtype_str, gc_paused
+from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
+from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 from detfp_capture._recorder.vcache import VersionCache
 
 __all__ = ["Recorder"]
@@ -96,6 +96,7 @@ class Recorder:
         self.need_flush = False
         self._tensor_opts = cfg.rows.enabled or cfg.moments.enabled or cfg.dumps.enabled
         self._flush_at = cfg.flush_records
+        self._flush_rows = cfg.flush_records * WIDTH  # the same, in RecordBuffer.rows values
 
     # ----------------------------------------------------------------------------- context
     @property
@@ -260,9 +261,13 @@ class Recorder:
         defer: bool = False,
     ) -> Call:
         """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call."""
-        if occurrence is None:
-            occurrence = self.occurrence(phase, module, kind, name)
-        call = (self.step, self.microbatch, phase, module, kind, name, occurrence, args_src, compiled)
+        mb = self.microbatch
+        if occurrence is None:  # self.occurrence, inlined (once per recorded call)
+            key = (mb, phase, module, kind, name)
+            occ = self.occ
+            occurrence = occ.get(key, 0)
+            occ[key] = occurrence + 1
+        call = (self.step, mb, phase, module, kind, name, occurrence, args_src, compiled)
         if tensors:
             self.append_records(
                 call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh, defer=defer
@@ -286,20 +291,22 @@ class Recorder:
         out = self.records
         if not digest_it and not hazards:
             # Views and metadata ops: counted, not digested (and never dumped).
-            add = out.add
+            ext = out.rows.extend
             seq = self.seq
             for role, arg, t in tensors:
                 dt = t.dtype
-                add(
-                    call,
-                    seq,
-                    role,
-                    arg,
-                    DTYPE_STR.get(dt) or dtype_str(dt),
-                    tuple(t.shape),
-                    t.numel(),
-                    None,
-                    _NO_HAZARDS,
+                ext(
+                    (
+                        call,
+                        seq,
+                        role,
+                        arg,
+                        DTYPE_STR.get(dt) or dtype_str(dt),
+                        SHAPES.get(t.shape) or shape_tuple(t.shape),
+                        t.numel(),
+                        None,
+                        _NO_HAZARDS,
+                    )
                 )
                 seq += 1
             self.seq = seq
@@ -322,13 +329,12 @@ class Recorder:
                 if dump:
                     self.dumps.append(DumpRow(call, seq, role, arg, t.detach().clone()))
         self.records_in_step += len(tensors)
-        if len(out) >= self._flush_at:
+        if len(out.rows) >= self._flush_rows:
             self.need_flush = True
 
     def last_slot(self) -> Slot | None:
         """The Slot of the record appended last (None: none, or not digested)."""
-        slots = self.records.slot
-        return slots[-1] if slots else None
+        return self.records.last_slot()
 
     def append_copy(self, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:
         """Append the record of ``item``'s tensor, an exact copy of ``src`` whose digest is

@@ -1,9 +1,10 @@
-"""The records buffer of one flush window, kept as columns, and the records table built from it.
+"""The records buffer of one flush window, kept as one flat list, and the records table built from it.
 
-Why columns: a record kept as a tuple is one more container object that lives until the flush,
-and Python's cyclic collector pays for every such object (roughly 1.5 us each, amortized over
-its full collections) on top of building it. Parallel lists of ints, strings and shared call
-tuples add almost nothing the collector has to look at. The remaining per-digest objects
+Why a flat list: a record kept as a tuple is one more container object that lives until the
+flush, and Python's cyclic collector pays for every such object (roughly 1.5 us each, amortized
+over its full collections) on top of building it. One list of ints, strings and shared call
+tuples adds almost nothing the collector has to look at, and a record is appended with one
+``extend`` (parallel lists per column took nine ``append`` calls). The remaining per-digest objects
 (``Slot``, ``digest.Pending``) are one per distinct tensor value, not one per record.
 
 A record is (call, seq, role, arg, dtype text, shape tuple, numel, Slot or None, hazards); the
@@ -20,27 +21,29 @@ from detfp_capture._recorder.args import ArgsColumn
 from detfp_capture._recorder.call import COMPILED, KIND, MICROBATCH, MODULE, NAME, OCCURRENCE, PHASE, STEP, Call
 from detfp_capture._recorder.slot import Slot
 
-__all__ = ["RecordBuffer", "record_columns"]
+__all__ = ["FIELDS", "WIDTH", "RecordBuffer", "record_columns"]
+
+
+#: Fields per record in ``RecordBuffer.rows``, in this order.
+FIELDS = ("call", "seq", "role", "arg", "dtype", "shape", "numel", "slot", "hazards")
+WIDTH = len(FIELDS)
+SLOT = FIELDS.index("slot")
 
 
 class RecordBuffer:
-    """Buffered records as parallel lists (append to all of them, or use ``add``)."""
+    """Buffered records as one flat list, ``WIDTH`` values per record in ``FIELDS`` order.
 
-    __slots__ = ("arg", "call", "dtype", "hazards", "numel", "role", "seq", "shape", "slot")
+    The hot paths append a record with one ``rows.extend`` of a tuple (one C call, the tuple
+    freed at once) instead of nine ``list.append`` calls; the columns are cut out at the flush
+    (``rows[i::WIDTH]``, a C-level slice each)."""
+
+    __slots__ = ("rows",)
 
     def __init__(self) -> None:
-        self.call: list[Call] = []
-        self.seq: list[int] = []
-        self.role: list[str] = []
-        self.arg: list[str] = []
-        self.dtype: list[str] = []
-        self.shape: list[tuple[int, ...]] = []
-        self.numel: list[int] = []
-        self.slot: list[Slot | None] = []
-        self.hazards: list[tuple[str, ...]] = []
+        self.rows: list[Any] = []
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return len(self.rows) // WIDTH
 
     def add(
         self,
@@ -54,15 +57,27 @@ class RecordBuffer:
         slot: Slot | None,
         hazards: tuple[str, ...],
     ) -> None:
-        self.call.append(call)
-        self.seq.append(seq)
-        self.role.append(role)
-        self.arg.append(arg)
-        self.dtype.append(dtype)
-        self.shape.append(shape)
-        self.numel.append(numel)
-        self.slot.append(slot)
-        self.hazards.append(hazards)
+        self.rows.extend((call, seq, role, arg, dtype, shape, numel, slot, hazards))
+
+    def column(self, name: str) -> list[Any]:
+        """One field of every record (a new list)."""
+        return self.rows[FIELDS.index(name) :: WIDTH]
+
+    # The columns by name (each a new list: read once per flush).
+    call = property(lambda self: self.column("call"))
+    seq = property(lambda self: self.column("seq"))
+    role = property(lambda self: self.column("role"))
+    arg = property(lambda self: self.column("arg"))
+    dtype = property(lambda self: self.column("dtype"))
+    shape = property(lambda self: self.column("shape"))
+    numel = property(lambda self: self.column("numel"))
+    slot = property(lambda self: self.column("slot"))
+    hazards = property(lambda self: self.column("hazards"))
+
+    def last_slot(self) -> Slot | None:
+        """The Slot of the record appended last (None: none, or not digested)."""
+        rows = self.rows
+        return rows[SLOT - WIDTH] if rows else None
 
 
 def _field(calls: list[Call], i: int) -> list[Any]:
@@ -75,9 +90,11 @@ def record_columns(buf: RecordBuffer, args: ArgsColumn) -> tuple[dict[str, list]
     digests may add a hazard). One comprehension (or one C-level map) per column: this runs once
     per flush over every record."""
     calls = buf.call
+    seqs = buf.seq
+    slots = buf.slot
     cols: dict[str, list] = {
         "step": _field(calls, STEP),
-        "seq": buf.seq,
+        "seq": seqs,
         "microbatch": _field(calls, MICROBATCH),
         "phase": _field(calls, PHASE),
         "module": _field(calls, MODULE),
@@ -91,8 +108,7 @@ def record_columns(buf: RecordBuffer, args: ArgsColumn) -> tuple[dict[str, list]
         "numel": buf.numel,
         "compiled": [bool(c[COMPILED]) for c in calls],
     }
-    cols["args_digest"], args_rows = args.build(calls, buf.seq)
-    slots = buf.slot
+    cols["args_digest"], args_rows = args.build(calls, seqs)
     # A slot is resolved: hi/lo set (a digest), or hi None and extra holding the error.
     cols["status"] = ["skipped" if s is None else ("ok" if s.hi is not None else "error") for s in slots]
     cols["digest_hi"] = [None if s is None else s.hi for s in slots]

@@ -24,13 +24,30 @@ import torch
 
 from detfp_capture._digest.batched import BATCHED
 
-__all__ = ["COPY", "Slot", "dtype_str", "gc_paused", "storage_ptrs"]
+__all__ = ["COPY", "DTYPE_STR", "SHAPES", "Slot", "dtype_str", "gc_paused", "shape_tuple", "storage_ptrs"]
 
 #: ``Slot.pending`` of a slot whose tensor is an exact copy of another slot's (``Slot.source``).
 COPY = object()
 
 #: dtype -> str(dtype), filled as dtypes are seen (str() of a dtype costs a call per record).
 DTYPE_STR: dict[torch.dtype, str] = {}
+#: Shape (a torch.Size or tuple) -> one shared tuple of it (``shape_tuple``). A record's shape
+#: lives until the flush; one new tuple per record was one more object per record for the
+#: cyclic collector to count and look at (a tuple is untracked only at its first collection),
+#: so the hot paths look the shape up here instead. Bounded: emptied when full.
+SHAPES: dict[tuple, tuple[int, ...]] = {}
+_SHAPES_MAX = 1 << 16
+
+
+def shape_tuple(shape: tuple) -> tuple[int, ...]:
+    """The shared tuple of ``shape`` (the hot paths try ``SHAPES.get`` first)."""
+    got = SHAPES.get(shape)
+    if got is None:
+        if len(SHAPES) >= _SHAPES_MAX:
+            SHAPES.clear()
+        got = tuple(shape)
+        SHAPES[got] = got
+    return got
 
 
 @contextlib.contextmanager

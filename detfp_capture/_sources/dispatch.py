@@ -82,26 +82,40 @@ class CaptureMode(TorchDispatchMode):
         rec = self.rec
         scope = self.scope
         if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping:
-            return self._call(func, args, kwargs)
-        # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path): the guard
-        # only catches (and clears busy on failure).
-        guard = rec.guard("dispatch of {}", func, busy=False)
-        pre = None
-        with guard:
+            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
+        # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path). Their
+        # failures follow the guard's policy (``guard.Guard``: capture off, training goes on),
+        # spelled out here as try/except: a guard object and its two calls per op add up on
+        # the busiest path of the capture.
+        try:
             pre = self._pre(func, args, kwargs)
+        except Exception as exc:
+            self._fail(exc, func)
+            pre = None
         if pre is None:
-            return self._call(func, args, kwargs)
+            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
         kr = self.kernel_range
         if kr is not None and pre[0] is not None:
             with kr(pre[0]):
                 out = self._call(func, args, kwargs)
+        elif not self.autocast_seen:
+            out = func(*args, **kwargs)
         else:
             out = self._call(func, args, kwargs)
-        with guard:
+        try:
             self._post(pre, args, kwargs, out)
+        except Exception as exc:
+            self._fail(exc, func)
         if rec.need_flush:
             rec.flush_safely()
         return out
+
+    def _fail(self, exc: Exception, func: Any) -> None:
+        """What ``rec.guard("dispatch of {}", func, busy=False)`` does with an exception."""
+        rec = self.rec
+        if rec.depth == 0:
+            rec.busy = False  # set by hand on this path
+        rec.fail(exc, f"dispatch of {func}")
 
     def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``func`` as it would run without the mode, where autocast is concerned.
@@ -170,6 +184,7 @@ class CaptureMode(TorchDispatchMode):
         hz = self.hazards
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
+        redest = False  # the hazard check made an input write-only (role dest)
         blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
         ws = self.workspaces
         if ws and tensors:
@@ -197,6 +212,7 @@ class CaptureMode(TorchDispatchMode):
                     # output inherits the flag.
                     if role != "dest":
                         tensors[i] = ("dest", arg, t)
+                        redest = True
                     if not info.no_read and not info.skip:
                         hz.event(UNINIT, module, f"{info.name} {arg} read while {UNINIT}")
                         taint = True
@@ -216,7 +232,7 @@ class CaptureMode(TorchDispatchMode):
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if flags is None and not blind and (info.dest_pos or info.dest_kw or any(r == "dest" for r, _, _ in tensors)):
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or redest):
             # Write-only arguments are counted, never digested: inputs first, then destinations.
             ins = [x for x in tensors if x[0] == "input"]
             dests = [x for x in tensors if x[0] == "dest"]
@@ -265,7 +281,9 @@ class CaptureMode(TorchDispatchMode):
         hz = self.hazards
         flags = None
         if hz is not None:
-            track_hazard_state(hz, info, args, kwargs, outs)
+            if info.empty or info.nonblocking or (hz.uninit and (info.writes or info.out_kwargs)):
+                # (the only ops that change the hazard state: a call per op saved otherwise)
+                track_hazard_state(hz, info, args, kwargs, outs)
             if call is None:  # an op of a module left out by modules=: state only
                 rec.busy = False
                 return

@@ -296,7 +296,7 @@ class ModuleHooks:
             compiled = type(module).__name__ == "OptimizedModule"
         if compiled:
             self.scope.compiled_depth -= 1  # whatever happens below: pre() counted it with the push
-        if failed or rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
+        if failed or rec.busy or not rec.selected or rec.failed:  # (not compiling: returned above)
             return
         with rec.guard("forward hook of {!r}", path):
             selected = self.caps.module_boundaries and self.scope.module_selected(path)

@@ -216,6 +216,12 @@ def _c10d_writes(base: str, schema: Any) -> tuple[list[int], list[int]]:
     return writes, dest
 
 
+#: ``args[i]`` and ``out[i]`` for the first argument positions (one string each, instead of
+#: formatting one per record on the per-op path).
+_ARG_NAMES = tuple(f"args[{i}]" for i in range(64))
+_OUT_NAMES = tuple(f"out[{i}]" for i in range(64))
+
+
 def gather(
     args: tuple, kwargs: dict, dest_pos: frozenset = frozenset(), dest_kw: frozenset = frozenset()
 ) -> tuple[list[TensorArg], tuple | None]:
@@ -226,7 +232,7 @@ def gather(
     for i, a in enumerate(args):
         role = "dest" if i in dest_pos else "input"
         if isinstance(a, torch.Tensor):
-            tensors.append((role, f"args[{i}]", a))
+            tensors.append((role, _ARG_NAMES[i] if i < 64 else f"args[{i}]", a))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor | None):
             for j, x in enumerate(a):
                 if isinstance(x, torch.Tensor):
@@ -251,7 +257,11 @@ def _outputs(out: Any) -> list[TensorArg]:
     if isinstance(out, torch.Tensor):
         return [("output", "out", out)]
     if isinstance(out, (list, tuple)):
-        return [("output", f"out[{i}]", t) for i, t in enumerate(out) if isinstance(t, torch.Tensor)]
+        return [
+            ("output", _OUT_NAMES[i] if i < 64 else f"out[{i}]", t)
+            for i, t in enumerate(out)
+            if isinstance(t, torch.Tensor)
+        ]
     return []
 
 

@@ -243,6 +243,28 @@ def test_capture_error_disables_and_training_continues(tmp_path, baseline, monke
     assert "capture_disabled" in set(ev["type"])
 
 
+@pytest.mark.parametrize("where", ["gather", "op_outputs"])  # before the op runs, after it
+def test_dispatch_failure_disables_capture_and_the_op_still_runs(tmp_path, monkeypatch, where):
+    # The dispatch mode's own failures follow the guard's policy (spelled out there as
+    # try/except): one capture_error naming the op, capture off, the op and the training go on.
+    from detfp_capture._sources import dispatch
+
+    def broken(*a, **k):
+        raise RuntimeError("planted dispatch failure")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Session(tmp_path / "r", "ops") as s:
+            monkeypatch.setattr(dispatch, where, broken)
+            got = train(s, steps=2)
+    assert got == train(steps=2)
+    assert sum("capture disabled" in str(w.message) for w in caught) == 1
+    ev = pl.read_parquet(open_run(tmp_path / "r", allow_incomplete=True).files("events"), hive_partitioning=False)
+    err = ev.filter(pl.col("type") == "capture_error")
+    detail = err["detail"][0]
+    assert err.height == 1 and detail.startswith("dispatch of aten.") and "planted dispatch failure" in detail
+
+
 def test_kernels_table_on_cpu(tmp_path):
     with Session(tmp_path / "r", "ops", kernels="1") as s:
         train(s, steps=2)
