@@ -4,8 +4,9 @@ The walk picks one divergent row per rank (``align.first_divergences``) and then
 about that row's call on the rank's narrow alignment: where the call starts, whether a record of
 it carries a hazard, which call comes just before it (one hop upstream), and whether that call
 starts at the rank-step's first row (a slice must then be reread: ``walk._outside_slice``). Asked
-rank by rank, that is a handful of small polars queries per rank; here each question is one
-query over the whole batch (group-bys and joins keyed by rank), which gives the same answers:
+rank by rank, that is a handful of small polars queries per rank; here the batch's rows are
+indexed once (``CallIndex``: ordered by rank and ``o1``) and each question is a binary search
+within its rank's rows, which gives the same answers:
 
 * ``start``: the smallest ``o1`` of the call's rows;
 * ``upstream``: among the rank's rows of other calls with ``o1 < start``, the call of the last
@@ -19,9 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
 import polars as pl
 
-__all__ = ["CallFacts", "RankFacts", "call_facts", "rank_facts"]
+__all__ = ["CallFacts", "CallIndex", "RankFacts", "call_facts", "rank_facts"]
+
+#: Index key: rank * _O1_LIMIT + o1 (o1 is a position within one rank-step).
+_O1_LIMIT = 1 << 40
+_RANK_LIMIT = 1 << 22
 
 
 class CallFacts(NamedTuple):
@@ -46,44 +52,76 @@ class RankFacts(NamedTuple):
     values: int
 
 
+class CallIndex:
+    """One alignment's rows indexed for ``call_facts``: built once per walk batch, then asked as
+    often as the walk needs (its picks, the slice test, a clean pick past a hazard).
+
+    The rows are ordered once by (rank, o1, row order) (a stable sort of one integer per row),
+    so each question is a binary search and a scan of the asked rank's rows only, instead of
+    group-bys and joins over the whole batch per question.
+    """
+
+    def __init__(self, al: pl.DataFrame) -> None:
+        rank = al["rank"].cast(pl.Int64).to_numpy()
+        o1 = al["o1"].cast(pl.Int64).to_numpy()
+        # o1 is a position in one rank-step (>= 0, far below 2^40) and ranks are below 2^20
+        # (``io.manifests``); ranks are numbered densely only if a frame breaks that.
+        self._codes: dict[int, int] | None = None
+        if len(rank) and (rank.min() < 0 or rank.max() >= _RANK_LIMIT):
+            uniq, rank = np.unique(rank, return_inverse=True)
+            self._codes = {int(r): i for i, r in enumerate(uniq)}
+        key = rank * _O1_LIMIT + o1
+        order = np.argsort(key, kind="stable")
+        self._key = key[order]
+        self._call = al["call_hash"].to_numpy()[order]
+        self._hz = al["hz"].fill_null(False).to_numpy()[order]
+        self._span: dict[int, tuple[int, int]] = {}
+
+    def _rank(self, rank: int) -> tuple[int, int]:
+        """The [lo, hi) range of ``rank``'s rows in the index (``rank``: its code)."""
+        got = self._span.get(rank)
+        if got is None:
+            lo = int(np.searchsorted(self._key, rank * _O1_LIMIT, "left"))
+            hi = int(np.searchsorted(self._key, (rank + 1) * _O1_LIMIT, "left"))
+            got = self._span[rank] = (lo, hi)
+        return got
+
+    def facts(self, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
+        """(rank, call_hash) -> CallFacts for each query whose call has rows in the alignment."""
+        out: dict[tuple[int, int], CallFacts] = {}
+        for r, c in sorted(set(queries)):
+            rank = r if self._codes is None else self._codes.get(r, -1)
+            if rank < 0:
+                continue
+            lo, hi = self._rank(rank)
+            calls = self._call[lo:hi]
+            mine = np.flatnonzero(calls == c)
+            if not len(mine):
+                continue
+            # Rows are in (o1, row order): the call's first row holds its smallest o1, and the
+            # last row before the first row at that o1 is the last row (in o1, then row order)
+            # of another call with a smaller o1 (no row of the call itself has one).
+            start = int(self._key[lo + mine[0]] - rank * _O1_LIMIT)
+            hz = bool(self._hz[lo + mine].any())
+            before = int(np.searchsorted(self._key, rank * _O1_LIMIT + start, "left")) - 1
+            up = None if before < lo else int(self._call[before])
+            # The upstream call starts at the rank-step's first row: the first row of the
+            # rank's smallest o1 (rows are ordered by o1) may be any row of that o1.
+            at_first = False
+            if up is not None:
+                first_up = int(np.flatnonzero(calls == up)[0])
+                at_first = self._key[lo + first_up] == self._key[lo]
+            out[(r, c)] = CallFacts(start, hz, up, bool(at_first))
+        return out
+
+
 def call_facts(al: pl.DataFrame, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
     """(rank, call_hash) -> CallFacts for each query whose call has rows in ``al`` (an alignment,
     one step per rank, with rank, call_hash, o1 and hz)."""
     asked = sorted(set(queries))
     if not asked:
         return {}
-    q = pl.DataFrame(asked, schema={"rank": al.schema["rank"], "c": al.schema["call_hash"]}, orient="row")
-    rows = (
-        al.select("rank", "call_hash", "o1", "hz")
-        .with_row_index("i")
-        .join(q.select("rank").unique(), on="rank", how="semi")
-    )
-    calls = (
-        rows.join(q, left_on=["rank", "call_hash"], right_on=["rank", "c"], how="semi")
-        .group_by("rank", "call_hash")
-        .agg(pl.col("o1").min().alias("start"), pl.col("hz").any().alias("call_hz"))
-        .rename({"call_hash": "c"})
-    )
-    upstream = (
-        rows.with_columns((pl.col("o1").cast(pl.Int64) * (1 << 32) + pl.col("i").cast(pl.Int64)).alias("last"))
-        .join(calls.select("rank", "c", "start"), on="rank")
-        .filter((pl.col("o1") < pl.col("start")) & (pl.col("call_hash") != pl.col("c")))
-        .group_by("rank", "c")
-        # The last row in (o1, row order): the row of the largest (o1, i), one integer each.
-        .agg(pl.col("call_hash").get(pl.col("last").arg_max()).alias("up"))
-    )
-    call_first = rows.group_by("rank", "call_hash").agg(pl.col("o1").min().alias("up_first"))
-    rank_first = rows.group_by("rank").agg(pl.col("o1").min().alias("rank_first"))
-    out = (
-        calls.join(upstream, on=["rank", "c"], how="left")
-        .join(call_first, left_on=["rank", "up"], right_on=["rank", "call_hash"], how="left")
-        .join(rank_first, on="rank", how="left")
-        .select("rank", "c", "start", "call_hz", "up", "up_first", "rank_first")
-    )
-    return {
-        (int(r), int(c)): CallFacts(int(start), bool(hz), None if up is None else int(up), up is not None and uf == rf)
-        for r, c, start, hz, up, uf, rf in out.iter_rows()
-    }
+    return CallIndex(al).facts(asked)
 
 
 def rank_facts(al: pl.DataFrame) -> dict[int, RankFacts]:

@@ -135,11 +135,10 @@ def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[_K, E
     if not twins:
         return out
     rich = enrich(run_a, run_b, al, list(twins))[0]
+    parts = rich.partition_by("rank", "step", "call_hash", as_dict=True)
     for ck, whiches in twins.items():
-        part = rich.filter(
-            (pl.col("rank") == ck.rank) & (pl.col("step") == ck.step) & (pl.col("call_hash") == ck.call_hash)
-        )
-        rows = tuple(Aligned.from_row(r) for r in part.to_dicts())
+        part = parts.get((ck.rank, ck.step, ck.call_hash))
+        rows = tuple(Aligned.from_row(r) for r in part.to_dicts()) if part is not None else ()
         for which in whiches:
             ex = out[which]
             hazards = tuple(sorted(set(ex.hazards) | set(hazard_names(rows))))
