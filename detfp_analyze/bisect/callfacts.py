@@ -20,14 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-import numpy as np
 import polars as pl
 
 __all__ = ["CallFacts", "CallIndex", "RankFacts", "call_facts", "rank_facts"]
-
-#: Index key: rank * _O1_LIMIT + o1 (o1 is a position within one rank-step).
-_O1_LIMIT = 1 << 40
-_RANK_LIMIT = 1 << 22
 
 
 class CallFacts(NamedTuple):
@@ -56,62 +51,41 @@ class CallIndex:
     """One alignment's rows indexed for ``call_facts``: built once per walk batch, then asked as
     often as the walk needs (its picks, the slice test, a clean pick past a hazard).
 
-    The rows are ordered once by (rank, o1, row order) (a stable sort of one integer per row),
-    so each question is a binary search and a scan of the asked rank's rows only, instead of
-    group-bys and joins over the whole batch per question.
+    The rows are ordered once by (rank, o1) with ties in row order (a stable sort of four
+    narrow columns), so each question is a binary search and a scan of the asked rank's rows
+    only, instead of group-bys and joins over the whole batch per question.
     """
 
     def __init__(self, al: pl.DataFrame) -> None:
-        rank = al["rank"].cast(pl.Int64).to_numpy()
-        o1 = al["o1"].cast(pl.Int64).to_numpy()
-        # o1 is a position in one rank-step (>= 0, far below 2^40) and ranks are below 2^20
-        # (``io.manifests``); ranks are numbered densely only if a frame breaks that.
-        self._codes: dict[int, int] | None = None
-        if len(rank) and (rank.min() < 0 or rank.max() >= _RANK_LIMIT):
-            uniq, rank = np.unique(rank, return_inverse=True)
-            self._codes = {int(r): i for i, r in enumerate(uniq)}
-        key = rank * _O1_LIMIT + o1
-        order = np.argsort(key, kind="stable")
-        self._key = key[order]
-        self._call = al["call_hash"].to_numpy()[order]
-        self._hz = al["hz"].fill_null(False).to_numpy()[order]
-        self._span: dict[int, tuple[int, int]] = {}
-
-    def _rank(self, rank: int) -> tuple[int, int]:
-        """The [lo, hi) range of ``rank``'s rows in the index (``rank``: its code)."""
-        got = self._span.get(rank)
-        if got is None:
-            lo = int(np.searchsorted(self._key, rank * _O1_LIMIT, "left"))
-            hi = int(np.searchsorted(self._key, (rank + 1) * _O1_LIMIT, "left"))
-            got = self._span[rank] = (lo, hi)
-        return got
+        rows = al.select("rank", "o1", "call_hash", pl.col("hz").fill_null(False)).sort("rank", "o1", maintain_order=True)
+        self._o1, self._call, self._hz = rows["o1"], rows["call_hash"], rows["hz"]
+        bounds = rows.with_row_index("i").group_by("rank").agg(pl.col("i").min().alias("lo"), pl.len().alias("n"))
+        #: rank -> (first row, number of rows) in the index.
+        self._span = {int(r): (int(lo), int(n)) for r, lo, n in bounds.iter_rows()}
 
     def facts(self, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
         """(rank, call_hash) -> CallFacts for each query whose call has rows in the alignment."""
         out: dict[tuple[int, int], CallFacts] = {}
-        for r, c in sorted(set(queries)):
-            rank = r if self._codes is None else self._codes.get(r, -1)
-            if rank < 0:
+        for rank, c in sorted(set(queries)):
+            if rank not in self._span:
                 continue
-            lo, hi = self._rank(rank)
-            calls = self._call[lo:hi]
-            mine = np.flatnonzero(calls == c)
-            if not len(mine):
+            lo, n = self._span[rank]
+            o1, calls = self._o1.slice(lo, n), self._call.slice(lo, n)
+            mine = calls == c
+            at = mine.arg_true()
+            if not len(at):
                 continue
             # Rows are in (o1, row order): the call's first row holds its smallest o1, and the
             # last row before the first row at that o1 is the last row (in o1, then row order)
             # of another call with a smaller o1 (no row of the call itself has one).
-            start = int(self._key[lo + mine[0]] - rank * _O1_LIMIT)
-            hz = bool(self._hz[lo + mine].any())
-            before = int(np.searchsorted(self._key, rank * _O1_LIMIT + start, "left")) - 1
-            up = None if before < lo else int(self._call[before])
-            # The upstream call starts at the rank-step's first row: the first row of the
-            # rank's smallest o1 (rows are ordered by o1) may be any row of that o1.
-            at_first = False
-            if up is not None:
-                first_up = int(np.flatnonzero(calls == up)[0])
-                at_first = self._key[lo + first_up] == self._key[lo]
-            out[(r, c)] = CallFacts(start, hz, up, bool(at_first))
+            start = int(o1[int(at[0])])
+            hz = bool(self._hz.slice(lo, n).filter(mine).any())
+            before = int(o1.search_sorted(start, "left")) - 1
+            up = None if before < 0 else int(calls[before])
+            # The upstream call starts at the rank-step's first row: its first row holds the
+            # rank's smallest o1 (any row of that o1 may come first).
+            at_first = up is not None and int(o1[int((calls == up).arg_true()[0])]) == int(o1[0])
+            out[(rank, c)] = CallFacts(start, hz, up, at_first)
         return out
 
 

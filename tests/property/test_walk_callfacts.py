@@ -30,7 +30,7 @@ def _reference(al: pl.DataFrame, rank: int, call_hash: int) -> callfacts.CallFac
 @st.composite
 def _alignments(draw) -> pl.DataFrame:
     rows = []
-    # A rank past the index's packed range (2^20; ranks are below it) takes its dense numbering.
+    # Ranks far apart (the index orders by rank, then o1).
     for rank in draw(st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 1 << 30]), min_size=1, max_size=4, unique=True)):
         n = draw(st.integers(1, 30))
         for _ in range(n):
