@@ -47,46 +47,66 @@ class RankFacts(NamedTuple):
     values: int
 
 
+#: Index key: a rank's dense number * _SPAN + o1 (o1 is a position within one rank-step).
+_SPAN = 1 << 40
+
+
 class CallIndex:
     """One alignment's rows indexed for ``call_facts``: built once per walk batch, then asked as
     often as the walk needs (its picks, the slice test, a clean pick past a hazard).
 
-    The rows are ordered once by (rank, o1) with ties in row order (a stable sort of four
-    narrow columns), so each question is a binary search and a scan of the asked rank's rows
-    only, instead of group-bys and joins over the whole batch per question.
+    The rows are ordered once by (rank, o1) with ties in row order (a stable sort of four narrow
+    columns) under one integer key, so a batch of questions is a few queries whatever the number
+    of ranks: the asked calls' first rows, one vectorized binary search for the row just before
+    each, and the upstream calls' first rows.
     """
 
     def __init__(self, al: pl.DataFrame) -> None:
         rows = al.select("rank", "o1", "call_hash", pl.col("hz").fill_null(False)).sort("rank", "o1", maintain_order=True)
-        self._o1, self._call, self._hz = rows["o1"], rows["call_hash"], rows["hz"]
-        bounds = rows.with_row_index("i").group_by("rank").agg(pl.col("i").min().alias("lo"), pl.len().alias("n"))
-        #: rank -> (first row, number of rows) in the index.
-        self._span = {int(r): (int(lo), int(n)) for r, lo, n in bounds.iter_rows()}
+        code = (pl.col("rank") != pl.col("rank").shift(1)).fill_null(True).cum_sum().cast(pl.Int64)
+        self._rows = rows.with_columns((code * _SPAN + pl.col("o1").cast(pl.Int64)).alias("key")).with_row_index("i")
+        #: Per rank: its first row in the index and that row's o1 (the rank-step's first).
+        self._ranks = self._rows.group_by("rank").agg(pl.col("i").first().alias("lo"), pl.col("o1").first().alias("o1_0"))
 
     def facts(self, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
         """(rank, call_hash) -> CallFacts for each query whose call has rows in the alignment."""
-        out: dict[tuple[int, int], CallFacts] = {}
-        for rank, c in sorted(set(queries)):
-            if rank not in self._span:
-                continue
-            lo, n = self._span[rank]
-            o1, calls = self._o1.slice(lo, n), self._call.slice(lo, n)
-            mine = calls == c
-            at = mine.arg_true()
-            if not len(at):
-                continue
-            # Rows are in (o1, row order): the call's first row holds its smallest o1, and the
-            # last row before the first row at that o1 is the last row (in o1, then row order)
-            # of another call with a smaller o1 (no row of the call itself has one).
-            start = int(o1[int(at[0])])
-            hz = bool(self._hz.slice(lo, n).filter(mine).any())
-            before = int(o1.search_sorted(start, "left")) - 1
-            up = None if before < 0 else int(calls[before])
-            # The upstream call starts at the rank-step's first row: its first row holds the
-            # rank's smallest o1 (any row of that o1 may come first).
-            at_first = up is not None and int(o1[int((calls == up).arg_true()[0])]) == int(o1[0])
-            out[(rank, c)] = CallFacts(start, hz, up, at_first)
-        return out
+        asked = sorted(set(queries))
+        if not asked:
+            return {}
+        rows = self._rows
+        q = pl.DataFrame(asked, schema={"rank": rows.schema["rank"], "call_hash": rows.schema["call_hash"]}, orient="row")
+        # Rows are in (o1, row order) within a rank: a call's first row holds its smallest o1.
+        calls = (
+            rows.join(q, on=["rank", "call_hash"], how="semi")
+            .group_by("rank", "call_hash")
+            .agg(pl.col("key").first(), pl.col("o1").first().alias("start"), pl.col("hz").any())
+            .join(self._ranks, on="rank")
+        )
+        # The row just before the call's first o1 is the last row (in o1, then row order) of
+        # another call with a smaller o1 (no row of the call itself has one); none before the
+        # rank's first row.
+        before = rows["key"].search_sorted(calls["key"], side="left").cast(pl.Int64) - 1
+        calls = calls.with_columns(before.alias("before")).with_columns(
+            pl.when(pl.col("before") >= pl.col("lo")).then(pl.col("before")).alias("before")
+        )
+        up = rows["call_hash"].gather(calls["before"].fill_null(0))
+        calls = calls.with_columns(pl.when(pl.col("before").is_not_null()).then(up).alias("up"))
+        # The upstream call starts at the rank-step's first row: its first row holds the rank's
+        # smallest o1 (any row of that o1 may come first).
+        ups = calls.select("rank", pl.col("up").alias("call_hash")).drop_nulls().unique()
+        firsts = (
+            rows.join(ups, on=["rank", "call_hash"], how="semi")
+            .group_by("rank", "call_hash")
+            .agg(pl.col("o1").first().alias("up_o1"))
+            .rename({"call_hash": "up"})
+        )
+        out = calls.join(firsts, on=["rank", "up"], how="left").select(
+            "rank", "call_hash", "start", "hz", "up", (pl.col("up_o1") == pl.col("o1_0")).fill_null(False)
+        )
+        return {
+            (int(r), int(c)): CallFacts(int(start), bool(hz), None if u is None else int(u), bool(at))
+            for r, c, start, hz, u, at in out.iter_rows()
+        }
 
 
 def call_facts(al: pl.DataFrame, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:

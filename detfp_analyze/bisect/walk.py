@@ -328,20 +328,22 @@ def _extracts(
     if not calls:
         return {}
     rich, det_a, det_b = _enrich.enrich(run_a, run_b, al, calls, keys)
-    # Each (rank, call)'s rows once, in the alignment's order: dict lookups, not two filters per pick.
-    parts = {(int(r), int(c)): v for (r, c), v in rich.partition_by("rank", "call_hash", as_dict=True).items()}
+    # Each (rank, call)'s rows once, in the alignment's order: dict lookups, not two queries per pick.
+    parts: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in rich.to_dicts():
+        parts.setdefault((int(row["rank"]), int(row["call_hash"])), []).append(row)
     out: dict[tuple[int, str], Extract] = {}
     for r, (pf, pn) in picks.items():
         for which, p in (("first", pf), ("next", pn)):
             if p is None:
                 continue
-            mine = parts.get((r, p.call.call_hash))
-            call = tuple(Aligned.from_row(c) for c in mine.to_dicts()) if mine is not None else ()
+            call = tuple(Aligned.from_row(c) for c in parts.get((r, p.call.call_hash), ()))
             rec = next(c for c in call if c.key_hash == p.key.key_hash and c.dup == int(p.row["dup"]))
             upstream = None
             up = parts.get((r, p.upstream_call)) if p.upstream_call is not None else None
-            if up is not None:
-                upstream = Aligned.from_row(up.sort("o1").row(0, named=True)).label
+            if up:
+                # The call's first row by o1 (of equal o1, the first in the alignment's order).
+                upstream = Aligned.from_row(min(up, key=lambda u: u["o1"])).label
             _integrity.check_shapes(
                 [{"rank": c.rank, "step": c.step, "shape_a": c.shape_a, "shape_b": c.shape_b} for c in call],
                 f"{run_a.label} vs {run_b.label}",
