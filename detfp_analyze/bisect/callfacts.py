@@ -77,7 +77,7 @@ class CallIndex:
         q = pl.DataFrame(asked, schema={"rank": rows.schema["rank"], "call_hash": rows.schema["call_hash"]}, orient="row")
         # Rows are in (o1, row order) within a rank: a call's first row holds its smallest o1.
         calls = (
-            rows.join(q, on=["rank", "call_hash"], how="semi")
+            _rows_of(rows, q)
             .group_by("rank", "call_hash")
             .agg(pl.col("key").first(), pl.col("o1").first().alias("start"), pl.col("hz").any())
             .join(self._ranks, on="rank")
@@ -95,7 +95,7 @@ class CallIndex:
         # smallest o1 (any row of that o1 may come first).
         ups = calls.select("rank", pl.col("up").alias("call_hash")).drop_nulls().unique()
         firsts = (
-            rows.join(ups, on=["rank", "call_hash"], how="semi")
+            _rows_of(rows, ups)
             .group_by("rank", "call_hash")
             .agg(pl.col("o1").first().alias("up_o1"))
             .rename({"call_hash": "up"})
@@ -107,6 +107,13 @@ class CallIndex:
             (int(r), int(c)): CallFacts(int(start), bool(hz), None if u is None else int(u), bool(at))
             for r, c, start, hz, u, at in out.iter_rows()
         }
+
+
+def _rows_of(rows: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``calls`` (rank, call_hash): a hash-set filter on the call first (cheap on the
+    whole batch), then the join on (rank, call) on what is left."""
+    hashes = calls["call_hash"].unique()
+    return rows.filter(pl.col("call_hash").is_in(hashes.implode())).join(calls, on=["rank", "call_hash"], how="semi")
 
 
 def call_facts(al: pl.DataFrame, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
