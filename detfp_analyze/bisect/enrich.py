@@ -62,8 +62,10 @@ def enrich(
     separate read by key would give.
     """
     key = _frame(calls, "call_hash")
-    sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
     hashes = key["call_hash"].unique().to_list()
+    # A hash-set filter on the call first: the (rank, step, call) join then runs on a few rows,
+    # not on the whole batch's alignment.
+    sub = al.filter(pl.col("call_hash").is_in(hashes)).join(key, on=["rank", "step", "call_hash"], how="semi")
     # The hazards lists are only read when a row of these calls has a hazard flag (hz covers
     # every record of the rank-step on both sides): decoding a list column is the costly part.
     cols: list[Any] = list(_CALL_DETAIL)
