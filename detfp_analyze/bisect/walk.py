@@ -342,8 +342,7 @@ def _extracts(
             upstream = None
             up = parts.get((r, p.upstream_call)) if p.upstream_call is not None else None
             if up:
-                # The call's first row by o1 (of equal o1, the first in the alignment's order).
-                upstream = Aligned.from_row(min(up, key=lambda u: u["o1"])).label
+                upstream = Aligned.from_row(_first_row(rich, r, up)).label
             _integrity.check_shapes(
                 [{"rank": c.rank, "step": c.step, "shape_a": c.shape_a, "shape_b": c.shape_b} for c in call],
                 f"{run_a.label} vs {run_b.label}",
@@ -352,6 +351,17 @@ def _extracts(
             details = (det_a.get(p.key), det_b.get(p.key))
             out[(r, which)] = Extract(rec, call, _enrich.hazard_names(call), upstream, details, p.kinds, p.hz, p.passed)
     return _enrich.with_twins(run_a, run_b, al, out)
+
+
+def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The row of smallest o1 among ``rows`` (one call's, in the alignment's order); rows tied at
+    it are ordered as polars sorts that call's rows of ``rich`` (what the walk has always named)."""
+    low = min(u["o1"] for u in rows)
+    tied = [u for u in rows if u["o1"] == low]
+    if len(tied) == 1:
+        return tied[0]
+    call = tied[0]["call_hash"]
+    return rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call)).sort("o1").row(0, named=True)
 
 
 def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
