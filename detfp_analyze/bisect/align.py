@@ -245,24 +245,36 @@ def first_divergences(
     ``exclude_hazard_calls``: skip rows whose call has a hazard on any of its records (the
     next non-hazard divergence).
     """
-    div = aligned.filter(pl.col("state").is_in(DIVERGENT_STATES))
-    if exclude_hazard_calls:
-        hz_calls = aligned.group_by("rank", "step", "call_hash").agg(pl.col("hz").any().alias("call_hz"))
-        div = div.join(hz_calls, on=["rank", "step", "call_hash"], how="left").filter(~pl.col("call_hz"))
     kinds, psteps = list(priority_kinds), list(priority_steps)
     if kinds and psteps:
-        div = div.with_columns(
-            pl.when(pl.col("step").is_in(psteps) & pl.col("kind").is_in(kinds)).then(0).otherwise(1).alias("prio")
-        )
+        prio = pl.when(pl.col("step").is_in(psteps) & pl.col("kind").is_in(kinds)).then(0).otherwise(1).alias("prio")
     else:
-        div = div.with_columns(pl.lit(1).alias("prio"))
-    if div.height and div["o2"].max() < (1 << 21):  # type: ignore[operator]
-        # One integer per row, then per rank the rows holding its minimum: no sort of every
-        # divergent row (a receiver rank can have thousands after its first).
-        c = (pl.col("prio").cast(pl.Int64) * (1 << 42) + pl.col("o1").cast(pl.Int64) * (1 << 21) + pl.col("o2")).alias(
-            "c"
-        )
-        div = div.with_columns(c)
-        best = div.group_by("rank").agg(pl.col("c").min())
-        div = div.join(best, on=["rank", "c"], how="semi").drop("c")
+        prio = pl.lit(1).alias("prio")
+    divergent = pl.col("state").is_in(DIVERGENT_STATES)
+    if exclude_hazard_calls:
+        div = aligned.filter(divergent)
+        hz_calls = aligned.group_by("rank", "step", "call_hash").agg(pl.col("hz").any().alias("call_hz"))
+        div = div.join(hz_calls, on=["rank", "step", "call_hash"], how="left").filter(~pl.col("call_hz"))
+        div = div.with_columns(prio)
+        if div.height and div["o2"].max() < (1 << 21):  # type: ignore[operator]
+            div = _best(div)
+    else:
+        # The candidates are picked on a few narrow columns and only they are gathered whole: a
+        # receiver rank has thousands of divergent rows after its first, and filtering every
+        # column of every one of them was most of this function's cost.
+        rows = aligned.select(
+            pl.int_range(pl.len(), dtype=pl.UInt32).alias("_i"), "rank", "o1", "o2", prio, divergent.alias("_d")
+        ).filter("_d")
+        if rows.height and rows["o2"].max() < (1 << 21):  # type: ignore[operator]
+            rows = _best(rows)
+        div = aligned[rows["_i"]].with_columns(rows["prio"])
     return div.sort("rank", "prio", "o1", "o2", "key_hash").group_by("rank", maintain_order=True).first()
+
+
+def _best(div: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``div`` holding their rank's smallest (prio, o1, o2), as one integer per row
+    (o2 < 2^21), in ``div``'s order: no sort of every divergent row, only of these."""
+    c = pl.col("prio").cast(pl.Int64) * (1 << 42) + pl.col("o1").cast(pl.Int64) * (1 << 21) + pl.col("o2")
+    div = div.with_columns(c.alias("c"))
+    best = div.group_by("rank").agg(pl.col("c").min())
+    return div.join(best, on=["rank", "c"], how="semi", maintain_order="left").drop("c")

@@ -99,27 +99,38 @@ def slices(
         .join(blocks_b, on=["rank", "step", "block"], how="full", coalesce=True, suffix="_b")
         .sort("rank", "step", "block")
     )
+    # Every candidate step's test in one aggregation (not a few series queries per step).
+    i = pl.int_range(pl.len(), dtype=pl.Int64)
+    differs = (pl.col("n") != pl.col("n_b")) | (pl.col("ox") != pl.col("ox_b"))
+    first, last = i.filter(differs).first(), i.filter(differs).last()
+    start = (first - 1).clip(lower_bound=0).fill_null(0)
+    g = j.group_by("rank", "step", maintain_order=True).agg(
+        (pl.col("n").null_count() + pl.col("n_b").null_count()).alias("nulls"),
+        (pl.col("n").sum() == pl.col("n_b").sum()).alias("same_n"),
+        pl.col("kx").bitwise_xor().fill_null(0).alias("kx"),
+        pl.col("kx_b").bitwise_xor().fill_null(0).alias("kx_b"),
+        (pl.col("n_err").sum() + pl.col("n_err_b").sum()).alias("errors"),
+        first.alias("first"),
+        start.alias("start"),
+        pl.col("seq_lo").get(start).alias("lo_a"),
+        pl.col("seq_hi").get(last.fill_null(0)).alias("hi_a"),
+        pl.col("seq_lo_b").get(start).alias("lo_b"),
+        pl.col("seq_hi_b").get(last.fill_null(0)).alias("hi_b"),
+        pl.col("kinds").bitwise_or().fill_null(0).alias("kinds"),
+        pl.col("kinds_b").bitwise_or().fill_null(0).alias("kinds_b"),
+    )
     out: dict[tuple[int, int], Slice] = {}
-    for (rank, step), g in j.group_by("rank", "step", maintain_order=True):
-        if g["n"].null_count() or g["n_b"].null_count():
+    for row in g.iter_rows(named=True):
+        if row["nulls"]:
             continue  # a block on one side only: structural, read whole
-        same_keys = g["n"].sum() == g["n_b"].sum() and _xor(g["kx"]) == _xor(g["kx_b"])
-        if not same_keys or g["n_err"].sum() or g["n_err_b"].sum():
+        if not (row["same_n"] and row["kx"] == row["kx_b"]) or row["errors"]:
             continue
-        differs = (g["n"] != g["n_b"]) | (g["ox"] != g["ox_b"])
-        idx = differs.arg_true()
-        if not len(idx):
+        if row["first"] is None:
             continue  # no block differs although the step rollup did: cannot happen, read whole
-        first, last = int(idx[0]), int(idx[-1])
-        start = max(first - 1, 0)
-        out[(int(rank), int(step))] = Slice(
-            (int(g["seq_lo"][start]), int(g["seq_hi"][last])),
-            (int(g["seq_lo_b"][start]), int(g["seq_hi_b"][last])),
-            start > 0,
-            _kinds(int(g["kinds"].bitwise_or() or 0) | int(g["kinds_b"].bitwise_or() or 0)),
+        out[(int(row["rank"]), int(row["step"]))] = Slice(
+            (int(row["lo_a"]), int(row["hi_a"])),
+            (int(row["lo_b"]), int(row["hi_b"])),
+            row["start"] > 0,
+            _kinds(int(row["kinds"]) | int(row["kinds_b"])),
         )
     return out
-
-
-def _xor(s: pl.Series) -> int:
-    return int(s.bitwise_xor() or 0)

@@ -62,8 +62,10 @@ def enrich(
     separate read by key would give.
     """
     key = _frame(calls, "call_hash")
-    sub = al.join(key, on=["rank", "step", "call_hash"], how="semi")
     hashes = key["call_hash"].unique().to_list()
+    # A hash-set filter on the call first: the (rank, step, call) join then runs on a few rows,
+    # not on the whole batch's alignment.
+    sub = al.filter(pl.col("call_hash").is_in(hashes)).join(key, on=["rank", "step", "call_hash"], how="semi")
     # The hazards lists are only read when a row of these calls has a hazard flag (hz covers
     # every record of the rank-step on both sides): decoding a list column is the costly part.
     cols: list[Any] = list(_CALL_DETAIL)
@@ -135,11 +137,10 @@ def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[_K, E
     if not twins:
         return out
     rich = enrich(run_a, run_b, al, list(twins))[0]
+    parts = rich.partition_by("rank", "step", "call_hash", as_dict=True)
     for ck, whiches in twins.items():
-        part = rich.filter(
-            (pl.col("rank") == ck.rank) & (pl.col("step") == ck.step) & (pl.col("call_hash") == ck.call_hash)
-        )
-        rows = tuple(Aligned.from_row(r) for r in part.to_dicts())
+        part = parts.get((ck.rank, ck.step, ck.call_hash))
+        rows = tuple(Aligned.from_row(r) for r in part.to_dicts()) if part is not None else ()
         for which in whiches:
             ex = out[which]
             hazards = tuple(sorted(set(ex.hazards) | set(hazard_names(rows))))

@@ -198,7 +198,7 @@ def walk(
     return found
 
 
-def _outside_slice(al: pl.DataFrame, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
+def _outside_slice(index: _calls.CallIndex, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
     """Ranks read in part whose pick needs records outside the slice: its call or the call
     upstream of it may start before the slice, a module output needs its input twin (anywhere in
     the step), a first divergence under a hazard needs the next clean one and its call's hazards."""
@@ -206,7 +206,7 @@ def _outside_slice(al: pl.DataFrame, firsts: pl.DataFrame, cut: Mapping[int, Sli
     rows = [row for row in firsts.to_dicts() if int(row["rank"]) in cut]
     if not rows:
         return out
-    facts = _calls.call_facts(al, [(int(row["rank"]), int(row["call_hash"])) for row in rows])
+    facts = index.facts([(int(row["rank"]), int(row["call_hash"])) for row in rows])
     for row in rows:
         r = int(row["rank"])
         call = facts[(r, int(row["call_hash"]))]
@@ -253,19 +253,20 @@ def _walk_batch(
         full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
         al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
     firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
-    reread = _outside_slice(al, firsts, cut)
+    # The batch's rows indexed once for every call question of this batch (callfacts), not a
+    # few small queries per rank: the same answers.
+    index = _calls.CallIndex(al)
+    reread = _outside_slice(index, firsts, cut)
     if reread:
         sub = {r: pairs[r] for r in reread}
         full = _align.align(*_read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS)).select(al.columns)
         al = pl.concat([al.filter(~pl.col("rank").is_in(reread)), full])
         firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
         cut = {r: c for r, c in cut.items() if r not in reread}
+        index = _calls.CallIndex(al)
     by_rank = {int(r["rank"]): r for r in firsts.to_dicts()}
-    # The facts of every rank's picked call in one pass over the batch (callfacts), not a few
-    # small queries per rank: the same answers.
-    slim = al.select("rank", "call_hash", "o1", "hz", "kind", _VALUE.alias("value"))
-    facts = _calls.call_facts(slim, [(r, int(row["call_hash"])) for r, row in by_rank.items()])
-    per_rank = _calls.rank_facts(slim) if by_rank else {}
+    facts = index.facts([(r, int(row["call_hash"])) for r, row in by_rank.items()])
+    per_rank = _calls.rank_facts(al.select("rank", "kind", "hz", _VALUE.alias("value"))) if by_rank else {}
     # The same-calls test of every rank whose judgement needs it (_judge), in one read.
     same = _same_calls(
         run_a,
@@ -289,7 +290,7 @@ def _walk_batch(
             clean = _align.first_divergences(al.filter(pl.col("rank") == r), exclude_hazard_calls=True)
             if clean.height:
                 row = clean.row(0, named=True)
-                nxt_facts = _calls.call_facts(slim, [(r, int(row["call_hash"]))])
+                nxt_facts = index.facts([(r, int(row["call_hash"]))])
                 nxt = _pick(row, nxt_facts[(r, int(row["call_hash"]))], per_rank[r])
         passed = _judge(per_rank[r].values, first, nxt, lambda r=r: r in same)
         held = found.get(r)
@@ -327,20 +328,21 @@ def _extracts(
     if not calls:
         return {}
     rich, det_a, det_b = _enrich.enrich(run_a, run_b, al, calls, keys)
-    parts = {int(k[0]): v for k, v in rich.partition_by("rank", as_dict=True).items()}
+    # Each (rank, call)'s rows once, in the alignment's order: dict lookups, not two queries per pick.
+    parts: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in rich.to_dicts():
+        parts.setdefault((int(row["rank"]), int(row["call_hash"])), []).append(row)
     out: dict[tuple[int, str], Extract] = {}
     for r, (pf, pn) in picks.items():
         for which, p in (("first", pf), ("next", pn)):
             if p is None:
                 continue
-            rr = parts[r]
-            call = tuple(Aligned.from_row(c) for c in rr.filter(pl.col("call_hash") == p.call.call_hash).to_dicts())
+            call = tuple(Aligned.from_row(c) for c in parts.get((r, p.call.call_hash), ()))
             rec = next(c for c in call if c.key_hash == p.key.key_hash and c.dup == int(p.row["dup"]))
             upstream = None
-            if p.upstream_call is not None:
-                up = rr.filter(pl.col("call_hash") == p.upstream_call)
-                if up.height:
-                    upstream = Aligned.from_row(up.sort("o1").row(0, named=True)).label
+            up = parts.get((r, p.upstream_call)) if p.upstream_call is not None else None
+            if up:
+                upstream = Aligned.from_row(_first_row(rich, r, up)).label
             _integrity.check_shapes(
                 [{"rank": c.rank, "step": c.step, "shape_a": c.shape_a, "shape_b": c.shape_b} for c in call],
                 f"{run_a.label} vs {run_b.label}",
@@ -349,6 +351,17 @@ def _extracts(
             details = (det_a.get(p.key), det_b.get(p.key))
             out[(r, which)] = Extract(rec, call, _enrich.hazard_names(call), upstream, details, p.kinds, p.hz, p.passed)
     return _enrich.with_twins(run_a, run_b, al, out)
+
+
+def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The row of smallest o1 among ``rows`` (one call's, in the alignment's order); rows tied at
+    it are ordered as polars sorts that call's rows of ``rich`` (what the walk has always named)."""
+    low = min(u["o1"] for u in rows)
+    tied = [u for u in rows if u["o1"] == low]
+    if len(tied) == 1:
+        return tied[0]
+    call = tied[0]["call_hash"]
+    return rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call)).sort("o1").row(0, named=True)
 
 
 def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:

@@ -179,11 +179,35 @@ class Run:
         """``scan`` of each (rank, step) of ``spans`` only within its inclusive ``seq`` span, in
         (rank, step) order (one scan per span, so the row groups' seq statistics skip the rest of
         its file). No spans: an empty frame."""
-        parts = [
-            self._scan(table, [r], [s]).filter(pl.col("seq").is_between(lo, hi))
-            for (r, s), (lo, hi) in sorted(spans.items())
-        ]
-        lf = pl.concat(parts) if len(parts) > 1 else parts[0] if parts else pl.LazyFrame(schema=polars_schema(table))
+        # One scan per step, of the ranks with a span there (shards by rank, then file: the rows
+        # come by rank, in file order). Its seq bounds prune row groups as one scan per span did;
+        # a join on the ranks' own bounds then keeps exactly each span (a scan per span costs a
+        # plan and a file list each, which a walk batch paid for every rank).
+        by_step: dict[int, dict[int, tuple[int, int]]] = {}
+        for (r, s), span in spans.items():
+            by_step.setdefault(s, {})[r] = span
+        parts = []
+        for s, mine in sorted(by_step.items()):
+            lo, hi = min(v[0] for v in mine.values()), max(v[1] for v in mine.values())
+            lf = self._scan(table, sorted(mine), [s]).filter(pl.col("seq").is_between(lo, hi))
+            if any(v != (lo, hi) for v in mine.values()):
+                bounds = pl.LazyFrame(
+                    [(r, a, b) for r, (a, b) in mine.items()],
+                    schema={"rank": pl.Int32, "_lo": pl.Int64, "_hi": pl.Int64},
+                    orient="row",
+                )
+                lf = (
+                    lf.join(bounds, on="rank", how="inner", maintain_order="left")
+                    .filter(pl.col("seq").is_between(pl.col("_lo"), pl.col("_hi")))
+                    .drop("_lo", "_hi")
+                )
+            parts.append(lf)
+        if not parts:
+            lf = pl.LazyFrame(schema=polars_schema(table))
+        elif len(parts) == 1:
+            lf = parts[0]
+        else:  # (rank, step) order, each in file order
+            lf = pl.concat(parts).sort("rank", "step", maintain_order=True)
         return lf if columns is None else lf.select(list(columns))
 
     def _scan(self, table: str, ranks: Iterable[int] | None, steps: Steps | None) -> pl.LazyFrame:
