@@ -114,17 +114,19 @@ def search(
     # Committed step folds (io.stepsums) say which ranks' metrics and rollups differ at all:
     # only those are read (an identical pair reads neither).
     sums = _stepsums.pair(run_a, run_b, compared, lo, hi) if rollups else None
-    m_ranks = compared if sums is None else _stepsums.metric_ranks(*sums)
-    m = st.metric_divergence(m_ranks, lo, hi).to_dicts() if m_ranks else []
+    m_read = (compared, lo, hi) if sums is None else _stepsums.metric_reads(*sums)
+    m = st.metric_divergence(*m_read).to_dicts() if m_read else []
     metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m}
     # The first differing record cannot come after the step where every metric split, unless
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
     errors = [0, 0]
     stored = None
-    blocks = compared if sums is None else _stepsums.record_ranks(*sums)
-    if rollups and blocks:  # the blocks slice the candidate steps; the folds pick them (when held)
-        stored = st.block_rollups(blocks, lo, hi)
+    # The blocks slice the candidate steps; with folds, the candidates come from the folds and
+    # only the (rank, step)s whose folds differ have blocks worth reading.
+    b_read = (compared, lo, hi) if sums is None else _stepsums.record_reads(*sums)
+    if rollups and b_read:
+        stored = st.block_rollups(*b_read)
     cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored, sums)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.

@@ -22,7 +22,7 @@ from typing import Any
 
 from detfp_capture import commitlog
 
-__all__ = ["Sums", "from_logs", "held", "metric_ranks", "mismatches", "pair", "record_ranks", "shard_folds"]
+__all__ = ["Sums", "from_logs", "held", "metric_reads", "mismatches", "pair", "record_reads", "shard_folds"]
 
 #: (rank, step) -> commitlog.SUM_FIELDS values folded over the step's windows and launches.
 Sums = dict[tuple[int, int], tuple[int, ...]]
@@ -97,20 +97,30 @@ def pair(run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int) -> tupl
     return None if a is None or b is None else (a, b)
 
 
-def _differ(a: Sums, b: Sums, fields: slice) -> list[int]:
-    """Ranks with a step whose ``fields`` differ (a step on one side only: against zeros)."""
+def _differ(a: Sums, b: Sums, fields: slice) -> list[tuple[int, int]]:
+    """(rank, step)s whose ``fields`` differ (a step on one side only: against zeros), sorted."""
     zero = (0,) * len(commitlog.SUM_FIELDS)
-    return sorted({r for (r, s) in a.keys() | b.keys() if a.get((r, s), zero)[fields] != b.get((r, s), zero)[fields]})
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, zero)[fields] != b.get(k, zero)[fields])
 
 
-def record_ranks(a: Sums, b: Sums) -> list[int]:
-    """Ranks with a step whose records' rollup differs: the only ones whose rollups are read."""
-    return _differ(a, b, slice(0, 4))
+def _reads(pairs: list[tuple[int, int]]) -> tuple[list[int], int, int] | None:
+    """The ranks of ``pairs`` and the step range covering them: what a read of those needs."""
+    if not pairs:
+        return None
+    steps = [s for _, s in pairs]
+    return sorted({r for r, _ in pairs}), min(steps), max(steps)
 
 
-def metric_ranks(a: Sums, b: Sums) -> list[int]:
-    """Ranks with a step whose metrics differ: the only ones whose metrics are read."""
-    return _differ(a, b, slice(4, 6))
+def record_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
+    """(ranks, first step, last step) of the (rank, step)s whose records' rollup differs: the
+    only rollups read (the candidate steps are among them); None when none differs."""
+    return _reads(_differ(a, b, slice(0, 4)))
+
+
+def metric_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
+    """(ranks, first step, last step) of the (rank, step)s whose metrics differ: the only metrics
+    read (each rank's first split is among them); None when none differs."""
+    return _reads(_differ(a, b, slice(4, 6)))
 
 
 def held(run: Any) -> tuple[list[int], Sums]:

@@ -143,7 +143,7 @@ def _spy(monkeypatch) -> dict[str, list]:
         orig = getattr(LocalStages, name)
 
         def wrapped(self, ranks, lo, hi, _orig=orig, _name=name):
-            calls[_name].append(list(ranks))
+            calls[_name].append((list(ranks), lo, hi))
             return _orig(self, ranks, lo, hi)
 
         monkeypatch.setattr(LocalStages, name, wrapped)
@@ -157,16 +157,17 @@ def test_an_identical_pair_reads_no_metrics_or_rollups(tmp_path, monkeypatch):
     assert not res.diverged and calls == {"metric_divergence": [], "block_rollups": []}
     monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
     assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == res.to_json_dict()
-    assert calls["metric_divergence"] == [list(range(SPEC.ranks))]
+    assert calls["metric_divergence"] == [(list(range(SPEC.ranks)), 0, SPEC.steps - 1)]
 
 
 def test_only_the_ranks_that_differ_are_read(tmp_path, monkeypatch):
     # An origin on rank 1 of the last step after its all-reduce (the optimizer's records): only
-    # rank 1's records differ, and no metric (the loss came before it).
+    # rank 1's records differ, and no metric (the loss came before it); only that rank-step's
+    # rollups are read.
     p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=1, step=2, index=290))
     calls = _spy(monkeypatch)
     res = bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2])
-    assert calls == {"metric_divergence": [], "block_rollups": [[1]]}
+    assert calls == {"metric_divergence": [], "block_rollups": [([1], 2, 2)]}
     assert [r["rank"] for r in res.to_json_dict()["ranks"] if r.get("first")] == [1]
     monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
     assert bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2]).to_json_dict() == res.to_json_dict()
@@ -175,10 +176,10 @@ def test_only_the_ranks_that_differ_are_read(tmp_path, monkeypatch):
 def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
     a, b = build_pair(tmp_path, world=3, metrics_b=lambda r, s: 9.5 if (r, s) == (1, 1) else 1.0 + s, rollups=True)
     sums = stepsums.pair(a, b, [0, 1, 2], 0, 2)
-    assert sums is not None and stepsums.metric_ranks(*sums) == [1] and stepsums.record_ranks(*sums) == []
+    assert sums is not None and stepsums.metric_reads(*sums) == ([1], 1, 1) and stepsums.record_reads(*sums) is None
     calls = _spy(monkeypatch)
     res = bisect(a, b).to_json_dict()
-    assert calls == {"metric_divergence": [[1]], "block_rollups": []}
+    assert calls == {"metric_divergence": [([1], 1, 1)], "block_rollups": []}
     monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
     assert bisect(a, b).to_json_dict() == res
     rank1 = next(r for r in res["ranks"] if r["rank"] == 1)
