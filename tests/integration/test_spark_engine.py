@@ -27,8 +27,8 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from tests.fixtures.pairs import build_pair, write_planted
-from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES, SPEC
+from tests.fixtures.pairs import build_pair
+from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared session starts in the first test that uses it (~20 s, more on a loaded machine).
@@ -71,9 +71,11 @@ SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_l
 assert {p.how for p in SPARK_PLANTS.values()} == {p.how for p in PLANTS.values()}
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return write_planted(tmp_path_factory.mktemp("spark_plants"), SPEC, SPARK_PLANTS)
+@pytest.fixture
+def planted(planted_pairs):
+    """The golden test's pairs (``conftest.planted_pairs``: written once per session), of which
+    this module bisects ``SPARK_PLANTS`` and the identical pair."""
+    return planted_pairs
 
 
 @pytest.mark.parametrize("name", [*SPARK_PLANTS, "identical"])
