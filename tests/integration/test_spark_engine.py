@@ -66,8 +66,9 @@ def test_sample_pairs_give_the_local_report(spark, a, b):
 
 #: Every plant kind (``testing.plants.HOWS``) and the issue's cases: one rank, a subset, all ranks,
 #: structural, resume, missing ranks (``--allow-missing-ranks``) and, below, the identical pair.
-#: (The hazard and lost-RNG-resume variants add nothing the Spark stages see differently.)
-SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_lost_rng")}
+#: (The hazard and lost-RNG-resume variants add nothing the Spark stages see differently; the
+#: all-ranks plant is bisected on 8 ranks by ``test_spark_jobs_do_not_grow_with_the_ranks``.)
+SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_lost_rng", "all_ranks")}
 assert {p.how for p in SPARK_PLANTS.values()} == {p.how for p in PLANTS.values()}
 
 
@@ -97,11 +98,14 @@ def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
     Spark walk takes every rank in one batch anyway): one job for metrics, one for the stored
     rollups, and 4 reads of records: the walk's rank-steps of both runs (the narrow columns), the
     calls its verdicts need (each run's spans) and the discriminator's origin calls; not one per
-    rank, batch or slice."""
-    monkeypatch.setattr(walk, "WALK_BATCH", 2)
+    rank, batch or slice. The plant is the golden test's all-ranks plant (step 0), so this is
+    also that plant's equivalence case, on twice its ranks."""
     spec = SynthSpec(ranks=8, steps=3, records=120)
-    p = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(step=1, index=30, all_ranks=True))
+    p = write_pair(tmp_path / "a", tmp_path / "b", spec, PLANTS["all_ranks"])
+    local = bisect(p.a, p.b)  # the local walk's own batches, as in the plants' cases
+    monkeypatch.setattr(walk, "WALK_BATCH", 2)
     got, stages = _spark_bisect(spark, p.a, p.b)
+    _same(local, got)
     _same(bisect(p.a, p.b), got)
     assert sum(r.status == "diverged" for r in got.ranks) == 8
     assert stages.jobs == {"metrics": 1, "rollups": 1}
