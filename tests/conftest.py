@@ -61,3 +61,29 @@ def report_page(layout_pair, tmp_path_factory):
     assert res.stderr == f"detfp-analyze: wrote {out}\n"
     assert res.stdout.startswith(f"A = {layout_pair.a}\n")  # stdout is still the text report
     return out
+
+
+@pytest.fixture(scope="session")
+def planted_pairs(tmp_path_factory):
+    """One synthetic pair per plant of the golden equivalence test (its ``PLANTS`` and
+    ``"identical"``, ``tests.fixtures.pairs.write_planted``), written once per test session: the
+    SQL and the Spark equivalence tests read the same pairs (each wrote its own before). Under
+    xdist a worker that finds another worker's finished set (its index, pickled next to the
+    workers' directories, published by an atomic rename) reads that one instead of writing its
+    own; the synthetic runs are a function of the spec and the plant, so either set is the same."""
+    import pickle
+
+    from tests.fixtures.pairs import write_planted
+    from tests.golden.test_sql_bisect_equivalence import PLANTS, SPEC
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # The session's directory holds every worker's own (popen-gwN); without xdist, nothing to share.
+    index = tmp_path_factory.getbasetemp().parent / "planted_pairs.pickle" if worker else None
+    if index is not None and index.exists():
+        return pickle.loads(index.read_bytes())
+    planted = write_planted(tmp_path_factory.mktemp("planted"), SPEC, PLANTS)
+    if index is not None:
+        part = index.with_name(f"{index.name}.{worker}")
+        part.write_bytes(pickle.dumps(planted))
+        os.replace(part, index)
+    return planted

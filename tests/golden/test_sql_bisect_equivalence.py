@@ -30,7 +30,7 @@ from detfp_analyze.sql import connect
 from detfp_analyze.testing.plants import HOWS
 from detfp_analyze.testing.synth import Plant, SynthSpec
 from detfp_capture.contract import call_key, key_hash, record_key
-from tests.fixtures.pairs import build_pair, template, write_planted
+from tests.fixtures.pairs import build_pair, template
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SAMPLE_PAIRS = [
@@ -97,9 +97,11 @@ def test_sample_pairs(a, b):
     assert res.diverged == (b != "resume/restored")
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return write_planted(tmp_path_factory.mktemp("plants"), SPEC, PLANTS)
+@pytest.fixture
+def planted(planted_pairs):
+    """The pairs of ``PLANTS`` (``conftest.planted_pairs``: written once per session, shared with
+    the Spark engine's equivalence test)."""
+    return planted_pairs
 
 
 @pytest.mark.parametrize("name", [*PLANTS, "identical"])

@@ -27,8 +27,8 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from tests.fixtures.pairs import build_pair, write_planted
-from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES, SPEC
+from tests.fixtures.pairs import build_pair
+from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared session starts in the first test that uses it (~20 s, more on a loaded machine).
@@ -66,14 +66,17 @@ def test_sample_pairs_give_the_local_report(spark, a, b):
 
 #: Every plant kind (``testing.plants.HOWS``) and the issue's cases: one rank, a subset, all ranks,
 #: structural, resume, missing ranks (``--allow-missing-ranks``) and, below, the identical pair.
-#: (The hazard and lost-RNG-resume variants add nothing the Spark stages see differently.)
-SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_lost_rng")}
+#: (The hazard and lost-RNG-resume variants add nothing the Spark stages see differently; the
+#: all-ranks plant is bisected on 8 ranks by ``test_spark_jobs_do_not_grow_with_the_ranks``.)
+SPARK_PLANTS = {k: v for k, v in PLANTS.items() if k not in ("hazard", "resume_lost_rng", "all_ranks")}
 assert {p.how for p in SPARK_PLANTS.values()} == {p.how for p in PLANTS.values()}
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    return write_planted(tmp_path_factory.mktemp("spark_plants"), SPEC, SPARK_PLANTS)
+@pytest.fixture
+def planted(planted_pairs):
+    """The golden test's pairs (``conftest.planted_pairs``: written once per session), of which
+    this module bisects ``SPARK_PLANTS`` and the identical pair."""
+    return planted_pairs
 
 
 @pytest.mark.parametrize("name", [*SPARK_PLANTS, "identical"])
@@ -95,11 +98,14 @@ def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
     Spark walk takes every rank in one batch anyway): one job for metrics, one for the stored
     rollups, and 4 reads of records: the walk's rank-steps of both runs (the narrow columns), the
     calls its verdicts need (each run's spans) and the discriminator's origin calls; not one per
-    rank, batch or slice."""
-    monkeypatch.setattr(walk, "WALK_BATCH", 2)
+    rank, batch or slice. The plant is the golden test's all-ranks plant (step 0), so this is
+    also that plant's equivalence case, on twice its ranks."""
     spec = SynthSpec(ranks=8, steps=3, records=120)
-    p = write_pair(tmp_path / "a", tmp_path / "b", spec, Plant(step=1, index=30, all_ranks=True))
+    p = write_pair(tmp_path / "a", tmp_path / "b", spec, PLANTS["all_ranks"])
+    local = bisect(p.a, p.b)  # the local walk's own batches, as in the plants' cases
+    monkeypatch.setattr(walk, "WALK_BATCH", 2)
     got, stages = _spark_bisect(spark, p.a, p.b)
+    _same(local, got)
     _same(bisect(p.a, p.b), got)
     assert sum(r.status == "diverged" for r in got.ranks) == 8
     assert stages.jobs == {"metrics": 1, "rollups": 1}

@@ -1,5 +1,5 @@
 """The documented SQL views on Spark (``detfp_analyze.spark.connect``), one run read alike by
-Spark, DuckDB and polars, and ``import detfp_analyze`` without pyspark.
+Spark, DuckDB and polars.
 
 The views come from the same ``.sql`` files as DuckDB's, the rule's fragments rendered for Spark
 and the rest rewritten by ``spark.dialect`` (its translations are pinned in
@@ -7,13 +7,12 @@ and the rest rewritten by ``spark.dialect`` (its translations are pinned in
 as uint64), including ``first_divergence``, the record bisect names. Reading a run directory table
 by table with the contract's read rule (``contract.READ_RULE``: partition inference off), Spark,
 DuckDB and polars see the same rows with the contract's types, and Spark infers no second
-``rank`` (the cause of its ``COLUMN_ALREADY_EXISTS`` warning). All share one SparkSession.
+``rank`` (the cause of its ``COLUMN_ALREADY_EXISTS`` warning). All share one SparkSession. That
+``import detfp_analyze`` loads no pyspark is ``tests/unit/test_import_hygiene.py``'s.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -134,13 +133,3 @@ def test_spark_duckdb_polars_read_a_run_alike(spark, table):
     rows_dk = sorted(tuple(_canon(v) for v in r) for r in dk.fetchall())
     rows_sp = sorted(tuple(_canon(v) for v in r) for r in sp.collect())
     assert len(rows_pl) >= 10 and rows_pl == rows_dk == rows_sp
-
-
-def test_import_detfp_analyze_never_imports_pyspark():
-    code = (
-        "import sys, detfp_analyze, detfp_analyze.cli, detfp_analyze.bisect.pipeline, detfp_analyze.spark; "
-        "from detfp_analyze._cli import bisect, sql, engine; "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')); "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -215,14 +215,15 @@ def test_zoo(zoo, member, level):
 
 
 def test_zoo_identical_pair_exits_0_through_the_cli(zoo):
-    """The CLI a CI gate calls: exit 0 for an identical pair of a third-party stack at level ops."""
+    """The CLI a CI gate calls: exit 0 for an identical pair of a third-party stack at level ops
+    (in this process: the exit status of a real process is test_example.py's and
+    test_example_samples.py's)."""
+    from typer.testing import CliRunner
+
+    from detfp_analyze.cli import app
+
     d = zoo / "llama_fsdp2" / "ops"
-    p = subprocess.run(
-        [sys.executable, "-m", "detfp_analyze", "bisect", str(d / "a"), str(d / "b"), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
-    assert json.loads(p.stdout)["status"] == "identical"
+    r = CliRunner().invoke(app, ["bisect", str(d / "a"), str(d / "b"), "--json"])
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert r.exit_code == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert json.loads(r.stdout)["status"] == "identical"

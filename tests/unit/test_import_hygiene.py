@@ -1,5 +1,7 @@
 """Importing the analysis side (package, CLI, reader, summary, the picture, page and timeline
-modules) loads neither torch nor matplotlib: matplotlib only when a picture is drawn."""
+modules, bisect's pipeline, the Spark engine's package and the commands that take ``--engine``)
+loads neither torch nor matplotlib nor pyspark: matplotlib only when a picture is drawn, pyspark
+only when ``--engine spark`` runs."""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ import detfp_analyze, detfp_analyze.cli, detfp_analyze.io.reader, detfp_analyze.
 import detfp_analyze.render.figdata, detfp_analyze.render.figures, detfp_analyze.render.pictures, detfp_analyze.render.plot
 import detfp_analyze.render.html, detfp_analyze.render.recipes, detfp_analyze.render.perfetto, detfp_analyze.render.layout
 import detfp_analyze._cli.reference
+import detfp_analyze.bisect.pipeline, detfp_analyze.spark
+from detfp_analyze._cli import bisect, sql, engine
 import detfp_capture.contract, detfp_capture.arrowschema, detfp_capture.writer
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib"))
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib", "pyspark", "py4j"))
 print(",".join(heavy))
 """
 
 
-def test_analysis_imports_no_torch_and_no_matplotlib():
+def test_analysis_imports_no_torch_no_matplotlib_and_no_pyspark():
     out = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
