@@ -9,7 +9,7 @@ and several calls; plus whole bisects of property-generated pairs against the pe
 from __future__ import annotations
 
 import polars as pl
-from hypothesis import given, settings
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from detfp_analyze.bisect import callfacts
@@ -79,8 +79,14 @@ def test_walk_with_batched_facts_equals_the_per_rank_walk(data, tmp_path_factory
                   index=data.draw(st.integers(0, records - 1)))  # fmt: skip
     root = tmp_path_factory.mktemp("pair")
     a, b = root / "a", root / "b"
-    write_pair(a, b, SynthSpec(ranks=ranks, steps=steps, records=records), plant)
+    try:
+        write_pair(a, b, SynthSpec(ranks=ranks, steps=steps, records=records), plant)
+    except ValueError as exc:  # an index past the step's last digested output: no origin to plant
+        if "no digested output record" not in str(exc):
+            raise
+        reject()
     batched = json.dumps(bisect(a, b).to_json_dict(), sort_keys=True)
+
     class PerRank:  # the walk's index (callfacts.CallIndex) answered by the per-rank reference
         def __init__(self, al: pl.DataFrame) -> None:
             self.al = al
