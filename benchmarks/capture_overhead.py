@@ -187,7 +187,7 @@ class Runner:
         self.session.close()
 
 
-def _time_gemms() -> list[float]:
+def _time_gemms(clock=time.perf_counter) -> list[float]:
     """Time every call of the digest's level GEMM (``_digest.core.mm``: the int8 rows to float32,
     the GEMM, the lanes back to int32) in this process; returns the running total in seconds.
     Measured inside the configuration's own steps, so it is slowed by the machine's load exactly
@@ -198,7 +198,6 @@ def _time_gemms() -> list[float]:
 
     total = [0.0]
     inner = core.mm
-    clock = time.perf_counter
 
     def mm(x, level, out=None):
         t0 = clock()
