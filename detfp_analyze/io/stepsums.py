@@ -48,43 +48,46 @@ def from_logs(
     return out
 
 
-def _fold(parts: Any, into: dict[Any, tuple[int, ...]], key: Any = None, keep: Any = None) -> dict:
-    """Fold step -> SUM_FIELDS mappings into ``into`` (keyed ``key(step)``; ``keep(step)`` filters)."""
+def _fold(parts: Any, into: dict[Any, tuple[int, ...]]) -> dict:
+    """Fold step -> SUM_FIELDS mappings into ``into`` (by step)."""
     for part in parts:
-        for step, (n, e, kx, vx, mn, mh) in part.items():
-            if keep is not None and not keep(step):
-                continue
-            k = step if key is None else key(step)
-            held = into.get(k)
-            if held is None:
-                into[k] = (n, e, kx, vx, mn, mh)
-            else:
-                into[k] = (held[0] + n, held[1] + e, held[2] ^ kx, held[3] ^ vx, held[4] + mn, (held[5] + mh) % _U64)
+        for step, v in part.items():
+            _add(into, step, v)
     return into
+
+
+def _add(into: dict[Any, tuple[int, ...]], k: Any, v: tuple[int, ...]) -> None:
+    held = into.get(k)
+    if held is None:
+        into[k] = v
+    else:
+        n, e, kx, vx, mn, mh = v
+        into[k] = (held[0] + n, held[1] + e, held[2] ^ kx, held[3] ^ vx, held[4] + mn, (held[5] + mh) % _U64)
+
+
+def _folded(run: Any, ranks: Sequence[int], lo: int | None = None, hi: int | None = None) -> Sums | None:
+    """(rank, step) -> folds of ``ranks`` over steps ``lo``..``hi`` (None: all), each launch's steps
+    superseded by a later launch left out (as ``Run.scan`` leaves their rows out); None when a
+    launch of those ranks holds no folds."""
+    cut = {(r, s): c for r, s, c in run.supersession()}
+    out: Sums = {}
+    for r in ranks:
+        for m in run.manifests.get(r, ()):
+            part = run.step_sums.get((r, m["segment"]))
+            if part is None:
+                return None
+            stop = cut.get((r, m["segment"]))
+            for step, v in part.items():
+                if (stop is None or step < stop) and (lo is None or lo <= step) and (hi is None or step <= hi):
+                    _add(out, (r, step), v)
+    return out
 
 
 def _of(run: Any, ranks: Sequence[int], lo: int, hi: int) -> Sums | None:
     comp = run.completeness
     if comp is None or comp.gaps or run.excluded:
         return None
-    held = run.step_sums
-    cutoffs = run.supersession()
-    cut = {(r, s): c for r, s, c in cutoffs}
-    out: Sums = {}
-    for r in ranks:
-        for m in run.manifests.get(r, ()):
-            seg = m["segment"]
-            part = held.get((r, seg))
-            if part is None:
-                return None
-            stop = cut.get((r, seg))
-            _fold(
-                [part],
-                out,
-                key=lambda s, r=r: (r, s),
-                keep=lambda s, stop=stop: lo <= s <= hi and (stop is None or s < stop),
-            )
-    return out
+    return _folded(run, ranks, lo, hi)
 
 
 def pair(run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int) -> tuple[Sums, Sums] | None:
@@ -125,21 +128,14 @@ def metric_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
 
 def held(run: Any) -> tuple[list[int], Sums]:
     """The ranks whose every launch holds step folds and has no completeness gap, and their
-    folds (superseded steps left out, as ``Run.scan`` leaves their rows out), over every step."""
+    folds over every step (superseded steps left out)."""
     gaps = {g.rank for g in run.completeness.gaps} if run.completeness is not None else set()
     ranks = [
         r
         for r in run.ranks
         if r not in gaps and all(run.step_sums.get((r, m["segment"])) is not None for m in run.manifests[r])
     ]
-    cut = {(r, s): c for r, s, c in run.supersession()}
-    out: Sums = {}
-    for r in ranks:
-        for m in run.manifests[r]:
-            stop = cut.get((r, m["segment"]))
-            _fold([run.step_sums[(r, m["segment"])]], out, key=lambda s, r=r: (r, s),
-                  keep=lambda s, stop=stop: stop is None or s < stop)  # fmt: skip
-    return ranks, out
+    return ranks, _folded(run, ranks) or {}
 
 
 def shard_folds(run: Any, ranks: Sequence[int]) -> Sums:
