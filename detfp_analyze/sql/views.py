@@ -220,18 +220,39 @@ class _Views:
     def __init__(self, con: duckdb.DuckDBPyConnection):
         self.con = con
         self.known: dict[str, str] = {}
+        #: Views created and not yet documented, in creation order: (name, doc, explicit docs).
+        self.pending: list[tuple[str, str, dict[str, str]]] = []
 
     def create(self, name: str, sql: str, doc: str, explicit: dict[str, str]) -> None:
-        con = self.con
-        con.execute(sql)
-        table = _contract_table(name)
-        seed = _table_docs(table) if table else {}
-        comments = [f"COMMENT ON VIEW {name} IS {_lit(doc)}"]
-        for (col,) in con.execute(f"SELECT column_name FROM (DESCRIBE {name})").fetchall():
-            cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
-            self.known.setdefault(col, cdoc)
-            if cdoc:
-                comments.append(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+        self.con.execute(sql)
+        self.pending.append((name, doc, explicit))
+
+    def document(self) -> None:
+        """COMMENT ON every view created since the last call and each of its columns. The columns
+        come from the catalog in one query (a view's columns are fixed when it is created), not a
+        DESCRIBE per view, which binds the view, and its sources, again."""
+        if not self.pending:
+            return
+        con, names = self.con, [n for n, _, _ in self.pending]
+        rows = con.execute(
+            "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = current_schema() AND list_contains(?, table_name) ORDER BY column_index",
+            [names],
+        ).fetchall()
+        columns: dict[str, list[str]] = {n: [] for n in names}
+        for view, col in rows:
+            columns[view].append(col)
+        comments = []
+        for name, doc, explicit in self.pending:  # creation order: derived views inherit docs
+            table = _contract_table(name)
+            seed = _table_docs(table) if table else {}
+            comments.append(f"COMMENT ON VIEW {name} IS {_lit(doc)}")
+            for col in columns[name]:
+                cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
+                self.known.setdefault(col, cdoc)
+                if cdoc:
+                    comments.append(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+        self.pending.clear()
         con.execute(";\n".join(comments))  # one round trip: connect() documents hundreds of columns
 
     def create_file(self, file: str, run: str) -> None:
@@ -353,6 +374,7 @@ def connect(
             views.create_file("compare.sql", "a")
             _create_scope(views, plan(runs["a"], runs["b"]))
             views.create_file("first_divergence.sql", "a")
+        views.document()
         if not allow_file_access:
             _confine(con, runs.values())
     except BaseException:
