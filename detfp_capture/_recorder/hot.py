@@ -25,8 +25,6 @@ from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_st
 __all__ = ["append_batch", "append_copy", "append_plain"]
 
 _NO_HAZARDS: tuple[str, ...] = ()
-#: The per-record options (rows, moments) of a plain digest, as the version cache stores them.
-_PLAIN_OPT = False
 _INT64 = torch.int64
 _TENSOR = torch.Tensor
 
@@ -36,7 +34,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
     wait for a batch (level ops, outside a backward)."""
     vcache = rec.vcache
-    cached = vcache.by_id  # VersionCache.get, inlined: every record looks it up
+    cache_get = vcache.get
     cache_put = vcache.put
     start = digest.start
     waiting = rec.waiting
@@ -53,13 +51,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
             version = t._version
         except Exception:  # inference tensors have no version counter
             version = None
-        s = None
-        if version is not None and not fresh:
-            s = cached.get(id(t))
-            if s is not None and not (
-                s.version == version and s.ref() is t and s.opt_rows == _PLAIN_OPT and s.opt_moments == _PLAIN_OPT
-            ):
-                s = None
+        s = cache_get(t, version) if version is not None and not fresh else None
         dt = t.dtype
         numel = t.numel()
         if s is None:

@@ -82,7 +82,7 @@ class CaptureMode(TorchDispatchMode):
         rec = self.rec
         scope = self.scope
         if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping:
-            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
+            return self._call(func, args, kwargs)
         # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path). Their
         # failures follow the guard's policy (``guard.Guard``: capture off, training goes on),
         # spelled out here as try/except: a guard object and its two calls per op add up on
@@ -93,13 +93,11 @@ class CaptureMode(TorchDispatchMode):
             self._fail(exc, func)
             pre = None
         if pre is None:
-            return func(*args, **kwargs) if not self.autocast_seen else self._call(func, args, kwargs)
+            return self._call(func, args, kwargs)
         kr = self.kernel_range
         if kr is not None and pre[0] is not None:
             with kr(pre[0]):
                 out = self._call(func, args, kwargs)
-        elif not self.autocast_seen:
-            out = func(*args, **kwargs)
         else:
             out = self._call(func, args, kwargs)
         try:
