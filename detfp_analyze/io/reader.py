@@ -177,8 +177,8 @@ class Run:
         self, table: str, spans: Mapping[tuple[int, int], tuple[int, int]], columns: Sequence[str] | None = None
     ) -> pl.LazyFrame:
         """``scan`` of each (rank, step) of ``spans`` only within its inclusive ``seq`` span, in
-        (rank, step) order (one scan per span, so the row groups' seq statistics skip the rest of
-        its file). No spans: an empty frame."""
+        (rank, step) order (one scan per step, bounded by its spans' seq range, so the row groups'
+        seq statistics skip the rest of each file). No spans: an empty frame."""
         # One scan per step, of the ranks with a span there (shards by rank, then file: the rows
         # come by rank, in file order). Its seq bounds prune row groups as one scan per span did;
         # a join on the ranks' own bounds then keeps exactly each span (a scan per span costs a
