@@ -60,10 +60,16 @@ def _plain(res: Path, *script_args: str, script: str = PLAIN) -> None:
     saved = (sys.argv, torch.get_rng_state(), torch.get_num_threads())
     import runpy
 
+    # The script's directory first on sys.path, as `python script.py` (and the launcher) put it:
+    # trainer_train.py imports plain_train from there. Without it the import only worked when a
+    # launcher run earlier in this process had left the directory on sys.path.
+    here = os.path.dirname(os.path.abspath(script))
     try:
         sys.argv = [script, str(res), *script_args]
+        sys.path.insert(0, here)
         runpy.run_path(script, run_name="__main__")
     finally:
+        sys.path.remove(here)
         sys.argv = saved[0]
         torch.set_rng_state(saved[1])
         torch.set_num_threads(saved[2])
