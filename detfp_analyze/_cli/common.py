@@ -145,7 +145,11 @@ class Command(TyperCommand):
     names them, without Typer's type suffix (``A <str>``) or braces (``{A}``)."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return [re.sub(r"^\{(.*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+        pieces = [re.sub(r"^\{(.*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+        # A variadic argument ends in "..." whether or not it has a metavar (Typer < 0.29 leaves
+        # the metavar bare), so the usage line is the same on every supported Typer.
+        bare = {p.metavar for p in self.get_params(ctx) if p.param_type_name == "argument" and p.nargs != 1}
+        return [f"{piece}..." if piece in bare else piece for piece in pieces]
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         args, opts = [], []

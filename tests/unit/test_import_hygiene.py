@@ -39,9 +39,10 @@ def test_cli_help_runs_without_torch():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_bisect_of_committed_runs_runs_without_pyarrow_and_numpy(tmp_path):
+def test_bisect_of_committed_runs_runs_without_pyarrow_numpy_and_pydantic(tmp_path):
     # Start-up time of `detfp-analyze bisect` (docs/report.md, bisect performance): a run whose
-    # shards its commit lines state (the capture's default) is opened and bisected by polars alone.
+    # shards its commit lines state (the capture's default) is opened and bisected by polars alone,
+    # and parsing the command line loads no pydantic (Typer 0.29 imports it for every parameter).
     from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
     a, b = tmp_path / "a", tmp_path / "b"
@@ -50,7 +51,7 @@ def test_bisect_of_committed_runs_runs_without_pyarrow_and_numpy(tmp_path):
         "import sys; from detfp_analyze.cli import main\n"
         f"sys.argv = ['detfp-analyze', 'bisect', {str(a)!r}, {str(b)!r}, '--json']\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'pyarrow', 'numpy', 'pandas', 'torch'}))"
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'pyarrow', 'numpy', 'pandas', 'pydantic', 'torch'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
