@@ -12,7 +12,8 @@ both runs have them for every compared rank:
    before the first block whose ordered fingerprint differs to the last such block. Blocks before
    and after hold the same records in the same order on both sides, so the walk's alignment of
    the slice is the full step's alignment restricted to it (positions shift equally on both
-   sides). Any other candidate step is read whole, as for runs without rollups.
+   sides). Any other candidate step is read whole, as for runs without rollups. The slice's
+   ``head`` ends with its first differing block: the walk reads that first (``walk``).
 
 A rollup match is evidence from 64-bit hashes, as for ``narrow.step_rollup``; a mismatch is only
 a candidate. ``DETFP_BISECT_ROLLUPS=0`` ignores stored rollups (the path of older runs), for
@@ -44,6 +45,11 @@ class Slice:
     cut: bool
     #: Record kinds the whole rank-step holds on either side.
     kinds: frozenset[str]
+    #: The last seq of the slice's head on A's and B's side: the slice up to the end of its first
+    #: differing block, which holds the first divergence whenever the step has one the walk can
+    #: pick there. The walk reads the head first and the rest only where the head does not settle
+    #: the pick (``walk``). None when the head is the whole slice.
+    head: tuple[int, int] | None = None
 
 
 def enabled(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
@@ -116,6 +122,8 @@ def slices(
         pl.col("seq_hi").get(last.fill_null(0)).alias("hi_a"),
         pl.col("seq_lo_b").get(start).alias("lo_b"),
         pl.col("seq_hi_b").get(last.fill_null(0)).alias("hi_b"),
+        pl.col("seq_hi").get(first.fill_null(0)).alias("head_a"),
+        pl.col("seq_hi_b").get(first.fill_null(0)).alias("head_b"),
         pl.col("kinds").bitwise_or().fill_null(0).alias("kinds"),
         pl.col("kinds_b").bitwise_or().fill_null(0).alias("kinds_b"),
     )
@@ -127,10 +135,12 @@ def slices(
             continue
         if row["first"] is None:
             continue  # no block differs although the step rollup did: cannot happen, read whole
+        head = (int(row["head_a"]), int(row["head_b"]))
         out[(int(row["rank"]), int(row["step"]))] = Slice(
             (int(row["lo_a"]), int(row["hi_a"])),
             (int(row["lo_b"]), int(row["hi_b"])),
             row["start"] > 0,
             _kinds(int(row["kinds"]) | int(row["kinds_b"])),
+            head if head != (int(row["hi_a"]), int(row["hi_b"])) else None,
         )
     return out

@@ -109,18 +109,25 @@ def _read_pairs(
     pairs: Mapping[int, int],
     columns: Sequence[str],
     slices: Mapping[tuple[int, int], Slice] | None = None,
+    heads: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Both runs' records of the (rank, step) ``pairs`` (only its slice where ``slices`` has
-    one), prepared for the alignment (after ``integrity.check_stream``: a step with backwards
-    seq or a repeated key is refused)."""
+    one, only the slice's head with ``heads``), prepared for the alignment (after
+    ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
     cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
     a, b = collect_pair(
-        _pairs_scan(run_a, pairs, columns, {r: c.seq_a for r, c in cut.items()}),
-        _pairs_scan(run_b, pairs, columns, {r: c.seq_b for r, c in cut.items()}),
+        _pairs_scan(run_a, pairs, columns, {r: _span(c, 0, heads) for r, c in cut.items()}),
+        _pairs_scan(run_b, pairs, columns, {r: _span(c, 1, heads) for r, c in cut.items()}),
     )
     _integrity.check_stream(a, run_a.label)
     _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
+
+
+def _span(c: Slice, side: int, head: bool) -> tuple[int, int]:
+    """The seq span a read of slice ``c`` covers on ``side`` (0: A, 1: B): its head with ``head``."""
+    lo, hi = (c.seq_a, c.seq_b)[side]
+    return (lo, c.head[side]) if head and c.head is not None else (lo, hi)
 
 
 @dataclass(frozen=True)
@@ -182,13 +189,13 @@ def walk(
         while todo:
             batches = chunks(sorted(todo), batch_size or WALK_BATCH)
             first_pairs = {r: todo[r][0] for r in batches[0]}
-            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices)
+            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices, True)
             for i, batch in enumerate(batches):
                 pairs = {r: todo[r][0] for r in batch}
                 read = pending.result()
                 if i + 1 < len(batches):
                     nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
-                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices)
+                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices, True)
                 cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
                 _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
                 if progress:
@@ -196,6 +203,57 @@ def walk(
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return found
+
+
+def _unsettled(
+    run_a: Run,
+    run_b: Run,
+    al: pl.DataFrame,
+    pairs: Mapping[int, int],
+    heads: Mapping[int, Slice],
+    boundary: Sequence[int],
+) -> list[int]:
+    """Ranks of ``heads`` (read only to their slice's head) whose walk needs the whole slice.
+
+    The head starts where the slice does, so its records keep their positions; when both sides'
+    heads hold the same keys (no record on one side only), every record after the head comes
+    after every record in it on both sides, and the head's alignment is the slice's restricted to
+    it (states, positions, order keys), under the same 64-bit evidence the slice rests on (the
+    step's key sets agree). The head then settles the rank when it holds a value difference
+    (the rank-step changes a value: ``_judge``), the step is no resume boundary (whose priority
+    records may lie anywhere) and the first divergence's call has no record past the head on
+    either side (read here, its call_hash only): its call's rows, hazards and upstream call
+    are then the slice's. Anything else reads the whole slice."""
+    if not heads:
+        return []
+    mine = al.filter(pl.col("rank").is_in(list(heads)))
+    g = mine.group_by("rank").agg(
+        pl.col("state").is_in(rule.ONE_SIDED).any().alias("one_sided"), (_VALUE & ~pl.col("hz")).any().alias("value")
+    )
+    ok = {int(r) for r, one, v in g.iter_rows() if v and not one and pairs[int(r)] not in boundary}
+    firsts = _align.first_divergences(mine.filter(pl.col("rank").is_in(list(ok))))
+    calls = {int(r): int(h) for r, h in firsts.select("rank", "call_hash").iter_rows()}
+    settled = set(calls) - _past_head(run_a, run_b, calls, pairs, heads)
+    return sorted(set(heads) - settled)
+
+
+def _past_head(
+    run_a: Run, run_b: Run, calls: Mapping[int, int], pairs: Mapping[int, int], heads: Mapping[int, Slice]
+) -> set[int]:
+    """The ranks of ``calls`` (rank -> a call_hash) with a record of that call in their slice
+    after its head, on either side."""
+    if not calls:
+        return set()
+    keys = pl.LazyFrame(list(calls.items()), schema={"rank": pl.Int32, "call_hash": pl.UInt64}, orient="row")
+    hashes = sorted(set(calls.values()))
+
+    def side(run: Run, i: int) -> pl.LazyFrame:
+        spans = {(r, pairs[r]): (heads[r].head[i] + 1, _span(heads[r], i, False)[1]) for r in calls}  # type: ignore[index]
+        lf = run.scan_spans("records", spans, ("rank", "call_hash")).filter(pl.col("call_hash").is_in(hashes))
+        return lf.join(keys, on=["rank", "call_hash"], how="semi").select("rank")
+
+    a, b = collect_pair(side(run_a, 0), side(run_b, 1))
+    return {int(r) for r in (*a["rank"].to_list(), *b["rank"].to_list())}
 
 
 def _outside_slice(index: _calls.CallIndex, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
@@ -243,8 +301,14 @@ def _walk_batch(
 ) -> None:
     """One walk batch: align ``read`` (the batch's prepared sides), pick, judge, enrich; updates
     ``found`` and advances or drops the batch's ranks in ``todo`` (both in place). ``cut``: the
-    batch's ranks read only in part (their slices)."""
+    batch's ranks read only in part (their slices; ``read`` holds only the head of those with one)."""
     al = _align.align(*read)
+    unsettled = _unsettled(run_a, run_b, al, pairs, {r: c for r, c in cut.items() if c.head is not None}, boundary)
+    if unsettled:  # the rest of their slices: the alignment of the whole slice, as without heads
+        sub = {r: pairs[r] for r in unsettled}
+        sl = {(r, pairs[r]): cut[r] for r in unsettled}
+        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS, sl)).select(al.columns)
+        al = pl.concat([al.filter(~pl.col("rank").is_in(unsettled)), full])
     # Steps with records on one side only: re-align with the call-site columns, so a shifted
     # occurrence counter reads as structural, not as a value mismatch.
     one_sided = al.filter(pl.col("state").is_in(rule.ONE_SIDED))["rank"].unique().to_list()

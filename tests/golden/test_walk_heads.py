@@ -1,0 +1,87 @@
+"""The walk's first pass reads a sliced step only to its head (up to the first differing block)
+and settles the pick there, or reads the whole slice: either way, the answer of the whole slice.
+
+* plants whose first divergence lies before the slice's last block (values, arguments, hazards,
+  structural, a digest error, missing records): the report with the stored rollups (heads) is
+  the report of the records path;
+* a head that ends inside the picked call (a record of the call after it) is not trusted: the
+  walk reads the whole slice and finds what a walk without heads finds, the call's records whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from detfp_analyze.bisect import blocks
+from detfp_analyze.bisect.pipeline import bisect
+from detfp_analyze.bisect.walk import walk
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+from tests.fixtures.pairs import write_planted
+
+SPEC = SynthSpec(ranks=3, steps=2, records=4000)  # four blocks per step: the head is a part of the slice
+EARLY = 1500  # block 1: the slice starts at block 0, its head ends with block 1
+PLANTS = {
+    "values": Plant(rank=1, step=1, index=EARLY),
+    "all_ranks": Plant(step=1, index=EARLY, all_ranks=True),
+    "arguments": Plant(rank=0, step=1, index=EARLY, how="arguments"),
+    "structural": Plant(rank=2, step=1, index=EARLY, how="structural"),
+    "digest_error": Plant(rank=1, step=1, index=EARLY, how="digest_error"),
+    "missing_records": Plant(rank=0, step=1, index=EARLY, how="missing"),
+    "hazard": Plant(rank=1, step=1, index=EARLY, hazard=True),
+}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    return write_planted(tmp_path_factory.mktemp("heads"), SPEC, PLANTS)
+
+
+def _slices(a, b, cands):
+    read = [blocks.block_rollup(run.scan("rollups")).collect().sort("rank", "step", "block") for run in (a, b)]
+    return blocks.slices(*read, cands)
+
+
+@pytest.mark.parametrize("name", PLANTS)
+def test_heads_give_the_report_of_the_records_path(planted, name, monkeypatch):
+    p = planted[name]
+    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")  # the stored blocks (slices with heads)
+    with_heads = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
+    monkeypatch.setenv("DETFP_BISECT_ROLLUPS", "0")
+    assert with_heads == bisect(open_run(p.a), open_run(p.b)).to_json_dict()
+
+
+def test_the_values_plant_is_read_by_its_head(planted):
+    p = planted["values"]
+    sl = _slices(open_run(p.a), open_run(p.b), {1: [1]})
+    c = sl[(1, 1)]
+    assert c.head is not None and c.seq_a[0] <= c.head[0] < c.seq_a[1]
+
+
+def _two_output_call(a) -> int:
+    """Index (in rank 0's step 1) of the first output of a call with two outputs in block 1."""
+    recs = a.scan("records", ranks=[0], steps=[1]).collect().with_row_index("pos")
+    outs = recs.filter(pl.col("role") == "output", pl.col("status") == "ok", pl.col("pos").is_between(1100, 1900))
+    many = outs.group_by("call_hash").agg(pl.col("pos").min().alias("first"), pl.len()).filter(pl.col("len") >= 2)
+    return int(many["first"].min())
+
+
+def test_a_head_that_cuts_the_picked_call_reads_the_whole_slice(tmp_path):
+    probe = write_pair(tmp_path / "pa", tmp_path / "pb", SynthSpec(ranks=1, steps=2, records=4000))
+    index = _two_output_call(open_run(probe.a))
+    p = write_pair(tmp_path / "a", tmp_path / "b", SynthSpec(ranks=1, steps=2, records=4000), Plant(step=1, index=index))
+    a, b = open_run(p.a), open_run(p.b)
+    [expected] = p.expected
+    sl = _slices(a, b, {0: [1]})
+    assert sl[(0, 1)].head is not None
+    whole = {k: dataclasses.replace(c, head=None) for k, c in sl.items()}
+    # A head ending with the picked record: the call's second output lies past it.
+    cut = {k: dataclasses.replace(c, head=(expected.seq, expected.seq)) for k, c in sl.items()}
+    want = walk(a, b, {0: [1]}, (), None, slices=whole)
+    assert want[0].first.record.seq_a == expected.seq
+    assert sum(r.role == "output" for r in want[0].first.call) >= 2
+    assert walk(a, b, {0: [1]}, (), None, slices=cut) == want
+    assert walk(a, b, {0: [1]}, (), None, slices=sl) == want
