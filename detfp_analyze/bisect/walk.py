@@ -15,7 +15,7 @@ Memory: two batches of WALK_BATCH rank-steps per run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +27,7 @@ from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import callfacts as _calls
 from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
-from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_pair
+from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_all, collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
@@ -109,16 +109,46 @@ def _read_pairs(
     pairs: Mapping[int, int],
     columns: Sequence[str],
     slices: Mapping[tuple[int, int], Slice] | None = None,
-    heads: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Both runs' records of the (rank, step) ``pairs`` (only its slice where ``slices`` has
-    one, only the slice's head with ``heads``), prepared for the alignment (after
-    ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
+    one), prepared for the alignment (after ``integrity.check_stream``: a step with backwards
+    seq or a repeated key is refused)."""
     cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
     a, b = collect_pair(
-        _pairs_scan(run_a, pairs, columns, {r: _span(c, 0, heads) for r, c in cut.items()}),
-        _pairs_scan(run_b, pairs, columns, {r: _span(c, 1, heads) for r, c in cut.items()}),
+        _pairs_scan(run_a, pairs, columns, {r: _span(c, 0, False) for r, c in cut.items()}),
+        _pairs_scan(run_b, pairs, columns, {r: _span(c, 1, False) for r, c in cut.items()}),
     )
+    return _checked(run_a, run_b, a, b)
+
+
+def _first_pass(
+    run_a: Run, run_b: Run, pairs: Mapping[int, int], slices: Mapping[tuple[int, int], Slice] | None
+) -> tuple[tuple[pl.DataFrame, pl.DataFrame], pl.DataFrame]:
+    """A walk batch's first read: ``_read_pairs`` on the narrow columns, a slice with a head only
+    to its head, and, in the same collect (in the walk's background thread, off the batch's
+    critical path), the rank and call_hash of every record past a head on either side (``_unsettled``)."""
+    cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
+    heads = {(r, pairs[r]): c for r, c in cut.items() if c.head is not None}
+    scans = [
+        _pairs_scan(run, pairs, _align.NARROW_COLUMNS, {r: _span(c, i, True) for r, c in cut.items()})
+        for i, run in enumerate((run_a, run_b))
+    ]
+    if heads:
+        scans += [
+            run.scan_spans("records", {k: (c.head[i] + 1, _span(c, i, False)[1]) for k, c in heads.items()}, _PAST)  # type: ignore[index]
+            for i, run in enumerate((run_a, run_b))
+        ]
+    a, b, *past = collect_all(scans)
+    tails = pl.concat(past).unique() if past else pl.DataFrame(schema={"rank": pl.Int32, "call_hash": pl.UInt64})
+    return _checked(run_a, run_b, a, b), tails
+
+
+#: What the first pass reads of the records past a head.
+_PAST = ("rank", "call_hash")
+
+
+def _checked(run_a: Run, run_b: Run, a: pl.DataFrame, b: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Both sides of a read after ``integrity.check_stream``, prepared for the alignment."""
     _integrity.check_stream(a, run_a.label)
     _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
@@ -189,15 +219,15 @@ def walk(
         while todo:
             batches = chunks(sorted(todo), batch_size or WALK_BATCH)
             first_pairs = {r: todo[r][0] for r in batches[0]}
-            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices, True)
+            pending = pool.submit(_first_pass, run_a, run_b, first_pairs, slices)
             for i, batch in enumerate(batches):
                 pairs = {r: todo[r][0] for r in batch}
-                read = pending.result()
+                read, past = pending.result()
                 if i + 1 < len(batches):
                     nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
-                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices, True)
+                    pending = pool.submit(_first_pass, run_a, run_b, nxt_pairs, slices)
                 cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
-                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
+                _walk_batch(run_a, run_b, pairs, read, past, todo, boundary, found, cut)
                 if progress:
                     progress("walk", len(found), total)
     finally:
@@ -206,12 +236,7 @@ def walk(
 
 
 def _unsettled(
-    run_a: Run,
-    run_b: Run,
-    al: pl.DataFrame,
-    pairs: Mapping[int, int],
-    heads: Mapping[int, Slice],
-    boundary: Sequence[int],
+    al: pl.DataFrame, pairs: Mapping[int, int], heads: Collection[int], past: pl.DataFrame, boundary: Sequence[int]
 ) -> list[int]:
     """Ranks of ``heads`` (read only to their slice's head) whose walk needs the whole slice.
 
@@ -222,38 +247,18 @@ def _unsettled(
     step's key sets agree). The head then settles the rank when it holds a value difference
     (the rank-step changes a value: ``_judge``), the step is no resume boundary (whose priority
     records may lie anywhere) and the first divergence's call has no record past the head on
-    either side (read here, its call_hash only): its call's rows, hazards and upstream call
-    are then the slice's. Anything else reads the whole slice."""
+    either side (``past``: rank, call_hash): its call's rows, hazards and upstream call are then
+    the slice's. Anything else reads the whole slice."""
     if not heads:
         return []
     mine = al.filter(pl.col("rank").is_in(list(heads)))
     g = mine.group_by("rank").agg(
         pl.col("state").is_in(rule.ONE_SIDED).any().alias("one_sided"), (_VALUE & ~pl.col("hz")).any().alias("value")
     )
-    ok = {int(r) for r, one, v in g.iter_rows() if v and not one and pairs[int(r)] not in boundary}
-    firsts = _align.first_divergences(mine.filter(pl.col("rank").is_in(list(ok))))
-    calls = {int(r): int(h) for r, h in firsts.select("rank", "call_hash").iter_rows()}
-    settled = set(calls) - _past_head(run_a, run_b, calls, pairs, heads)
-    return sorted(set(heads) - settled)
-
-
-def _past_head(
-    run_a: Run, run_b: Run, calls: Mapping[int, int], pairs: Mapping[int, int], heads: Mapping[int, Slice]
-) -> set[int]:
-    """The ranks of ``calls`` (rank -> a call_hash) with a record of that call in their slice
-    after its head, on either side."""
-    if not calls:
-        return set()
-    keys = pl.LazyFrame(list(calls.items()), schema={"rank": pl.Int32, "call_hash": pl.UInt64}, orient="row")
-    hashes = sorted(set(calls.values()))
-
-    def side(run: Run, i: int) -> pl.LazyFrame:
-        spans = {(r, pairs[r]): (heads[r].head[i] + 1, _span(heads[r], i, False)[1]) for r in calls}  # type: ignore[index]
-        lf = run.scan_spans("records", spans, ("rank", "call_hash")).filter(pl.col("call_hash").is_in(hashes))
-        return lf.join(keys, on=["rank", "call_hash"], how="semi").select("rank")
-
-    a, b = collect_pair(side(run_a, 0), side(run_b, 1))
-    return {int(r) for r in (*a["rank"].to_list(), *b["rank"].to_list())}
+    ok = [int(r) for r, one, v in g.iter_rows() if v and not one and pairs[int(r)] not in boundary]
+    firsts = _align.first_divergences(mine.filter(pl.col("rank").is_in(ok))).select("rank", "call_hash")
+    cut = firsts.join(past, on=["rank", "call_hash"], how="semi")["rank"].to_list()
+    return sorted(set(heads) - (set(firsts["rank"].to_list()) - set(cut)))
 
 
 def _outside_slice(index: _calls.CallIndex, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
@@ -294,6 +299,7 @@ def _walk_batch(
     run_b: Run,
     pairs: Mapping[int, int],
     read: tuple[pl.DataFrame, pl.DataFrame],
+    past: pl.DataFrame,
     todo: dict[int, list[int]],
     boundary: Sequence[int],
     found: dict[int, Found],
@@ -301,9 +307,10 @@ def _walk_batch(
 ) -> None:
     """One walk batch: align ``read`` (the batch's prepared sides), pick, judge, enrich; updates
     ``found`` and advances or drops the batch's ranks in ``todo`` (both in place). ``cut``: the
-    batch's ranks read only in part (their slices; ``read`` holds only the head of those with one)."""
+    batch's ranks read only in part (their slices; ``read`` holds only the head of those with one,
+    ``past`` the rank and call_hash of their records past it)."""
     al = _align.align(*read)
-    unsettled = _unsettled(run_a, run_b, al, pairs, {r: c for r, c in cut.items() if c.head is not None}, boundary)
+    unsettled = _unsettled(al, pairs, {r for r, c in cut.items() if c.head is not None}, past, boundary)
     if unsettled:  # the rest of their slices: the alignment of the whole slice, as without heads
         sub = {r: pairs[r] for r in unsettled}
         sl = {(r, pairs[r]): cut[r] for r in unsettled}
