@@ -12,16 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import polars as pl
 
+from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, RecordKey
 from detfp_analyze.io.reader import Run
 from detfp_capture.contract import call_key, key_hash
 
-__all__ = ["DETAIL_COLUMNS", "Details", "enrich", "hazard_names", "with_twins"]
+__all__ = ["DETAIL_COLUMNS", "Details", "Enriched", "enrich", "hazard_names", "with_twins"]
 
 #: Call-site and tensor columns joined onto the narrow alignment for the calls a verdict needs.
 _CALL_DETAIL = ("microbatch", "phase", "module", "name", "occurrence", "role", "arg", "dtype", "shape", "hazards")
@@ -51,15 +52,36 @@ def _frame(keys: Iterable[tuple[int, int, int]], last: str) -> pl.DataFrame:
     )
 
 
+class Enriched(NamedTuple):
+    """What ``enrich`` read."""
+
+    #: The aligned rows of the calls with the call-site columns of both sides.
+    rich: pl.DataFrame
+    #: Each side's DETAIL_COLUMNS of the records asked for.
+    det_a: Details
+    det_b: Details
+    #: Ranks whose rank-step the alignment holds only to a slice's head, with a record of the
+    #: calls past that head on either side (those records are left out of the rest).
+    past: set[int]
+
+
 def enrich(
-    run_a: Run, run_b: Run, al: pl.DataFrame, calls: Collection[CallKey], detail_keys: Collection[RecordKey] = ()
-) -> tuple[pl.DataFrame, Details, Details]:
+    run_a: Run,
+    run_b: Run,
+    al: pl.DataFrame,
+    calls: Collection[CallKey],
+    detail_keys: Collection[RecordKey] = (),
+    *,
+    heads: Mapping[tuple[int, int], Slice] | None = None,
+) -> Enriched:
     """Aligned rows of ``calls`` with the call-site columns of both sides, and each side's
     DETAIL_COLUMNS of the records ``detail_keys``.
 
     The details come from the same read (a record's call hash is a function of its key, so the
     records of ``detail_keys`` lie in ``calls``): per key the last record in file order, as a
-    separate read by key would give.
+    separate read by key would give. ``heads``: the (rank, step)s ``al`` holds only to their
+    slice's head (``blocks.Slice.head``): the read goes on to the slice's end, and a rank with a
+    record of the calls there is named in ``past``.
     """
     key = _frame(calls, "call_hash")
     hashes = key["call_hash"].unique().to_list()
@@ -72,14 +94,30 @@ def enrich(
     if not sub["hz"].any():
         cols[cols.index("hazards")] = pl.lit(None, dtype=pl.List(pl.String)).alias("hazards")
     extra = [c for c in DETAIL_COLUMNS if c not in ("rank", "step", "key_hash", *_CALL_DETAIL)] if detail_keys else []
-    read = ["rank", "step", "call_hash", "key_hash", *[c for c in cols if isinstance(c, str)], *extra]
+    seq = ["seq"] if heads else []
+    read = ["rank", "step", "call_hash", "key_hash", *seq, *[c for c in cols if isinstance(c, str)], *extra]
     lfs = []
-    for run, sfx in ((run_a, "a"), (run_b, "b")):
-        lf = run.scan_spans("records", _spans(sub, sfx), read).filter(pl.col("call_hash").is_in(hashes))
-        lf = lf.select("rank", "step", "call_hash", "key_hash", *cols, *extra)
+    for i, (run, sfx) in enumerate(((run_a, "a"), (run_b, "b"))):
+        spans = _spans(sub, sfx)
+        for k, c in (heads or {}).items():
+            if k in spans:  # on to the slice's end: the calls' records past the head
+                spans[k] = (spans[k][0], (c.seq_a, c.seq_b)[i][1])
+        lf = run.scan_spans("records", spans, read).filter(pl.col("call_hash").is_in(hashes))
+        lf = lf.select("rank", "step", "call_hash", "key_hash", *seq, *cols, *extra)
         lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
     dets: list[Details] = []
-    for det, sfx in zip(collect_pair(*lfs), ("a", "b"), strict=True):
+    past: set[int] = set()
+    for i, (det, sfx) in enumerate(zip(collect_pair(*lfs), ("a", "b"), strict=True)):
+        if heads:
+            ends = pl.DataFrame(
+                [(r, s, c.head[i]) for (r, s), c in heads.items()],  # type: ignore[index]
+                schema={"rank": pl.Int32, "step": pl.Int64, "_end": pl.Int64},
+                orient="row",
+            )
+            beyond = pl.col("seq") > pl.col("_end").fill_null(pl.col("seq"))
+            det = det.join(ends, on=["rank", "step"], how="left", maintain_order="left")
+            past |= set(det.filter(beyond)["rank"].to_list())
+            det = det.filter(~beyond).drop("seq", "_end")
         if detail_keys:
             d = det.join(
                 _frame(detail_keys, "key_hash"), on=["rank", "step", "key_hash"], how="semi", maintain_order="left"
@@ -92,7 +130,7 @@ def enrich(
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
     shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
-    return sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1]
+    return Enriched(sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1], past)
 
 
 def _spans(sub: pl.DataFrame, side: str) -> dict[tuple[int, int], tuple[int, int]]:

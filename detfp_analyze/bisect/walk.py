@@ -27,7 +27,7 @@ from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import callfacts as _calls
 from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
-from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_all, collect_pair
+from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
@@ -123,28 +123,17 @@ def _read_pairs(
 
 def _first_pass(
     run_a: Run, run_b: Run, pairs: Mapping[int, int], slices: Mapping[tuple[int, int], Slice] | None
-) -> tuple[tuple[pl.DataFrame, pl.DataFrame], pl.DataFrame]:
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """A walk batch's first read: ``_read_pairs`` on the narrow columns, a slice with a head only
-    to its head, and, in the same collect (in the walk's background thread, off the batch's
-    critical path), the rank and call_hash of every record past a head on either side (``_unsettled``)."""
+    to its head (``_unsettled``, ``_extracts``: the rest where the head does not settle the pick)."""
     cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
-    heads = {(r, pairs[r]): c for r, c in cut.items() if c.head is not None}
-    scans = [
-        _pairs_scan(run, pairs, _align.NARROW_COLUMNS, {r: _span(c, i, True) for r, c in cut.items()})
-        for i, run in enumerate((run_a, run_b))
-    ]
-    if heads:
-        scans += [
-            run.scan_spans("records", {k: (c.head[i] + 1, _span(c, i, False)[1]) for k, c in heads.items()}, _PAST)  # type: ignore[index]
+    a, b = collect_pair(
+        *(
+            _pairs_scan(run, pairs, _align.NARROW_COLUMNS, {r: _span(c, i, True) for r, c in cut.items()})
             for i, run in enumerate((run_a, run_b))
-        ]
-    a, b, *past = collect_all(scans)
-    tails = pl.concat(past).unique() if past else pl.DataFrame(schema={"rank": pl.Int32, "call_hash": pl.UInt64})
-    return _checked(run_a, run_b, a, b), tails
-
-
-#: What the first pass reads of the records past a head.
-_PAST = ("rank", "call_hash")
+        )
+    )
+    return _checked(run_a, run_b, a, b)
 
 
 def _checked(run_a: Run, run_b: Run, a: pl.DataFrame, b: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -222,12 +211,12 @@ def walk(
             pending = pool.submit(_first_pass, run_a, run_b, first_pairs, slices)
             for i, batch in enumerate(batches):
                 pairs = {r: todo[r][0] for r in batch}
-                read, past = pending.result()
+                read = pending.result()
                 if i + 1 < len(batches):
                     nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
                     pending = pool.submit(_first_pass, run_a, run_b, nxt_pairs, slices)
                 cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
-                _walk_batch(run_a, run_b, pairs, read, past, todo, boundary, found, cut)
+                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
                 if progress:
                     progress("walk", len(found), total)
     finally:
@@ -235,9 +224,7 @@ def walk(
     return found
 
 
-def _unsettled(
-    al: pl.DataFrame, pairs: Mapping[int, int], heads: Collection[int], past: pl.DataFrame, boundary: Sequence[int]
-) -> list[int]:
+def _unsettled(al: pl.DataFrame, pairs: Mapping[int, int], heads: Collection[int], boundary: Sequence[int]) -> list[int]:
     """Ranks of ``heads`` (read only to their slice's head) whose walk needs the whole slice.
 
     The head starts where the slice does, so its records keep their positions; when both sides'
@@ -246,19 +233,19 @@ def _unsettled(
     it (states, positions, order keys), under the same 64-bit evidence the slice rests on (the
     step's key sets agree). The head then settles the rank when it holds a value difference
     (the rank-step changes a value: ``_judge``), the step is no resume boundary (whose priority
-    records may lie anywhere) and the first divergence's call has no record past the head on
-    either side (``past``: rank, call_hash): its call's rows, hazards and upstream call are then
-    the slice's. Anything else reads the whole slice."""
+    records may lie anywhere), provided the picked calls have no record past the head on either
+    side: their rows, hazards and upstream calls are then the slice's. The enrich read of the
+    picked calls, which reads the rest of the slice for their records anyway, tells
+    (``_extracts``); a rank with one past its head is walked again on its whole slice. Anything
+    else reads the whole slice here."""
     if not heads:
         return []
     mine = al.filter(pl.col("rank").is_in(list(heads)))
     g = mine.group_by("rank").agg(
         pl.col("state").is_in(rule.ONE_SIDED).any().alias("one_sided"), (_VALUE & ~pl.col("hz")).any().alias("value")
     )
-    ok = [int(r) for r, one, v in g.iter_rows() if v and not one and pairs[int(r)] not in boundary]
-    firsts = _align.first_divergences(mine.filter(pl.col("rank").is_in(ok))).select("rank", "call_hash")
-    cut = firsts.join(past, on=["rank", "call_hash"], how="semi")["rank"].to_list()
-    return sorted(set(heads) - (set(firsts["rank"].to_list()) - set(cut)))
+    ok = {int(r) for r, one, v in g.iter_rows() if v and not one and pairs[int(r)] not in boundary}
+    return sorted(set(heads) - ok)
 
 
 def _outside_slice(index: _calls.CallIndex, firsts: pl.DataFrame, cut: Mapping[int, Slice]) -> list[int]:
@@ -299,7 +286,6 @@ def _walk_batch(
     run_b: Run,
     pairs: Mapping[int, int],
     read: tuple[pl.DataFrame, pl.DataFrame],
-    past: pl.DataFrame,
     todo: dict[int, list[int]],
     boundary: Sequence[int],
     found: dict[int, Found],
@@ -307,10 +293,10 @@ def _walk_batch(
 ) -> None:
     """One walk batch: align ``read`` (the batch's prepared sides), pick, judge, enrich; updates
     ``found`` and advances or drops the batch's ranks in ``todo`` (both in place). ``cut``: the
-    batch's ranks read only in part (their slices; ``read`` holds only the head of those with one,
-    ``past`` the rank and call_hash of their records past it)."""
+    batch's ranks read only in part (their slices; ``read`` holds only the head of those with one)."""
+    before = {r: list(todo[r]) for r in pairs}
     al = _align.align(*read)
-    unsettled = _unsettled(al, pairs, {r for r, c in cut.items() if c.head is not None}, past, boundary)
+    unsettled = _unsettled(al, pairs, {r for r, c in cut.items() if c.head is not None}, boundary)
     if unsettled:  # the rest of their slices: the alignment of the whole slice, as without heads
         sub = {r: pairs[r] for r in unsettled}
         sl = {(r, pairs[r]): cut[r] for r in unsettled}
@@ -377,16 +363,32 @@ def _walk_batch(
         # After a false root, this step's first clean divergence is the next one.
         picks[r] = (None, nxt or first) if false_root else (first, nxt)
         del todo[r]
-    extracts = _extracts(run_a, run_b, al, picks)
+    heads = {(r, pairs[r]): c for r, c in cut.items() if c.head is not None and r not in unsettled}
+    extracts, redo = _extracts(run_a, run_b, al, picks, heads)
     for r, (pf, pn) in picks.items():
+        if r in redo:
+            continue
         first_ex = extracts[(r, "first")] if pf is not None else found[r].first
         found[r] = Found(first_ex, extracts.get((r, "next")) if pn is not None else None)
+    if redo:  # a picked call with records past the head: those ranks again, on their whole slices
+        for r in redo:
+            todo[r] = before[r]
+        sub = {r: pairs[r] for r in redo}
+        whole = {r: replace(cut[r], head=None) for r in redo}
+        again = _read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS, {(r, pairs[r]): c for r, c in whole.items()})
+        _walk_batch(run_a, run_b, sub, again, todo, boundary, found, whole)
 
 
 def _extracts(
-    run_a: Run, run_b: Run, al: pl.DataFrame, picks: Mapping[int, tuple[_Pick | None, _Pick | None]]
-) -> dict[tuple[int, str], Extract]:
-    """(rank, "first"|"next") -> Extract for every pick: its call, upstream call and details read in full."""
+    run_a: Run,
+    run_b: Run,
+    al: pl.DataFrame,
+    picks: Mapping[int, tuple[_Pick | None, _Pick | None]],
+    heads: Mapping[tuple[int, int], Slice],
+) -> tuple[dict[tuple[int, str], Extract], set[int]]:
+    """(rank, "first"|"next") -> Extract for every pick: its call, upstream call and details read
+    in full; and the ranks whose rank-step ``al`` holds only its slice's head (``heads``) with a
+    record of those calls past it (no Extract: ``_walk_batch`` walks them again on the slice)."""
     calls: set[CallKey] = set()
     keys: set[RecordKey] = set()
     for pf, pn in picks.values():
@@ -397,14 +399,16 @@ def _extracts(
                 if p.upstream_call is not None:
                     calls.add(CallKey(p.call.rank, p.call.step, p.upstream_call))
     if not calls:
-        return {}
-    rich, det_a, det_b = _enrich.enrich(run_a, run_b, al, calls, keys)
+        return {}, set()
+    rich, det_a, det_b, past = _enrich.enrich(run_a, run_b, al, calls, keys, heads=heads)
     # Each (rank, call)'s rows once, in the alignment's order: dict lookups, not two queries per pick.
     parts: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for row in rich.to_dicts():
         parts.setdefault((int(row["rank"]), int(row["call_hash"])), []).append(row)
     out: dict[tuple[int, str], Extract] = {}
     for r, (pf, pn) in picks.items():
+        if r in past:
+            continue
         for which, p in (("first", pf), ("next", pn)):
             if p is None:
                 continue
@@ -421,7 +425,7 @@ def _extracts(
             )
             details = (det_a.get(p.key), det_b.get(p.key))
             out[(r, which)] = Extract(rec, call, _enrich.hazard_names(call), upstream, details, p.kinds, p.hz, p.passed)
-    return _enrich.with_twins(run_a, run_b, al, out)
+    return _enrich.with_twins(run_a, run_b, al, out), past
 
 
 def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
