@@ -1,7 +1,9 @@
 """The exact walk: from candidate steps to each rank's first divergent record (``records.Found``).
 
 Each rank's first candidate step is read on the narrow columns (``align.NARROW_COLUMNS``) for a
-batch of ranks, aligned with ``detfp_analyze.rule`` (``align``), and its first divergent row
+batch of ranks (a step sliced by the stored rollups only to its slice's head, the rest where
+the head does not settle the pick: ``_unsettled``), aligned with ``detfp_analyze.rule``
+(``align``), and its first divergent row
 picked (resume boundary state first); steps with records on one side only are re-aligned with
 the call-site columns (shifted occurrence counters). The step is then judged as the rule says:
 a step that changes no value (only records under hazards, or calls in another order or number
