@@ -431,14 +431,15 @@ def _extracts(
 
 
 def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The row of smallest o1 among ``rows`` (one call's, in the alignment's order); rows tied at
-    it are ordered as polars sorts that call's rows of ``rich`` (what the walk has always named)."""
+    """The row of smallest o1 among ``rows`` (one call's, in the alignment's order); of rows tied
+    at it, the first in ``rich``'s row order. A stable sort, so the name cannot depend on how an
+    unstable sort happens to order equal keys (a report must be byte-stable by construction)."""
     low = min(u["o1"] for u in rows)
     tied = [u for u in rows if u["o1"] == low]
     if len(tied) == 1:
         return tied[0]
     call = tied[0]["call_hash"]
-    return rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call)).sort("o1").row(0, named=True)
+    return rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call)).sort("o1", maintain_order=True).row(0, named=True)
 
 
 def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
