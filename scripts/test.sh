@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --java
 .venv/bin/ruff check .
 # Two workers, one test file each at a time (--dist loadfile): a file's module-scoped launches
-# (the zoo, the example's multi-rank jobs) run once, and each worker starts at most one Spark JVM,
-# which waits on its own core while the other worker runs Python. Serial: 8m51s; two workers:
-# 6m29s (1003 tests, load 1-5). Pass -n 0 to run serially.
+# (the zoo, the example's multi-rank jobs) run once; the Spark files are one unit, so one worker
+# starts the one Spark JVM while the other runs Python, and the longest units go out first
+# (tests/conftest.py: pytest_xdist_make_scheduler). Serial: 8m51s; two workers: 6m29s (1003
+# tests, load 1-5), before those two changes. Pass -n 0 to run serially.
 exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"

@@ -13,6 +13,50 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
+#: Test files that start a Spark JVM (``tests/integration/conftest.py``'s session fixture).
+SPARK_FILES = "tests/integration/test_spark_*.py"
+#: The longest units of work of the default suite, longest first (a full run at load ~6: zoo 305 s,
+#: Spark 267 s, example 119 s, zoo launcher 92 s, SQL equivalence 88 s, faults 55 s; the next is 43 s).
+LONGEST = (
+    "tests/integration/test_zoo.py",
+    SPARK_FILES,
+    "tests/integration/test_example.py",
+    "tests/integration/test_zoo_launcher.py",
+    "tests/golden/test_sql_bisect_equivalence.py",
+    "tests/integration/test_faults.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile``: the Spark test files are one unit of work (each xdist worker that
+    runs one starts a JVM of its own, 36-70 s on the shared 2-core machine: one worker runs them
+    all and starts one), every other file its own; and the ``LONGEST`` units go out first (xdist
+    hands out files by number of tests, so a long file with few tests started late and ran on
+    alone at the end)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from fnmatch import fnmatch
+
+    from xdist.scheduler import LoadFileScheduling
+
+    rank = {scope: i for i, scope in enumerate(LONGEST)}
+
+    class OneJvmLongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SPARK_FILES if fnmatch(scope, SPARK_FILES) else scope
+
+        def _assign_work_unit(self, node) -> None:
+            # The parent hands out the queue's first unit: put the longest one waiting there.
+            if self.workqueue:
+                first = min(self.workqueue, key=lambda scope: rank.get(scope, len(rank)))
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return OneJvmLongestFirst(config, log)
+
+
 @pytest.fixture
 def gloo1(tmp_path):
     """A one-rank gloo process group in this process (collectives without spawning)."""

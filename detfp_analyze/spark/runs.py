@@ -94,11 +94,10 @@ class SparkRun:
     def _pair(self) -> list[SparkRun]:
         return [self] if self._twin is None else [self, self._twin]
 
-    def _read(self, run: Run, table: str, ranks: Sequence[int], cols: Columns, where: Any) -> Any:
-        """Spark DataFrame of ``run``'s ``table`` rows of ``ranks`` matching ``where``: ``cols``
-        (None: all) with the provenance columns (only the columns asked for are decoded)."""
-        side = _source.table(self._spark, run, table, ranks, provenance=True).where(where)
-        return side if cols is None else side.select(*cols, *_EXTRA)
+    def _read(self, run: Run, table: str, ranks: Sequence[int], cols: Columns, where: str) -> Any:
+        """Spark DataFrame of ``run``'s ``table`` rows of ``ranks`` matching the Spark SQL predicate
+        ``where``: ``cols`` (None: all) with the provenance columns (only the columns asked for are decoded)."""
+        return _source.table(self._spark, run, table, ranks, provenance=True, columns=cols, where=where)
 
     def _frame(self, got: pa.Table, table: str, cols: Columns, extra: tuple[str, ...]) -> pl.DataFrame:
         frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, *extra), cols))
@@ -133,7 +132,7 @@ class SparkRun:
                 run._spans.setdefault((table, cols), {}).update({k: (*v, empty) for k, v in spans.items()})
             return
         # Pushed into the Parquet scan: row groups outside these steps (and spans) are skipped.
-        where = F.col("rank").isin(ranks) if keys is None else F.expr(_keys_predicate(keys, spans))
+        where = f"rank IN ({', '.join(map(str, ranks))})" if keys is None else _keys_predicate(keys, spans)
         df = None
         for i, run in enumerate(self._pair()):
             side = self._read(run._run, table, ranks, cols, where).withColumn("_side", F.lit(i))
@@ -226,8 +225,6 @@ class SparkRun:
     ) -> pl.LazyFrame:
         """As ``Run.scan_spans``: the rows of each (rank, step) within its inclusive seq span, in
         one Spark job for this run (a filter on (rank, step, seq) pushed into the Parquet scan)."""
-        from pyspark.sql import functions as F
-
         cols = _columns(table, columns)
         ranks = sorted({r for r, _ in spans})
         if not spans or not self._run.files(table, ranks):
@@ -237,7 +234,7 @@ class SparkRun:
         if parts is not None:  # already in (rank, step) order
             return self._lazy(table, [p for p in parts if p.height], columns, ordered=True)
         with self._lock, spark_errors(f"reading {table} of {self._run.label}"):
-            got = self._read(self._run, table, ranks, cols, F.expr(_keys_predicate((), spans))).toArrow()
+            got = self._read(self._run, table, ranks, cols, _keys_predicate((), spans)).toArrow()
             self.jobs[table] = self.jobs.get(table, 0) + 1
         # Run.scan_spans' order: by (rank, step), then file order.
         frame = self._frame(got, table, cols, ()).sort("rank", "step", *_EXTRA).cast(_schema(table, cols))  # type: ignore[arg-type]

@@ -80,37 +80,33 @@ class SparkStages:
         self.jobs[stage] = self.jobs.get(stage, 0) + 1
         return got
 
-    def _frame(self, run: SparkRun, table: str, ranks: Sequence[int], lo: int, hi: int) -> Any:
-        from pyspark.sql import functions as F
-
-        df = _source.table(self.spark, run.run, table, ranks)
-        return df.where(F.col("rank").isin(list(ranks)) & F.col("step").between(lo, hi))
+    def _frame(
+        self, run: SparkRun, table: str, ranks: Sequence[int], lo: int, hi: int, columns: Sequence[str] | None = None
+    ) -> Any:
+        """``table`` of ``run``: ``columns`` (default all) of the rows of ``ranks`` and steps ``lo..hi``."""
+        where = f"rank IN ({', '.join(map(str, ranks))}) AND step BETWEEN {lo} AND {hi}"
+        return _source.table(self.spark, run.run, table, ranks, columns=columns, where=where)
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         key = list(_narrow.METRIC_KEY)
 
         def side(run: SparkRun, sfx: str) -> Any:
             df = self._frame(run, "metrics", ranks, lo, hi)
-            return df.select(*[F.col(c).alias(c + sfx) for c in (*key, "value", "bits")])
+            return df.selectExpr(*[f"`{c}` AS `{c}{sfx}`" for c in (*key, "value", "bits")])
 
         a, b = side(self.a, "_a"), side(self.b, "_b")
-        on = [a[f"{c}_a"].eqNullSafe(b[f"{c}_b"]) for c in key]
-        j = a.join(b, on, "full").select(
-            *[F.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in key], "value_a", "value_b", "bits_a", "bits_b"
+        on = F.expr(" AND ".join(f"`{c}_a` <=> `{c}_b`" for c in key))
+        j = a.join(b, on, "full").selectExpr(
+            *[f"coalesce(`{c}_a`, `{c}_b`) AS `{c}`" for c in key], "value_a", "value_b", "bits_a", "bits_b"
         )
-        diff = j.where(F.col("bits_a").isNull() | F.col("bits_b").isNull() | (F.col("bits_a") != F.col("bits_b")))
-        w = Window.partitionBy("rank").orderBy("step", "name", "microbatch", "occurrence")
-        first = diff.withColumn("_n", F.row_number().over(w)).where("_n = 1")
-        first = first.select(
-            "rank",
-            "step",
-            "name",
-            "value_a",
-            "value_b",
-            (F.col("bits_a").isNull() | F.col("bits_b").isNull()).alias("structural"),
+        diff = j.where("bits_a IS NULL OR bits_b IS NULL OR bits_a != bits_b")
+        first = diff.selectExpr(
+            "*", "row_number() OVER (PARTITION BY rank ORDER BY step, name, microbatch, occurrence) AS _n"
+        ).where("_n = 1")
+        first = first.selectExpr(
+            "rank", "step", "name", "value_a", "value_b", "bits_a IS NULL OR bits_b IS NULL AS structural"
         )
         got = self._collect(first, "metrics", "comparing metrics")
         schema = {
@@ -128,19 +124,20 @@ class SparkStages:
     def block_rollups(self, ranks: Sequence[int], lo: int, hi: int) -> tuple[pl.DataFrame, pl.DataFrame]:
         from pyspark.sql import functions as F
 
+        aggs = (
+            "sum(n) AS n",
+            "sum(n_err) AS n_err",
+            *[f"bit_xor({_signed(c)}) AS {c}" for c in ("kx", "vx", "ox")],
+            "bit_or(kinds) AS kinds",
+            "min(seq) AS seq_lo",
+            "max(seq_hi) AS seq_hi",
+        )
         df = None
         for i, run in enumerate((self.a, self.b)):
             side = (
                 self._frame(run, "rollups", ranks, lo, hi)
                 .groupBy("rank", "step", "block")
-                .agg(
-                    F.sum("n").alias("n"),
-                    F.sum("n_err").alias("n_err"),
-                    *[F.expr(f"bit_xor({_signed(c)})").alias(c) for c in ("kx", "vx", "ox")],
-                    F.bit_or("kinds").alias("kinds"),
-                    F.min("seq").alias("seq_lo"),
-                    F.max("seq_hi").alias("seq_hi"),
-                )
+                .agg(*[F.expr(x) for x in aggs])
             )
             side = side.withColumn("_side", F.lit(i))
             df = side if df is None else df.unionByName(side)
@@ -157,36 +154,31 @@ class SparkStages:
     ) -> dict[int, list[int]]:
         from pyspark.sql import functions as F
 
+        # Spark's hash skips nulls: each nullable part goes in with its null flag, so moving a
+        # null from one column to another cannot leave the hash unchanged.
+        parts = ", ".join(f"{c}, {c} IS NULL" for c in ("status", "digest_hi", "digest_lo", "args_digest"))
+        aggs = (
+            "count(1) AS n",
+            "bit_xor(xxhash64(key_hash)) AS kx",
+            f"bit_xor(xxhash64(key_hash, {parts})) AS vx",
+            "sum(CAST(status = 'error' AS BIGINT)) AS n_err",
+        )
+
         def rollup(run: SparkRun) -> Any:
-            df = self._frame(run, "records", ranks, lo, hi)
-            # Spark's hash skips nulls: each nullable part goes in with its null flag, so moving a
-            # null from one column to another cannot leave the hash unchanged.
-            parts = []
-            for c in ("status", "digest_hi", "digest_lo", "args_digest"):
-                parts += [F.col(c), F.col(c).isNull()]
-            return df.groupBy("rank", "step").agg(
-                F.count(F.lit(1)).alias("n"),
-                F.bit_xor(F.xxhash64("key_hash")).alias("kx"),
-                F.bit_xor(F.xxhash64("key_hash", *parts)).alias("vx"),
-                F.sum((F.col("status") == "error").cast("BIGINT")).alias("n_err"),
-            )
+            df = self._frame(run, "records", ranks, lo, hi, columns=_narrow.ROLLUP_COLUMNS)
+            return df.groupBy("rank", "step").agg(*[F.expr(x) for x in aggs])
 
         ra, rb = rollup(self.a).alias("a"), rollup(self.b).alias("b")
-        j = ra.join(rb, (F.col("a.rank") == F.col("b.rank")) & (F.col("a.step") == F.col("b.step")), "full")
-        structural = (
-            F.col("a.n").isNull()
-            | F.col("b.n").isNull()
-            | (F.col("a.n") != F.col("b.n"))
-            | (F.col("a.kx") != F.col("b.kx"))
-        )
-        differs = structural | (F.col("a.vx") != F.col("b.vx"))
-        err_a, err_b = F.coalesce(F.col("a.n_err"), F.lit(0)), F.coalesce(F.col("b.n_err"), F.lit(0))
-        rows = j.where(differs | (err_a + err_b > 0)).select(
-            F.coalesce("a.rank", "b.rank").alias("rank"),
-            F.coalesce("a.step", "b.step").alias("step"),
-            differs.alias("differs"),
-            err_a.alias("err_a"),
-            err_b.alias("err_b"),
+        j = ra.join(rb, F.expr("a.rank = b.rank AND a.step = b.step"), "full")
+        structural = "a.n IS NULL OR b.n IS NULL OR a.n != b.n OR a.kx != b.kx"
+        differs = f"({structural} OR a.vx != b.vx)"
+        err_a, err_b = "coalesce(a.n_err, 0)", "coalesce(b.n_err, 0)"
+        rows = j.where(f"{differs} OR {err_a} + {err_b} > 0").selectExpr(
+            "coalesce(a.rank, b.rank) AS rank",
+            "coalesce(a.step, b.step) AS step",
+            f"{differs} AS differs",
+            f"{err_a} AS err_a",
+            f"{err_b} AS err_b",
         )
         got = self._collect(rows, "rollups", "rolling up records").to_pylist()
         out: dict[int, list[int]] = {}
@@ -227,28 +219,35 @@ class SparkStages:
         hashes = sorted({h for _, _, h, _ in asks})
         cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
 
-        def side(run: SparkRun, alias: str) -> Any:
-            df = _source.table(self.spark, run.run, "records", sel)
-            df = df.where(
-                F.col("rank").isin(sel)
-                & F.col("step").isin(steps)
+        where = " AND ".join(
+            (
+                f"rank IN ({', '.join(map(str, sel))})",
+                f"step IN ({', '.join(map(str, steps))})",
                 # uint64 literals as SQL text: Spark reads them as exact decimals (no Python int overflow).
-                & F.expr(f"call_hash IN ({', '.join(str(h) for h in hashes)})")
-                & (F.col("role") == "input")
+                f"call_hash IN ({', '.join(map(str, hashes))})",
+                "role = 'input'",
             )
-            return df.select(cols).alias(alias)
+        )
+
+        def side(run: SparkRun, alias: str) -> Any:
+            return _source.table(self.spark, run.run, "records", sel, columns=cols, where=where).alias(alias)
 
         a, b = side(self.a, "a"), side(self.b, "b")
-        on = [F.col(f"a.{c}") == F.col(f"b.{c}") for c in ("rank", "step", "call_hash", "key_hash")]
+        on = F.expr(" AND ".join(f"a.{c} = b.{c}" for c in ("rank", "step", "call_hash", "key_hash")))
         j = a.join(b, on, "full")
         # rule.MATCH in Spark SQL: the same definition bisect's polars alignment renders.
-        match = F.expr(to_sql(rule.MATCH, qualified, "spark"))
-        differs = match.isin(list(rule.DIVERGENT))
-        g = j.groupBy(
-            F.coalesce("a.rank", "b.rank").alias("rank"),
-            F.coalesce("a.step", "b.step").alias("step"),
-            F.coalesce("a.call_hash", "b.call_hash").alias("call_hash"),
-        ).agg(F.max(differs.cast("INT")).alias("d"))
+        match = to_sql(rule.MATCH, qualified, "spark")
+        divergent = ", ".join(f"'{m}'" for m in rule.DIVERGENT)
+        g = (
+            j.selectExpr(
+                "coalesce(a.rank, b.rank) AS rank",
+                "coalesce(a.step, b.step) AS step",
+                "coalesce(a.call_hash, b.call_hash) AS call_hash",
+                f"CAST(({match}) IN ({divergent}) AS INT) AS d",
+            )
+            .groupBy("rank", "step", "call_hash")
+            .agg(F.expr("max(d) AS d"))
+        )
         got = self._collect(g, "peer_inputs", "testing a collective's inputs on its peers").to_pylist()
         return {
             CallKey(int(r["rank"]), int(r["step"]), int(r["call_hash"])): rule.DIFFERS if r["d"] else rule.SAME

@@ -14,8 +14,11 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import pyarrow
+import pyarrow.fs
 import pytest
 from typer.testing import CliRunner
 
@@ -68,6 +71,26 @@ def _invoke(*args: str):
     from detfp_analyze.cli import app
 
     return CliRunner().invoke(app, list(args))
+
+
+def _one_attempt(real: types.ModuleType) -> types.ModuleType:
+    """``pyarrow.fs`` as ``from pyarrow import fs`` then sees it: S3 file systems from
+    ``FileSystem.from_uri`` make one attempt per request. (pyarrow's URI takes no retry option and
+    its S3 client reads none from the environment; ``AWS_MAX_ATTEMPTS`` changes nothing.)"""
+
+    class FileSystem:
+        @staticmethod
+        def from_uri(uri: str):
+            got, path = real.FileSystem.from_uri(uri)
+            if isinstance(got, real.S3FileSystem):
+                _, (options,) = got.__reduce__()  # every option from_uri resolved, bar the retries
+                got = real.S3FileSystem(**options, retry_strategy=real.AwsStandardS3RetryStrategy(max_attempts=1))
+            return got, path
+
+    proxy = types.ModuleType(real.__name__)
+    proxy.__dict__.update(vars(real))
+    proxy.FileSystem = FileSystem
+    return proxy
 
 
 def _local_json(a: Path, b: Path) -> dict:
@@ -128,9 +151,10 @@ def test_bad_s3_runs_are_one_line_and_exit_2(s3_env, monkeypatch):
         f"detfp-analyze: s3://{BUCKET}/nope: no such directory; "
         "pass the directory given to detfp_capture.Session(...) or --out\n"
     )
-    # Nothing listens there: one line naming the run, no traceback.
+    # Nothing listens there: one line naming the run, no traceback. One attempt per request: the
+    # same refusal and the same line, without the S3 client's ~6 s of retries and backoff.
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setattr(pyarrow, "fs", _one_attempt(pyarrow.fs))
     out = _invoke("bisect", f"s3://{BUCKET}/ops/a", f"s3://{BUCKET}/ops/b")
     assert out.exit_code == 2
     assert out.stderr.startswith(f"detfp-analyze: s3://{BUCKET}/ops/a: cannot ")

@@ -234,3 +234,30 @@ def test_a_real_process_keeps_sparks_noise_off_the_terminal(spark):
     cmd += ["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, cwd=REPO, env={**os.environ})
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, local[1], "")
+
+
+def test_reading_a_table_costs_the_same_py4j_round_trips_for_any_number_of_shards(spark, planted_pairs, monkeypatch):
+    """``source.table`` hands the JVM its shard list and columns in a fixed number of py4j round
+    trips: pyspark's own list conversion costs one per element (a Spark bisect of 64 ranks made
+    8,600 round trips, 2,600 of them for shard lists). Counted without py4j's garbage-collection
+    messages, whose timing is Python's."""
+    import py4j.clientserver
+
+    from detfp_analyze.spark import source
+
+    run = open_run(planted_pairs["identical"].a)
+    sent: list[str] = []
+    send = py4j.clientserver.ClientServerConnection.send_command
+
+    def counting(self, command):
+        if not command.startswith("m\nd\n"):  # py4j's "memory: delete" for a collected Python proxy
+            sent.append(command)
+        return send(self, command)
+
+    monkeypatch.setattr(py4j.clientserver.ClientServerConnection, "send_command", counting)
+    counts = {}
+    for ranks in ([0], sorted(run.ranks)):
+        sent.clear()
+        source.table(spark, run, "records", ranks, provenance=True, columns=("rank", "step", "seq"), where="step = 1")
+        counts[len(run.files("records", ranks))] = len(sent)
+    assert len(counts) == 2 and len(set(counts.values())) == 1, counts  # {shards: round trips}
