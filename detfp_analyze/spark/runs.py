@@ -45,7 +45,7 @@ def _keys_predicate(
     by_step: dict[int, list[int]] = {}
     for r, s in keys:
         by_step.setdefault(s, []).append(r)
-    terms = [f"(step = {s} AND rank IN ({', '.join(str(r) for r in sorted(rs))}))" for s, rs in sorted(by_step.items())]
+    terms = [f"(step = {s} AND {_source.in_list('rank', sorted(rs))})" for s, rs in sorted(by_step.items())]
     terms += [
         f"(rank = {r} AND step = {s} AND seq BETWEEN {lo} AND {hi})"
         for (r, s), (lo, hi) in sorted((spans or {}).items())
@@ -132,7 +132,7 @@ class SparkRun:
                 run._spans.setdefault((table, cols), {}).update({k: (*v, empty) for k, v in spans.items()})
             return
         # Pushed into the Parquet scan: row groups outside these steps (and spans) are skipped.
-        where = f"rank IN ({', '.join(map(str, ranks))})" if keys is None else _keys_predicate(keys, spans)
+        where = _source.in_list("rank", ranks) if keys is None else _keys_predicate(keys, spans)
         df = None
         for i, run in enumerate(self._pair()):
             side = self._read(run._run, table, ranks, cols, where).withColumn("_side", F.lit(i))

@@ -27,7 +27,7 @@ from detfp_analyze.sql.views import _excluded, _superseded
 from detfp_capture import contract
 from detfp_capture.arrowschema import arrow_schema
 
-__all__ = ["FILE_COLUMN", "ROW_COLUMN", "SPARK_TYPES", "spark_schema_ddl", "table", "to_contract"]
+__all__ = ["FILE_COLUMN", "ROW_COLUMN", "SPARK_TYPES", "in_list", "spark_schema_ddl", "table", "to_contract"]
 
 #: Contract type -> Spark SQL type.
 SPARK_TYPES = {
@@ -45,6 +45,13 @@ SPARK_TYPES = {
 #: it (together: the file order ``Run.scan`` returns rows in).
 FILE_COLUMN = "shard"
 ROW_COLUMN = "_row"
+
+
+def in_list(column: str, values: Iterable[int]) -> str:
+    """Spark SQL text of ``column IN (values)`` for integers; ``false`` for none, where Spark's
+    grammar has no empty list (a stage asked about no ranks selects no rows, as polars' ``is_in``)."""
+    items = ", ".join(str(int(v)) for v in values)
+    return f"{column} IN ({items})" if items else "false"
 
 
 def spark_schema_ddl(name: str) -> str:

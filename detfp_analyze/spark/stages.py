@@ -84,7 +84,7 @@ class SparkStages:
         self, run: SparkRun, table: str, ranks: Sequence[int], lo: int, hi: int, columns: Sequence[str] | None = None
     ) -> Any:
         """``table`` of ``run``: ``columns`` (default all) of the rows of ``ranks`` and steps ``lo..hi``."""
-        where = f"rank IN ({', '.join(map(str, ranks))}) AND step BETWEEN {lo} AND {hi}"
+        where = f"{_source.in_list('rank', ranks)} AND step BETWEEN {int(lo)} AND {int(hi)}"
         return _source.table(self.spark, run.run, table, ranks, columns=columns, where=where)
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
@@ -221,10 +221,10 @@ class SparkStages:
 
         where = " AND ".join(
             (
-                f"rank IN ({', '.join(map(str, sel))})",
-                f"step IN ({', '.join(map(str, steps))})",
+                _source.in_list("rank", sel),
+                _source.in_list("step", steps),
                 # uint64 literals as SQL text: Spark reads them as exact decimals (no Python int overflow).
-                f"call_hash IN ({', '.join(map(str, hashes))})",
+                _source.in_list("call_hash", hashes),
                 "role = 'input'",
             )
         )

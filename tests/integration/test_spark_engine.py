@@ -261,3 +261,21 @@ def test_reading_a_table_costs_the_same_py4j_round_trips_for_any_number_of_shard
         source.table(spark, run, "records", ranks, provenance=True, columns=("rank", "step", "seq"), where="step = 1")
         counts[len(run.files("records", ranks))] = len(sent)
     assert len(counts) == 2 and len(set(counts.values())) == 1, counts  # {shards: round trips}
+
+
+def test_stages_asked_about_no_ranks_answer_as_the_local_stages(spark, tmp_path):
+    """Every stage given no ranks (or no peers) selects no rows, as the local stages do; Spark's
+    SQL has no empty ``IN ()`` list, so the predicates built as text must say ``false`` there."""
+    from detfp_analyze.bisect.engine import LocalStages
+    from detfp_analyze.spark import engine
+
+    p = write_pair(tmp_path / "a", tmp_path / "b", SynthSpec(ranks=2, steps=2, records=120), PLANTS["all_ranks"])
+    a, b = open_run(p.a), open_run(p.b)
+    local, remote = LocalStages(a, b), engine(spark)(a, b)
+    for st in (local, remote):
+        assert st.metric_divergence([], 0, 1).height == 0
+        assert all(f.height == 0 for f in st.block_rollups([], 0, 1))
+        errors = [0, 0]
+        assert st.rollup_candidates([], 0, 1, None, "steps", errors) == {} and errors == [0, 0]
+        assert st.peer_inputs([(0, 1, 7, ())]) == {}
+    remote.a.fetch("records", keys=[])  # no rank-steps: no rows, no error
