@@ -51,6 +51,12 @@ class Slice:
     #: the pick (``walk``). None when the head is the whole slice.
     head: tuple[int, int] | None = None
 
+    def span(self, side: int, head: bool = False) -> tuple[int, int]:
+        """The seq span a read of this slice covers on ``side`` (0: A, 1: B); with ``head``, only
+        its head (the whole slice when it has none)."""
+        lo, hi = (self.seq_a, self.seq_b)[side]
+        return (lo, self.head[side]) if head and self.head is not None else (lo, hi)
+
 
 def enabled(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
     """Whether both runs wrote rollups on every launch of ``ranks`` (and they are not switched off)."""

@@ -101,7 +101,7 @@ def enrich(
         spans = _spans(sub, sfx)
         for k, c in (heads or {}).items():
             if k in spans:  # on to the slice's end: the calls' records past the head
-                spans[k] = (spans[k][0], (c.seq_a, c.seq_b)[i][1])
+                spans[k] = (spans[k][0], c.span(i)[1])
         lf = run.scan_spans("records", spans, read).filter(pl.col("call_hash").is_in(hashes))
         lf = lf.select("rank", "step", "call_hash", "key_hash", *seq, *cols, *extra)
         lfs.append(lf.join(key.lazy(), on=["rank", "step", "call_hash"], how="semi"))
@@ -110,7 +110,7 @@ def enrich(
     for i, (det, sfx) in enumerate(zip(collect_pair(*lfs), ("a", "b"), strict=True)):
         if heads:
             ends = pl.DataFrame(
-                [(r, s, c.head[i]) for (r, s), c in heads.items()],  # type: ignore[index]
+                [(r, s, c.span(i, head=True)[1]) for (r, s), c in heads.items()],
                 schema={"rank": pl.Int32, "step": pl.Int64, "_end": pl.Int64},
                 orient="row",
             )
@@ -130,7 +130,9 @@ def enrich(
         det = det.unique(["rank", "step", "key_hash"], keep="first", maintain_order=True).drop("call_hash")
         sub = sub.join(det.rename({c: f"{c}_{sfx}" for c in _CALL_DETAIL}), on=["rank", "step", "key_hash"], how="left")
     shared = [c for c in _CALL_DETAIL if c not in ("dtype", "shape", "hazards")]
-    return Enriched(sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1], past)
+    return Enriched(
+        sub.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in shared]), dets[0], dets[1], past
+    )
 
 
 def _spans(sub: pl.DataFrame, side: str) -> dict[tuple[int, int], tuple[int, int]]:

@@ -13,7 +13,7 @@ import polars as pl
 
 from detfp_analyze.io.reader import Run
 
-__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "chunks", "collect", "collect_all", "collect_pair", "scan"]
+__all__ = ["ROLLUP_BATCH", "WALK_BATCH", "chunks", "collect", "collect_pair", "scan"]
 
 #: Ranks per rollup scan and per exact walk batch (memory bound: one walk batch holds
 #: WALK_BATCH rank-steps of records from each run).
@@ -34,13 +34,8 @@ def collect(lf: pl.LazyFrame) -> pl.DataFrame:
 def collect_pair(lf_a: pl.LazyFrame, lf_b: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``collect`` of run A's and run B's side of a read, run concurrently (same frames as two
     ``collect`` calls: the engine releases the GIL, so the two scans overlap on two cores)."""
-    a, b = collect_all([lf_a, lf_b])
+    a, b = pl.collect_all([lf_a, lf_b], engine="streaming")
     return a, b
-
-
-def collect_all(lfs: Sequence[pl.LazyFrame]) -> list[pl.DataFrame]:
-    """``collect`` of several reads, run concurrently (as ``collect_pair``)."""
-    return pl.collect_all(list(lfs), engine="streaming")
 
 
 def scan(

@@ -111,44 +111,22 @@ def _read_pairs(
     pairs: Mapping[int, int],
     columns: Sequence[str],
     slices: Mapping[tuple[int, int], Slice] | None = None,
+    head: bool = False,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Both runs' records of the (rank, step) ``pairs`` (only its slice where ``slices`` has
-    one), prepared for the alignment (after ``integrity.check_stream``: a step with backwards
-    seq or a repeated key is refused)."""
-    cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
-    a, b = collect_pair(
-        _pairs_scan(run_a, pairs, columns, {r: _span(c, 0, False) for r, c in cut.items()}),
-        _pairs_scan(run_b, pairs, columns, {r: _span(c, 1, False) for r, c in cut.items()}),
-    )
-    return _checked(run_a, run_b, a, b)
-
-
-def _first_pass(
-    run_a: Run, run_b: Run, pairs: Mapping[int, int], slices: Mapping[tuple[int, int], Slice] | None
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """A walk batch's first read: ``_read_pairs`` on the narrow columns, a slice with a head only
-    to its head (``_unsettled``, ``_extracts``: the rest where the head does not settle the pick)."""
+    one; with ``head``, only the slice's head: a walk batch's first pass, the rest read where the
+    head does not settle the pick, ``_unsettled`` and ``_extracts``), prepared for the alignment
+    (after ``integrity.check_stream``: a step with backwards seq or a repeated key is refused)."""
     cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
     a, b = collect_pair(
         *(
-            _pairs_scan(run, pairs, _align.NARROW_COLUMNS, {r: _span(c, i, True) for r, c in cut.items()})
+            _pairs_scan(run, pairs, columns, {r: c.span(i, head) for r, c in cut.items()})
             for i, run in enumerate((run_a, run_b))
         )
     )
-    return _checked(run_a, run_b, a, b)
-
-
-def _checked(run_a: Run, run_b: Run, a: pl.DataFrame, b: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Both sides of a read after ``integrity.check_stream``, prepared for the alignment."""
     _integrity.check_stream(a, run_a.label)
     _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
-
-
-def _span(c: Slice, side: int, head: bool) -> tuple[int, int]:
-    """The seq span a read of slice ``c`` covers on ``side`` (0: A, 1: B): its head with ``head``."""
-    lo, hi = (c.seq_a, c.seq_b)[side]
-    return (lo, c.head[side]) if head and c.head is not None else (lo, hi)
 
 
 @dataclass(frozen=True)
@@ -210,13 +188,13 @@ def walk(
         while todo:
             batches = chunks(sorted(todo), batch_size or WALK_BATCH)
             first_pairs = {r: todo[r][0] for r in batches[0]}
-            pending = pool.submit(_first_pass, run_a, run_b, first_pairs, slices)
+            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices, True)
             for i, batch in enumerate(batches):
                 pairs = {r: todo[r][0] for r in batch}
                 read = pending.result()
                 if i + 1 < len(batches):
                     nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
-                    pending = pool.submit(_first_pass, run_a, run_b, nxt_pairs, slices)
+                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices, True)
                 cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
                 _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
                 if progress:
@@ -226,7 +204,9 @@ def walk(
     return found
 
 
-def _unsettled(al: pl.DataFrame, pairs: Mapping[int, int], heads: Collection[int], boundary: Sequence[int]) -> list[int]:
+def _unsettled(
+    al: pl.DataFrame, pairs: Mapping[int, int], heads: Collection[int], boundary: Sequence[int]
+) -> list[int]:
     """Ranks of ``heads`` (read only to their slice's head) whose walk needs the whole slice.
 
     The head starts where the slice does, so its records keep their positions; when both sides'
@@ -439,7 +419,11 @@ def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) ->
     if len(tied) == 1:
         return tied[0]
     call = tied[0]["call_hash"]
-    return rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call)).sort("o1", maintain_order=True).row(0, named=True)
+    return (
+        rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call))
+        .sort("o1", maintain_order=True)
+        .row(0, named=True)
+    )
 
 
 def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
