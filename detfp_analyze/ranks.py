@@ -6,9 +6,10 @@ One formatter for every message, note and report line that names ranks (the read
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 
-__all__ = ["format_ranks", "rank_list"]
+__all__ = ["format_ranks", "rank_list", "without"]
 
 
 def format_ranks(ranks: Iterable[int], *, sep: str = ",", empty: str = "") -> str:
@@ -31,3 +32,10 @@ def format_ranks(ranks: Iterable[int], *, sep: str = ",", empty: str = "") -> st
 def rank_list(ranks: Iterable[int]) -> str:
     """``'0-3, 5, 7-8'``, or ``'none'``: the style of the reader's messages and of ``summary``."""
     return format_ranks(ranks, sep=", ", empty="none")
+
+
+def without(ranks: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """Sorted ``ranks`` less ``rank``: a group's peers as one rank sees them, by a slice around it
+    (a pass over every member, for every rank of a large group, would cost ranks x group size)."""
+    i = bisect_left(ranks, rank)
+    return ranks[:i] + ranks[i + 1 :] if i < len(ranks) and ranks[i] == rank else ranks

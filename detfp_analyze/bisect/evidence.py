@@ -63,7 +63,7 @@ def groups_of(run: Run, rank: int, every: Mapping[str, list[int]]) -> dict[str, 
 def peer_inputs(run_a: Run, run_b: Run, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
     """(peer, step, call_hash) -> ``rule.DIFFERS`` when an input of that call on the peer diverges
     (``rule.MATCH``), ``rule.SAME`` otherwise; calls the peer does not hold are absent."""
-    peers = sorted({p for _, _, _, g in asks for p in g})
+    peers = sorted(set().union(*(g for *_, g in asks)))
     steps = sorted({s for _, s, _, _ in asks})
     hashes = sorted({h for _, _, h, _ in asks})
     cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]

@@ -210,7 +210,7 @@ class SparkStages:
     def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
         from pyspark.sql import functions as F
 
-        peers = sorted({p for _, _, _, g in asks for p in g})
+        peers = sorted(set().union(*(g for *_, g in asks)))
         have = set(self.a.ranks) & set(self.b.ranks)
         sel = [p for p in peers if p in have]
         if not sel:

@@ -13,15 +13,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from detfp_analyze import rule
-from detfp_analyze.bisect.records import Found
+from detfp_analyze.bisect.records import CallKey, Found
 from detfp_analyze.bisect.verdict.local import LocalVerdict
-from detfp_analyze.ranks import format_ranks
+from detfp_analyze.ranks import format_ranks, without
 
-__all__ = ["GroupTest", "cross_rank", "group_of", "group_verdict", "p2p_receiver", "peer_state_from_found"]
+__all__ = [
+    "GroupTest",
+    "cross_rank",
+    "group_of",
+    "group_starts",
+    "group_states",
+    "group_verdict",
+    "p2p_receiver",
+    "peer_state_from_found",
+]
 
 
 def group_of(
@@ -51,25 +60,55 @@ class GroupTest:
     explanation: str
 
 
+def group_states(
+    group: Sequence[int],
+    step: int,
+    call_hash: int,
+    peer_inputs: Mapping[CallKey, str],
+    found: Mapping[int, Found],
+    compared: Sequence[int],
+    own_inputs: bool,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(differing, unknown): the members of ``group`` (sorted) whose inputs to the call (``step``,
+    ``call_hash``) differ, and those that could not be checked. ``peer_inputs``: the group-wide
+    test's read (``evidence.peer_inputs``); a member it does not name (the call has no input
+    records there) is judged by its own first divergence (``peer_state_from_found``) when the
+    asking rank's call has no input records either (``own_inputs`` false), else unknown.
+
+    One answer serves every member's test of the same call (``group_verdict`` leaves the asking
+    rank out): a job whose ranks all receive through one collective asks it once, not once per
+    rank over every peer (ranks x group size lookups)."""
+    differing, unknown = [], []
+    for p in group:
+        st = peer_inputs.get(CallKey(p, step, call_hash))
+        if st is None and not own_inputs:
+            st = peer_state_from_found(found, p, step, call_hash, compared)
+        if st is None or st == rule.UNKNOWN:
+            unknown.append(p)
+        elif st == rule.DIFFERS:
+            differing.append(p)
+    return tuple(sorted(differing)), tuple(sorted(unknown))
+
+
 def group_verdict(
     rank: int,
     label: str,
     gname: str,
     group: Sequence[int],
-    peer_inputs: Mapping[int, str],
+    states: tuple[tuple[int, ...], tuple[int, ...]],
 ) -> GroupTest:
-    """Group-wide test. ``peer_inputs``: peer rank -> ``rule.SAME`` (no input of this call differs
-    there), ``rule.DIFFERS`` or ``rule.UNKNOWN`` (not traced / call absent). The rank itself is excluded.
+    """Group-wide test of ``rank``'s collective. ``states``: ``group_states`` of its call (the
+    members whose inputs differ, those unknown: not traced or the call absent); the rank itself
+    is left out of both and of the peer count.
     """
-    peers = [p for p in group if p != rank]
-    differing = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.DIFFERS))
-    unknown = tuple(sorted(p for p in peers if peer_inputs.get(p, rule.UNKNOWN) == rule.UNKNOWN))
+    differing, unknown = (without(x, rank) for x in states)
+    n_peers = len(group) - (rank in group)
     if differing:
         return GroupTest(
             "receiver",
             differing,
             unknown,
-            f"{label}: this rank's inputs matched but {len(differing)} of {len(peers)} peer(s) in group {gname} "
+            f"{label}: this rank's inputs matched but {len(differing)} of {n_peers} peer(s) in group {gname} "
             f"had differing inputs (ranks {format_ranks(differing)}): a carrier of a difference that started elsewhere",
         )
     if unknown:
@@ -93,40 +132,48 @@ def group_verdict(
 _LOCAL_STARTS = ("origin", "source")
 
 
+def group_starts(
+    group: Sequence[int], step: int, starts: Mapping[int, tuple[int, str]], compared: Collection[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(started, unknown): the members of ``group`` (sorted) that started a difference at or
+    before ``step`` (``cross_rank``), and those not compared. ``starts``: compared rank ->
+    (step, verdict) of its first difference. One answer serves every member's cross-rank test at
+    that step (``cross_rank`` leaves the asking rank out)."""
+    started = tuple(
+        sorted(
+            p
+            for p in group
+            if (got := starts.get(p)) is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS))
+        )
+    )
+    seen = compared if isinstance(compared, (set, frozenset)) else set(compared)
+    return started, tuple(sorted(p for p in group if p not in seen))
+
+
 def cross_rank(
     rank: int,
     step: int,
     local: LocalVerdict,
     label: str,
     gname: str,
-    group: Sequence[int],
-    starts: Mapping[int, tuple[int, str]],
-    compared: Sequence[int],
+    states: tuple[tuple[int, ...], tuple[int, ...]],
 ) -> GroupTest | None:
     """The cross-rank test for a first difference that an uncaptured cross-rank reduction may
     have carried (local verdict ``reduction``, or ``unobserved_producer`` in a multi-rank job).
 
-    ``starts``: compared rank -> (step, verdict) of its first difference (ranks without one are
-    clean). A peer of ``group`` started the difference when its first difference comes at an
-    earlier step, or at the same step as a local start (origin or source). Any such peer makes
-    this rank a ``receiver``; otherwise a ``reduction`` is an ``origin`` when every peer was
-    compared (a ``receiver`` that cannot be proven otherwise when some were not), and an
-    ``unobserved_producer`` stays one (None).
+    ``states``: ``group_starts`` of the rank's group at ``step``. A peer started the difference
+    when its first difference comes at an earlier step, or at the same step as a local start
+    (origin or source). Any such peer makes this rank a ``receiver``; otherwise a ``reduction``
+    is an ``origin`` when every peer was compared (a ``receiver`` that cannot be proven
+    otherwise when some were not), and an ``unobserved_producer`` stays one (None).
     """
-    peers = [p for p in group if p != rank]
-    unknown = tuple(sorted(p for p in peers if p not in compared))
-    started = []
-    for p in peers:
-        got = starts.get(p)
-        if got is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS)):
-            started.append(p)
-    differing = tuple(sorted(started))
-    if differing:
+    started, unknown = (without(x, rank) for x in states)
+    if started:
         return GroupTest(
             "receiver",
-            differing,
+            started,
             unknown,
-            f"{label}: ranks {format_ranks(differing)} of group {gname} started a difference at or before step {step}, "
+            f"{label}: ranks {format_ranks(started)} of group {gname} started a difference at or before step {step}, "
             "and an uncaptured cross-rank reduction (data-parallel gradients) carries it here",
         )
     if local.verdict != "reduction":

@@ -25,11 +25,13 @@ from detfp_analyze.bisect.verdict.peers import (
     GroupTest,
     cross_rank,
     group_of,
+    group_starts,
+    group_states,
     group_verdict,
     p2p_receiver,
-    peer_state_from_found,
 )
 from detfp_analyze.io.reader import Run
+from detfp_analyze.ranks import without
 
 __all__ = ["RankVerdicts", "Verdict", "resolve"]
 
@@ -120,11 +122,13 @@ def resolve(
         lv = local[(r, which)] = local_verdict(rec, ex.call, ex.upstream, facts)
         if lv.verdict == "collective":
             g = groups[(r, which)] = group_of(rec.name, rec.kind, _evidence.groups_of(run_a, r, every), ranks_all)
-            asks.append((r, rec.step, rec.call_hash, tuple(p for p in g[1] if p != r)))
+            asks.append((r, rec.step, rec.call_hash, without(g[1], r)))
     # 2. The group-wide test of collectives.
     read = peer_inputs if peer_inputs is not None else functools.partial(_evidence.peer_inputs, run_a, run_b)
     peer_states = read(asks) if asks else {}
     tests: dict[_Slot, GroupTest | None] = {}
+    # Each call's group-wide answer once (every rank of a group asks about the same call).
+    answers: dict[tuple[int, int, tuple[int, ...], bool], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for key, lv in local.items():
         ex, group = extracts[key], groups.get(key)
         rec, r = ex.record, key[0]
@@ -133,16 +137,11 @@ def resolve(
         if lv.verdict == "collective" and rec.kind == "p2p":
             test = p2p_receiver(label, None if group is None else group[0])
         elif lv.verdict == "collective" and group is not None:
-            own_inputs = [c for c in ex.call if c.role == "input"]
-            states = {}
-            for p in group[1]:
-                if p == r:
-                    continue
-                st = peer_states.get((p, rec.step, rec.call_hash))
-                if st is None and not own_inputs:
-                    st = peer_state_from_found(found, p, rec.step, rec.call_hash, compared)
-                states[p] = st or "unknown"
-            test = group_verdict(r, label, group[0], group[1], states)
+            own_inputs = any(c.role == "input" for c in ex.call)
+            ak = (rec.step, rec.call_hash, group[1], own_inputs)
+            if ak not in answers:
+                answers[ak] = group_states(group[1], rec.step, rec.call_hash, peer_states, found, compared, own_inputs)
+            test = group_verdict(r, label, group[0], group[1], answers[ak])
         tests[key] = test
     # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
     starts: dict[int, tuple[int, str]] = {}
@@ -150,12 +149,16 @@ def resolve(
         key: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
         test = tests[key]
         starts[r] = (f.start.record.step, test.verdict if test is not None else local[key].verdict)
+    compared_set = set(compared)
+    met: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for key, lv in local.items():
         if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
             continue
         rec = extracts[key].record
         g = group_of(rec.name, "reduced_grad", _evidence.groups_of(run_a, key[0], every), ranks_all)
-        ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], g[1], starts, compared)
+        if (rec.step, g[1]) not in met:
+            met[(rec.step, g[1])] = group_starts(g[1], rec.step, starts, compared_set)
+        ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], met[(rec.step, g[1])])
         if ct is not None:
             groups[key], tests[key] = g, ct
     final = {key: _final(lv, groups.get(key), tests[key]) for key, lv in local.items()}
