@@ -10,7 +10,6 @@ terminal, so logs stay byte-stable.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +22,7 @@ from detfp_analyze.bisect import bisect
 from detfp_analyze.bisect.result import LEVELS
 from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
+from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 
 __all__ = ["command", "parse_ranks", "parse_steps"]
@@ -163,7 +163,7 @@ def command(
         doc = result.to_json_dict()
         if gate is not None:
             doc["gate"] = gate.to_json_dict()
-        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        typer.echo(jsontext.dumps(doc))
     else:
         echo(render_text(result) + ("" if gate is None else render_gate(gate)))
     failed = result.diverged if gate is None else not gate.passed

@@ -8,7 +8,6 @@ Exit 0 when the manifests and the changes agree, 1 when they differ, 2 for bad i
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -16,6 +15,7 @@ import typer
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, handle_errors
 from detfp_analyze.io.envdiff import drop_keys, env_diff, setting_changes
 from detfp_analyze.io.reader import open_run
+from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_env
 
 __all__ = ["command"]
@@ -48,7 +48,7 @@ def command(
             "changes_a": [c.to_json_dict() for c in changes[0]],
             "changes_b": [c.to_json_dict() for c in changes[1]],
         }
-        typer.echo(json.dumps(payload, indent=2, sort_keys=True))
+        typer.echo(jsontext.dumps(payload))
     else:
         echo(render_env(diffs, a.label, b.label, changes))
     raise typer.Exit(EXIT_DIVERGED if diffs or changes[0] != changes[1] else EXIT_OK)

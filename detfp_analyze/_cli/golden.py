@@ -8,7 +8,6 @@ input (one line on stderr).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -16,6 +15,7 @@ import typer
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
 from detfp_analyze.bisect.result import LEVELS
 from detfp_analyze.guards.golden import GoldenUpdate, update_golden
+from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 
 __all__ = ["app"]
@@ -71,7 +71,7 @@ def update(
         golden, new, level=level, ignore_env=ignore_env or (), allow_missing_ranks=allow_missing_ranks, dry_run=dry_run
     )
     if as_json:
-        typer.echo(json.dumps(u.to_json_dict(), indent=2, sort_keys=True))
+        typer.echo(jsontext.dumps(u.to_json_dict()))
     else:
         typer.echo(render_update(u), nl=False)
     raise typer.Exit(EXIT_OK)

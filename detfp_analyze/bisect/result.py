@@ -64,11 +64,17 @@ def _check(value: str, known: tuple[str, ...], what: str, name: str) -> str:
     return value
 
 
+#: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
+_SCALARS = frozenset({int, str, float, bool, type(None)})
+
+
 def _json(x: Any) -> Any:
     """Plain JSON values: nested results as their JSON, tuples as lists, dicts sorted by key."""
     if hasattr(x, "to_json_dict"):
         return x.to_json_dict()
     if isinstance(x, (tuple, list)):
+        if _SCALARS.issuperset(map(type, x)):
+            return list(x)
         return [_json(v) for v in x]
     if isinstance(x, dict):
         return {k: _json(v) for k, v in sorted(x.items())}

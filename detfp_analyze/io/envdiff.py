@@ -120,13 +120,25 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+#: Types of JSON scalars whose text is a function of (type, value) and equality: no float (NaN
+#: is unequal to itself, 1.0 == 1) and no bool (True == 1).
+_PLAIN = frozenset({str, int, type(None)})
+
+
 def _same_key(value: Any) -> Any:
     """A value that compares equal exactly when ``_canon`` texts do, cheaper for the scalars that
     most manifest values are (thousands of ranks x hundreds of keys): a text or an integer by
-    its type and value (True, 1 and 1.0 stay apart), anything else by its canonical text."""
+    its type and value (True, 1 and 1.0 stay apart), a list of those by its element types and
+    values (a group's member list is as long as the group, and every rank's manifest holds its
+    groups: by canonical text that was ranks x group size of JSON written per run), anything
+    else by its canonical text."""
     t = type(value)
     if t is str or t is int or value is None:
         return (t, value)
+    if t is list:
+        types = tuple(map(type, value))
+        if _PLAIN.issuperset(types):
+            return (list, types, tuple(value))
     return _canon(value)
 
 

@@ -161,8 +161,12 @@ def _ranks_list(v: Any, world_size: int) -> bool:
     run's manifests hold world_size^2 of them: one type test each, then one min and max."""
     if not isinstance(v, list):
         return False
-    # type() is int: JSON integers are exactly int, and a bool (an int subclass) is refused.
-    return all(type(x) is int for x in v) and (not v or (min(v) >= 0 and max(v) < world_size))
+    # type() is int: JSON integers are exactly int, and a bool (an int subclass) is refused. The
+    # types are collected without a Python-level loop: a run of N ranks holds N^2 members.
+    return _INT.issuperset(map(type, v)) and (not v or (min(v) >= 0 and max(v) < world_size))
+
+
+_INT = frozenset({int})
 
 
 def _short(value: Any) -> str:

@@ -96,5 +96,10 @@ def test_the_comparison_key_agrees_with_the_canonical_text():
         assert (_same_key(x) == _same_key(y)) == (_canon(x) == _canon(y))
 
     check()
-    for x, y in ((1, 1.0), (1, True), (0, False), (None, "null"), ("1", 1), (float("nan"), float("nan"))):
+    pairs = [(1, 1.0), (1, True), (0, False), (None, "null"), ("1", 1), (float("nan"), float("nan"))]
+    # Lists of texts, integers and nulls are keyed by their element types and values (a group's
+    # members): a float, a bool or a nested value in the same place must still tell them apart.
+    pairs += [([1, 2], [1.0, 2]), ([1], [True]), ([None], ["null"]), ([1, "1"], [1, 1]), ([0, 1], [0, 1])]
+    pairs += [([float("nan")], [float("nan")]), ([[1]], [1]), ([], [[]]), ([1, 2], "[1, 2]"), ([], {})]
+    for x, y in pairs:
         assert (_same_key(x) == _same_key(y)) == (_canon(x) == _canon(y)), (x, y)

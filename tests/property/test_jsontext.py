@@ -1,0 +1,71 @@
+"""``render.jsontext.dumps`` writes exactly the bytes of ``json.dumps(doc, indent=2, sort_keys=True)``
+(the CLI's reports are byte-stable, and the fast writer must not be a second format)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from detfp_analyze.render.jsontext import dumps
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.sampled_from(["", "é", "\u2028", '"', "\\", "\x00", "\U0001f600"]),
+)
+keys = st.one_of(st.text(max_size=4), st.integers(), st.floats(allow_nan=False), st.booleans(), st.none())
+documents = st.recursive(
+    scalars,
+    lambda c: (
+        st.lists(c, max_size=5)
+        | st.lists(c, max_size=5).map(tuple)
+        | st.lists(st.integers(), max_size=6)
+        | st.lists(st.text(max_size=3), max_size=4)
+        | st.dictionaries(st.text(max_size=3), c, max_size=4)
+        | st.dictionaries(st.integers(), c, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True)
+@given(documents)
+def test_the_text_is_json_dumps_indented_and_sorted(doc):
+    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.dictionaries(keys, scalars, max_size=4))
+def test_keys_of_every_kind_and_refusals_agree(doc):
+    try:
+        want = json.dumps(doc, indent=2, sort_keys=True)
+    except TypeError:  # keys of mixed types cannot be sorted
+        with pytest.raises(TypeError):
+            dumps(doc)
+        return
+    assert dumps(doc) == want
+
+
+def test_values_json_cannot_write_are_refused_as_json_refuses_them():
+    for doc in ({"a": {1, 2}}, [object()], {(1, 2): 3}):
+        with pytest.raises(TypeError):
+            json.dumps(doc, indent=2, sort_keys=True)
+        with pytest.raises(TypeError):
+            dumps(doc)
+
+
+def test_special_numbers_and_int_subclasses():
+    import enum
+
+    class E(enum.IntEnum):
+        A = 3
+
+    doc = {"x": [math.nan, math.inf, -math.inf, 0.1, -0.0, 10**30, E.A, True, 1], "y": [E.A, 2], "z": [[], {}, ()]}
+    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
