@@ -66,7 +66,7 @@ def group_states(
     call_hash: int,
     peer_inputs: Mapping[CallKey, str],
     found: Mapping[int, Found],
-    compared: Sequence[int],
+    compared: Collection[int],
     own_inputs: bool,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(differing, unknown): the members of ``group`` (sorted) whose inputs to the call (``step``,
@@ -198,7 +198,7 @@ def p2p_receiver(label: str, group: str | None) -> GroupTest:
 
 
 def peer_state_from_found(
-    found: Mapping[int, Found], peer: int, step: int, call_hash: int, compared: Sequence[int]
+    found: Mapping[int, Found], peer: int, step: int, call_hash: int, compared: Collection[int]
 ) -> str:
     """A peer's state for a call without input records (e.g. reduced_grad), from the peer's own
     first divergence: ``rule.SAME`` when it comes later (or is this call), ``rule.DIFFERS`` when

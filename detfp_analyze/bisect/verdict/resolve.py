@@ -129,6 +129,7 @@ def resolve(
     tests: dict[_Slot, GroupTest | None] = {}
     # Each call's group-wide answer once (every rank of a group asks about the same call).
     answers: dict[tuple[int, int, tuple[int, ...], bool], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    compared_set = set(compared)
     for key, lv in local.items():
         ex, group = extracts[key], groups.get(key)
         rec, r = ex.record, key[0]
@@ -140,7 +141,9 @@ def resolve(
             own_inputs = any(c.role == "input" for c in ex.call)
             ak = (rec.step, rec.call_hash, group[1], own_inputs)
             if ak not in answers:
-                answers[ak] = group_states(group[1], rec.step, rec.call_hash, peer_states, found, compared, own_inputs)
+                answers[ak] = group_states(
+                    group[1], rec.step, rec.call_hash, peer_states, found, compared_set, own_inputs
+                )
             test = group_verdict(r, label, group[0], group[1], answers[ak])
         tests[key] = test
     # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
@@ -149,7 +152,6 @@ def resolve(
         key: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
         test = tests[key]
         starts[r] = (f.start.record.step, test.verdict if test is not None else local[key].verdict)
-    compared_set = set(compared)
     met: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for key, lv in local.items():
         if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
