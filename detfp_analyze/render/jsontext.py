@@ -46,20 +46,14 @@ def _scalar(o: Any) -> str | None:
 
 
 def _key(k: Any) -> str:
-    """A dict key as the standard encoder turns it into text (no ``skipkeys``)."""
+    """A dict key as the standard encoder turns it into text (no ``skipkeys``): a text as it is,
+    any other scalar as its value's text (the encoder's key and value tests agree on those)."""
     if isinstance(k, str):
         return k
-    if isinstance(k, float):
-        return _float(k)
-    if k is True:
-        return "true"
-    if k is False:
-        return "false"
-    if k is None:
-        return "null"
-    if isinstance(k, int):
-        return int.__repr__(k)
-    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+    text = _scalar(k)
+    if text is None:
+        raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+    return text
 
 
 def _items(o: list[Any] | tuple[Any, ...]) -> list[str] | None:
