@@ -137,8 +137,9 @@ def group_starts(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(started, unknown): the members of ``group`` (sorted) that started a difference at or
     before ``step`` (``cross_rank``), and those not compared. ``starts``: compared rank ->
-    (step, verdict) of its first difference. One answer serves every member's cross-rank test at
-    that step (``cross_rank`` leaves the asking rank out)."""
+    (step, verdict) of its first difference; ``compared``: a set (a membership test per member).
+    One answer serves every member's cross-rank test at that step (``cross_rank`` leaves the
+    asking rank out)."""
     started = tuple(
         sorted(
             p
@@ -146,8 +147,7 @@ def group_starts(
             if (got := starts.get(p)) is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS))
         )
     )
-    seen = compared if isinstance(compared, (set, frozenset)) else set(compared)
-    return started, tuple(sorted(p for p in group if p not in seen))
+    return started, tuple(sorted(p for p in group if p not in compared))
 
 
 def cross_rank(
