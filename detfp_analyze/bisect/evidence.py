@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -23,9 +24,11 @@ from detfp_analyze.rule.to_polars import names_for, to_polars
 from detfp_capture.contract import INPUTLESS_KINDS
 
 __all__ = [
+    "PEER_COLUMNS",
     "Evidence",
     "all_groups",
     "arg_texts",
+    "asked",
     "discriminator",
     "dumps",
     "gather",
@@ -60,15 +63,26 @@ def groups_of(run: Run, rank: int, every: Mapping[str, list[int]]) -> dict[str, 
     return groups
 
 
+#: The records columns the group-wide test reads of the peers' input records (every engine's).
+PEER_COLUMNS = ("rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest")
+
+
+def asked(
+    run_a: Any, run_b: Any, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]
+) -> tuple[list[int], list[int], list[int]]:
+    """What the group-wide test reads for ``asks`` (asking rank, step, call_hash, group peers):
+    the asked peers both runs hold, the steps and the call hashes, each sorted. Every engine's
+    ``peer_inputs`` reads these (peers x steps, those calls' input records)."""
+    have = set(run_a.ranks) & set(run_b.ranks)
+    peers = sorted(p for p in set().union(*(g for *_, g in asks)) if p in have)
+    return peers, sorted({s for _, s, _, _ in asks}), sorted({h for _, _, h, _ in asks})
+
+
 def peer_inputs(run_a: Run, run_b: Run, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
     """(peer, step, call_hash) -> ``rule.DIFFERS`` when an input of that call on the peer diverges
     (``rule.MATCH``), ``rule.SAME`` otherwise; calls the peer does not hold are absent."""
-    peers = sorted(set().union(*(g for *_, g in asks)))
-    steps = sorted({s for _, s, _, _ in asks})
-    hashes = sorted({h for _, _, h, _ in asks})
-    cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
-    have = set(run_a.ranks) & set(run_b.ranks)
-    sel = [p for p in peers if p in have]
+    sel, steps, hashes = asked(run_a, run_b, asks)
+    cols = list(PEER_COLUMNS)
 
     def side(run: Run) -> pl.LazyFrame:
         if not sel:

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from detfp_analyze import rule
 from detfp_analyze.bisect import blocks as _blocks
+from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.records import CallKey
@@ -210,14 +211,10 @@ class SparkStages:
     def peer_inputs(self, asks: Sequence[tuple[int, int, int, tuple[int, ...]]]) -> dict[CallKey, str]:
         from pyspark.sql import functions as F
 
-        peers = sorted(set().union(*(g for *_, g in asks)))
-        have = set(self.a.ranks) & set(self.b.ranks)
-        sel = [p for p in peers if p in have]
+        sel, steps, hashes = _evidence.asked(self.a, self.b, asks)
         if not sel:
             return {}
-        steps = sorted({s for _, s, _, _ in asks})
-        hashes = sorted({h for _, _, h, _ in asks})
-        cols = ["rank", "step", "call_hash", "key_hash", "role", "status", "digest_hi", "digest_lo", "args_digest"]
+        cols = list(_evidence.PEER_COLUMNS)
 
         where = " AND ".join(
             (
