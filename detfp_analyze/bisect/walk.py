@@ -399,7 +399,7 @@ def _extracts(
             upstream = None
             up = parts.get((r, p.upstream_call)) if p.upstream_call is not None else None
             if up:
-                upstream = Aligned.from_row(_first_row(rich, r, up)).label
+                upstream = Aligned.from_row(_first_row(up)).label
             _integrity.check_shapes(
                 [{"rank": c.rank, "step": c.step, "shape_a": c.shape_a, "shape_b": c.shape_b} for c in call],
                 f"{run_a.label} vs {run_b.label}",
@@ -410,20 +410,11 @@ def _extracts(
     return _enrich.with_twins(run_a, run_b, al, out), past
 
 
-def _first_row(rich: pl.DataFrame, rank: int, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The row of smallest o1 among ``rows`` (one call's, in the alignment's order); of rows tied
-    at it, the first in ``rich``'s row order. A stable sort, so the name cannot depend on how an
-    unstable sort happens to order equal keys (a report must be byte-stable by construction)."""
-    low = min(u["o1"] for u in rows)
-    tied = [u for u in rows if u["o1"] == low]
-    if len(tied) == 1:
-        return tied[0]
-    call = tied[0]["call_hash"]
-    return (
-        rich.filter((pl.col("rank") == rank) & (pl.col("call_hash") == call))
-        .sort("o1", maintain_order=True)
-        .row(0, named=True)
-    )
+def _first_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The row of smallest o1 among ``rows`` (one call's rows of the enriched alignment, in its
+    row order); of rows tied at it, the first in that order (``min`` keeps the first minimum, as a
+    stable sort would), so the name cannot depend on how a sort orders equal keys."""
+    return min(rows, key=lambda u: u["o1"])
 
 
 def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
