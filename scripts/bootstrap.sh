@@ -10,7 +10,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.detfp-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
+# setup.py and the C source: the digest's native kernel is built by the editable install, so a
+# change to either reinstalls (rebuilds) it.
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] \
+  || [ setup.py -nt "$stamp" ] || [ detfp_capture/_digest/_lanes.c -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install --quiet -r requirements-dev.txt
   .venv/bin/python -m pip install --quiet --no-deps -e .

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from detfp_capture._digest import native
 from detfp_capture.contract import DIGEST_ALGORITHM, DIGEST_VERSION
 
 #: Bytes per level-0 row and lanes per output row (docs/digest.md, "Levels").
@@ -116,26 +117,59 @@ def _int_mm_is_faster(device: torch.device) -> bool:
     the int8 GEMM runs a generic kernel: 3-5x slower per digest than converting to float32 and
     using the float GEMM, while CPUs with VNNI run it several times faster than the float path.
     """
+    wi, wf = weights(device, 0, False, True), weights(device, 0, True)
+    best = _best_seconds(
+        device, {True: lambda x: torch._int_mm(x, wi), False: lambda x: (x.to(torch.float32) @ wf).to(torch.int32)}
+    )
+    return best[True] <= best[False]
+
+
+def _best_seconds(device: torch.device, fns: dict) -> dict:
+    """Best of three timings of each ``fn(x)``, taking turns, on fixed rows: 512 x 1024 bytes
+    (not from torch's RNG, which the training job owns)."""
     import time
 
-    # Fixed data (not torch's RNG, which the training job owns): 512 rows of 1024 bytes.
     x = (torch.arange(512 * K, dtype=torch.int32, device=device) % 251 - 125).to(torch.int8).view(512, K)
-    wi, wf = weights(device, 0, False, True), weights(device, 0, True)
-    best = {True: math.inf, False: math.inf}
+    best = dict.fromkeys(fns, math.inf)
     for _ in range(3):
-        for use_int in (True, False):
+        for key, fn in fns.items():
             t0 = time.perf_counter()
-            if use_int:
-                torch._int_mm(x, wi)
+            fn(x)
+            best[key] = min(best[key], time.perf_counter() - t0)
+    return best
+
+
+#: True when the native kernel (``native.py``) is this process's level GEMM on CPU.
+_NATIVE: dict[str, bool] = {}
+
+
+def use_native(device: torch.device) -> bool:
+    """Whether the level GEMM runs in the native kernel: on CPU, when it is built and, timed once
+    per process, faster than torch's route (the int8 GEMM where VNNI makes that fast, else the
+    exact float32 GEMM). All three give the same bits, so only speed decides."""
+    if device.type != "cpu":
+        return False
+    ok = _NATIVE.get("cpu")
+    if ok is None:
+        ok = native.AVAILABLE
+        if ok:
+            w8 = weights(device, 0, False)
+            if use_int_mm(device):
+                wi = weights(device, 0, False, True)
+                torch_route = lambda x: torch._int_mm(x, wi)  # noqa: E731
             else:
-                (x.to(torch.float32) @ wf).to(torch.int32)
-            best[use_int] = min(best[use_int], time.perf_counter() - t0)
-    return best[True] <= best[False]
+                torch_route = lambda x: _float_mm(x, 0, None)  # noqa: E731
+            best = _best_seconds(device, {True: lambda x: native.mm(x, w8, 0), False: torch_route})
+            ok = best[True] <= best[False]
+        _NATIVE["cpu"] = ok
+    return ok
 
 
 def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly (written into ``out`` if given)."""
     dev = x.device
+    if dev.type == "cpu" and use_native(dev):
+        return native.mm(x, weights(dev, level, False), level, out)
     if use_int_mm(dev):
         m = x.shape[0]
         if dev.type in ANY_M_DEVICES:
@@ -153,32 +187,36 @@ def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Te
     else:
         # Exact: every product and partial sum is an integer of magnitude < 1024*128*127 < 2**24,
         # and the operands have <= 8 significant bits, so TF32/bf16 matmul modes are exact too.
-        w = weights(dev, level, True)
         if dev.type != "cpu":
-            y = (x.to(torch.float32) @ w).to(torch.int32)
+            y = (x.to(torch.float32) @ weights(dev, level, True)).to(torch.int32)
         else:
-            # One reused float32 block per thread (no 1 MiB allocation per call), every block's
-            # GEMM written into one float32 result and converted to int32 once at the end (one
-            # conversion call per call, not one per block): the same GEMMs on the same rows.
-            m = x.shape[0]
-            buf = _float_block()
-            acc = torch.empty(m, LANES, dtype=torch.float32)
-            mmul = torch.mm
-            for i in range(0, m, _FLOAT_BLOCK_ROWS):
-                j = i + _FLOAT_BLOCK_ROWS
-                if j > m:
-                    j = m
-                b = buf if j - i == _FLOAT_BLOCK_ROWS else buf[: j - i]
-                b.copy_(x[i:j])
-                mmul(b, w, out=acc[i:j])
-            if out is None:
-                return acc.to(torch.int32)
-            out.copy_(acc)
-            return out
+            return _float_mm(x, level, out)
     if out is not None and y is not out:
         out.copy_(y)
         return out
     return y
+
+
+def _float_mm(x: torch.Tensor, level: int, out: torch.Tensor | None) -> torch.Tensor:
+    """The exact float32 route of ``mm`` on CPU (see ``mm``). One reused float32 block per thread
+    (no 1 MiB allocation per call), every block's GEMM written into one float32 result and
+    converted to int32 once at the end (one conversion call per call, not one per block)."""
+    w = weights(x.device, level, True)
+    m = x.shape[0]
+    buf = _float_block()
+    acc = torch.empty(m, LANES, dtype=torch.float32)
+    mmul = torch.mm
+    for i in range(0, m, _FLOAT_BLOCK_ROWS):
+        j = i + _FLOAT_BLOCK_ROWS
+        if j > m:
+            j = m
+        b = buf if j - i == _FLOAT_BLOCK_ROWS else buf[: j - i]
+        b.copy_(x[i:j])
+        mmul(b, w, out=acc[i:j])
+    if out is None:
+        return acc.to(torch.int32)
+    out.copy_(acc)
+    return out
 
 
 _BLOCKS = threading.local()
@@ -202,6 +240,8 @@ def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:
     """
     n, length = x.shape
     dev = x.device
+    if dev.type == "cpu" and use_native(dev):
+        return native.mm(x, weights(dev, level, False), level)
     if dev.type in ANY_M_DEVICES and use_int_mm(dev):
         if length == 0:
             return torch.zeros(n, LANES, dtype=torch.int32, device=dev)

@@ -181,6 +181,7 @@ def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch):
     extreme = torch.full((1024 * 40,), -128, dtype=torch.int8)  # largest |partial sum|
     ts = [torch.randn(70000, generator=g), extreme, torch.randint(-128, 128, (5000,), dtype=torch.int8, generator=g)]
     x = torch.randint(-128, 128, (600, 1024), dtype=torch.int8, generator=g)  # blocks of 256 rows and a rest
+    monkeypatch.setitem(core._NATIVE, "cpu", False)  # torch's routes (the native one: test_native_lanes.py)
     monkeypatch.setitem(core._INT_MM, "cpu", True)  # whichever path the speed test picked here
     exact = core.mm(x, 0)
     want = [fp(t) for t in ts]
@@ -207,6 +208,8 @@ def test_row_padding_for_accelerator_kernels_is_exact(monkeypatch):
     want = [core.mm(x[:m], 2) for m in (1, 16, 17, 32, 33, 40)]
     want_fps = [fp(t) for t in ts]
     monkeypatch.setattr(core, "ANY_M_DEVICES", frozenset())  # take the CUDA path's zero-row padding
+    monkeypatch.setitem(core._NATIVE, "cpu", False)  # ... through torch's int8 GEMM, which pads
+    monkeypatch.setitem(core._INT_MM, "cpu", True)
     assert all(torch.equal(core.mm(x[:m], 2), w) for m, w in zip((1, 16, 17, 32, 33, 40), want, strict=True))
     assert [fp(t) for t in ts] == want_fps
 
