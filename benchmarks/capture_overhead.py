@@ -393,13 +393,15 @@ def breakdown(
     record (host time: hooks, bookkeeping, the flush), from the mean step times of all trials
     and the records of the timed steps in each trial's trace; then the time the digest's GEMMs
     took inside those steps (``_time_gemms``) and the rest per record once it is taken off."""
+    from detfp_capture._digest import core
+
     base = statistics.fmean([x for t in trials for x in t["none"]])
     first, last = args.warmup, args.warmup + args.rounds - 1
     out = {}
     mib = CLONE_MIB[torch.device(args.device).type == "cuda"]
     print(
         f"where the overhead goes (on a {mib} MiB tensor, measured in this run: clone() {bandwidth / 1e9:.1f} GB/s, "
-        f"the digest {digest_bw / 1e9:.1f} GB/s):\n"
+        f"the digest {digest_bw / 1e9:.1f} GB/s, level GEMM: {core.route(torch.device(args.device))}):\n"
         f"  us/record = overhead / records; beyond clone = (overhead - bytes at clone bw) / records;\n"
         f"  beyond digest = (overhead - bytes at digest bw) / records: bookkeeping (hooks, records, flush, copies);\n"
         f"  GEMM ms = time inside the digest's level GEMMs per step, timed in the steps themselves (as loaded as\n"

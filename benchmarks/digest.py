@@ -86,7 +86,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}")
+    from detfp_capture._digest import core
+
+    print(
+        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}, "
+        f"level GEMM: {core.route(device)}"
+    )
     names = ["detfp", "hash_tensor", "xxh3_128", "sha256", "clone"]
     print(f"{'tensor':<16}" + "".join(f"{n + ' GB/s':>17}" for n in names) + f"{'detfp/hash_tensor':>19}")
     for mib in (1, 64):

@@ -165,6 +165,13 @@ def use_native(device: torch.device) -> bool:
     return ok
 
 
+def route(device: torch.device) -> str:
+    """The level GEMM this process runs on ``device``, in words (benchmarks print it)."""
+    if use_native(device):
+        return f"native kernel ({native.KERNEL})"
+    return "int8 GEMM (torch._int_mm)" if use_int_mm(device) else "exact float32 GEMM"
+
+
 def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly (written into ``out`` if given)."""
     dev = x.device

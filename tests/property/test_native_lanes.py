@@ -130,3 +130,13 @@ def test_the_kernel_is_built_where_a_compiler_is():
     the digest on the slower route and these tests skipped."""
     assert native._lanes is not None, "detfp_capture._digest._lanes is not built: rerun `pip install -e .`"
     assert native.KERNEL in ("avx2", "portable")
+
+
+def test_route_names_the_gemm_the_process_runs(monkeypatch):
+    monkeypatch.setitem(core._NATIVE, "cpu", True)
+    assert core.route(CPU) == f"native kernel ({native.KERNEL})"
+    monkeypatch.setitem(core._NATIVE, "cpu", False)
+    monkeypatch.setitem(core._INT_MM, "cpu", True)
+    assert core.route(CPU) == "int8 GEMM (torch._int_mm)"
+    monkeypatch.setitem(core._INT_MM, "cpu", False)
+    assert core.route(CPU) == "exact float32 GEMM"
