@@ -5,7 +5,7 @@ The kernel computes the same integers as ``torch._int_mm`` and the exact float32
 GB/s of digested bytes against 1 GB/s for the float route). It is built by ``pip install`` when a C
 compiler is there (``setup.py``, optional); without it ``AVAILABLE`` is False and ``core.mm`` takes
 torch's routes. ``DETFP_NATIVE=0`` in the environment leaves it unused (to rule it out, or to
-compare). Which route a process takes is decided once, by timing (``core.cpu_route``).
+compare). Which route a process takes is decided once, by timing (``core.use_native``).
 
 Everything here checks what it hands the kernel (CPU, dtype, shape, strides): the kernel reads and
 writes raw addresses.

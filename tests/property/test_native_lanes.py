@@ -28,11 +28,6 @@ def reference(x: torch.Tensor, level: int) -> torch.Tensor:
     return torch._int_mm(pad.contiguous(), core.weights(CPU, level, False))
 
 
-def rows_of(data: bytes, rows: int, cols: int) -> torch.Tensor:
-    t = torch.frombuffer(bytearray(data), dtype=torch.int8) if data else torch.zeros(0, dtype=torch.int8)
-    return t[: rows * cols].view(rows, cols)
-
-
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(
