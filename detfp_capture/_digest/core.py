@@ -152,7 +152,7 @@ def use_native(device: torch.device) -> bool:
     ok = _NATIVE.get("cpu")
     if ok is None:
         ok = native.AVAILABLE
-        if ok:
+        if ok and not native.FORCED:
             w8 = weights(device, 0, False)
             if use_int_mm(device):
                 wi = weights(device, 0, False, True)

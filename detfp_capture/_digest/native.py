@@ -4,8 +4,9 @@ The kernel computes the same integers as ``torch._int_mm`` and the exact float32
 ``core.mm``; it only runs faster where torch has no fast int8 GEMM (AVX2 without VNNI: about 2.3
 GB/s of digested bytes against 1 GB/s for the float route). It is built by ``pip install`` when a C
 compiler is there (``setup.py``, optional); without it ``AVAILABLE`` is False and ``core.mm`` takes
-torch's routes. ``DETFP_NATIVE=0`` in the environment leaves it unused (to rule it out, or to
-compare). Which route a process takes is decided once, by timing (``core.use_native``).
+torch's routes. Which route a process takes is decided once, by timing (``core.use_native``);
+``DETFP_NATIVE=0`` in the environment leaves the kernel unused and ``DETFP_NATIVE=1`` uses it
+wherever it is built, without timing it (to rule it out, or to compare the routes).
 
 Everything here checks what it hands the kernel (CPU, dtype, shape, strides): the kernel reads and
 writes raw addresses.
@@ -23,10 +24,13 @@ try:
 except ImportError:  # not built (no C compiler at install): torch's routes only
     _lanes = None
 
-__all__ = ["AVAILABLE", "KERNEL", "mm"]
+__all__ = ["AVAILABLE", "FORCED", "KERNEL", "mm"]
 
+_MODE = os.environ.get("DETFP_NATIVE", "")
 #: Whether the kernel is built and not switched off by ``DETFP_NATIVE=0``.
-AVAILABLE = _lanes is not None and os.environ.get("DETFP_NATIVE", "1") != "0"
+AVAILABLE = _lanes is not None and _MODE != "0"
+#: ``DETFP_NATIVE=1``: used wherever built, without timing it against torch's routes.
+FORCED = AVAILABLE and _MODE == "1"
 #: The kernel this CPU runs ("avx2", "portable"), or None.
 KERNEL = _lanes.kernel() if _lanes is not None else None
 

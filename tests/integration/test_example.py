@@ -6,7 +6,7 @@ gloo, CPU; one 4-rank job) and the tests assert many things per job:
 * valid per-rank traces at every level (ranks, tables, record kinds, recompute phase,
   collectives and DDP gradient reduction, metric bits), with 2 and 4 ranks;
 * capture never perturbs: losses and final parameters equal a capture-off job;
-* two unplanted jobs are record-for-record identical;
+* two unplanted jobs are record-for-record identical, one launch on each digest route;
 * each planted cause lands where expected, and ``bisect`` names it (step, op, verdict,
   pattern, difference kind). A changed sample on one rank and a resume with and without the
   RNG state are checked on the example's recorded pairs (``test_example_samples.py``) and on
@@ -37,6 +37,7 @@ import pytest
 
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
+from detfp_capture._digest import native
 from tests.fixtures.shards import fold_shards
 
 # The shared fixture launches every job inside the first test's setup: allow it more than
@@ -85,6 +86,7 @@ def _launch_many(runs: dict[str, list[str]], root: Path, tag: str, nproc: int = 
     procs = []
     for rank in range(nproc):
         env = _env()
+        env.update(LAUNCH_ENV.get(tag, {}))
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
@@ -114,6 +116,10 @@ NONDET = "nondet_op,uninit,async_early"
 # The two runs of every compared pair (a/b, nondet_a/nondet_b) are in different launches, so
 # in different processes (their own hash seeds, urandom-seeded plants and allocator), and the
 # capture-off job is the first of its launch: no capture ran in its process before it.
+#: Each launch's digest route on CPU (``DETFP_NATIVE``): the compared pairs (a/b, nondet_a/nondet_b)
+#: take different routes where the native kernel is built, and must still be identical (or name
+#: the planted cause, nothing else): the route is a speed decision, never a difference.
+LAUNCH_ENV = {"p1": {"DETFP_NATIVE": "1"}, "p2": {"DETFP_NATIVE": "0"}}
 JOBS = {
     "a": (["--level", "boundaries", "--steps", "3", "--rows"], 2, "p1"),
     "off": (["--steps", "3"], 2, "p2"),
@@ -297,6 +303,11 @@ def test_two_unplanted_runs_are_record_for_record_identical(jobs):
     assert ma["bits"].to_list() == mb["bits"].to_list()
     result = _bisect(jobs["a"][0], jobs["b"][0])
     assert result["status"] == "identical" and result["first_step"] is None
+    # ... across digest routes: a's launch ran the native kernel where it is built, b's torch's GEMM
+    routes = {n: set(re.findall(r"^digest route: (.+)$", jobs[n][1], re.M)) for n in ("a", "b")}
+    assert len(routes["a"]) == len(routes["b"]) == 1 and not next(iter(routes["b"])).startswith("native")
+    if native._lanes is not None:  # built: DETFP_NATIVE=1 makes a's launch use it
+        assert next(iter(routes["a"])).startswith("native kernel")
 
 
 # ----------------------------------------------------------------------------- planted causes

@@ -111,6 +111,14 @@ def test_route_choice_is_timed_once_without_touching_the_rng(monkeypatch):
     assert not core.use_native(torch.device("meta"))  # never off the CPU
 
 
+@needs_native
+def test_detfp_native_1_uses_the_kernel_without_timing_it(monkeypatch):
+    monkeypatch.setattr(native, "FORCED", True)
+    monkeypatch.delitem(core._NATIVE, "cpu", raising=False)
+    monkeypatch.setattr(core, "_best_seconds", lambda *a: pytest.fail("timed although forced"))
+    assert core.use_native(CPU) is True
+
+
 def test_without_the_kernel_torch_routes_are_taken(monkeypatch):
     monkeypatch.setattr(native, "AVAILABLE", False)
     monkeypatch.delitem(core._NATIVE, "cpu", raising=False)
