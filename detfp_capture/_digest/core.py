@@ -153,16 +153,30 @@ def use_native(device: torch.device) -> bool:
     if ok is None:
         ok = native.AVAILABLE
         if ok and not native.FORCED:
-            w8 = weights(device, 0, False)
+            pw = _native_pairs(0)
             if use_int_mm(device):
                 wi = weights(device, 0, False, True)
                 torch_route = lambda x: torch._int_mm(x, wi)  # noqa: E731
             else:
                 torch_route = lambda x: _float_mm(x, 0, None)  # noqa: E731
-            best = _best_seconds(device, {True: lambda x: native.mm(x, w8, 0), False: torch_route})
+            best = _best_seconds(device, {True: lambda x: native.mm(x, pw), False: torch_route})
             ok = best[True] <= best[False]
         _NATIVE["cpu"] = ok
     return ok
+
+
+_CPU = torch.device("cpu")
+
+
+def _native_pairs(level: int) -> torch.Tensor:
+    pw = native.PAIRS.get(level)
+    return pw if pw is not None else native.pair_weights(weights(_CPU, level, False), level)
+
+
+def _native_on_cpu() -> bool:
+    """``use_native`` on CPU, with the decision already made read from ``_NATIVE`` (hot path)."""
+    ok = _NATIVE.get("cpu")
+    return use_native(_CPU) if ok is None else ok
 
 
 def route(device: torch.device) -> str:
@@ -174,9 +188,9 @@ def route(device: torch.device) -> str:
 
 def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly (written into ``out`` if given)."""
+    if x.is_cpu and _native_on_cpu():
+        return native.mm(x, _native_pairs(level), out)
     dev = x.device
-    if dev.type == "cpu" and use_native(dev):
-        return native.mm(x, weights(dev, level, False), level, out)
     if use_int_mm(dev):
         m = x.shape[0]
         if dev.type in ANY_M_DEVICES:
@@ -245,10 +259,10 @@ def mm_short(x: torch.Tensor, level: int) -> torch.Tensor:
     Zero padding columns contribute nothing, so X_pad @ W == X @ W[:L]: on CPU that skips
     materializing the padding (a 16-byte row would otherwise cost a 1024-byte GEMM row).
     """
+    if x.is_cpu and _native_on_cpu():
+        return native.mm(x, _native_pairs(level))
     n, length = x.shape
     dev = x.device
-    if dev.type == "cpu" and use_native(dev):
-        return native.mm(x, weights(dev, level, False), level)
     if dev.type in ANY_M_DEVICES and use_int_mm(dev):
         if length == 0:
             return torch.zeros(n, LANES, dtype=torch.int32, device=dev)

@@ -24,7 +24,7 @@ try:
 except ImportError:  # not built (no C compiler at install): torch's routes only
     _lanes = None
 
-__all__ = ["AVAILABLE", "FORCED", "KERNEL", "mm"]
+__all__ = ["AVAILABLE", "FORCED", "KERNEL", "PAIRS", "mm", "pair_weights"]
 
 _MODE = os.environ.get("DETFP_NATIVE", "")
 #: Whether the kernel is built and not switched off by ``DETFP_NATIVE=0``.
@@ -36,50 +36,48 @@ KERNEL = _lanes.kernel() if _lanes is not None else None
 
 _K = 1024
 _LANES = 16
-_PAIRS: dict[int, torch.Tensor] = {}
+_PAIR_SHAPE = (_K // 2, _LANES, 2)
+#: level -> its pair_weights (read by ``core`` without a call, then built once by ``pair_weights``).
+PAIRS: dict[int, torch.Tensor] = {}
 _LOCK = threading.Lock()
 
 
 def pair_weights(w: torch.Tensor, level: int) -> torch.Tensor:
     """The level's (1024, 16) int8 weights as the kernel reads them: int16 pairs,
     ``[p][l][j] = W[2p + j][l]`` (cached per level)."""
-    pw = _PAIRS.get(level)
+    pw = PAIRS.get(level)
     if pw is None:
         with _LOCK, torch.inference_mode(False):
             pw = w.to(torch.int16).view(_K // 2, 2, _LANES).transpose(1, 2).contiguous()
-            _PAIRS[level] = pw
+            PAIRS[level] = pw
     return pw
 
 
-def mm(
-    x: torch.Tensor, w: torch.Tensor, level: int, out: torch.Tensor | None = None, portable: bool = False
-) -> torch.Tensor:
-    """(M, L) int8 with L <= 1024 @ the first L rows of W_level (``w``, int8) -> (M, 16) int32,
-    exactly, written into ``out`` if given. ``portable``: the plain-C loop even where AVX2 runs
-    (tests hold the two to each other)."""
+def mm(x: torch.Tensor, pw: torch.Tensor, out: torch.Tensor | None = None, portable: bool = False) -> torch.Tensor:
+    """(M, L) int8 with L <= 1024 @ the first L rows of a level's weights -> (M, 16) int32,
+    exactly, written into ``out`` if given. ``pw``: that level's ``pair_weights``. ``portable``:
+    the plain-C loop even where AVX2 runs (tests hold the two to each other). Per call about 4 us
+    of checks around the kernel (``core.mm`` calls it hundreds of times per step at level ops)."""
     if _lanes is None:
         raise RuntimeError("detfp's native digest kernel is not built")
-    if x.device.type != "cpu" or x.dtype != torch.int8 or x.dim() != 2:
+    if not x.is_cpu or x.dtype is not torch.int8 or x.dim() != 2:
         raise ValueError(f"native mm: want a 2-D int8 CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    if not pw.is_cpu or pw.dtype is not torch.int16 or pw.shape != _PAIR_SHAPE or not pw.is_contiguous():
+        raise ValueError("native mm: pw must be a level's pair_weights")
     rows, cols = x.shape
     if cols > _K:
         raise ValueError(f"native mm: rows of {cols} bytes, at most {_K}")
-    if (cols > 1 and x.stride(1) != 1) or (rows > 1 and x.stride(0) < cols):
+    st = x.stride()
+    if (cols > 1 and st[1] != 1) or (rows > 1 and st[0] < cols):
         x = x.contiguous()
+        st = x.stride()
     y = out
-    if (
-        y is None
-        or y.dtype != torch.int32
-        or y.shape != (rows, _LANES)
-        or not y.is_contiguous()
-        or y.device.type != "cpu"
-    ):
-        y = torch.empty(rows, _LANES, dtype=torch.int32)
+    if y is None or not (y.is_cpu and y.dtype is torch.int32 and y.shape == (rows, _LANES) and y.is_contiguous()):
+        y = torch.empty((rows, _LANES), dtype=torch.int32)
     if rows and not cols:
         y.zero_()  # no bytes: no terms (and an empty tensor has no address to hand over)
     elif rows:
-        pw = pair_weights(w, level)
-        _lanes.lanes(x.data_ptr(), rows, cols, x.stride(0), pw.data_ptr(), y.data_ptr(), portable)
+        _lanes.lanes(x.data_ptr(), rows, cols, st[0], pw.data_ptr(), y.data_ptr(), portable)
     if out is not None and y is not out:
         out.copy_(y)  # an ``out`` the kernel cannot write directly (strided, another dtype)
         return out

@@ -20,6 +20,10 @@ CPU = torch.device("cpu")
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native digest kernel not built (no C compiler)")
 
 
+def pairs(level: int) -> torch.Tensor:
+    return native.pair_weights(core.weights(CPU, level, False), level)
+
+
 def reference(x: torch.Tensor, level: int) -> torch.Tensor:
     """torch's int8 GEMM on the rows zero-padded to 1024 bytes (zero bytes add nothing)."""
     if x.shape[0] == 0:
@@ -45,10 +49,9 @@ def test_native_equals_int_mm_on_every_shape_and_byte(rows, cols, level, fill, s
         "max": lambda: torch.full((rows, cols), 127, dtype=torch.int8),
         "alternating": lambda: (torch.arange(rows * cols) % 2 * 255 - 128).to(torch.int8).view(rows, cols),
     }[fill]()
-    w = core.weights(CPU, level, False)
     want = reference(x, level)
-    assert torch.equal(native.mm(x, w, level), want)
-    assert torch.equal(native.mm(x, w, level, portable=True), want)
+    assert torch.equal(native.mm(x, pairs(level)), want)
+    assert torch.equal(native.mm(x, pairs(level), portable=True), want)
 
 
 @needs_native
@@ -56,30 +59,30 @@ def test_native_equals_int_mm_on_every_shape_and_byte(rows, cols, level, fill, s
 def test_native_reads_strided_and_offset_rows(rows, cols, gap, offset):
     base = torch.randint(-128, 128, (offset + rows * (cols + gap),), dtype=torch.int8)
     x = base[offset:].as_strided((rows, cols), (cols + gap, 1))
-    assert torch.equal(native.mm(x, core.weights(CPU, 1, False), 1), reference(x.contiguous(), 1))
+    assert torch.equal(native.mm(x, pairs(1)), reference(x.contiguous(), 1))
     # every column of a transposed (non-unit column stride) view too: copied before the kernel
     xt = torch.randint(-128, 128, (cols, rows), dtype=torch.int8).t()
-    assert torch.equal(native.mm(xt, core.weights(CPU, 0, False), 0), reference(xt.contiguous(), 0))
+    assert torch.equal(native.mm(xt, pairs(0)), reference(xt.contiguous(), 0))
 
 
 @needs_native
 def test_native_writes_into_out_or_copies_into_one_it_cannot_write():
     x = torch.randint(-128, 128, (37, 1024), dtype=torch.int8)
-    w = core.weights(CPU, 0, False)
     want = reference(x, 0)
     into = torch.full((37, 16), 7, dtype=torch.int32)
-    assert native.mm(x, w, 0, out=into) is into and torch.equal(into, want)
+    assert native.mm(x, pairs(0), out=into) is into and torch.equal(into, want)
     strided = torch.zeros(37, 32, dtype=torch.int32)[:, ::2]
-    assert native.mm(x, w, 0, out=strided) is strided and torch.equal(strided, want)
+    assert native.mm(x, pairs(0), out=strided) is strided and torch.equal(strided, want)
 
 
 @needs_native
 def test_native_refuses_what_it_cannot_read():
-    w = core.weights(CPU, 0, False)
     with pytest.raises(ValueError, match="int8"):
-        native.mm(torch.zeros(2, 4, dtype=torch.int16), w, 0)
+        native.mm(torch.zeros(2, 4, dtype=torch.int16), pairs(0))
     with pytest.raises(ValueError, match="at most 1024"):
-        native.mm(torch.zeros(2, 1025, dtype=torch.int8), w, 0)
+        native.mm(torch.zeros(2, 1025, dtype=torch.int8), pairs(0))
+    with pytest.raises(ValueError, match="pair_weights"):  # the int8 weights themselves: refused
+        native.mm(torch.zeros(2, 8, dtype=torch.int8), core.weights(CPU, 0, False))
 
 
 @pytest.mark.parametrize("route", ["native", "int_mm", "float"])
