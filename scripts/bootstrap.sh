@@ -11,12 +11,26 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.detfp-installed
 # setup.py and the C source: the digest's native kernel is built by the editable install, so a
-# change to either reinstalls (rebuilds) it.
+# change to either reinstalls (rebuilds) it, as does a built kernel gone missing (a `git clean`)
+# where a C compiler is there to build it.
+# A build that failed (no Python headers, say) is not retried until its sources change.
+kernel_missing=false
+unbuildable=.venv/.detfp-kernel-unbuildable
+if { command -v cc || command -v gcc; } >/dev/null 2>&1 && ! compgen -G 'detfp_capture/_digest/_lanes*.so' >/dev/null \
+  && { [ ! -f "$unbuildable" ] || [ setup.py -nt "$unbuildable" ] || [ detfp_capture/_digest/_lanes.c -nt "$unbuildable" ]; }; then
+  kernel_missing=true
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] \
-  || [ setup.py -nt "$stamp" ] || [ detfp_capture/_digest/_lanes.c -nt "$stamp" ]; then
+  || [ setup.py -nt "$stamp" ] || [ detfp_capture/_digest/_lanes.c -nt "$stamp" ] || $kernel_missing; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install --quiet -r requirements-dev.txt
   .venv/bin/python -m pip install --quiet --no-deps -e .
+  if compgen -G 'detfp_capture/_digest/_lanes*.so' >/dev/null; then
+    rm -f "$unbuildable"
+  else
+    touch "$unbuildable"
+    echo "bootstrap: the digest's native kernel was not built (no C compiler or Python headers); the digest uses torch's slower exact route" >&2
+  fi
   touch "$stamp"
 fi
 # The Spark engine (detfp[spark], in requirements-dev.txt) needs Java 17+; its tests are in the
