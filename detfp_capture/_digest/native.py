@@ -2,9 +2,9 @@
 
 The kernel computes the same integers as ``torch._int_mm`` and the exact float32 GEMM of
 ``core.mm``; it only runs faster where torch has no fast int8 GEMM (AVX2 without VNNI: about 2.3
-GB/s of digested bytes against 1 GB/s for the float route). It is built by ``pip install`` when a C
-compiler is there (``setup.py``, optional); without it ``AVAILABLE`` is False and ``core.mm`` takes
-torch's routes. Which route a process takes is decided once, by timing (``core.use_native``);
+GB/s of digested bytes against 1 GB/s for the float route). It is built by ``pip install`` where
+a C compiler and Python's headers are (``setup.py``, optional); without it ``AVAILABLE`` is False
+and ``core.mm`` takes torch's routes. Which route a process takes is decided once, by timing (``core.use_native``);
 ``DETFP_NATIVE=0`` in the environment leaves the kernel unused and ``DETFP_NATIVE=1`` uses it
 wherever it is built, without timing it (to rule it out, or to compare the routes).
 
@@ -21,7 +21,7 @@ import torch
 
 try:
     from detfp_capture._digest import _lanes
-except ImportError:  # not built (no C compiler at install): torch's routes only
+except ImportError:  # not built (no compiler or headers at install): torch's routes only
     _lanes = None
 
 __all__ = ["AVAILABLE", "FORCED", "KERNEL", "PAIRS", "mm", "pair_weights"]
