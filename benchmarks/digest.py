@@ -6,7 +6,10 @@ xxh3-128 and sha256 over the raw bytes (host hashes, CPU only), and ``clone()`` 
 reference), timed round-robin (each round times every method once); then the ratio
 detfp / hash_tensor (median of per-round ratios), and the per-call cost for a tiny tensor (16
 floats) through ``start`` alone (what capture pays per tensor), ``start`` + a share of a batched
-``resolve``, and ``fingerprint``. Each number is the median of several rounds.
+``resolve``, and ``fingerprint``. Each number is the median of several rounds. On CPU, last, the
+level GEMM alone (``_digest.core.mm`` on 16 MiB of rows) on each route this machine has, side by
+side: the native kernel, ``torch._int_mm`` and the exact float32 GEMM (the same integers on each),
+with each route's speed over the float32 GEMM's.
 
     .venv/bin/python benchmarks/digest.py [--device cuda] [--repeats 7] [--threads N]
 """
@@ -129,6 +132,38 @@ def main() -> None:
     print(f"  start() + batched resolve ({batch})  {per_batched * 1e6:8.1f}")
     print(f"  fingerprint() (one sync)        {per_fp * 1e6:8.1f}")
     print(f"  torch.hash_tensor (no fetch)    {per_hash * 1e6:8.1f}")
+    if device.type == "cpu":
+        gemm_routes(args.repeats)
+
+
+def gemm_routes(repeats: int) -> None:
+    """The level GEMM on each CPU route, round-robin; a route is forced per call through the
+    decisions ``core`` caches (``_NATIVE``, ``_INT_MM``), restored afterwards."""
+    from detfp_capture._digest import core, native
+
+    x = torch.randint(-128, 128, (16384, 1024), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    saved = dict(core._NATIVE), dict(core._INT_MM)
+    routes = {"native": (True, False), "int8 GEMM": (False, True), "float32 GEMM": (False, False)}
+    if not native.AVAILABLE:
+        del routes["native"]
+
+    def run(flags: tuple[bool, bool]):
+        def fn() -> None:
+            core._NATIVE["cpu"], core._INT_MM["cpu"] = flags
+            core.mm(x, 0)
+
+        return fn
+
+    try:
+        secs = interleaved_seconds({n: run(f) for n, f in routes.items()}, repeats, torch.device("cpu"), 1)
+    finally:
+        for cache, before in zip((core._NATIVE, core._INT_MM), saved, strict=True):
+            cache.clear()
+            cache.update(before)
+    print("level GEMM, 16 MiB of rows, by route (the same integers on each):")
+    for name, t in secs.items():
+        speed = statistics.median(f / r for r, f in zip(t, secs["float32 GEMM"], strict=True))
+        print(f"  {name:<14}{x.numel() / statistics.median(t) / 1e9:8.2f} GB/s {speed:6.2f}x the float32 GEMM")
 
 
 if __name__ == "__main__":
