@@ -141,42 +141,32 @@ def _best_seconds(device: torch.device, fns: dict) -> dict:
 
 #: True when the native kernel (``native.py``) is this process's level GEMM on CPU.
 _NATIVE: dict[str, bool] = {}
+_CPU = torch.device("cpu")
 
 
 def use_native(device: torch.device) -> bool:
     """Whether the level GEMM runs in the native kernel: on CPU, when it is built and, timed once
     per process, faster than torch's route (the int8 GEMM where VNNI makes that fast, else the
     exact float32 GEMM). All three give the same bits, so only speed decides."""
-    if device.type != "cpu":
-        return False
+    return device.type == "cpu" and _native_on_cpu()
+
+
+def _native_on_cpu() -> bool:
+    """``use_native`` on CPU: the decision read from ``_NATIVE`` (the hot path), made on first use."""
     ok = _NATIVE.get("cpu")
     if ok is None:
         ok = native.AVAILABLE
         if ok and not native.FORCED:
             pw = _native_pairs(0)
-            if use_int_mm(device):
-                wi = weights(device, 0, False, True)
-                torch_route = lambda x: torch._int_mm(x, wi)  # noqa: E731
-            else:
-                torch_route = lambda x: _float_mm(x, 0, None)  # noqa: E731
-            best = _best_seconds(device, {True: lambda x: native.mm(x, pw), False: torch_route})
+            best = _best_seconds(_CPU, {True: lambda x: native.mm(x, pw), False: lambda x: _torch_mm(x, 0, None)})
             ok = best[True] <= best[False]
         _NATIVE["cpu"] = ok
     return ok
 
 
-_CPU = torch.device("cpu")
-
-
 def _native_pairs(level: int) -> torch.Tensor:
     pw = native.PAIRS.get(level)
     return pw if pw is not None else native.pair_weights(weights(_CPU, level, False), level)
-
-
-def _native_on_cpu() -> bool:
-    """``use_native`` on CPU, with the decision already made read from ``_NATIVE`` (hot path)."""
-    ok = _NATIVE.get("cpu")
-    return use_native(_CPU) if ok is None else ok
 
 
 def route(device: torch.device) -> str:
@@ -190,6 +180,11 @@ def mm(x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Te
     """(M, 1024) int8 @ W_level -> (M, 16) int32, exactly (written into ``out`` if given)."""
     if x.is_cpu and _native_on_cpu():
         return native.mm(x, _native_pairs(level), out)
+    return _torch_mm(x, level, out)
+
+
+def _torch_mm(x: torch.Tensor, level: int, out: torch.Tensor | None) -> torch.Tensor:
+    """``mm`` through torch: its int8 GEMM where ``use_int_mm``, else the exact float32 GEMM."""
     dev = x.device
     if use_int_mm(dev):
         m = x.shape[0]
