@@ -11,7 +11,7 @@ whose records all match: ``rule.VALUE`` and the same-calls test) is passed over 
 next candidate, a step whose first divergence is under a hazard with nothing clean after it is
 kept as a likely false root, and the first step that changes a value ends the rank's walk. Only
 the calls a verdict needs are then read in full (``enrich``). Both runs' sides of a read are
-collected concurrently, and the next batch is read while the current one is processed.
+collected concurrently, and two batches are walked at once, each in its own thread.
 Memory: two batches of WALK_BATCH rank-steps per run.
 """
 
@@ -40,6 +40,8 @@ __all__ = ["FIRST_PASS_COLUMNS", "Progress", "walk"]
 
 #: progress(stage, done, total): called between batches; the CLI draws a bar with it.
 Progress = Callable[[str, int, int], None]
+#: Walk batches in flight at once (each in its own thread; see ``walk``).
+_WORKERS = 2
 #: An aligned row that is evidence of a value difference (``rule.VALUE``).
 _VALUE = to_polars(rule.VALUE)
 
@@ -180,27 +182,42 @@ def walk(
     found = dict(found or {})
     todo = {r: list(s) for r, s in cands.items() if s}
     total = len(todo)
-    # The next batch is read in a background thread while this one is aligned and enriched
-    # (the engine releases the GIL). Its (rank, step) pairs are fixed before this batch
-    # runs: a batch only ever changes the candidate lists of its own ranks.
-    pool = ThreadPoolExecutor(max_workers=1)
+    # Two batches run at once, each read then aligned and enriched in its own thread: the
+    # engine releases the GIL, so one batch's reads and joins run while the other's Python
+    # does its part (two cores busy where one batch at a time left one mostly idle), and at
+    # most two batches are held, as with a read-ahead. A batch only reads and changes the
+    # candidate lists and findings of its own ranks, so batches are independent; their results
+    # are taken in batch order (the first failing batch raises, as one at a time would) and the
+    # mapping is returned sorted by rank, whatever order the threads finished in.
+    pool = ThreadPoolExecutor(max_workers=_WORKERS)
     try:
         while todo:
             batches = chunks(sorted(todo), batch_size or WALK_BATCH)
-            first_pairs = {r: todo[r][0] for r in batches[0]}
-            pending = pool.submit(_read_pairs, run_a, run_b, first_pairs, _align.NARROW_COLUMNS, slices, True)
-            for i, batch in enumerate(batches):
-                pairs = {r: todo[r][0] for r in batch}
-                read = pending.result()
-                if i + 1 < len(batches):
-                    nxt_pairs = {r: todo[r][0] for r in batches[i + 1]}
-                    pending = pool.submit(_read_pairs, run_a, run_b, nxt_pairs, _align.NARROW_COLUMNS, slices, True)
-                cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
-                _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
+            runs = [pool.submit(_run_batch, run_a, run_b, {r: todo[r][0] for r in b}, todo, boundary, found, slices)
+                    for b in batches]  # fmt: skip
+            for fut in runs:
+                fut.result()
                 if progress:
                     progress("walk", len(found), total)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    return dict(sorted(found.items()))
+
+
+def _run_batch(
+    run_a: Run,
+    run_b: Run,
+    pairs: Mapping[int, int],
+    todo: dict[int, list[int]],
+    boundary: Sequence[int],
+    found: dict[int, Found],
+    slices: Mapping[tuple[int, int], Slice] | None,
+) -> None:
+    """One walk batch from its first read (``pairs``: rank -> step; the sliced ones only to their
+    slice's head) to its findings (``_walk_batch``, in place)."""
+    read = _read_pairs(run_a, run_b, pairs, _align.NARROW_COLUMNS, slices, True)
+    cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
+    _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
     return found
 
 

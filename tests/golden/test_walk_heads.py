@@ -85,3 +85,24 @@ def test_a_head_that_cuts_the_picked_call_reads_the_whole_slice(tmp_path):
     assert sum(r.role == "output" for r in want[0].first.call) >= 2
     assert walk(a, b, {0: [1]}, (), None, slices=cut) == want
     assert walk(a, b, {0: [1]}, (), None, slices=sl) == want
+
+
+@pytest.mark.parametrize("name", ["all_ranks", "structural", "hazard"])
+def test_batches_walked_at_once_give_the_report_of_one_at_a_time(planted, name, monkeypatch):
+    """One rank per batch, so the three ranks' batches run two at a time in the walk's threads and
+    may finish in any order: the report is the one of a single batch, walked one at a time, and
+    the findings come back in rank order."""
+    import importlib
+
+    walk_mod = importlib.import_module("detfp_analyze.bisect.walk")
+    p = planted[name]
+    a, b = open_run(p.a), open_run(p.b)
+    whole = bisect(a, b).to_json_dict()
+    monkeypatch.setattr(walk_mod, "WALK_BATCH", 1)
+    assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == whole
+    cands = {r: [1] for r in (2, 0, 1)}
+    found = walk(a, b, cands, (), None)
+    assert list(found) == sorted(found) and found
+    monkeypatch.setattr(walk_mod, "_WORKERS", 1)
+    assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == whole
+    assert walk(a, b, cands, (), None) == found
