@@ -5,7 +5,9 @@
 2. ``rollup_candidates``: per (rank, step) rollups over narrow columns, ranks in batches,
    streaming: the steps whose rollups differ are the candidates; when both runs stored rollups
    (``blocks``), the same rollups come from those few rows instead, and each candidate step
-   without a structural difference is narrowed to the slice of blocks that differ;
+   without a structural difference is narrowed to the slice of blocks that differ; with the
+   commit logs' step folds (``io.stepsums``), only the metrics of each rank's first differing
+   step and the blocks of the differing steps up to the bound are read;
 3. ``walk``: each rank's candidates in order, up to the bound, then past it only for the ranks
    where no value differs yet;
 4. what was passed over, and the digest errors, become notes; a resumed pair gets its boundary
@@ -99,6 +101,17 @@ def _sum_rollup(sums: _stepsums.Sums, ranks: Sequence[int], lo: int, hi: int) ->
     return pl.DataFrame(rows, schema=_SUM_SCHEMA, orient="row")
 
 
+def _stored_blocks(
+    st: Stages, rollups: bool, sums: tuple[_stepsums.Sums, _stepsums.Sums] | None, ranks: Sequence[int], lo: int, hi: int
+) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """Both runs' stored rollups' blocks of ``ranks`` over [lo, hi] (None without stored rollups):
+    with folds, only of the (rank, step)s whose folds differ (None when none does)."""
+    if not rollups:
+        return None
+    read = (ranks, lo, hi) if sums is None else _stepsums.record_reads(*sums, ranks=ranks, lo=lo, hi=hi)
+    return st.block_rollups(*read) if read else None
+
+
 def search(
     run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = None, stages: Stages | None = None
 ) -> Search:
@@ -121,12 +134,10 @@ def search(
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
     errors = [0, 0]
-    stored = None
-    # The blocks slice the candidate steps; with folds, the candidates come from the folds and
-    # only the (rank, step)s whose folds differ have blocks worth reading.
-    b_read = (compared, lo, hi) if sums is None else _stepsums.record_reads(*sums)
-    if rollups and b_read:
-        stored = st.block_rollups(*b_read)
+    # The stored rollups' blocks slice the candidate steps; with folds, the candidates come from
+    # the folds and only the (rank, step)s whose folds differ have blocks worth reading. Up to
+    # the bound first: the steps after it are read only for the ranks the walk leaves open.
+    stored = _stored_blocks(st, rollups, sums, compared, lo, bound)
     cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored, sums)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
@@ -136,6 +147,7 @@ def search(
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
+            stored = _stored_blocks(st, rollups, sums, rest, bound + 1, hi)
             more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored, sums)
             sl = _blocks.slices(*stored, more) if stored is not None else None
             st.prefetch(more, sl)

@@ -5,7 +5,8 @@ each flush window, per step: its records' rollup (count, digest errors, key XOR,
 the fold of that window's rollups rows) and its metrics (count, sum of ``commitlog.metric_hash``
 mod 2^64). The folds combine across windows and launches, so the bisect tells which (rank, step)s
 differ between two runs from the commit logs ``open_run`` has already read, and reads the
-rollups and metrics shards of those (rank, step)s only: an identical pair reads neither.
+rollups and metrics shards of those (rank, step)s only: an identical pair reads neither, and a
+diverged rank's metrics are read at its first differing step only.
 
 ``from_logs`` keeps, at open, each (rank, segment)'s folds (None for a launch without them or with
 a committed window whose line lacks them); ``pair`` answers for two runs only when both hold
@@ -114,16 +115,29 @@ def _reads(pairs: list[tuple[int, int]]) -> tuple[list[int], int, int] | None:
     return sorted({r for r, _ in pairs}), min(steps), max(steps)
 
 
-def record_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
-    """(ranks, first step, last step) of the (rank, step)s whose records' rollup differs: the
-    only rollups read (the candidate steps are among them); None when none differs."""
-    return _reads(_differ(a, b, slice(0, 4)))
+def record_reads(
+    a: Sums, b: Sums, ranks: Sequence[int] | None = None, lo: int | None = None, hi: int | None = None
+) -> tuple[list[int], int, int] | None:
+    """(ranks, first step, last step) of the (rank, step)s whose records' rollup differs, among
+    ``ranks`` and steps ``lo``..``hi`` when given: the only rollups read (the candidate steps are
+    among them); None when none differs."""
+    want = None if ranks is None else set(ranks)
+    pairs = [
+        (r, s)
+        for r, s in _differ(a, b, slice(0, 4))
+        if (want is None or r in want) and (lo is None or s >= lo) and (hi is None or s <= hi)
+    ]
+    return _reads(pairs)
 
 
 def metric_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
-    """(ranks, first step, last step) of the (rank, step)s whose metrics differ: the only metrics
-    read (each rank's first split is among them); None when none differs."""
-    return _reads(_differ(a, b, slice(4, 6)))
+    """(ranks, first step, last step) covering each rank's first step whose metrics differ: the
+    only metrics read (a rank's first split is its first such step, the folds of the steps before
+    it being equal); None when none differs."""
+    firsts: dict[int, int] = {}
+    for r, s in _differ(a, b, slice(4, 6)):  # sorted: a rank's first pair is its first step
+        firsts.setdefault(r, s)
+    return _reads(sorted(firsts.items()))
 
 
 def held(run: Any) -> tuple[list[int], Sums]:

@@ -186,6 +186,26 @@ def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
     assert json.dumps(rank1).count("9.5") >= 1
 
 
+def test_an_early_divergence_reads_each_rank_up_to_its_first_split(tmp_path, monkeypatch):
+    # An origin on rank 1 at step 0, carried to every rank by the all-reduce: every later step
+    # differs too, but each rank's first split is step 0, so only step 0's metrics and stored
+    # rollups are read (the later steps' rollups would only matter for a rank the walk leaves open).
+    p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=1, step=0, index=40))
+    ranks = list(range(SPEC.ranks))
+    sums = stepsums.pair(open_run(p.a), open_run(p.b), ranks, 0, SPEC.steps - 1)
+    assert sums is not None
+    assert stepsums.record_reads(*sums) == (ranks, 0, SPEC.steps - 1)
+    assert stepsums.record_reads(*sums, ranks=[2, 3], lo=1, hi=1) == ([2, 3], 1, 1)
+    assert stepsums.metric_reads(*sums) == (ranks, 0, 0)
+    calls = _spy(monkeypatch)
+    res = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
+    assert calls == {"metric_divergence": [(ranks, 0, 0)], "block_rollups": [(ranks, 0, 0)]}
+    assert {r["rank"] for r in res["ranks"] if r.get("first")} == set(ranks)
+    for env in ("DETFP_BISECT_SUMS", "DETFP_BISECT_ROLLUPS"):
+        monkeypatch.setenv(env, "0")
+        assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == res
+
+
 def test_a_launch_resumed_into_the_run_supersedes_its_earlier_folds(tmp_path, monkeypatch):
     # Run B's first launch wrote steps 0-2, step 2 different; its second launch (start_step 2)
     # captured steps 2-3 again, as run A has them: B's steps are A's (the first launch's step 2
