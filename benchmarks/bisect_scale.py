@@ -2,7 +2,8 @@
 
 For each size (ranks x steps x records per rank-step, one planted origin) it writes a run
 pair with ``detfp_analyze.testing.synth``, then measures, each in its own child process (so peak
-memory is that child's own ``ru_maxrss``, read with ``os.wait4``):
+memory is that child's own ``ru_maxrss``, read with ``os.wait4`` by a small launcher the child is
+forked from, so the benchmark's own memory is not counted in it: ``_LAUNCHER``):
 
 * ``bisect``: ``open_run`` both runs + ``bisect(..., level="op")``, as the CLI does;
 * ``naive``: read both runs' records fully into pandas (the columns a first-divergence
@@ -146,33 +147,56 @@ def _child(kind: str, a: str, b: str) -> None:
     print(json.dumps(out))
 
 
+#: Runs a command as its own child and writes that child's wall time, CPU seconds and peak RSS
+#: to a file. On Linux a process keeps, as its ``ru_maxrss``, the peak RSS of the image it was
+#: started from (this benchmark, forked or vforked, before its exec), so a child started from
+#: here reads at least this process's own peak; the measured command is forked from this small
+#: launcher instead, whose image is a bare interpreter's.
+_LAUNCHER = """
+import json, os, sys, time
+out, cmd = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(cmd[0], cmd)
+    finally:
+        os._exit(127)
+_, status, u = os.wait4(pid, 0)
+with open(out, "w") as f:
+    json.dump({"wall": time.perf_counter() - t0, "kib": u.ru_maxrss, "cpu": u.ru_utime + u.ru_stime}, f)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
-    """Run ``kind`` in a child process; add its wall time and peak RSS (MiB).
+    """Run ``kind`` in a child process; add its wall time, CPU seconds and peak RSS (MiB), each
+    the child's own (``_LAUNCHER``).
 
     ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (its seconds are its wall time).
     """
-    t0 = time.perf_counter()
     a, b = Path(a).resolve(), Path(b).resolve()  # the child runs elsewhere (cwd below)
     if kind == "cli":
         exe = Path(sys.executable).with_name("detfp-analyze")
         cmd = [str(exe), "bisect", str(a), str(b), "--json"]
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, str(a), str(b)]
-    # cwd: the repository root must not shadow a baseline tree put first on PYTHONPATH (--baseline).
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=None if env is None else {**os.environ, **env},
-        cwd=tempfile.gettempdir(),
-    )
-    # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
-    out = proc.stdout.read() if proc.stdout else ""
-    # wait4 gives this child's own rusage (RUSAGE_CHILDREN would be the max over all children).
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        stats_file = Path(tmp) / "rusage.json"
+        # cwd: the repository root must not shadow a baseline tree put first on PYTHONPATH (--baseline).
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, str(stats_file), *cmd],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=None if env is None else {**os.environ, **env},
+            cwd=tempfile.gettempdir(),
+        )
+        # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
+        out = proc.stdout.read() if proc.stdout else ""
+        code = proc.wait()
+        stats = json.loads(stats_file.read_text()) if stats_file.exists() else {"wall": 0.0, "kib": 0, "cpu": 0.0}
+    wall, peak, cpu = stats["wall"], stats["kib"] / 1024, stats["cpu"]  # Linux: ru_maxrss in KiB
     if kind == "cli":
-        code = os.waitstatus_to_exitcode(status)
         rep = json.loads(out) if code in (0, 1) else {}
         first = {
             str(r["rank"]): [r["first"]["step"], r["first"]["seq_a"], r["first"].get("verdict")]
@@ -180,14 +204,14 @@ def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
             if r.get("first")
         }
         res = {"seconds": wall, "first": first, "report": out} if code in (0, 1) else {"error": f"exit {code}"}
-        return res | {"wall": wall, "peak_mib": usage.ru_maxrss / 1024, "cpu": usage.ru_utime + usage.ru_stime}
-    if os.waitstatus_to_exitcode(status) != 0:
-        return {"error": f"exit {os.waitstatus_to_exitcode(status)}", "wall": wall, "peak_mib": usage.ru_maxrss / 1024}
+        return res | {"wall": wall, "peak_mib": peak, "cpu": cpu}
+    if code != 0:
+        return {"error": f"exit {code}", "wall": wall, "peak_mib": peak}
     res = json.loads(out.strip().splitlines()[-1])
     res["wall"] = wall
-    res["peak_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    res["peak_mib"] = peak
     # CPU seconds (all threads): less sensitive than wall time to other processes on a shared machine.
-    res["cpu"] = usage.ru_utime + usage.ru_stime
+    res["cpu"] = cpu
     return res
 
 
@@ -574,7 +598,7 @@ def main() -> None:
     print(fmt(rows))
     print(
         "\nbisect s: open_run both + bisect(level='op') inside the child (wall); cpu s: the child's user+sys"
-        " CPU time (all threads); MiB: the child's peak RSS (ru_maxrss via os.wait4)."
+        " CPU time (all threads); MiB: the child's peak RSS (ru_maxrss via os.wait4, in a launcher it is forked from)."
         "\nnaive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
         "\ntime x / mem x: naive / bisect."
     )
