@@ -218,7 +218,6 @@ def _run_batch(
     read = _read_pairs(run_a, run_b, pairs, _align.NARROW_COLUMNS, slices, True)
     cut = {r: slices[(r, s)] for r, s in pairs.items() if slices and (r, s) in slices}
     _walk_batch(run_a, run_b, pairs, read, todo, boundary, found, cut)
-    return found
 
 
 def _unsettled(
