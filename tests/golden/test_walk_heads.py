@@ -106,3 +106,29 @@ def test_batches_walked_at_once_give_the_report_of_one_at_a_time(planted, name, 
     monkeypatch.setattr(walk_mod, "_WORKERS", 1)
     assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == whole
     assert walk(a, b, cands, (), None) == found
+
+
+def test_the_first_failing_batch_raises_whichever_thread_fails_first(planted, tmp_path, monkeypatch):
+    """Ranks 1 and 2 each hold a damaged records shard of the walked step, each in its own batch:
+    whichever thread meets its damage first, the error is rank 1's, as one batch at a time gives."""
+    import importlib
+    import shutil
+
+    from detfp_analyze.errors import ShardError
+    from tests.fixtures.shards import flip_in_footer
+
+    walk_mod = importlib.import_module("detfp_analyze.bisect.walk")
+    p = planted["all_ranks"]
+    a, b = shutil.copytree(p.a, tmp_path / "a"), shutil.copytree(p.b, tmp_path / "b")
+    for r in (1, 2):
+        [shard] = (b / "records" / f"rank={r}").glob("*-w0000001.parquet")
+        flip_in_footer(shard, b"parquet-cpp")  # still a valid footer, not the committed one
+    monkeypatch.setattr(walk_mod, "WALK_BATCH", 1)
+    errors = set()
+    for workers in (2, 2, 1):
+        monkeypatch.setattr(walk_mod, "_WORKERS", workers)
+        with pytest.raises(ShardError) as err:
+            bisect(open_run(a), open_run(b))
+        errors.add(str(err.value))
+    [msg] = errors
+    assert "rank=1" in msg and "its footer is not the one its commit line recorded" in msg

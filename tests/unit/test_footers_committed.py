@@ -20,7 +20,7 @@ from detfp_analyze.errors import IncompleteRunError, ShardError
 from detfp_analyze.io import committed, footers
 from detfp_analyze.io.reader import open_run
 from detfp_capture import commitlog, contract
-from tests.fixtures.shards import hexdigest, write_run
+from tests.fixtures.shards import flip_in_footer, hexdigest, write_run
 
 SHARD = "records/rank=1/part-s00000-w0000001.parquet"
 
@@ -137,15 +137,6 @@ def _cli_error(*args) -> str:
     return lines[0]
 
 
-def _flip_in_footer(path: Path, needle: bytes) -> None:
-    """Change one byte of ``needle`` inside the footer, keeping the file's size."""
-    data = bytearray(path.read_bytes())
-    length = int.from_bytes(data[-8:-4], "little")
-    at = data.index(needle, len(data) - 8 - length)
-    data[at] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def test_a_truncated_committed_shard_gives_the_error_of_a_parsed_footer(pair):
     for name in ("a", "a-old"):
         p = pair[name] / SHARD
@@ -182,7 +173,7 @@ def test_other_rows_than_committed_stay_the_row_mismatch_gap(pair):
 
 def test_a_damaged_footer_of_the_same_size_fails_the_read_with_the_parse_error(pair):
     for name in ("b", "b-old"):
-        _flip_in_footer(pair[name] / SHARD, b"key_hash")  # a column name: schema check fails
+        flip_in_footer(pair[name] / SHARD, b"key_hash")  # a column name: schema check fails
     old = _one_line(ShardError, lambda: open_run(pair["b-old"]))
     run_b = open_run(pair["b"])  # opened by size: the damage is not seen yet
     new = _one_line(ShardError, lambda: bisect(open_run(pair["a"]), run_b))
@@ -194,7 +185,7 @@ def test_a_damaged_footer_of_the_same_size_fails_the_read_with_the_parse_error(p
 
 
 def test_a_footer_that_parses_but_differs_from_its_commit_is_refused_on_read(pair):
-    _flip_in_footer(pair["b"] / SHARD, b"parquet-cpp")  # created_by: still a valid footer
+    flip_in_footer(pair["b"] / SHARD, b"parquet-cpp")  # created_by: still a valid footer
     open_run(pair["b-old"])
     run_b = open_run(pair["b"])
     msg = _one_line(ShardError, lambda: run_b.scan("records", ranks=[1], steps=[1]))
