@@ -5,12 +5,16 @@ and settles the pick there, or reads the whole slice: either way, the answer of 
   structural, a digest error, missing records): the report with the stored rollups (heads) is
   the report of the records path;
 * a head that ends inside the picked call (a record of the call after it) is not trusted: the
-  walk reads the whole slice and finds what a walk without heads finds, the call's records whole.
+  walk reads the whole slice and finds what a walk without heads finds, the call's records whole;
+* batches walked two at a time (the walk's threads) give the report, and the error, of one batch
+  at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import shutil
 
 import polars as pl
 import pytest
@@ -18,9 +22,15 @@ import pytest
 from detfp_analyze.bisect import blocks
 from detfp_analyze.bisect.pipeline import bisect
 from detfp_analyze.bisect.walk import walk
+from detfp_analyze.errors import ShardError
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from tests.fixtures.pairs import write_planted
+from tests.fixtures.shards import flip_in_footer
+
+#: The walk's module, for its batch settings (``import detfp_analyze.bisect.walk as ...`` would look
+#: ``bisect`` up as an attribute of ``detfp_analyze``: the ``bisect`` function).
+walk_mod = importlib.import_module("detfp_analyze.bisect.walk")
 
 SPEC = SynthSpec(ranks=3, steps=2, records=4000)  # four blocks per step: the head is a part of the slice
 EARLY = 1500  # block 1: the slice starts at block 0, its head ends with block 1
@@ -92,9 +102,6 @@ def test_batches_walked_at_once_give_the_report_of_one_at_a_time(planted, name, 
     """One rank per batch, so the three ranks' batches run two at a time in the walk's threads and
     may finish in any order: the report is the one of a single batch, walked one at a time, and
     the findings come back in rank order."""
-    import importlib
-
-    walk_mod = importlib.import_module("detfp_analyze.bisect.walk")
     p = planted[name]
     a, b = open_run(p.a), open_run(p.b)
     whole = bisect(a, b).to_json_dict()
@@ -111,13 +118,6 @@ def test_batches_walked_at_once_give_the_report_of_one_at_a_time(planted, name, 
 def test_the_first_failing_batch_raises_whichever_thread_fails_first(planted, tmp_path, monkeypatch):
     """Ranks 1 and 2 each hold a damaged records shard of the walked step, each in its own batch:
     whichever thread meets its damage first, the error is rank 1's, as one batch at a time gives."""
-    import importlib
-    import shutil
-
-    from detfp_analyze.errors import ShardError
-    from tests.fixtures.shards import flip_in_footer
-
-    walk_mod = importlib.import_module("detfp_analyze.bisect.walk")
     p = planted["all_ranks"]
     a, b = shutil.copytree(p.a, tmp_path / "a"), shutil.copytree(p.b, tmp_path / "b")
     for r in (1, 2):
