@@ -28,22 +28,17 @@ One launch (one process group) runs every job, the compiled member's last; the b
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tests" / "fixtures" / "zoo" / "zoo_train.py"
+SCRIPT = ZOO / "zoo_train.py"
 LEVELS = ("metrics", "boundaries", "ops")
 #: member -> (job options, levels, module the nondeterministic op is planted in). Run ``b`` of
 #: the identical pair is watched as the wrapper (``watch(ddp_model)``) where ``a`` watched the
@@ -91,102 +86,62 @@ def plan(member: str, root: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-def _launch(jobs: list[dict[str, Any]], root: Path, tag: str) -> None:
-    root.mkdir(parents=True, exist_ok=True)
-    plan_file = root / f"plan-{tag}.json"
-    plan_file.write_text(json.dumps(jobs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error")
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(SCRIPT),
-        str(plan_file),
-        str(root / "results"),
-    ]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1100)
-    if proc.returncode != 0:
-        raise AssertionError(f"zoo launch {tag} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-
-
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory) -> Path:
     # One launch: the torch and transformers imports paid once per rank. The compiled member's
     # jobs come last, so no eager job runs in a process where dynamo has compiled anything.
     root = tmp_path_factory.mktemp("zoo")
-    _launch([j for m in MEMBERS for j in plan(m, root)], root, "all")
+    launch(SCRIPT, [j for m in MEMBERS for j in plan(m, root)], root, "all")
     return root
-
-
-def _result(root: Path, name: str) -> dict:
-    return json.loads((root / "results" / f"{name}.rank0.json").read_text())
 
 
 def _bisect(root: Path, member: str, lvl: str, a: str, b: str) -> Any:
     d = root / member / lvl
-    return bisect(open_run(d / a), open_run(d / b))
-
-
-def _expect(cond: bool, what: str, res: Any = None) -> None:
-    if not cond:
-        detail = ""
-        if res is not None:
-            from detfp_analyze.report import render_text
-
-            detail = "\n" + render_text(res)
-        raise AssertionError(what + detail)
+    return pair(d / a, d / b)
 
 
 def _identical(root: Path, member: str, lvl: str) -> None:
-    res = _bisect(root, member, lvl, "a", "b")
-    _expect(res.status == "identical", "an identical pair must be identical", res)
+    check_identical(root / member / lvl / "a", root / member / lvl / "b")
 
 
 def _onoff(root: Path, member: str, lvl: str) -> None:
-    off = _result(root, f"{member}.off")
-    for run in ("a", "b"):
-        got = _result(root, f"{member}.{lvl}.{run}")
-        _expect(got == off, f"capture on ({run}) vs off: {got} != {off}")
+    check_onoff(root, f"{member}.off", [f"{member}.{lvl}.a", f"{member}.{lvl}.b"], [0])
 
 
 def _nondet(root: Path, member: str, lvl: str) -> None:
     res = _bisect(root, member, lvl, "a", "nondet")
     target = MEMBERS[member][2]
-    _expect(res.first_step == PLANT and res.diagnosis.pattern == "all_ranks_same_op", "nondet: pattern", res)
+    expect(res.first_step == PLANT and res.diagnosis.pattern == "all_ranks_same_op", "nondet: pattern", res)
     for rr in res.ranks:
         eff = rr.effective
-        _expect(eff is not None and eff.verdict == "origin" and eff.step == PLANT, "nondet: origin on every rank", res)
+        expect(eff is not None and eff.verdict == "origin" and eff.step == PLANT, "nondet: origin on every rank", res)
         if lvl == "ops":
-            _expect(eff.op == "detfp_zoo::split_k_mm.default", "nondet: the planted op", res)
+            expect(eff.op == "detfp_zoo::split_k_mm.default", "nondet: the planted op", res)
         elif lvl == "boundaries" and target:
-            _expect(eff.module == target and eff.kind == "module_output", "nondet: the planted module", res)
+            expect(eff.module == target and eff.kind == "module_output", "nondet: the planted module", res)
         elif lvl == "boundaries":  # compiled in place: the region around it
-            _expect(eff.kind == "compiled", "nondet: the compiled region", res)
+            expect(eff.kind == "compiled", "nondet: the compiled region", res)
 
 
 def _data(root: Path, member: str, lvl: str) -> None:
     res = _bisect(root, member, lvl, "a", "data")
     d = res.diagnosis
-    _expect(d.pattern == "single_rank" and d.origin_ranks == (1,), "data: single_rank on rank 1", res)
+    expect(d.pattern == "single_rank" and d.origin_ranks == (1,), "data: single_rank on rank 1", res)
     r0, r1 = res.rank(0).effective, res.rank(1).effective
-    _expect(r1 is not None and (r1.verdict, r1.kind, r1.step) == ("source", "batch", PLANT), "data: rank 1", res)
-    _expect(r0 is not None and r0.verdict == "receiver", "data: rank 0 receives it", res)
+    expect(r1 is not None and (r1.verdict, r1.kind, r1.step) == ("source", "batch", PLANT), "data: rank 1", res)
+    expect(r0 is not None and r0.verdict == "receiver", "data: rank 0 receives it", res)
 
 
 def _resume_norng(root: Path, member: str, lvl: str) -> None:
     res = _bisect(root, member, lvl, "a", "resume_norng")
     for rr in res.ranks:
         eff = rr.effective
-        _expect(eff is not None and (eff.verdict, eff.kind, eff.step) == ("source", "rng_state", 1), "rng", res)
+        expect(eff is not None and (eff.verdict, eff.kind, eff.step) == ("source", "rng_state", 1), "rng", res)
 
 
 def _resume_rng(root: Path, member: str, lvl: str) -> None:
     res = _bisect(root, member, lvl, "a", "resume_rng")
-    _expect(res.status == "identical", "resume with the RNG state: identical over the overlap", res)
+    expect(res.status == "identical", "resume with the RNG state: identical over the overlap", res)
 
 
 CHECKS: dict[str, Callable[[Path, str, str], None]] = {

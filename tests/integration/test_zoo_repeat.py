@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ _ZOO = Path(__file__).resolve().parents[1] / "fixtures" / "zoo" / "zoo_train.py"
 
 
 def _zoo_module():
+    # The script imports trainkit from its own folder, as it does when run as a script.
+    if str(_ZOO.parent) not in sys.path:
+        sys.path.insert(0, str(_ZOO.parent))
     spec = importlib.util.spec_from_file_location("detfp_zoo_train_for_repeat", _ZOO)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
