@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# The test command: set up .venv if needed (and check Java for the Spark tests), lint, then run
-# the default (CPU, not slow) suite.
+# The test command: set up .venv if needed (and Java for the Spark tests), lint, then run the
+# default (CPU, not slow) suite. `--fast` is the edit loop's tier: lint and the unit, golden and
+# property tests (no JVM, no multi-rank launches, no notebooks); CI runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  bash scripts/bootstrap.sh
+  .venv/bin/ruff check .
+  exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit tests/golden tests/property "$@"
+fi
 bash scripts/bootstrap.sh --java
 .venv/bin/ruff check .
 # Two workers, one test file each at a time (--dist loadfile): a file's module-scoped launches
