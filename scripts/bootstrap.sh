@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv and install detfp with every extra the demo and tests need.
-# torch is pinned to the CPU build that the development machines carry; the package
-# itself only asks for torch>=2.9 (see pyproject.toml). pyspark (the spark extra) comes from
-# requirements-dev.txt; `bootstrap.sh --java` also checks for the Java 17+ that Spark needs.
+# Create (or reuse) .venv and install detfp with its `dev` extra (pyproject.toml: every extra the
+# demo and tests need) under the development pins of requirements-dev.txt, where torch is pinned
+# to the CPU build the development machines carry (the package itself asks for torch>=2.9).
+# `bootstrap.sh --java` also provides the Java 17+ that the Spark engine's tests need.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,8 +23,7 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] \
   || [ setup.py -nt "$stamp" ] || [ detfp_capture/_digest/_lanes.c -nt "$stamp" ] || $kernel_missing; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install --quiet -r requirements-dev.txt
-  .venv/bin/python -m pip install --quiet --no-deps -e .
+  .venv/bin/python -m pip install --quiet -c requirements-dev.txt -e '.[dev]'
   if compgen -G 'detfp_capture/_digest/_lanes*.so' >/dev/null; then
     rm -f "$unbuildable"
   else
@@ -34,18 +33,35 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.tx
   touch "$stamp"
 fi
 # The Spark engine (detfp[spark], in requirements-dev.txt) needs Java 17+; its tests are in the
-# default suite. With --java (scripts/test.sh) a missing or old Java stops here, in one line,
-# instead of failing later as an obscure JVM gateway error.
+# default suite. With --java (scripts/test.sh) a missing or old Java is installed from the system
+# packages where this runs as root with apt-get (as the browser test installs Chromium), else it
+# stops here in one line naming the command, instead of failing later as an obscure JVM error.
+java_major() {
+  "$1" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1
+}
 if [ "${1:-}" = "--java" ]; then
   java_bin=java
   if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then java_bin="$JAVA_HOME/bin/java"; fi
-  if ! command -v "$java_bin" >/dev/null 2>&1; then
-    echo "bootstrap: java not found: the Spark engine's tests need Java 17+; install a JDK (apt-get install openjdk-17-jre-headless, brew install openjdk@17) or set JAVA_HOME" >&2
-    exit 1
-  fi
-  major=$("$java_bin" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+  major=""
+  if command -v "$java_bin" >/dev/null 2>&1; then major=$(java_major "$java_bin"); fi
   if [ -z "$major" ] || [ "$major" -lt 17 ]; then
-    echo "bootstrap: $java_bin is Java ${major:-of unknown version}: the Spark engine's tests need Java 17+; install a JDK 17 or set JAVA_HOME to one" >&2
-    exit 1
+    install="apt-get install -y openjdk-17-jre-headless"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: Java 17+ is missing (found: ${major:-none}); installing it for the Spark engine's tests: $install" >&2
+      if ! { apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1; }; }; then
+        echo "bootstrap: could not install Java with '$install'; install a JDK 17+ or set JAVA_HOME to one" >&2
+        exit 1
+      fi
+      java_bin=java
+      major=$(java_major "$java_bin")
+      if [ -z "$major" ] || [ "$major" -lt 17 ]; then
+        echo "bootstrap: installed openjdk-17-jre-headless but '$java_bin' on PATH is Java ${major:-of unknown version}; set JAVA_HOME to a JDK 17+" >&2
+        exit 1
+      fi
+    else
+      echo "bootstrap: the Spark engine's tests need Java 17+ (found: ${major:-none}); run as root: $install (or brew install openjdk@17, or set JAVA_HOME)" >&2
+      exit 1
+    fi
   fi
 fi
