@@ -117,8 +117,7 @@ def planted_pairs(tmp_path_factory):
     own; the synthetic runs are a function of the spec and the plant, so either set is the same."""
     import pickle
 
-    from tests.fixtures.pairs import write_planted
-    from tests.golden.test_sql_bisect_equivalence import PLANTS, SPEC
+    from tests.fixtures.pairs import PLANTS, SPEC, write_planted
 
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     # The session's directory holds every worker's own (popen-gwN); without xdist, nothing to share.

@@ -27,37 +27,8 @@ from detfp_analyze.bisect.result import BisectResult, Divergence
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.rule.expr import Case, Lit
 from detfp_analyze.sql import connect
-from detfp_analyze.testing.plants import HOWS
-from detfp_analyze.testing.synth import Plant, SynthSpec
 from detfp_capture.contract import call_key, key_hash, record_key
-from tests.fixtures.pairs import build_pair, template
-
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-SAMPLE_PAIRS = [
-    ("ops/a", "ops/b"),
-    ("nondet/a", "nondet/b"),
-    ("data_rank/a", "data_rank/b"),
-    ("moe_permute/a", "moe_permute/b"),
-    ("resume/full", "resume/resumed"),
-    ("resume/full", "resume/restored"),
-]
-SPEC = SynthSpec(ranks=4, steps=3, records=200)
-#: Every plant: each HOWS value, on one rank, a subset, every rank, with the modifiers.
-PLANTS = {
-    "values": Plant(rank=2, step=1, index=40),
-    "subset": Plant(rank=1, step=1, index=40, also_ranks=(3,)),
-    "all_ranks": Plant(step=0, index=60, all_ranks=True),
-    "structural": Plant(rank=0, step=1, index=50, how="structural"),
-    "arguments": Plant(rank=1, step=1, index=40, how="arguments"),
-    "digest_error": Plant(rank=3, step=1, index=40, how="digest_error"),
-    "missing_records": Plant(rank=2, step=2, index=70, how="missing"),
-    "rng": Plant(rank=0, step=1, how="rng"),
-    "hazard": Plant(rank=1, step=1, index=40, hazard=True),
-    "resume": Plant(rank=2, step=2, index=40, resume_at=1),
-    "resume_lost_rng": Plant(step=1, how="rng", all_ranks=True, resume_at=1),
-    "missing_ranks": Plant(rank=0, step=1, index=40, missing_ranks=(3,)),
-}
-assert {p.how for p in PLANTS.values()} == set(HOWS)
+from tests.fixtures.pairs import PLANTS, SAMPLE_PAIRS, SAMPLES, build_pair, template
 
 
 def record_key_of(d: Divergence | None) -> tuple[int, int] | None:

@@ -27,8 +27,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from tests.fixtures.pairs import build_pair
-from tests.golden.test_sql_bisect_equivalence import PLANTS, SAMPLE_PAIRS, SAMPLES
+from tests.fixtures.pairs import PLANTS, SAMPLE_PAIRS, SAMPLES, build_pair
 
 REPO = Path(__file__).resolve().parents[2]
 #: The shared session starts in the first test that uses it (~20 s, more on a loaded machine).
