@@ -279,6 +279,22 @@ def _judge(values: int, first: _Pick, nxt: _Pick | None, same_calls: Callable[[]
     return None if values else "structure"
 
 
+def _realign(
+    run_a: Run,
+    run_b: Run,
+    al: pl.DataFrame,
+    pairs: Mapping[int, int],
+    ranks: Sequence[int] | set[int],
+    columns: Sequence[str],
+    slices: Mapping[tuple[int, int], Slice] | None = None,
+) -> pl.DataFrame:
+    """``al`` with the rows of ``ranks`` replaced by a fresh alignment of their rank-steps, read
+    with ``columns`` (within ``slices`` where given; else whole), in ``al``'s column order."""
+    sub = {r: pairs[r] for r in ranks}
+    full = _align.align(*_read_pairs(run_a, run_b, sub, columns, slices)).select(al.columns)
+    return pl.concat([al.filter(~pl.col("rank").is_in(list(ranks))), full])
+
+
 def _walk_batch(
     run_a: Run,
     run_b: Run,
@@ -296,26 +312,20 @@ def _walk_batch(
     al = _align.align(*read)
     unsettled = _unsettled(al, pairs, {r for r, c in cut.items() if c.head is not None}, boundary)
     if unsettled:  # the rest of their slices: the alignment of the whole slice, as without heads
-        sub = {r: pairs[r] for r in unsettled}
         sl = {(r, pairs[r]): cut[r] for r in unsettled}
-        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS, sl)).select(al.columns)
-        al = pl.concat([al.filter(~pl.col("rank").is_in(unsettled)), full])
+        al = _realign(run_a, run_b, al, pairs, unsettled, _align.NARROW_COLUMNS, sl)
     # Steps with records on one side only: re-align with the call-site columns, so a shifted
     # occurrence counter reads as structural, not as a value mismatch.
     one_sided = al.filter(pl.col("state").is_in(rule.ONE_SIDED))["rank"].unique().to_list()
     if one_sided:
-        sub = {r: pairs[r] for r in one_sided}
-        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.ALIGN_COLUMNS)).select(al.columns)
-        al = pl.concat([al.filter(~pl.col("rank").is_in(one_sided)), full])
+        al = _realign(run_a, run_b, al, pairs, one_sided, _align.ALIGN_COLUMNS)
     firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
     # The batch's rows indexed once for every call question of this batch (callfacts), not a
     # few small queries per rank: the same answers.
     index = _calls.CallIndex(al)
     reread = _outside_slice(index, firsts, cut)
     if reread:
-        sub = {r: pairs[r] for r in reread}
-        full = _align.align(*_read_pairs(run_a, run_b, sub, _align.NARROW_COLUMNS)).select(al.columns)
-        al = pl.concat([al.filter(~pl.col("rank").is_in(reread)), full])
+        al = _realign(run_a, run_b, al, pairs, reread, _align.NARROW_COLUMNS)
         firsts = _align.first_divergences(al, priority_kinds=rule.BOUNDARY_KINDS, priority_steps=boundary)
         cut = {r: c for r, c in cut.items() if r not in reread}
         index = _calls.CallIndex(al)
