@@ -10,24 +10,23 @@ copy of the group lists), which on thousands of ranks is the whole bill.
 
 With ``--baseline DIR`` (another checkout's root, put first on PYTHONPATH, e.g. ``git worktree
 add /tmp/base main``) both trees run on the same pairs, repeats interleaved, and the reports
-must be byte-identical. Each measurement is one child process (peak RSS its own). Usage::
+must be byte-identical. Each measurement is one child process (peak RSS its own,
+``benchlib.bisect_cli``); the machine (CPU, instruction set, cores, load) is printed first. Usage::
 
     .venv/bin/python benchmarks/bisect_ranks.py --ranks 256,1024,2048 --workdir /tmp/ranks --baseline /tmp/base
+    .venv/bin/python benchmarks/bisect_ranks.py --ranks 16 --records 50   # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bisect_scale import _check15, _load, byte_compile, measure  # a sibling script, not a package
+import benchlib
 
 STEPS = 2
 #: The planted change: rank 5, step 1, this record (before the backward's all-reduces).
@@ -60,12 +59,12 @@ def main() -> None:
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-ranks-"))
     work.mkdir(parents=True, exist_ok=True)
-    this_root = Path(__file__).resolve().parents[1]
     trees = (
         {"this": {}} if args.baseline is None else {"base": {"PYTHONPATH": str(args.baseline.resolve())}, "this": {}}
     )
-    byte_compile(this_root, *([args.baseline.resolve()] if args.baseline else []))
-    print(f"{os.cpu_count()} CPUs, load average {_load()}; runs under {work}", flush=True)
+    print(benchlib.machine_line(), flush=True)
+    benchlib.byte_compile(benchlib.ROOT, *([args.baseline.resolve()] if args.baseline else []))
+    print(f"runs under {work}", flush=True)
     head = f"{'ranks':>5} {'records/run':>11} | " + " | ".join(
         f"{t + ' s':>7} {'cpu':>5} {'MiB':>5} {'ms/rank':>7}" for t in trees
     )
@@ -78,8 +77,8 @@ def main() -> None:
         for i in range(args.reps):
             order = list(trees.items())
             for name, env in order if i % 2 == 0 else order[::-1]:
-                runs[name].append(measure("cli", a, b, env))
-        cells, checks = [], {_check15(expected, m) for v in runs.values() for m in v}
+                runs[name].append(benchlib.bisect_cli(a.resolve(), b.resolve(), env))
+        cells, checks = [], {benchlib.check_planted(expected, m) for v in runs.values() for m in v}
         med = {t: statistics.median(m["wall"] for m in v) for t, v in runs.items()}
         for t, v in runs.items():
             cpu = statistics.median(m["cpu"] for m in v)
@@ -92,7 +91,7 @@ def main() -> None:
             line += f" | {med['this'] / med['base']:9.2f}"
         print(f"{line} | {'/'.join(sorted(checks))}", flush=True)
     print(
-        f"\nload average at the end: {_load()}. Whole `detfp-analyze bisect A B --json` process per cell: wall s "
+        f"\nload average at the end: {benchlib.load_average()}. Whole `detfp-analyze bisect A B --json` process per cell: wall s "
         f"(median of {args.reps}), cpu: user+sys s, MiB: peak RSS, ms/rank: wall per rank (flat when the cost is "
         "linear in the ranks). check: every rank's first divergent step and seq as planted"
         + ("; reports byte-identical between the trees." if "base" in trees else ".")

@@ -1,9 +1,10 @@
 """Scale benchmark: bisect vs the naive full-join baseline on synthetic run pairs.
 
-For each size (ranks x steps x records per rank-step, one planted origin) it writes a run
-pair with ``detfp_analyze.testing.synth``, then measures, each in its own child process (so peak
-memory is that child's own ``ru_maxrss``, read with ``os.wait4`` by a small launcher the child is
-forked from, so the benchmark's own memory is not counted in it: ``_LAUNCHER``):
+For each size (``--sizes`` ranks x 4 steps x ``--records`` records per rank-step, one planted
+origin) it writes a run pair with ``detfp_analyze.testing.synth``, then measures, each in its own
+child process (so peak memory is that child's own ``ru_maxrss``, read with ``os.wait4`` by a small
+launcher the child is forked from, so the benchmark's own memory is not counted in it:
+``benchlib.run_measured``):
 
 * ``bisect``: ``open_run`` both runs + ``bisect(..., level="op")``, as the CLI does;
 * ``naive``: read both runs' records fully into pandas (the columns a first-divergence
@@ -12,14 +13,15 @@ forked from, so the benchmark's own memory is not counted in it: ``_LAUNCHER``):
 
 * ``cli``: the whole ``detfp-analyze bisect A B --json`` process (imports included).
 
-``--issue15`` measures the rows of issue 15 instead: identical, early and late divergence at 1M
-(64 ranks x 4 steps x 4,000 records), 2M (128 x 4 x 4,000) and 20M records per run (256 x 4 x
-20,000), each with the stored rollups ("after") and with ``DETFP_BISECT_ROLLUPS=0`` ("before":
-the records path of runs written without rollups), in the same run, one child per measurement.
-An identical pair's B is a hard-link copy of A (same bytes, written once); early and late B are
-written with the plant. Runs under ``--workdir`` are reused when their ``planted.json`` is there.
+``--run-sizes [1M,2M,20M]`` measures fixed run sizes instead: identical, early and late divergence
+at 1M (64 ranks x 4 steps x 4,000 records), 2M (128 x 4 x 4,000) and 20M records per run (256 x 4
+x 20,000), each with the stored rollups ("after") and on the records path of runs written without
+rollups ("before": ``ReadPaths(stored_rollups=False)``, the CLI's ``--no-stored-rollups``), in the
+same run, one child per measurement. An identical pair's B is a hard-link copy of A (same bytes,
+written once); early and late B are written with the plant. Runs under ``--workdir`` are reused
+when their ``planted.json`` is there.
 
-``--issue15 --baseline DIR`` measures the same rows with this tree and with another checkout
+``--run-sizes --baseline DIR`` measures the same rows with this tree and with another checkout
 (``DIR``, its root put first on ``PYTHONPATH``: e.g. ``git worktree add /tmp/base main``), both
 with the stored rollups, repeats interleaved: the code change side by side on one machine's load.
 
@@ -32,12 +34,13 @@ extrapolated linearly in records per run to 2,432 ranks x 800 steps x 700 record
 extrapolation from the measured points, labelled as such, not a measurement).
 
 Correctness is checked against the plant (origin ranks and the origin record's key) and printed
-next to the timings. Usage::
+next to the timings; the machine (CPU, instruction set, cores, load) is printed first. Usage::
 
     .venv/bin/python benchmarks/bisect_scale.py                 # 64, 256, 1024 ranks + early/late
     .venv/bin/python benchmarks/bisect_scale.py --sizes 64,256 --no-early-late
-    .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep
-    .venv/bin/python benchmarks/bisect_scale.py --issue15 --workdir /tmp/scale --keep --baseline /tmp/base
+    .venv/bin/python benchmarks/bisect_scale.py --run-sizes --workdir /tmp/scale --keep
+    .venv/bin/python benchmarks/bisect_scale.py --run-sizes 20M --cases identical,late --no-naive --reps 1
+    .venv/bin/python benchmarks/bisect_scale.py --run-sizes --workdir /tmp/scale --keep --baseline /tmp/base
     .venv/bin/python benchmarks/bisect_scale.py --engine spark --sizes 16,64   # 256: 20M records per run
 """
 
@@ -48,14 +51,16 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import benchlib
+
 STEPS = 4
-RECORDS = int(os.environ.get("DETFP_SCALE_RECORDS", "20000"))
+#: Records per rank-step of the ``--sizes`` pairs (``--records``).
+RECORDS = 20000
 #: Naive baseline memory per record pair, measured (~130 B/record per run in pandas incl. merge);
 #: skip it above this many records per run so the machine does not swap.
 NAIVE_MAX_RECORDS = 25_000_000
@@ -102,17 +107,18 @@ def _spark_child(a: str, b: str) -> dict:
     return out
 
 
-def _child(kind: str, a: str, b: str) -> None:
-    """Run one measurement in this process and print one JSON line."""
+def _child(kind: str, a: str, b: str, records_path: bool = False) -> None:
+    """Run one measurement in this process and print one JSON line; ``records_path``: bisect
+    without the stored rollups (the path of runs written without them)."""
     t0 = time.perf_counter()
     if kind == "spark":
         print(json.dumps(_spark_child(a, b)))
         return
     if kind == "bisect":
-        from detfp_analyze.bisect import bisect
+        from detfp_analyze.bisect import ReadPaths, bisect
         from detfp_analyze.io.reader import open_run
 
-        res = bisect(open_run(a), open_run(b), level="op")
+        res = bisect(open_run(a), open_run(b), level="op", reads=ReadPaths(stored_rollups=not records_path))
         out = {
             "seconds": time.perf_counter() - t0,
             "origin_ranks": list(res.diagnosis.origin_ranks),
@@ -147,104 +153,43 @@ def _child(kind: str, a: str, b: str) -> None:
     print(json.dumps(out))
 
 
-#: Runs a command as its own child and writes that child's wall time, CPU seconds and peak RSS
-#: to a file. On Linux a process keeps, as its ``ru_maxrss``, the peak RSS of the image it was
-#: started from (this benchmark, forked or vforked, before its exec), so a child started from
-#: here reads at least this process's own peak; the measured command is forked from this small
-#: launcher instead, whose image is a bare interpreter's.
-_LAUNCHER = """
-import json, os, sys, time
-out, cmd = sys.argv[1], sys.argv[2:]
-t0 = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    try:
-        os.execv(cmd[0], cmd)
-    finally:
-        os._exit(127)
-_, status, u = os.wait4(pid, 0)
-with open(out, "w") as f:
-    json.dump({"wall": time.perf_counter() - t0, "kib": u.ru_maxrss, "cpu": u.ru_utime + u.ru_stime}, f)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
+def measure(kind: str, a: Path, b: Path, env: dict | None = None, records_path: bool = False) -> dict:
+    """Run ``kind`` in a child process (``benchlib.run_measured``); add its wall time, CPU seconds
+    and peak RSS (MiB), each the child's own. ``records_path``: bisect without the stored rollups.
 
-
-def measure(kind: str, a: Path, b: Path, env: dict | None = None) -> dict:
-    """Run ``kind`` in a child process; add its wall time, CPU seconds and peak RSS (MiB), each
-    the child's own (``_LAUNCHER``).
-
-    ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (its seconds are its wall time).
-    """
-    a, b = Path(a).resolve(), Path(b).resolve()  # the child runs elsewhere (cwd below)
+    ``kind`` "cli": the ``detfp-analyze bisect --json`` process itself (``benchlib.bisect_cli``)."""
+    a, b = Path(a).resolve(), Path(b).resolve()  # the child runs elsewhere (benchlib.run_measured)
     if kind == "cli":
-        exe = Path(sys.executable).with_name("detfp-analyze")
-        cmd = [str(exe), "bisect", str(a), str(b), "--json"]
-    else:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, str(a), str(b)]
-    with tempfile.TemporaryDirectory() as tmp:
-        stats_file = Path(tmp) / "rusage.json"
-        # cwd: the repository root must not shadow a baseline tree put first on PYTHONPATH (--baseline).
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCHER, str(stats_file), *cmd],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=None if env is None else {**os.environ, **env},
-            cwd=tempfile.gettempdir(),
-        )
-        # Read stdout before waiting: a report larger than the pipe's buffer would block the child.
-        out = proc.stdout.read() if proc.stdout else ""
-        code = proc.wait()
-        stats = json.loads(stats_file.read_text()) if stats_file.exists() else {"wall": 0.0, "kib": 0, "cpu": 0.0}
-    wall, peak, cpu = stats["wall"], stats["kib"] / 1024, stats["cpu"]  # Linux: ru_maxrss in KiB
-    if kind == "cli":
-        rep = json.loads(out) if code in (0, 1) else {}
-        first = {
-            str(r["rank"]): [r["first"]["step"], r["first"]["seq_a"], r["first"].get("verdict")]
-            for r in rep.get("ranks", ())
-            if r.get("first")
-        }
-        res = {"seconds": wall, "first": first, "report": out} if code in (0, 1) else {"error": f"exit {code}"}
-        return res | {"wall": wall, "peak_mib": peak, "cpu": cpu}
-    if code != 0:
-        return {"error": f"exit {code}", "wall": wall, "peak_mib": peak}
-    res = json.loads(out.strip().splitlines()[-1])
-    res["wall"] = wall
-    res["peak_mib"] = peak
-    # CPU seconds (all threads): less sensitive than wall time to other processes on a shared machine.
-    res["cpu"] = cpu
-    return res
+        return benchlib.bisect_cli(a, b, env, ["--no-stored-rollups"] if records_path else [])
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, str(a), str(b)]
+    child = benchlib.run_measured(cmd + (["--child-records-path"] if records_path else []), env)
+    stats = {"wall": child.wall, "peak_mib": child.peak_mib, "cpu": child.cpu}
+    if child.code != 0:
+        return {"error": f"exit {child.code}", **stats}
+    return json.loads(child.stdout.strip().splitlines()[-1]) | stats
 
 
-def check(planted, res: dict) -> str:
-    """'ok' when bisect named the planted origin ranks and each rank's first divergent step and seq."""
-    if "error" in res:
-        return res["error"]
-    exp = {str(e.rank): [e.step, e.seq] for e in planted.expected}
-    got = {r: v[:2] for r, v in res.get("first", {}).items()}
-    if got != exp:
-        wrong = sorted(set(exp) ^ set(got)) or [r for r in exp if exp[r] != got.get(r)]
-        return f"MISMATCH ranks {wrong[:5]}"
-    if "origin_ranks" in res and sorted(res["origin_ranks"]) != sorted(planted.origin_ranks):
-        return f"origin ranks {res['origin_ranks'][:5]} != {list(planted.origin_ranks)[:5]}"
-    return "ok"
+def _expected(planted) -> list[tuple[int, int, int]]:
+    """(rank, step, seq) of each rank a synthetic plant reaches (``synth.Planted.expected``)."""
+    return [(e.rank, e.step, e.seq) for e in planted.expected]
 
 
-def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool) -> dict:
+def run_case(work: Path, label: str, ranks: int, records: int, plant, naive: bool, keep: bool) -> dict:
     from detfp_analyze.testing.synth import SynthSpec, write_pair
 
-    spec = SynthSpec(ranks=ranks, steps=STEPS, records=RECORDS)
+    spec = SynthSpec(ranks=ranks, steps=STEPS, records=records)
     a, b = work / f"{label}-a", work / f"{label}-b"
     t0 = time.perf_counter()
     planted = write_pair(a, b, spec, plant)
     gen = time.perf_counter() - t0
-    row = {"case": label, "ranks": ranks, "records": ranks * STEPS * RECORDS, "gen_s": gen}
+    row = {"case": label, "ranks": ranks, "records": ranks * STEPS * records, "gen_s": gen}
     bis = measure("bisect", a, b)
     row |= {
         "bisect_s": bis.get("seconds", float("nan")),
         "bisect_cpu": bis.get("cpu", float("nan")),
         "bisect_mib": bis["peak_mib"],
     }
-    row["bisect_check"] = check(planted, bis)
+    row["bisect_check"] = benchlib.check_planted(_expected(planted), bis, planted.origin_ranks)
     row["pattern"] = bis.get("pattern", "?")
     if naive and row["records"] <= NAIVE_MAX_RECORDS:
         nv = measure("naive", a, b)
@@ -252,7 +197,7 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
             "naive_s": nv.get("seconds", float("nan")),
             "naive_cpu": nv.get("cpu", float("nan")),
             "naive_mib": nv["peak_mib"],
-            "naive_check": check(planted, nv),
+            "naive_check": benchlib.check_planted(_expected(planted), nv),
         }
     if not keep:
         shutil.rmtree(a, ignore_errors=True)
@@ -260,8 +205,8 @@ def run_case(work: Path, label: str, ranks: int, plant, naive: bool, keep: bool)
     return row
 
 
-#: issue 15's sizes: label -> (ranks, records per rank-step).
-ISSUE15_SIZES = {"1M": (64, 4000), "2M": (128, 4000), "20M": (256, 20000)}
+#: ``--run-sizes``: records per run, by label -> (ranks, records per rank-step).
+RUN_SIZES = {"1M": (64, 4000), "2M": (128, 4000), "20M": (256, 20000)}
 #: The cases of each size.
 CASES = ("identical", "early", "late")
 #: The whole-CLI measurement is taken for these sizes (import time matters there).
@@ -269,10 +214,10 @@ CLI_SIZES = ("1M", "2M")
 
 
 def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
-    """The run pair of one issue-15 row, written (or reused) under ``work``; its expected answer."""
+    """The run pair of one ``--run-sizes`` row, written (or reused) under ``work``; its expected answer."""
     from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
-    ranks, records = ISSUE15_SIZES[size]
+    ranks, records = RUN_SIZES[size]
     spec = SynthSpec(ranks=ranks, steps=STEPS, records=records)
     a = work / f"{size}-a"
     b = work / f"{size}-{case}-b"
@@ -308,40 +253,30 @@ def _pair(work: Path, size: str, case: str) -> tuple[Path, Path, list]:
     return a, b, expected
 
 
-def _check15(expected: list, res: dict) -> str:
-    if "error" in res:
-        return res["error"]
-    got = {int(r): v[:2] for r, v in res.get("first", {}).items()}
-    return "ok" if got == {r: [s, q] for r, s, q in expected} else "MISMATCH"
-
-
-def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[str, ...] = CASES) -> None:
-    """The issue-15 table: per size and case, after / before (bisect in a child, the whole CLI)
-    and the naive baseline; best of ``reps`` for times, peak memory of that child."""
+def paths_table(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[str, ...] = CASES) -> None:
+    """Per run size and case, after (stored rollups) / before (the records path), each as bisect
+    in a child and as the whole CLI, and the naive baseline; best of ``reps`` for times, peak
+    memory of that child."""
     head = (
         f"{'size':<4} {'case':<9} | {'after s':>7} {'cpu':>5} {'MiB':>5} | {'before s':>8} {'cpu':>5} {'MiB':>5} | "
         f"{'cli after':>9} {'MiB':>5} {'cli before':>10} {'MiB':>5} | {'naive s':>7} {'MiB':>5} | check"
     )
-    byte_compile(Path(__file__).resolve().parents[1])
+    benchlib.byte_compile(benchlib.ROOT)
     print(head)
     print("-" * len(head), flush=True)
     for size in sizes:
         for case in cases:
             a, b, expected = _pair(work, size, case)
 
-            def best(kind: str, env: dict, a: Path = a, b: Path = b) -> dict:
-                runs = [measure(kind, a, b, env) for _ in range(reps)]
+            def best(kind: str, records_path: bool, a: Path = a, b: Path = b) -> dict:
+                runs = [measure(kind, a, b, records_path=records_path) for _ in range(reps)]
                 return min(runs, key=lambda m: m.get("seconds", float("inf")))
 
-            after = best("bisect", {"DETFP_BISECT_ROLLUPS": "1"})
-            before = best("bisect", {"DETFP_BISECT_ROLLUPS": "0"})
-            cli = (
-                (best("cli", {"DETFP_BISECT_ROLLUPS": "1"}), best("cli", {"DETFP_BISECT_ROLLUPS": "0"}))
-                if size in CLI_SIZES
-                else None
-            )
+            after = best("bisect", False)
+            before = best("bisect", True)
+            cli = (best("cli", False), best("cli", True)) if size in CLI_SIZES else None
             nv = measure("naive", a, b) if naive else None
-            checks = [_check15(expected, r) for r in (after, before, *(cli or ()))]
+            checks = [benchlib.check_planted(expected, r) for r in (after, before, *(cli or ()))]
             nan = float("nan")
             cli_txt = (
                 f"{cli[0].get('seconds', nan):9.2f} {cli[0]['peak_mib']:5.0f} "
@@ -358,36 +293,22 @@ def issue15(work: Path, sizes: list[str], naive: bool, reps: int, cases: tuple[s
                 flush=True,
             )
     print(
-        "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and with "
-        "DETFP_BISECT_ROLLUPS=0 (the records path of runs without rollups); best of the repeats, wall s; cpu: that child's user+sys CPU s; "
+        "\nafter / before: open_run both + bisect(level='op') in a child, with the stored rollups and without them "
+        "(reads=ReadPaths(stored_rollups=False), the CLI's --no-stored-rollups: the records path of runs without "
+        "rollups); best of the repeats, wall s; cpu: that child's user+sys CPU s; "
         "MiB: that child's peak RSS.\ncli: the whole `detfp-analyze bisect A B --json` process (wall s; MiB: its peak RSS). "
         "naive: pandas read of 7 record columns of both runs + outer merge + first mismatch per rank."
     )
 
 
-def byte_compile(*trees: Path) -> None:
-    """Byte-compile the packages of ``trees`` once, when this environment does not write bytecode
-    (PYTHONDONTWRITEBYTECODE): every child would otherwise compile detfp's sources again at start
-    (~0.3 CPU s), which an installed package never does. Python still reads the compiled files."""
-    if not sys.flags.dont_write_bytecode:
-        return
-    import compileall
-
-    for tree in trees:
-        for pkg in ("detfp_analyze", "detfp_capture"):
-            if (tree / pkg).is_dir():
-                compileall.compile_dir(str(tree / pkg), quiet=1)
-    print("PYTHONDONTWRITEBYTECODE is set: both trees were byte-compiled first, as an installed package is", flush=True)
-
-
 def compare_code(work: Path, sizes: list[str], reps: int, baseline: Path, cases: tuple[str, ...] = CASES) -> None:
     """This tree against ``baseline`` (another checkout's root, put first on PYTHONPATH) on the
-    issue-15 rows, stored rollups on: the whole CLI process for the CLI sizes, the bisect child
+    ``--run-sizes`` rows, stored rollups on: the whole CLI process for the CLI sizes, the bisect child
     for the others; repeats interleaved (base, this, this, base, ...), medians and minima, each
     child's peak memory, and whether both trees print byte-identical JSON reports."""
-    byte_compile(baseline.resolve(), Path(__file__).resolve().parents[1])
-    base_env = {"PYTHONPATH": str(baseline.resolve()), "DETFP_BISECT_ROLLUPS": "1"}
-    this_env = {"DETFP_BISECT_ROLLUPS": "1"}
+    benchlib.byte_compile(baseline.resolve(), benchlib.ROOT)
+    base_env = {"PYTHONPATH": str(baseline.resolve())}
+    this_env: dict[str, str] = {}
     head = (
         f"{'size':<4} {'case':<9} {'kind':<6} | {'base med':>8} {'min':>6} {'cpu':>5} {'MiB':>5} | "
         f"{'this med':>8} {'min':>6} {'cpu':>5} {'MiB':>5} | {'this/base':>9} {'cpu':>5} | check"
@@ -407,7 +328,7 @@ def compare_code(work: Path, sizes: list[str], reps: int, baseline: Path, cases:
             low = {k: min(m.get("seconds", float("nan")) for m in v) for k, v in runs.items()}
             mib = {k: max(m["peak_mib"] for m in v) for k, v in runs.items()}
             cpu = {k: statistics.median(m.get("cpu", float("nan")) for m in v) for k, v in runs.items()}
-            checks = {_check15(expected, m) for v in runs.values() for m in v}
+            checks = {benchlib.check_planted(expected, m) for v in runs.values() for m in v}
             if kind == "cli":
                 same = len({m.get("report") for v in runs.values() for m in v}) == 1
                 checks.add("same report" if same else "REPORTS DIFFER")
@@ -419,7 +340,7 @@ def compare_code(work: Path, sizes: list[str], reps: int, baseline: Path, cases:
                 flush=True,
             )
     print(
-        f"\nbase: {baseline}; this: {Path(__file__).resolve().parents[1]}. cli: the whole `detfp-analyze bisect "
+        f"\nbase: {baseline}; this: {benchlib.ROOT}. cli: the whole `detfp-analyze bisect "
         "A B --json` process; bisect: open_run both + bisect(level='op') in a child (20M). Wall seconds over "
         f"{reps} interleaved repeats (median, min); cpu: the median child's user+sys CPU seconds (all threads), "
         "steadier than wall on a shared machine; MiB: the largest peak RSS of those children."
@@ -448,7 +369,7 @@ def fmt(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-#: The issue's target: 2,432 ranks x 800 steps x ~700 boundary records per rank-step, per run.
+#: The target scale: 2,432 ranks x 800 steps x ~700 boundary records per rank-step, per run.
 TARGET_RECORDS = 2432 * 800 * 700
 
 
@@ -463,7 +384,7 @@ def _fit(xs: list[float], ys: list[float], x: float) -> float:
     return max(my + slope * (x - mx), max(ys))
 
 
-def run_engines(work: Path, sizes: list[int], keep: bool) -> None:
+def run_engines(work: Path, sizes: list[int], records: int, keep: bool) -> None:
     """Local engine vs Spark local[2] on the same pairs, side by side, plus the extrapolation."""
     from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 
@@ -473,13 +394,13 @@ def run_engines(work: Path, sizes: list[int], keep: bool) -> None:
         a, b = work / f"eng-{n}-a", work / f"eng-{n}-b"
         t0 = time.perf_counter()
         if not (a.is_dir() and b.is_dir()):
-            spec = SynthSpec(ranks=n, steps=STEPS, records=RECORDS)
-            write_pair(a, b, spec, Plant(rank=n // 3, step=1, index=RECORDS // 4))
+            spec = SynthSpec(ranks=n, steps=STEPS, records=records)
+            write_pair(a, b, spec, Plant(rank=n // 3, step=1, index=records // 4))
         gen = time.perf_counter() - t0
         loc, spk = measure("bisect", a, b), measure("spark", a, b)
         same = "error" not in loc and "error" not in spk and loc.get("report") == spk.get("report")
         rows.append(
-            {"ranks": n, "records": n * STEPS * RECORDS, "gen_s": gen, "local": loc, "spark": spk, "same": same}
+            {"ranks": n, "records": n * STEPS * records, "gen_s": gen, "local": loc, "spark": spk, "same": same}
         )
         print(f"  {n} ranks: local {loc.get('wall', nan):.1f} s, spark {spk.get('wall', nan):.1f} s", flush=True)
         if not keep:
@@ -519,29 +440,32 @@ def run_engines(work: Path, sizes: list[int], keep: bool) -> None:
     )
 
 
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.1f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="64,256,1024", help="comma-separated rank counts (default 64,256,1024)")
+    ap.add_argument(
+        "--records", type=int, default=RECORDS, help=f"records per rank-step of those pairs (default {RECORDS:,})"
+    )
     ap.add_argument("--no-naive", action="store_true", help="skip the pandas baseline")
     ap.add_argument("--no-early-late", action="store_true", help="skip the early/late divergence pair at 256 ranks")
     ap.add_argument("--workdir", type=Path, default=None, help="where to write runs (default: a temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the generated runs")
-    ap.add_argument("--issue15", action="store_true", help="the rows of issue 15 (1M, 2M, 20M; identical/early/late)")
-    ap.add_argument("--issue15-sizes", default="1M,2M,20M", help="sizes for --issue15 (default 1M,2M,20M)")
-    ap.add_argument("--cases", default=",".join(CASES), help="cases for --issue15 (default identical,early,late)")
-    ap.add_argument("--reps", type=int, default=3, help="repeats per measurement for --issue15 (best is shown)")
+    ap.add_argument(
+        "--run-sizes",
+        nargs="?",
+        const=",".join(RUN_SIZES),
+        default=None,
+        metavar="SIZES",
+        help=f"measure these records per run instead (subset of {','.join(RUN_SIZES)}; alone: all): stored "
+        "rollups vs the records path, identical/early/late, bisect and the whole CLI",
+    )
+    ap.add_argument("--cases", default=",".join(CASES), help="cases for --run-sizes (default identical,early,late)")
+    ap.add_argument("--reps", type=int, default=3, help="repeats per measurement for --run-sizes (best is shown)")
     ap.add_argument(
         "--baseline",
         type=Path,
         default=None,
-        help="with --issue15: compare this tree with another checkout's root (e.g. a main worktree), interleaved",
+        help="with --run-sizes: compare this tree with another checkout's root (e.g. a main worktree), interleaved",
     )
     ap.add_argument(
         "--engine",
@@ -550,51 +474,50 @@ def main() -> None:
         help="spark: the local engine vs Spark local[2] on the same pairs, side by side (see the docstring)",
     )
     ap.add_argument("--child", nargs=3, metavar=("KIND", "A", "B"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-records-path", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(*args.child)
+        _child(*args.child, records_path=args.child_records_path)
         return
-    if args.issue15:
-        work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"{os.cpu_count()} CPUs, load average {_load()}; runs under {work}", flush=True)
-        sizes = [s for s in args.issue15_sizes.split(",") if s]
+    sizes = [s for s in (args.run_sizes or "").split(",") if s]
+    if set(sizes) - set(RUN_SIZES):
+        ap.error(f"--run-sizes {args.run_sizes}: choose from {','.join(RUN_SIZES)}")
+    print(benchlib.machine_line(), flush=True)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.run_sizes is not None:
+        print(f"runs under {work}", flush=True)
         cases = tuple(c for c in args.cases.split(",") if c)
         if args.baseline is not None:
             compare_code(work, sizes, args.reps, args.baseline, cases)
         else:
-            issue15(work, sizes, not args.no_naive, args.reps, cases)
-        print(f"load average at the end: {_load()}")
+            paths_table(work, sizes, not args.no_naive, args.reps, cases)
+        print(f"load average at the end: {benchlib.load_average()}")
         if args.workdir is None and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         return
     from detfp_analyze.testing.synth import Plant
 
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-scale-"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(
-        f"{os.cpu_count()} CPUs, load average {_load()}; {STEPS} steps x {RECORDS:,} records per rank-step; "
-        f"runs under {work}",
-        flush=True,
-    )
+    records = args.records
+    print(f"{STEPS} steps x {records:,} records per rank-step; runs under {work}", flush=True)
     if args.engine == "spark":
-        run_engines(work, [int(s) for s in args.sizes.split(",") if s], args.keep or args.workdir is not None)
-        print(f"\nload average at the end: {_load()}")
+        run_engines(work, [int(s) for s in args.sizes.split(",") if s], records, args.keep or args.workdir is not None)
+        print(f"\nload average at the end: {benchlib.load_average()}")
         return
     rows = []
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        plant = Plant(rank=n // 3, step=1, index=RECORDS // 4)
-        rows.append(run_case(work, f"mid-{n}", n, plant, not args.no_naive, args.keep))
+        plant = Plant(rank=n // 3, step=1, index=records // 4)
+        rows.append(run_case(work, f"mid-{n}", n, records, plant, not args.no_naive, args.keep))
         print(fmt(rows[-1:]).splitlines()[-1], flush=True)
     if not args.no_early_late:
         n = 256
         for label, plant in (
             ("early-256", Plant(rank=5, step=0, index=200)),
-            ("late-256", Plant(rank=5, step=STEPS - 1, index=RECORDS * 3 // 4)),
+            ("late-256", Plant(rank=5, step=STEPS - 1, index=records * 3 // 4)),
         ):
-            rows.append(run_case(work, label, n, plant, False, args.keep))
+            rows.append(run_case(work, label, n, records, plant, False, args.keep))
             print(fmt(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\nload average at the end: {_load()}")
+    print(f"\nload average at the end: {benchlib.load_average()}")
     print(fmt(rows))
     print(
         "\nbisect s: open_run both + bisect(level='op') inside the child (wall); cpu s: the child's user+sys"

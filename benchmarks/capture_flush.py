@@ -28,23 +28,19 @@ import cProfile
 import io
 import pstats
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from capture_overhead import Runner, load_example  # the same model and step
+import benchlib
+from capture_overhead import SHAPES, Runner, load_example  # the same model and step (this folder)
 
 
 def _drain(runner: Runner) -> None:
     """Wait until the writer thread has written every window handed to it."""
-    writer = runner.session._writer
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and writer.windows_written + writer.dropped_windows < writer.windows_queued:
-        time.sleep(0.002)
+    benchlib.wait_for_writer(runner.session, poll=0.002)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,15 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flushes", type=int, default=15, help="timed flushes")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps and one flush first")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=128)
+    for name, default in SHAPES["tiny"].items():  # the example model's shape, as capture_overhead.py has it
+        p.add_argument(f"--{name}", type=int, default=default, help=f"model {name} (default {default})")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="cpu")
     p.add_argument("--after-batches", action="store_true", help="run the waiting digest batches untimed first")
     p.add_argument("--profile", action="store_true", help="cProfile the timed flushes")
+    p.set_defaults(model="tiny")  # capture_overhead.Runner's model: the example's
     args = p.parse_args(argv)
+    print(benchlib.machine_line(), flush=True)
     torch.set_num_threads(args.threads)
     tt = load_example()
     times: list[float] = []

@@ -6,7 +6,7 @@ dispatch mode, building records and call keys, argument digests, snapshot copies
 It is measured on the GPT-2-shaped decoder of ``gpt2_shaped.py`` (the module tree and op
 sequence of the gated row of ``capture_overhead.py``, so the same records per step) with tiny
 tensors (width 16, sequence 8, batch 2 by default): every tensor is a few hundred bytes, so the
-digest's GEMMs are a small remainder, timed in the same steps and taken off (``_time_gemms``).
+digest's GEMMs are a small remainder, timed in the same steps and taken off (``benchlib.time_gemms``).
 
 Each measurement is a child process (its own heap, its own garbage collector) that imports
 ``detfp_capture`` from one tree, builds two copies of the model (same seed), one watched by a
@@ -56,39 +56,22 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT
+
 LEVELS = ("boundaries", "ops")
 #: The tiny shape: the gpt2 row's module tree and ops, with tensors of a few hundred bytes.
 SHAPE = {"vocab": 32, "width": 16, "layers": 4, "heads": 2, "seq": 8, "batch": 2}
 
 
 # ----------------------------------------------------------------------------- child
-def _import_tree(tree: Path) -> None:
-    """Import ``detfp_capture`` from ``tree`` (ahead of the installed one) and check that it did."""
-    sys.path.insert(0, str(tree))
-    import detfp_capture
-
-    got = Path(detfp_capture.__file__).resolve().parents[1]
-    if got != tree.resolve():
-        raise SystemExit(f"capture_host: imported detfp_capture from {got}, expected {tree}")
-
-
-def _time_gemms() -> list[float]:
-    """Seconds of process CPU time spent in the digest's level GEMM (``_digest.core.mm``), running:
-    ``capture_overhead``'s timer on the CPU clock (host cost is CPU time here)."""
-    from capture_overhead import _time_gemms as timer  # benchmarks/ is this script's sys.path[0]
-
-    return timer(time.process_time)
-
-
 class _Trainer:
     """One copy of the model, its optimizer and data; ``session`` None: no capture."""
 
     def __init__(self, args, session) -> None:
         import torch
 
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from gpt2_shaped import GPT2Shaped
+        from gpt2_shaped import GPT2Shaped  # benchmarks/ is this script's sys.path[0]
 
         torch.manual_seed(args.seed)
         self.model = GPT2Shaped(args.vocab, args.width, args.layers, args.heads, args.seq)
@@ -127,9 +110,7 @@ class _Trainer:
         if s is None:
             return
         s._flush_safely()  # private: the benchmark's own accounting (as capture_overhead.py)
-        w = s._writer
-        while w.windows_written + w.dropped_windows < w.windows_queued:
-            time.sleep(0.0005)
+        benchlib.wait_for_writer(s, poll=0.0005)
 
 
 def _records_per_step(run: Path, steps: set[int]) -> float:
@@ -144,7 +125,7 @@ def _records_per_step(run: Path, steps: set[int]) -> float:
 
 def child(args) -> dict:
     """Blocks of captured and plain steps in this process; the medians per record."""
-    _import_tree(Path(args.tree))
+    benchlib.import_tree(Path(args.tree))
     import torch
 
     from detfp_capture import Session
@@ -152,7 +133,7 @@ def child(args) -> dict:
 
     _steps.FLUSH_SECONDS = float("inf")  # flushes only where a block ends (see settle)
     torch.set_num_threads(1)
-    gemm = _time_gemms()
+    gemm = benchlib.time_gemms(time.process_time)  # host cost is CPU time here
     with tempfile.TemporaryDirectory(prefix="detfp-host-") as tmp:
         run = Path(tmp) / "run"
         session = Session(str(run), level=args.level)
@@ -193,7 +174,7 @@ def child(args) -> dict:
 
 def profile(args) -> None:
     """cProfile the captured steps of this tree (flush and writer wait included)."""
-    _import_tree(ROOT)
+    benchlib.import_tree(ROOT)
     import torch
 
     from detfp_capture import Session
@@ -254,6 +235,7 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    print(benchlib.machine_line(), flush=True)
     if args.profile:
         profile(args)
         return 0

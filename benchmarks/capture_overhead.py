@@ -59,7 +59,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT
+
 CONFIGS = ("none", "metrics", "boundaries", "ops", "debugmode")
 TARGETS = {"metrics": 1.02, "boundaries": 1.15}
 OPS_SHARE = 0.30  # detfp's ops-level overhead over DebugMode's, at most
@@ -175,39 +177,11 @@ class Runner:
         warm-up: its first window also creates the Parquet writers, a one-time cost that would
         otherwise land on the first timed steps as contention for the interpreter lock)."""
         self.flush()
-        writer = getattr(self.session, "_writer", None)
-        deadline = time.monotonic() + 60
-        while writer is not None and time.monotonic() < deadline:
-            if writer.windows_written + writer.dropped_windows >= writer.windows_queued:
-                break
-            time.sleep(0.005)
+        benchlib.wait_for_writer(self.session, poll=0.005)
         return 0.0
 
     def close(self) -> None:
         self.session.close()
-
-
-def _time_gemms(clock=time.perf_counter) -> list[float]:
-    """Time every call of the digest's level GEMM (``_digest.core.mm``: the int8 rows to float32,
-    the GEMM, the lanes back to int32) in this process; returns the running total in seconds.
-    Measured inside the configuration's own steps, so it is slowed by the machine's load exactly
-    as they are, unlike a best-of-N throughput: the part of the overhead that is the digest's
-    arithmetic, and with it the rest (hooks, records, copies, the tree's upper levels, the flush).
-    On a GPU the GEMMs are asynchronous: there this is only their host (launch) time."""
-    from detfp_capture._digest import core
-
-    total = [0.0]
-    inner = core.mm
-
-    def mm(x, level, out=None):
-        t0 = clock()
-        try:
-            return inner(x, level, out)
-        finally:
-            total[0] += clock() - t0
-
-    core.mm = mm  # the module's own callers (lanes_of, tree, mm_short) look it up there too
-    return total
 
 
 def _worker(config: str, args, out_root: str, conn) -> None:
@@ -219,7 +193,7 @@ def _worker(config: str, args, out_root: str, conn) -> None:
     # so that timer would fire far more often per step than in a real run: only the record-count
     # flushes (and the final one, see Runner.flush) are charged here.
     _steps.FLUSH_SECONDS = float("inf")
-    gemm = _time_gemms()
+    gemm = benchlib.time_gemms()
     torch.set_num_threads(args.threads)
     runner = Runner(load_example(), config, args, Path(out_root))
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -244,7 +218,7 @@ def measure(args, tt, out_root: Path) -> tuple[dict[str, list[float]], dict[str,
     """Each configuration runs in its own process (its own heap: the garbage collector's work is
     paid by the configuration that caused it, as in a real job), and they take turns step by
     step, one at a time, in a shuffled order per round. Returns the step times per configuration
-    and the seconds each spent in the digest's GEMMs over its timed steps (``_time_gemms``)."""
+    and the seconds each spent in the digest's GEMMs over its timed steps (``benchlib.time_gemms``)."""
     import multiprocessing as mp
 
     configs = [c for c in CONFIGS if c in args.configs]
@@ -392,7 +366,7 @@ def breakdown(
     """Where each level's overhead goes: digested bytes at clone() bandwidth, and the rest per
     record (host time: hooks, bookkeeping, the flush), from the mean step times of all trials
     and the records of the timed steps in each trial's trace; then the time the digest's GEMMs
-    took inside those steps (``_time_gemms``) and the rest per record once it is taken off."""
+    took inside those steps (``benchlib.time_gemms``) and the rest per record once it is taken off."""
     from detfp_capture._digest import core
 
     base = statistics.fmean([x for t in trials for x in t["none"]])
@@ -510,6 +484,7 @@ def main(argv=None) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or set(models) - set(MODELS):
         p.error(f"--models: choose from {', '.join(MODELS)}")
+    print(benchlib.machine_line(), flush=True)
     torch.set_num_threads(args.threads)
     tt = load_example()
     bandwidth = clone_bandwidth(torch.device(args.device))

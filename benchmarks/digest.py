@@ -23,6 +23,7 @@ import time
 
 import torch
 
+import benchlib
 from detfp_capture.digest import fingerprint, resolve, start
 
 try:
@@ -86,6 +87,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = ap.parse_args()
+    print(benchlib.machine_line(), flush=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

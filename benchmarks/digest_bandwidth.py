@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+import benchlib
 from detfp_capture.digest import fingerprint
 
 GOAL = 0.50
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args(argv)
+    print(benchlib.machine_line(), flush=True)
     device = torch.device(args.device)
     sizes = [int(s) for s in args.sizes_mib.split(",") if s.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]

@@ -21,11 +21,14 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import benchlib
 
 TARGET = 10.0
 
@@ -85,6 +88,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args()
+    print(benchlib.machine_line(), file=sys.stderr if args.json else sys.stdout, flush=True)  # --json: stdout is JSON
     torch.set_num_threads(args.threads)
     if args.deterministic:
         torch.use_deterministic_algorithms(True)

@@ -25,7 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT
+
 LEVELS = ("metrics", "boundaries", "ops")
 TARGET = 40.0  # bytes per record at levels boundaries and ops
 
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--synth-records", type=int, default=4000, help="records per rank and step")
     p.add_argument("--no-synth", action="store_true")
     args = p.parse_args(argv)
+    print(benchlib.machine_line(), flush=True)
     print(f"{'trace':<24}{'table':<10}{'files':>6}{'rows':>10}{'bytes':>12}{'bytes/row':>11}{'bytes/record':>14}")
     with tempfile.TemporaryDirectory(prefix="detfp-size-") as tmp:
         if args.runs:

@@ -178,13 +178,13 @@ EOF
 
 step "3/7 host synchronizations per step at each level (profiler count)"
 "$PY" - "$WORK" <<'EOF' || die "capture synchronizes with the host per record (see counts above)"
-import importlib.util, os, sys, types
+import os, sys, types
 from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 from detfp_analyze.io.reader import open_run
-spec = importlib.util.spec_from_file_location("capture_overhead", "benchmarks/capture_overhead.py")
-bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+sys.path.insert(0, "benchmarks")  # the benchmark's modules (capture_overhead, benchlib), as when run as a script
+import capture_overhead as bench
 tt = bench.load_example()
 device = os.environ["DEVICE"]
 args = types.SimpleNamespace(device=device, seed=1234, model="tiny", no_probes=False, **bench.SHAPES["tiny"])

@@ -18,7 +18,7 @@ import typer
 
 from detfp_analyze._cli import engine as _engine
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
-from detfp_analyze.bisect import bisect
+from detfp_analyze.bisect import ReadPaths, bisect
 from detfp_analyze.bisect.result import LEVELS
 from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
@@ -117,6 +117,22 @@ def command(
     engine: _engine.EngineOption = "local",
     master: _engine.MasterOption = None,
     conf: _engine.ConfOption = None,
+    no_step_sums: Annotated[
+        bool,
+        typer.Option(
+            "--no-step-sums",
+            help="Compare the metrics and rollups shards, not the step folds the commit lines state (slower; "
+            "for a run where certify reports step_sums).",
+        ),
+    ] = False,
+    no_stored_rollups: Annotated[
+        bool,
+        typer.Option(
+            "--no-stored-rollups",
+            help="Read the records, not the stored rollups or step folds: the path of runs written without them "
+            "(slower; the same report, for comparing both paths).",
+        ),
+    ] = False,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     try:
@@ -149,6 +165,7 @@ def command(
             ignore_env=ignore_env or (),
             progress=bar,
             engine=heavy,
+            reads=ReadPaths(step_sums=not no_step_sums, stored_rollups=not no_stored_rollups),
         )
     finally:
         if bar is not None:

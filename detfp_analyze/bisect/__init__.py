@@ -15,14 +15,15 @@ Stages, each a module with one job (``pipeline.bisect`` runs them in this order)
    size of the difference, kernels, the discriminator view);
 7. ``result``: the frozen result types and their JSON form (``VERDICTS``, ``PATTERNS``).
 
-``from detfp_analyze.bisect import bisect`` is the entry point (also ``detfp_analyze.bisect``).
+``from detfp_analyze.bisect import bisect`` is the entry point (also ``detfp_analyze.bisect``);
+``ReadPaths`` (``reads``) turns off the shortcuts its search takes past the records.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BisectResult", "Progress", "bisect"]
+__all__ = ["BisectResult", "Progress", "ReadPaths", "bisect"]
 
 
 def __getattr__(name: str) -> Any:

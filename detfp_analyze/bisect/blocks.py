@@ -16,13 +16,12 @@ both runs have them for every compared rank:
    ``head`` ends with its first differing block: the walk reads that first (``walk``).
 
 A rollup match is evidence from 64-bit hashes, as for ``narrow.step_rollup``; a mismatch is only
-a candidate. ``DETFP_BISECT_ROLLUPS=0`` ignores stored rollups (the path of older runs), for
-benchmarks and tests that compare both paths.
+a candidate. ``reads.ReadPaths(stored_rollups=False)`` has the bisect ignore stored rollups
+(the path of older runs), for benchmarks and tests that compare both paths.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ import polars as pl
 from detfp_analyze.io.reader import Run
 from detfp_capture import contract
 
-__all__ = ["Slice", "block_rollup", "enabled", "slices", "step_rollup"]
+__all__ = ["Slice", "available", "block_rollup", "slices", "step_rollup"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +57,8 @@ class Slice:
         return (lo, self.head[side]) if head and self.head is not None else (lo, hi)
 
 
-def enabled(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
-    """Whether both runs wrote rollups on every launch of ``ranks`` (and they are not switched off)."""
-    if os.environ.get("DETFP_BISECT_ROLLUPS", "1") == "0":
-        return False
+def available(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
+    """Whether both runs wrote rollups on every launch of ``ranks``."""
     for run in (run_a, run_b):
         for r in ranks:
             if not all(m.get("rollups") == contract.ROLLUP_VERSION for m in run.manifests.get(r, ())):

@@ -26,6 +26,7 @@ from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import scope as _scope
 from detfp_analyze.bisect.diagnose import diagnose
 from detfp_analyze.bisect.engine import Engine, local
+from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.bisect.result import LEVELS, BisectResult, Diagnosis, Window
 from detfp_analyze.bisect.search import search
 from detfp_analyze.bisect.verdict import resolve
@@ -36,7 +37,7 @@ from detfp_analyze.io.envdiff import check_comparable, drop_keys, env_diff
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.ranks import format_ranks
 
-__all__ = ["BisectResult", "Progress", "bisect"]
+__all__ = ["BisectResult", "Progress", "ReadPaths", "bisect"]
 
 
 def bisect(
@@ -50,6 +51,7 @@ def bisect(
     ignore_env: Sequence[str] = (),
     progress: Progress | None = None,
     engine: Engine | None = None,
+    reads: ReadPaths | None = None,
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
 
@@ -60,6 +62,8 @@ def bisect(
     manifest keys left out of the environment diff (``host.*``; see ``envdiff.drop_keys``), listed
     in ``notes``. ``progress``: optional callback. ``engine``: where the heavy stages run
     (``engine.local``, the default, or ``detfp_analyze.spark.engine(spark)``); the result is the same.
+    ``reads``: which summaries the capture stored the search may read instead of the records
+    (``reads.ReadPaths``; default: every one both runs hold); the result is the same.
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
@@ -81,7 +85,7 @@ def bisect(
     # 3. Search: each rank's first divergence; from here on every read goes through the engine.
     stages = (engine or local)(run_a, run_b)
     run_a, run_b = stages.a, stages.b
-    found = search(run_a, run_b, scope, progress, stages)
+    found = search(run_a, run_b, scope, progress, stages, reads)
     notes += found.notes
     # 4. Verdicts, 5. evidence and assembly.
     verdicts = resolve(run_a, run_b, found.found, scope, stages.peer_inputs)

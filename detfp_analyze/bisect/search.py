@@ -7,7 +7,8 @@
    (``blocks``), the same rollups come from those few rows instead, and each candidate step
    without a structural difference is narrowed to the slice of blocks that differ; with the
    commit logs' step folds (``io.stepsums``), only the metrics of each rank's first differing
-   step and the blocks of the differing steps up to the bound are read;
+   step and the blocks of the differing steps up to the bound are read (``reads.ReadPaths``
+   says which of these two shortcuts the search may take);
 3. ``walk``: each rank's candidates in order, up to the bound, then past it only for the ranks
    where no value differs yet;
 4. what was passed over, and the digest errors, become notes; a resumed pair gets its boundary
@@ -29,7 +30,7 @@ from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect import resume as _resume
 from detfp_analyze.bisect.engine import LocalStages, Stages
-from detfp_analyze.bisect.reads import scan
+from detfp_analyze.bisect.reads import ReadPaths, scan
 from detfp_analyze.bisect.records import Found
 from detfp_analyze.bisect.result import ResumeInfo
 from detfp_analyze.bisect.scope import Scope
@@ -102,7 +103,12 @@ def _sum_rollup(sums: _stepsums.Sums, ranks: Sequence[int], lo: int, hi: int) ->
 
 
 def _stored_blocks(
-    st: Stages, rollups: bool, sums: tuple[_stepsums.Sums, _stepsums.Sums] | None, ranks: Sequence[int], lo: int, hi: int
+    st: Stages,
+    rollups: bool,
+    sums: tuple[_stepsums.Sums, _stepsums.Sums] | None,
+    ranks: Sequence[int],
+    lo: int,
+    hi: int,
 ) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """Both runs' stored rollups' blocks of ``ranks`` over [lo, hi] (None without stored rollups):
     with folds, only of the (rank, step)s whose folds differ (None when none does)."""
@@ -113,20 +119,27 @@ def _stored_blocks(
 
 
 def search(
-    run_a: Run, run_b: Run, scope: Scope, progress: Progress | None = None, stages: Stages | None = None
+    run_a: Run,
+    run_b: Run,
+    scope: Scope,
+    progress: Progress | None = None,
+    stages: Stages | None = None,
+    reads: ReadPaths | None = None,
 ) -> Search:
     """Each compared rank's first divergence and first metric split within ``scope``; the heavy
-    reads run on ``stages`` (``engine``; default: polars here), the walk reads ``stages.a``/``.b``."""
+    reads run on ``stages`` (``engine``; default: polars here), the walk reads ``stages.a``/``.b``.
+    ``reads``: the shortcuts past the records it may take (default: all, ``ReadPaths()``)."""
+    reads = reads if reads is not None else ReadPaths()
     st = stages if stages is not None else LocalStages(run_a, run_b)
     run_a, run_b = st.a, st.b
     compared = list(scope.ranks)
     if scope.window is None or not compared:
         return Search({}, {}, scope.resume, ())
     lo, hi = scope.window
-    rollups = _blocks.enabled(run_a, run_b, compared)
+    rollups = reads.stored_rollups and _blocks.available(run_a, run_b, compared)
     # Committed step folds (io.stepsums) say which ranks' metrics and rollups differ at all:
     # only those are read (an identical pair reads neither).
-    sums = _stepsums.pair(run_a, run_b, compared, lo, hi) if rollups else None
+    sums = _stepsums.pair(run_a, run_b, compared, lo, hi) if rollups and reads.step_sums else None
     m_read = (compared, lo, hi) if sums is None else _stepsums.metric_reads(*sums)
     m = st.metric_divergence(*m_read).to_dicts() if m_read else []
     metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m}

@@ -12,12 +12,11 @@ diverged rank's metrics are read at its first differing step only.
 a committed window whose line lacks them); ``pair`` answers for two runs only when both hold
 them for every launch of the compared ranks, with nothing excluded and no completeness gap;
 anything else is None and the bisect reads the shards as for older runs (same answer, slower).
-``DETFP_BISECT_SUMS=0`` ignores the folds (for benchmarks and tests comparing both paths).
+Whether the bisect uses them at all is its caller's choice (``bisect.reads.ReadPaths``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,8 +93,6 @@ def _of(run: Any, ranks: Sequence[int], lo: int, hi: int) -> Sums | None:
 def pair(run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int) -> tuple[Sums, Sums] | None:
     """Both runs' folds of ``ranks`` over steps ``lo``..``hi``, or None when either run lacks
     them anywhere there (then the shards are read)."""
-    if os.environ.get("DETFP_BISECT_SUMS", "1") == "0":
-        return None
     a = _of(run_a, ranks, lo, hi)
     b = _of(run_b, ranks, lo, hi) if a is not None else None
     return None if a is None or b is None else (a, b)

@@ -177,7 +177,7 @@ def _completeness(run: Run) -> list[Problem]:
 def _step_sums(run: Run) -> list[Problem]:
     return [
         Problem("step_sums", r, s, None, f"the commit lines' step fold of the {table} differs from the {table} "
-                "shards (rewritten after their window was committed?); bisect this run with DETFP_BISECT_SUMS=0 "
+                "shards (rewritten after their window was committed?); bisect this run with --no-step-sums "
                 "or re-run the capture")
         for r, s, table in _stepsums.mismatches(run)
     ]  # fmt: skip

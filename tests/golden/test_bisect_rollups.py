@@ -3,8 +3,8 @@
 * the writer's vectorized rollup hashes are the contract's reference ``rollup_hashes``, bit for bit;
 * every synthetic plant (each HOWS value, subsets, resume, hazards), with its origin in the first
   block and past the second (a slice that starts after the step's first record), and every sample
-  pair: the JSON report with the rollups (``DETFP_BISECT_ROLLUPS=1``), from the commit lines'
-  step folds or from the stored blocks (``DETFP_BISECT_SUMS=0``), equals the report without;
+  pair: the JSON report with the rollups, from the commit lines' step folds or from the stored
+  blocks (``ReadPaths(step_sums=False)``), equals the report without (``stored_rollups=False``);
 * a rollup that differs although the records match is decided by the exact walk (identical);
 * a missing rollups shard is refused or reported by the completeness contract, a damaged one
   refused; a run without rollups (an older writer) bisects on the records path, with the same answer.
@@ -23,6 +23,7 @@ import pytest
 
 from detfp_analyze.bisect import blocks
 from detfp_analyze.bisect.pipeline import bisect
+from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.errors import DetfpError, IncompleteRunError
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
@@ -49,10 +50,8 @@ PLANTS = {
 }
 
 
-def report(a, b, monkeypatch, rollups: bool, sums: bool = True) -> dict:
-    monkeypatch.setenv("DETFP_BISECT_ROLLUPS", "1" if rollups else "0")
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "1" if sums else "0")
-    return bisect(open_run(a), open_run(b)).to_json_dict()
+def report(a, b, rollups: bool, sums: bool = True) -> dict:
+    return bisect(open_run(a), open_run(b), reads=ReadPaths(step_sums=sums, stored_rollups=rollups)).to_json_dict()
 
 
 @pytest.mark.parametrize("impl", [window_rollups, _python_rollups], ids=["numpy", "python"])
@@ -133,15 +132,15 @@ def planted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", [*PLANTS, "identical"])
-def test_rollups_and_records_give_the_same_report(planted, name, monkeypatch):
+def test_rollups_and_records_give_the_same_report(planted, name):
     p = planted[name]
     ra, rb = open_run(p.a), open_run(p.b)
-    assert blocks.enabled(ra, rb, range(SPEC.ranks))
+    assert blocks.available(ra, rb, range(SPEC.ranks))
     assert stepsums.pair(ra, rb, range(SPEC.ranks), 0, SPEC.steps) is not None
     # Three paths, one report: the commit lines' step folds, the stored blocks, the records.
-    with_rollups = report(p.a, p.b, monkeypatch, True)
-    assert with_rollups == report(p.a, p.b, monkeypatch, True, sums=False)
-    assert with_rollups == report(p.a, p.b, monkeypatch, False)
+    with_rollups = report(p.a, p.b, True)
+    assert with_rollups == report(p.a, p.b, True, sums=False)
+    assert with_rollups == report(p.a, p.b, False)
     got = {r["rank"]: (r["first"]["step"], r["first"]["seq_a"]) for r in with_rollups["ranks"] if r.get("first")}
     if name not in ("structural", "missing_records", "resume", "hazard", "digest_error"):
         assert got == {e.rank: (e.step, e.seq) for e in p.expected}
@@ -158,10 +157,10 @@ def test_a_late_divergence_reads_a_slice(planted):
 
 
 @pytest.mark.parametrize(("a", "b"), [("ops/a", "ops/b"), ("resume/full", "resume/resumed")])
-def test_sample_traces_have_no_rollups_and_bisect_on_records(a, b, monkeypatch):
+def test_sample_traces_have_no_rollups_and_bisect_on_records(a, b):
     ra, rb = open_run(SAMPLES / a), open_run(SAMPLES / b)
-    assert not blocks.enabled(ra, rb, ra.ranks)
-    assert report(SAMPLES / a, SAMPLES / b, monkeypatch, True) == report(SAMPLES / a, SAMPLES / b, monkeypatch, False)
+    assert not blocks.available(ra, rb, ra.ranks)
+    assert report(SAMPLES / a, SAMPLES / b, True) == report(SAMPLES / a, SAMPLES / b, False)
 
 
 def test_an_older_run_without_rollups_takes_the_records_path(tmp_path):
@@ -170,7 +169,7 @@ def test_an_older_run_without_rollups_takes_the_records_path(tmp_path):
     new = write_pair(tmp_path / "na", tmp_path / "nb", SPEC, plant)
     # One run with rollups, one without: the records path, the same answer.
     ra, rb = open_run(new.a), open_run(old.b)
-    assert "rollups" not in rb.tables and not blocks.enabled(ra, rb, ra.ranks)
+    assert "rollups" not in rb.tables and not blocks.available(ra, rb, ra.ranks)
     res = bisect(ra, rb)
     assert {r.rank: (r.first.step, r.first.seq_a) for r in res.ranks if r.first} == {
         e.rank: (e.step, e.seq) for e in new.expected
@@ -182,17 +181,17 @@ def _rewrite(path: Path, edit) -> None:
     pq.write_table(edit(t).to_arrow(), path)
 
 
-def test_a_rollup_mismatch_with_equal_records_is_decided_by_the_walk(tmp_path, monkeypatch):
+def test_a_rollup_mismatch_with_equal_records_is_decided_by_the_walk(tmp_path):
     # Written without the commit lines' shard facts: a shard rewritten after its commit would be
     # refused by its size (tests/unit/test_footers_committed.py), and this is about the walk.
     p = write_pair(tmp_path / "a", tmp_path / "b", dataclasses.replace(SPEC, shard_facts=False))
     shard = sorted((p.b / "rollups" / "rank=2").glob("*.parquet"))[1]
     _rewrite(shard, lambda t: t.with_columns(pl.col("vx") ^ 1, pl.col("ox") ^ 1))
     ra, rb = open_run(p.a), open_run(p.b)
-    assert blocks.enabled(ra, rb, ra.ranks)
+    assert blocks.available(ra, rb, ra.ranks)
     res = bisect(ra, rb)
     assert not res.diverged
-    assert res.to_json_dict() == report(p.a, p.b, monkeypatch, False)
+    assert res.to_json_dict() == report(p.a, p.b, False)
 
 
 def test_a_missing_rollups_shard_is_incomplete_and_a_damaged_one_refused(tmp_path):

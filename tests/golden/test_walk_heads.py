@@ -21,6 +21,7 @@ import pytest
 
 from detfp_analyze.bisect import blocks
 from detfp_analyze.bisect.pipeline import bisect
+from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.bisect.walk import walk
 from detfp_analyze.errors import ShardError
 from detfp_analyze.io.reader import open_run
@@ -56,12 +57,11 @@ def _slices(a, b, cands):
 
 
 @pytest.mark.parametrize("name", PLANTS)
-def test_heads_give_the_report_of_the_records_path(planted, name, monkeypatch):
+def test_heads_give_the_report_of_the_records_path(planted, name):
     p = planted[name]
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")  # the stored blocks (slices with heads)
-    with_heads = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
-    monkeypatch.setenv("DETFP_BISECT_ROLLUPS", "0")
-    assert with_heads == bisect(open_run(p.a), open_run(p.b)).to_json_dict()
+    # The stored blocks (slices with heads), then the records path.
+    with_heads = bisect(open_run(p.a), open_run(p.b), reads=ReadPaths(step_sums=False)).to_json_dict()
+    assert with_heads == bisect(open_run(p.a), open_run(p.b), reads=ReadPaths(stored_rollups=False)).to_json_dict()
 
 
 def test_the_values_plant_is_read_by_its_head(planted):
@@ -82,7 +82,9 @@ def _two_output_call(a) -> int:
 def test_a_head_that_cuts_the_picked_call_reads_the_whole_slice(tmp_path):
     probe = write_pair(tmp_path / "pa", tmp_path / "pb", SynthSpec(ranks=1, steps=2, records=4000))
     index = _two_output_call(open_run(probe.a))
-    p = write_pair(tmp_path / "a", tmp_path / "b", SynthSpec(ranks=1, steps=2, records=4000), Plant(step=1, index=index))
+    p = write_pair(
+        tmp_path / "a", tmp_path / "b", SynthSpec(ranks=1, steps=2, records=4000), Plant(step=1, index=index)
+    )
     a, b = open_run(p.a), open_run(p.b)
     [expected] = p.expected
     sl = _slices(a, b, {0: [1]})

@@ -18,7 +18,8 @@ import detfp_analyze
 
 #: name -> its parameters as ``name``, ``*name`` (keyword-only) and ``=default``.
 FUNCTIONS = {
-    "bisect": "run_a, run_b, *ranks=None, *steps=None, *level='op', *force=False, *ignore_env=(), *progress=None, *engine=None",
+    "bisect": "run_a, run_b, *ranks=None, *steps=None, *level='op', *force=False, *ignore_env=(), *progress=None, "
+    "*engine=None, *reads=None",
     "certify": "run, *checks=None",
     "connect": "a, b=None, *allow_missing_ranks=False, *allow_incomplete=False, *allow_file_access=False, "
     "*database=':memory:'",

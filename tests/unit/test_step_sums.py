@@ -3,10 +3,12 @@
 * the writer commits, per step, exactly the fold of the rollups and metrics shards it wrote,
   also for a step cut by windows; ``metric_hash`` is pinned (a format constant);
 * a malformed ``sums`` is left out, and a launch without folds anywhere sends the bisect to
-  the shards (older writers, ``DETFP_BISECT_SUMS=0``, a window line without them, exclusions);
+  the shards (older writers, ``ReadPaths(step_sums=False)``, a window line without them, exclusions);
 * the report is the same with and without the folds, and they cut the reads: an identical pair
   reads no metrics or rollups shard, a pair reads those of the ranks that differ only;
-* a difference in the metrics alone is found from the folds.
+* a difference in the metrics alone is found from the folds;
+* certify's advice for shards that disagree with their folds names ``bisect --no-step-sums``,
+  which finds the difference the folds hide.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import json
 import polars as pl
 import pytest
 
-from detfp_analyze.bisect.engine import LocalStages
 from detfp_analyze.bisect.pipeline import bisect
+from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
@@ -25,8 +27,11 @@ from detfp_capture import commitlog
 from detfp_capture.writer import ShardWriter
 from tests.fixtures.pairs import build_pair
 from tests.fixtures.shards import fold_shards
+from tests.fixtures.stages import spy
 
 SPEC = SynthSpec(ranks=4, steps=3, records=300)
+#: The shards, not the commit lines' folds.
+NO_SUMS = ReadPaths(step_sums=False)
 
 
 def test_metric_hash_is_pinned():
@@ -111,7 +116,7 @@ def _strip_sums(log) -> None:
     log.write_bytes(b"".join(out))
 
 
-def test_the_folds_are_used_only_where_both_runs_hold_them_everywhere(tmp_path, monkeypatch):
+def test_the_folds_are_used_only_where_both_runs_hold_them_everywhere(tmp_path):
     import dataclasses
 
     plant = Plant(rank=1, step=1, index=40)
@@ -121,9 +126,6 @@ def test_the_folds_are_used_only_where_both_runs_hold_them_everywhere(tmp_path, 
     assert stepsums.pair(open_run(new.a), open_run(new.b), ranks, 0, 2) is not None
     assert stepsums.pair(open_run(old.a), open_run(old.b), ranks, 0, 2) is None
     assert stepsums.pair(open_run(new.a), open_run(old.b), ranks, 0, 2) is None
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
-    assert stepsums.pair(open_run(new.a), open_run(new.b), ranks, 0, 2) is None
-    monkeypatch.delenv("DETFP_BISECT_SUMS")
     _strip_sums(new.b / "manifest" / "rank=2" / "segment-00000.commits")
     rb = open_run(new.b)
     assert rb.step_sums[(2, 0)] is None and rb.step_sums[(1, 0)] is not None
@@ -138,16 +140,7 @@ def test_the_folds_are_used_only_where_both_runs_hold_them_everywhere(tmp_path, 
 
 
 def _spy(monkeypatch) -> dict[str, list]:
-    calls: dict[str, list] = {"metric_divergence": [], "block_rollups": []}
-    for name in calls:
-        orig = getattr(LocalStages, name)
-
-        def wrapped(self, ranks, lo, hi, _orig=orig, _name=name):
-            calls[_name].append((list(ranks), lo, hi))
-            return _orig(self, ranks, lo, hi)
-
-        monkeypatch.setattr(LocalStages, name, wrapped)
-    return calls
+    return spy(monkeypatch, ("metric_divergence", "block_rollups"))
 
 
 def test_an_identical_pair_reads_no_metrics_or_rollups(tmp_path, monkeypatch):
@@ -155,8 +148,7 @@ def test_an_identical_pair_reads_no_metrics_or_rollups(tmp_path, monkeypatch):
     calls = _spy(monkeypatch)
     res = bisect(open_run(p.a), open_run(p.b))
     assert not res.diverged and calls == {"metric_divergence": [], "block_rollups": []}
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
-    assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == res.to_json_dict()
+    assert bisect(open_run(p.a), open_run(p.b), reads=NO_SUMS).to_json_dict() == res.to_json_dict()
     assert calls["metric_divergence"] == [(list(range(SPEC.ranks)), 0, SPEC.steps - 1)]
 
 
@@ -169,8 +161,7 @@ def test_only_the_ranks_that_differ_are_read(tmp_path, monkeypatch):
     res = bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2])
     assert calls == {"metric_divergence": [], "block_rollups": [([1], 2, 2)]}
     assert [r["rank"] for r in res.to_json_dict()["ranks"] if r.get("first")] == [1]
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
-    assert bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2]).to_json_dict() == res.to_json_dict()
+    assert bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2], reads=NO_SUMS).to_json_dict() == res.to_json_dict()
 
 
 def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
@@ -180,8 +171,7 @@ def test_a_difference_in_the_metrics_alone_is_found(tmp_path, monkeypatch):
     calls = _spy(monkeypatch)
     res = bisect(a, b).to_json_dict()
     assert calls == {"metric_divergence": [([1], 1, 1)], "block_rollups": []}
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
-    assert bisect(a, b).to_json_dict() == res
+    assert bisect(a, b, reads=NO_SUMS).to_json_dict() == res
     rank1 = next(r for r in res["ranks"] if r["rank"] == 1)
     assert json.dumps(rank1).count("9.5") >= 1
 
@@ -201,9 +191,8 @@ def test_an_early_divergence_reads_each_rank_up_to_its_first_split(tmp_path, mon
     res = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
     assert calls == {"metric_divergence": [(ranks, 0, 0)], "block_rollups": [(ranks, 0, 0)]}
     assert {r["rank"] for r in res["ranks"] if r.get("first")} == set(ranks)
-    for env in ("DETFP_BISECT_SUMS", "DETFP_BISECT_ROLLUPS"):
-        monkeypatch.setenv(env, "0")
-        assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == res
+    for reads in (NO_SUMS, ReadPaths(step_sums=False, stored_rollups=False)):
+        assert bisect(open_run(p.a), open_run(p.b), reads=reads).to_json_dict() == res
 
 
 def test_a_launch_resumed_into_the_run_supersedes_its_earlier_folds(tmp_path, monkeypatch):
@@ -227,8 +216,7 @@ def test_a_launch_resumed_into_the_run_supersedes_its_earlier_folds(tmp_path, mo
     calls = _spy(monkeypatch)
     res = bisect(a, b).to_json_dict()
     assert res["status"] == "identical" and calls == {"metric_divergence": [], "block_rollups": []}
-    monkeypatch.setenv("DETFP_BISECT_SUMS", "0")
-    assert bisect(a, b).to_json_dict() == res
+    assert bisect(a, b, reads=NO_SUMS).to_json_dict() == res
 
 
 def test_certify_finds_shards_that_disagree_with_their_committed_folds(tmp_path):
@@ -252,3 +240,16 @@ def test_certify_finds_shards_that_disagree_with_their_committed_folds(tmp_path)
         (0, 2, "the commit lines' step fold of the metrics"),
         (2, 1, "the commit lines' step fold of the rollups"),
     ]
+    # The advice names the bisect flag that reads the shards, and that flag finds what the folds hide.
+    detail = next(x.detail for x in certify(p.b).problems if x.kind == "step_sums")
+    assert "bisect this run with --no-step-sums or re-run the capture" in detail
+    from typer.testing import CliRunner
+
+    from detfp_analyze.cli import app
+
+    def cli(*flags: str):
+        return CliRunner().invoke(app, ["bisect", str(p.a), str(p.b), "--json", *flags])
+
+    assert cli().exit_code == 0  # the folds agree: identical
+    split = json.loads(cli("--no-step-sums").stdout)
+    assert [(r["rank"], r["metric_step"]) for r in split["ranks"] if r["status"] == "diverged"] == [(0, 2)]
