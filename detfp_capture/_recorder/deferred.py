@@ -21,15 +21,15 @@ from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.slot import Slot, gc_paused
 
-__all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting", "written_before_digest"]
+__all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting"]
 
 DEFER_MAX = 1024  # deferred digests per batch
 DEFER_BYTES = 64 << 20  # bytes of tensors kept alive by deferred digests before a batch runs
 _MOVED = "storage freed or reallocated"
 
 
-def written_before_digest(t: torch.Tensor, why: str = "modified in place") -> digest.Pending:
-    """The digest of a tensor written before its deferred digest ran: an error, never a guess."""
+def _modified(t: torch.Tensor, why: str = "modified in place") -> digest.Pending:
+    """The digest of a deferred tensor written before its batch ran: an error, never a guess."""
     p = digest.Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
     p.error = f"{why} before its deferred digest ran"
     return p
@@ -78,9 +78,9 @@ class Waiting:
             if t is None:  # evicted: snapshotted before a write
                 continue
             if v is not None and t._version != v:  # cannot happen when every write goes through the dispatcher
-                s.pending = written_before_digest(t)
+                s.pending = _modified(t)
             elif t.data_ptr() != a:  # reading it now could read freed memory
-                s.pending = written_before_digest(t, _MOVED)
+                s.pending = _modified(t, _MOVED)
             else:
                 live_s.append(s)
                 live_t.append(t)
@@ -107,9 +107,9 @@ class Waiting:
                 tensors[i] = None
                 s, v = self.slots[i], self.versions[i]
                 if v is not None and t._version != v:
-                    s.pending = written_before_digest(t)
+                    s.pending = _modified(t)
                 elif t.data_ptr() != self.addrs[i]:
-                    s.pending = written_before_digest(t, _MOVED)
+                    s.pending = _modified(t, _MOVED)
                 elif Staging.fits(t):
                     ts.append(t)
                     ss.append(s)

@@ -120,7 +120,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
 
 def _late(rec: Any, t: torch.Tensor, s: Slot) -> Any:
     """The waiter that starts ``s`` (``t``'s digest) once ``t``'s producer completed."""
-    return lambda error: rec._start_late(t, s, False, False, error)
+    return lambda: rec._start_late(t, s, False, False)
 
 
 def append_copy(rec: Any, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:

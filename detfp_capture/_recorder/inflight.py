@@ -34,18 +34,14 @@ from detfp_capture._recorder.slot import storage_ptrs
 
 __all__ = ["InFlight", "Waiter"]
 
-#: Run when the producer completed: with None, or with why the bytes cannot be trusted.
-Waiter = Callable[[str | None], None]
-
-#: The reason given to a waiter whose buffer was written between its launch and the completion
-#: capture saw (the program waited where capture could not see it, then wrote).
-_WRITTEN = "written after its collective completed (a wait capture did not see),"
+#: Run when the producer completed.
+Waiter = Callable[[], None]
 
 
 class _Flight:
     """One buffer an asynchronous collective is writing."""
 
-    __slots__ = ("buffer", "complete", "ptrs", "step", "version", "waiters")
+    __slots__ = ("buffer", "complete", "ptrs", "step", "waiters")
 
     def __init__(self, buffer: torch.Tensor, ptrs: list[int], complete: Callable[[], Any], step: int) -> None:
         self.buffer = buffer
@@ -55,15 +51,7 @@ class _Flight:
         self.ptrs = ptrs
         #: Waits for the collective (capture's own completion, at the step end).
         self.complete = complete
-        self.version = _version(buffer)
         self.waiters: list[Waiter] = []
-
-
-def _version(t: torch.Tensor) -> int | None:
-    try:
-        return t._version
-    except Exception:  # inference tensors have no version counter
-        return None
 
 
 class InFlight:
@@ -118,22 +106,21 @@ class InFlight:
         if len(flights) == 1:
             next(iter(flights.values())).waiters.append(waiter)
             return True
-        left = [len(flights), None]
+        left = [len(flights)]
 
-        def one(error: str | None) -> None:
+        def one() -> None:
             left[0] -= 1
-            left[1] = left[1] or error
             if left[0] == 0:
-                waiter(left[1])
+                waiter()
 
         for f in flights.values():
             f.waiters.append(one)
         return True
 
     def when_complete(self, t: torch.Tensor, waiter: Waiter) -> None:
-        """``waiter(None)`` now when nothing writes ``t``'s bytes any more, else ``after``."""
+        """``waiter()`` now when nothing writes ``t``'s bytes any more, else ``after``."""
         if not ((self.by_storage or t.__class__ not in PLAIN) and self.after(t, waiter)):
-            waiter(None)
+            waiter()
 
     def completed(self, tensors: list[torch.Tensor]) -> None:
         """The program waited for the collective writing ``tensors`` (``wait_tensor``, ``Work.wait``)."""
@@ -168,8 +155,6 @@ class InFlight:
         for p in f.ptrs:
             if by.get(p) is f:
                 del by[p]
-        v = _version(f.buffer)
-        error = _WRITTEN if v is not None and f.version is not None and v != f.version else None
         waiters, f.waiters = f.waiters, []
         for w in waiters:
-            w(error)
+            w()

@@ -34,7 +34,7 @@ from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.args import ArgsColumn
 from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg
-from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting, written_before_digest
+from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
 from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
@@ -194,17 +194,13 @@ class Recorder:
                 return hit
         s = Slot(None)
         # Now, or when the collective still writing it completes (``inflight``).
-        self.inflight.when_complete(t, lambda error: self._start_late(t, s, rows, moments, error))
+        self.inflight.when_complete(t, lambda: self._start_late(t, s, rows, moments))
         if version is not None:
             self.vcache.put(t, s, version, rows, moments)
         return s
 
-    def _start_late(self, t: torch.Tensor, s: Slot, rows: bool | int, moments: bool, error: str | None) -> None:
-        """Start ``s``, the digest of ``t``, whose producer has completed (``error``: why its bytes
-        cannot be trusted)."""
-        if error is not None:
-            s.pending = written_before_digest(t, error)
-            return
+    def _start_late(self, t: torch.Tensor, s: Slot, rows: bool | int, moments: bool) -> None:
+        """Start ``s``, the digest of ``t``, whose producer has completed."""
         t = collective_result(t)
         if rows is False and not moments and Staging.fits(t):
             self.waiting.stage([t], [s])  # staged, or digested now if it cannot be
@@ -355,7 +351,7 @@ class Recorder:
     def _dump(self, row: DumpRow) -> None:
         """Keep a copy of ``row``'s tensor for the dumps table, once its producer completed."""
         copy = lambda: collective_result(row.tensor).detach().clone()  # noqa: E731
-        self.inflight.when_complete(row.tensor, lambda error: error or self.dumps.append(row._replace(tensor=copy())))
+        self.inflight.when_complete(row.tensor, lambda: self.dumps.append(row._replace(tensor=copy())))
 
     def last_slot(self) -> Slot | None:
         """The Slot of the record appended last (None: none, or not digested)."""
@@ -416,7 +412,7 @@ class Recorder:
             return
         # A copy (1-D: the flush concatenates them), once the collective writing it completed.
         copy = lambda: collective_result(value).detach().reshape(1).clone()  # noqa: E731
-        self.inflight.when_complete(value, lambda error: error or self.metrics.append(row._replace(value=copy())))
+        self.inflight.when_complete(value, lambda: self.metrics.append(row._replace(value=copy())))
 
     def event(
         self, type_: str, name: str = "", module: str = "", count: int | None = None, detail: str | None = None
