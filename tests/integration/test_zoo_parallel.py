@@ -126,7 +126,8 @@ def _onerank(root: Path, member: str, lvl: str) -> None:
     r0, r1 = res.rank(0).effective, res.rank(1).effective
     module, kind, role, op = ORIGIN[(member, lvl)]
     expect(
-        r1 is not None and (r1.verdict, r1.step, r1.module, r1.kind, r1.role, r1.op) == ("origin", PLANT, *ORIGIN[(member, lvl)]),
+        r1 is not None
+        and (r1.verdict, r1.step, r1.module, r1.kind, r1.role, r1.op) == ("origin", PLANT, *ORIGIN[(member, lvl)]),
         f"onerank: rank 1 origin at {module} {kind} {role} {op}",
         res,
     )
