@@ -45,16 +45,19 @@ class _Use(torch.nn.Module):
         return x + 1  # the first real use: the wrapper waits here
 
 
-def _model() -> torch.nn.Sequential:
-    return torch.nn.Sequential(_Row(), _Late(), _Use())
+X = torch.arange(8.0).reshape(2, 4)
+
+
+def _run(path, level: str, **options) -> torch.Tensor:
+    """One captured step of row -> late write -> use on ``X``; returns what the program got."""
+    with Session(path, level, **options) as s:
+        m = s.watch(torch.nn.Sequential(_Row(), _Late(), _Use()))
+        with s.step(0):
+            return m(X)
 
 
 def test_a_module_output_of_an_unfinished_collective_is_read_at_the_programs_wait(tmp_path, gloo1):
-    x = torch.arange(8.0).reshape(2, 4)
-    with Session(tmp_path / "r", "boundaries") as s:
-        m = s.watch(_model())
-        with s.step(0):
-            y = m(x)
+    y = _run(tmp_path / "r", "boundaries")
     want = digest_hi(y - 1)  # what the collective left in the buffer, as the program read it
     r = read(tmp_path / "r")
     of_result = (pl.col("module") == "0") & (pl.col("role") == "output") | pl.col("module").is_in(["1", "2"])
@@ -64,31 +67,27 @@ def test_a_module_output_of_an_unfinished_collective_is_read_at_the_programs_wai
 
 
 def test_a_functional_collective_is_recorded_at_boundaries_with_outputs_right_after_the_launch(tmp_path, gloo1):
-    x = torch.arange(8.0).reshape(2, 4)
     orig = torch.ops._c10d_functional.all_reduce
-    with Session(tmp_path / "r", "boundaries") as s:
+    with Session(tmp_path / "p", "boundaries"):
         assert torch.ops._c10d_functional.all_reduce is not orig
-        m = s.watch(_model())
-        with s.step(0):
-            y = m(x)
     assert torch.ops._c10d_functional.all_reduce is orig
+    y = _run(tmp_path / "r", "boundaries")
     r = read(tmp_path / "r")
     rows = r.select("module", "kind", "name", "role", "arg").rows()
     at = rows.index(("0", "collective", "all_reduce@world", "input", "input"))
     assert rows[at + 1] == ("0", "collective", "all_reduce@world", "output", "output")
     assert rows[at + 2] == ("0", "module_output", "_Row", "output", "out")
     coll = r.filter(pl.col("kind") == "collective")
-    assert coll["digest_hi"].to_list() == [digest_hi(x * 2), digest_hi(y - 1)]
+    assert coll["digest_hi"].to_list() == [digest_hi(X * 2), digest_hi(y - 1)]
     assert coll["phase"].to_list() == ["forward", "forward"]
 
 
 def test_dumps_moments_and_rows_of_an_unfinished_result_keep_capture_on(tmp_path, gloo1):
-    x = torch.arange(8.0).reshape(2, 4)
     with Session(tmp_path / "r", "boundaries", dumps="^0$", moments="^0$", rows="^0$") as s:
-        m = s.watch(_model())
+        m = s.watch(torch.nn.Sequential(_Row(), _Late(), _Use()))
         with s.step(0):
-            y = m(x)
-            s.metric("result", funcol.all_reduce(x.sum(), "sum", dist.group.WORLD))
+            y = m(X)
+            s.metric("result", funcol.all_reduce(X.sum(), "sum", dist.group.WORLD))
     ev = read(tmp_path / "r", "events")
     assert not ev.filter(pl.col("type").is_in(["capture_error", "capture_disabled"])).height, ev
     d = read(tmp_path / "r", "dumps").filter((pl.col("kind") == "module_output") & (pl.col("module") == "0"))
@@ -99,7 +98,7 @@ def test_dumps_moments_and_rows_of_an_unfinished_result_keep_capture_on(tmp_path
     assert rec["digest_hi"] == digest_hi(y - 1) and rec["m_sum"] == float((y - 1).sum())
     assert len(rec["rows"]) == 2
     met = read(tmp_path / "r", "metrics")
-    assert met["value"].to_list() == [float(x.sum())]
+    assert met["value"].to_list() == [float(X.sum())]
 
 
 def test_a_collective_never_waited_is_completed_at_the_step_end_and_reported(tmp_path, gloo1):
@@ -116,11 +115,7 @@ def test_a_collective_never_waited_is_completed_at_the_step_end_and_reported(tmp
 
 
 def test_level_ops_records_the_collective_output_before_its_first_reader(tmp_path, gloo1):
-    x = torch.arange(8.0).reshape(2, 4)
-    with Session(tmp_path / "r", "ops") as s:
-        m = s.watch(_model())
-        with s.step(0):
-            y = m(x)
+    y = _run(tmp_path / "r", "ops")
     r = read(tmp_path / "r")
     out = r.filter((pl.col("kind") == "collective") & (pl.col("role") == "output"))
     add = r.filter((pl.col("name") == "aten::add.Tensor") & (pl.col("role") == "input") & (pl.col("arg") == "args[0]"))
