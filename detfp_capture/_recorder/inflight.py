@@ -15,11 +15,13 @@ between identical runs. So:
   its producer completes (``after``), not now;
 * the program's own wait completes them (``completed``, called by the wait wrappers): nothing here
   waits earlier than the program does;
-* at the step end, after the step's work, capture completes what the program has not waited for
-  yet (``finish``: a wait then changes no value), and a flush inside a step is put off while
-  anything waits here (``waiting``).
+* at the step end, after the step's work, capture completes what something waits for and the
+  program has not waited for yet (``finish``: a wait then changes no value), and a flush inside
+  a step is put off while anything waits here (``waiting``).
 
-Only the storages matter, so a tensor's dtype, shape or wrapper never hides its producer.
+Only the storages matter, so a tensor's dtype, shape or wrapper never hides its producer. A
+wait capture does not see (an op overload called directly, compiled code) leaves the flight to
+the step end: a write into the buffer after that wait is what the waiting digests read.
 """
 
 from __future__ import annotations
