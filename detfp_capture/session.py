@@ -202,9 +202,11 @@ class Session:
         if caps.collectives:
             from detfp_capture._sources.collectives import CollectiveTracer
             from detfp_capture._sources.ddp import DDPReduction
+            from detfp_capture._sources.funcol import FunctionalCollectives
 
             self._tracer = tracer = CollectiveTracer(ctx)
             tracer.install()
+            FunctionalCollectives(ctx, tracer).install()  # restored with ctx.patches
             self._ddp = DDPReduction(ctx, tracer)
             self._ddp.install(ctx.patches, self._hooks.is_watched)
             ctx.scope.on_backward_end = self._ddp.wait_buckets

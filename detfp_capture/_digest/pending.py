@@ -5,7 +5,7 @@ A small tensor (<= 1024 bytes: exactly one level) is copied into the next row of
 ``_Arena`` and hashed with all the others of its arena by one GEMM when the arena is sealed
 (at resolve); a larger one runs its levels now (``core.lanes_of``), with row digests, moments
 and the pointer check when asked. A tensor subclass with ``__tensor_flatten__`` is started
-component by component. ``fingerprint`` is ``start`` plus an immediate ``resolve``.
+component by component, except an ``AsyncCollectiveTensor``: its buffer (``awaited``). ``fingerprint`` is ``start`` plus an immediate ``resolve``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from detfp_capture._digest import core
+from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.resolve import resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments
 from detfp_capture._digest.stable import stable_text
@@ -278,6 +279,9 @@ def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pend
     tp = type(t)
     if not isinstance(t, torch.Tensor):
         return _error(t, f"not a tensor: {tp.__name__}")
+    inner = collective_result(t)
+    if inner is not t:  # an AsyncCollectiveTensor is its buffer, a plain tensor (awaited.py)
+        return _start(inner, rows, moments, pointer_check)
     if hasattr(tp, "__tensor_flatten__"):  # the inner tensors are detached one by one
         return _start_subclass(t, rows, moments)
     with torch._C.DisableTorchFunctionSubclass():

@@ -23,7 +23,8 @@ def metric_columns(metrics: list[MetricRow]) -> dict[str, list]:
         n: [] for n in ("step", "seq", "microbatch", "name", "occurrence", "value", "bits", "dtype")
     }
     values = _tensor_values([m.value for m in metrics if isinstance(m.value, torch.Tensor)])
-    for m in metrics:
+    # In record order: a metric of a collective's result joins the buffer when it completes.
+    for m in sorted(metrics, key=lambda m: m.seq):
         v = m.value
         val = values[id(v)] if isinstance(v, torch.Tensor) else float(v)
         cols["step"].append(m.step)

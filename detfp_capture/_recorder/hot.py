@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from detfp_capture import digest
+from detfp_capture._digest.awaited import PLAIN
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
@@ -46,6 +47,7 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     ext = rec.records.rows.extend
     shapes = SHAPES
     seq = rec.seq
+    inflight = rec.inflight
     for role, arg, t in tensors:
         try:
             version = t._version
@@ -54,6 +56,14 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
         s = cache_get(t, version) if version is not None and not fresh else None
         dt = t.dtype
         numel = t.numel()
+        if s is None and (inflight or t.__class__ not in PLAIN):
+            # Its producer (an asynchronous collective) may still be writing it: started then.
+            s = Slot(None)
+            if inflight.after(t, _late(rec, t, s)):
+                if version is not None:
+                    cache_put(t, s, version)
+            else:
+                s = None
         if s is None:
             ptr = None  # the storage's data pointer, where it is looked up anyway
             if defer and version is not None and dt is not _INT64 and type(t) is _TENSOR:
@@ -106,6 +116,11 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rec.seq = seq
     if stage_t is not None:
         waiting.stage(stage_t, stage_s)
+
+
+def _late(rec: Any, t: torch.Tensor, s: Slot) -> Any:
+    """The waiter that starts ``s`` (``t``'s digest) once ``t``'s producer completed."""
+    return lambda: rec._start_late(t, s, False, False)
 
 
 def append_copy(rec: Any, call: Call, item: TensorArg, src: torch.Tensor, source: Slot | None) -> bool:

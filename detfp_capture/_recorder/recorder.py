@@ -29,6 +29,7 @@ import torch
 
 from detfp_capture import contract, digest
 from detfp_capture._config import CaptureConfig
+from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.args import ArgsColumn
@@ -37,6 +38,7 @@ from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots
 from detfp_capture._recorder.guard import Guard
 from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
+from detfp_capture._recorder.inflight import InFlight
 from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 from detfp_capture._recorder.vcache import VersionCache
@@ -78,6 +80,8 @@ class Recorder:
         self.args = ArgsColumn()
         self.vcache = VersionCache(cfg.caps.sees_writes)
         self.waiting = Waiting()
+        #: Buffers an asynchronous collective is still writing: what reads them waits for it.
+        self.inflight = InFlight()
         self.findings = DigestFindings()
         # Records produced on other threads (DDP comm-hook callbacks) wait here for the training
         # thread: (order key, fn); drained sorted by key at points where all of them are complete.
@@ -188,14 +192,26 @@ class Recorder:
             hit = self.vcache.get(t, version, rows, moments)
             if hit is not None:
                 return hit
-        if rows is False and not moments and Staging.fits(t):
-            s = Slot(None)
-            self.waiting.stage([t], [s])  # staged, or digested now if it cannot be
-        else:
-            s = Slot(digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64))
+        s = Slot(None)
+        # Now, or when the collective still writing it completes (``inflight``).
+        self.inflight.when_complete(t, lambda: self._start_late(t, s, rows, moments))
         if version is not None:
             self.vcache.put(t, s, version, rows, moments)
         return s
+
+    def _start_late(self, t: torch.Tensor, s: Slot, rows: bool | int, moments: bool) -> None:
+        """Start ``s``, the digest of ``t``, whose producer has completed."""
+        t = collective_result(t)
+        if rows is False and not moments and Staging.fits(t):
+            self.waiting.stage([t], [s])  # staged, or digested now if it cannot be
+        else:
+            s.pending = digest.start(t, rows=rows, moments=moments, pointer_check=t.dtype is torch.int64)
+
+    def complete(self, tensors: list[torch.Tensor]) -> None:
+        """The program waited for the collective writing ``tensors``: what waits is taken now."""
+        if self.inflight and not self.failed:
+            with self.guard("completion of a collective"):
+                self.inflight.completed(tensors)
 
     def run_deferred(self, staging: bool = True) -> None:
         """Start every digest waiting for a batch (the caller holds the busy state)."""
@@ -327,10 +343,15 @@ class Recorder:
                 seq = self.next_seq()
                 out.add(call, seq, role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz)
                 if dump:
-                    self.dumps.append(DumpRow(call, seq, role, arg, t.detach().clone()))
+                    self._dump(DumpRow(call, seq, role, arg, t))
         self.records_in_step += len(tensors)
         if len(out.rows) >= self._flush_rows:
             self.need_flush = True
+
+    def _dump(self, row: DumpRow) -> None:
+        """Keep a copy of ``row``'s tensor for the dumps table, once its producer completed."""
+        copy = lambda: collective_result(row.tensor).detach().clone()  # noqa: E731
+        self.inflight.when_complete(row.tensor, lambda: self.dumps.append(row._replace(tensor=copy())))
 
     def last_slot(self) -> Slot | None:
         """The Slot of the record appended last (None: none, or not digested)."""
@@ -383,13 +404,15 @@ class Recorder:
         key = ("metric", self.microbatch, name)
         n = self.occ.get(key, 0)
         self.occ[key] = n + 1
-        if isinstance(value, torch.Tensor):
-            v: Any = value.detach().reshape(1).clone()  # 1-D: the flush concatenates them
-            dt = dtype_str(value.dtype)
-        else:
-            v = value
-            dt = type(value).__name__
-        self.metrics.append(MetricRow(self.step, self.next_seq(), self.microbatch, name, n, v, dt))
+        tensor = isinstance(value, torch.Tensor)
+        dt = dtype_str(value.dtype) if tensor else type(value).__name__
+        row = MetricRow(self.step, self.next_seq(), self.microbatch, name, n, value, dt)
+        if not tensor:
+            self.metrics.append(row)
+            return
+        # A copy (1-D: the flush concatenates them), once the collective writing it completed.
+        copy = lambda: collective_result(value).detach().reshape(1).clone()  # noqa: E731
+        self.inflight.when_complete(value, lambda: self.metrics.append(row._replace(value=copy())))
 
     def event(
         self, type_: str, name: str = "", module: str = "", count: int | None = None, detail: str | None = None
@@ -409,6 +432,11 @@ class Recorder:
     # ----------------------------------------------------------------------------- flush
     def flush(self) -> None:
         """Resolve pending digests (one resolve) and hand one window to the writer."""
+        if self.in_step and self.inflight.waiting:
+            # Records wait for a collective the program has not waited for yet: their window
+            # is flushed once it has (or at the step end), never by waiting for it here.
+            self.need_flush = True
+            return
         self.need_flush = False
         if not self.in_step:
             # Inside a step, foreign records join the stream at deterministic points (end of
@@ -470,6 +498,7 @@ class Recorder:
         # Keep what can be kept: records whose digests cannot be resolved are dropped, events are written.
         self.records, self.dumps, self.kernels = RecordBuffer(), [], []
         self.waiting.reset()
+        self.inflight.reset()
         self.event("capture_error", type(exc).__name__, "", None, detail)
         self.event(
             "capture_disabled", "", "", None, "capture stopped after the error above; the training step continued"

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from detfp_capture._recorder.call import MODULE, NAME, STEP, Call
 from detfp_capture._sources.context import CaptureContext
 
-__all__ = ["COLLECTIVES", "CollectiveTracer", "group_name"]
+__all__ = ["COLLECTIVES", "REDUCTIONS", "CollectiveTracer", "Wrapper", "group_name"]
 
 # name -> (kind, input parameters, output parameters)
 COLLECTIVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -58,7 +58,7 @@ COLLECTIVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 
 
 #: Collectives that reduce (a gradient reduction is one of these in backward or the optimizer).
-_REDUCTIONS = frozenset(
+REDUCTIONS = frozenset(
     {"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base"}
 )
 
@@ -85,8 +85,10 @@ def group_name(group: Any, names: dict[str, Any]) -> tuple[str, list[int]]:
     return "ranks:" + ",".join(map(str, ranks)), ranks
 
 
-class _Wrapper:
-    """A collective wrapper that compares equal to the function it wraps (P2POp checks ``op in [isend, irecv]``)."""
+class Wrapper:
+    """A collective wrapper that compares equal to the function it wraps (P2POp checks ``op in
+    [isend, irecv]``; torch keys tables by op packets) and passes every other attribute through
+    (an op packet's ``.default``)."""
 
     def __init__(self, orig: Callable, fn: Callable) -> None:
         self.__wrapped__ = orig
@@ -105,6 +107,11 @@ class _Wrapper:
     def __hash__(self) -> int:
         return hash(self.__wrapped__)
 
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
 
 class _WorkProxy:
     """An async Work whose ``wait()`` also records the outputs (and clears the hazard)."""
@@ -122,6 +129,17 @@ class _WorkProxy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
+
+
+class _AllWorks:
+    """The works of one ``batch_isend_irecv``, waited for together."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
 
 
 class CollectiveTracer:
@@ -151,10 +169,10 @@ class CollectiveTracer:
             return
         for name in (*COLLECTIVES, "batch_isend_irecv"):
             orig = getattr(dist, name, None)
-            if orig is None or isinstance(orig, _Wrapper):
+            if orig is None or isinstance(orig, Wrapper):
                 continue
             fn = self._make_batch(orig) if name == "batch_isend_irecv" else self._make(name, orig)
-            w = _Wrapper(orig, fn)
+            w = Wrapper(orig, fn)
             self.saved[name] = (orig, w)
             setattr(dist, name, w)
 
@@ -203,7 +221,7 @@ class CollectiveTracer:
                 for p in out_params:
                     _tensors(a.get(p), p, outs)
                 module, phase = self.scope.where()
-                if phase in ("backward", "optimizer") and fname in _REDUCTIONS:
+                if phase in ("backward", "optimizer") and fname in REDUCTIONS:
                     self.reductions += 1
                 other = {
                     k: v
@@ -226,6 +244,8 @@ class CollectiveTracer:
                 hz = self.ctx.hazards
                 if hz is not None:
                     hz.async_launch(tensors, call[NAME])
+                # What reads an output before the wait is digested at the wait (``inflight``).
+                self._in_flight([t for _, t in outs], result, call[NAME])
                 proxy = _WorkProxy(result, lambda: self._complete(call, outs, tensors, id(proxy)))
                 self.pending[id(proxy)] = (call[NAME], call[MODULE])
                 return proxy
@@ -240,6 +260,7 @@ class CollectiveTracer:
         rec = self.rec
         if key is not None:
             self.pending.pop(key, None)
+            rec.complete([t for _, t in outs])
         hz = self.ctx.hazards
         if hz is not None and tensors:
             hz.async_done(tensors)
@@ -249,13 +270,19 @@ class CollectiveTracer:
             # c10d writes outputs from C++ without moving version counters: always digest afresh.
             rec.append_records(call, [("output", p, t) for p, t in outs], fresh=True)
 
+    def _in_flight(self, buffers: list[torch.Tensor], work: Any, name: str) -> None:
+        """``buffers`` are written by the async ``work`` until the program waits for it."""
+        if buffers:
+            with self.rec.guard("{} launch", name):
+                self.rec.inflight.launch(buffers, lambda _b: work.wait(), self.rec.step)
+
     def _make_batch(self, orig: Callable) -> Callable:
         def wrapper(p2p_op_list: list) -> Any:
             rec = self.rec
             restore = []
             # c10d compares P2POp.op by identity with its own isend/irecv: hand it the originals.
             for p in p2p_op_list:
-                if isinstance(getattr(p, "op", None), _Wrapper):
+                if isinstance(getattr(p, "op", None), Wrapper):
                     restore.append((p, p.op))
                     p.op = p.op.__wrapped__
             calls = []
@@ -293,10 +320,13 @@ class CollectiveTracer:
                 return works
             outs = [(c, t) for c, fname, t in calls if fname == "irecv"]
             state = {"left": len(works)}
+            if outs:
+                self._in_flight([t for _, t in outs], _AllWorks(works), "batch_isend_irecv")
 
             def done() -> None:
                 state["left"] -= 1
                 if state["left"] == 0:
+                    rec.complete([t for _, t in outs])
                     for c, t in outs:
                         self._complete(c, [("tensor", t)], [], None)
 

@@ -143,6 +143,9 @@ class StepBoundaries:
                     if self.mode is not None:
                         self.mode.kernel_range = None
                     ks.stop()
+                # Collectives the program has not waited for yet: capture completes those that
+                # records wait for now, after the step's work (``inflight``).
+                rec.inflight.finish(rec.step)
                 # The dispatch mode is off from here on: what runs between steps writes unseen,
                 # so digests still waiting for a batch are taken now, not at the next write.
                 rec.run_deferred(staging=False)
@@ -156,6 +159,8 @@ class StepBoundaries:
                     self.tracer.step_end(self._grads_seen)
                     self._grads_seen = False
                 rec.event("step_end", "", "", rec.records_in_step)
+        if not rec.selected:
+            rec.inflight.finish(rec.step)  # nothing of the step waits for anything
         if self.ctx.hazards is not None:
             self.ctx.hazards.step_end()
         rec.in_step = False

@@ -21,8 +21,10 @@ outputs after, so the first divergent record of a rank is either
 * an input of a call -> ``unobserved_producer`` (no earlier record differs, so whatever
   wrote it was not captured; the call is the consumer to name), unless only the call's
   non-tensor arguments differ: then the call site changed them (``origin``, kind arguments);
-  below level ops a submodule's input was made by its parent's own code, which that level
-  does not capture by design: ``origin`` there (or the cross-rank test on a multi-rank job);
+  below level ops a submodule's input was made by its parent's own code, and a collective's
+  input by the code of the module that launched it, which that level does not capture by
+  design: ``origin`` there (or the cross-rank test on a multi-rank job: over the data-parallel
+  group for what the optimizer reads and writes, over every rank for the forward and backward);
 * an output whose call's inputs all matched -> ``origin``, except that collectives
   (collective, p2p, reduced_grad) need the group-wide test (``group_verdict``): an origin
   only if every rank of the group had matching inputs for the same call, otherwise

@@ -252,6 +252,32 @@ def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
     )
 
 
+#: Calls a module's own code launches with tensors it made: below level ops their input was
+#: made by the code of the module that launched them.
+_LAUNCHED_KINDS = ("collective", "p2p")
+
+
+def _own_code(rec: Aligned, label: str, facts: StepFacts, module: str) -> LocalVerdict:
+    """Verdict of an input made by ``module``'s own code, which levels below ops do not capture."""
+    if batch_unseen(facts):
+        return LocalVerdict(
+            "unobserved_producer",
+            label,
+            None,
+            f"the input of {label} differs while every captured record before it matched, and the step's batch "
+            f"was not captured: the data or the code {module} runs between its submodules introduced it",
+            _BATCH_UNSEEN,
+        )
+    return LocalVerdict(
+        "reduction" if facts.world > 1 else "origin",
+        None,
+        None,
+        f"the input of {label} differs while every captured record before it matched: the code {module} runs "
+        "between its submodules, not captured at this level, introduced it",
+        f"the ops of {module} outside its submodules: {_recapture(rec.step, 'ops')}",
+    )
+
+
 def local_verdict(
     rec: Aligned,
     call_rows: Sequence[Aligned],
@@ -302,28 +328,15 @@ def local_verdict(
         )
     if kind in DERIVED_KINDS:
         return _derived(rec, facts)
-    if kind == "module_input" and role == "input" and "op" not in facts.kinds:
+    if role == "input" and "op" not in facts.kinds:
         # Below level ops the code a module runs between its submodules is not captured: a
-        # submodule's input that differs first was made there (every earlier record, the
-        # previous submodules' outputs included, matched).
-        parent = rec.module.rsplit(".", 1)[0] if "." in rec.module else "<root>"
-        if batch_unseen(facts):
-            return LocalVerdict(
-                "unobserved_producer",
-                label,
-                None,
-                f"the input of {label} differs while every captured record before it matched, and the step's batch "
-                f"was not captured: the data or the code {parent} runs between its submodules introduced it",
-                _BATCH_UNSEEN,
-            )
-        return LocalVerdict(
-            "reduction" if facts.world > 1 else "origin",
-            None,
-            None,
-            f"the input of {label} differs while every captured record before it matched: the code {parent} runs "
-            "between its submodules, not captured at this level, introduced it",
-            f"the ops of {parent} outside its submodules: {_recapture(rec.step, 'ops')}",
-        )
+        # submodule's input that differs first was made there by its parent (every earlier
+        # record, the previous submodules' outputs included, matched), and so was a collective's
+        # input by the module that launched it (TP's row-parallel partial sums).
+        if kind == "module_input":
+            return _own_code(rec, label, facts, rec.module.rsplit(".", 1)[0] if "." in rec.module else "<root>")
+        if kind in _LAUNCHED_KINDS:
+            return _own_code(rec, label, facts, rec.module or "<root>")
     hop = f" look one hop upstream ({upstream})" if upstream else " look one hop upstream"
     inputs = [r for r in call_rows if r.role == "input"]
     differing = [r for r in inputs if r.state in rule.DIVERGENT]

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from detfp_analyze.bisect import evidence as _evidence
-from detfp_analyze.bisect.records import CallKey, Extract, Found
+from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found
 from detfp_analyze.bisect.result import check_verdict
 from detfp_analyze.bisect.scope import Scope
-from detfp_analyze.bisect.verdict.local import LocalVerdict, StepFacts, local_verdict
+from detfp_analyze.bisect.verdict.local import DERIVED_KINDS, LocalVerdict, StepFacts, local_verdict
 from detfp_analyze.bisect.verdict.peers import (
     GroupTest,
     cross_rank,
@@ -33,13 +33,31 @@ from detfp_analyze.bisect.verdict.peers import (
 from detfp_analyze.io.reader import Run
 from detfp_analyze.ranks import without
 
-__all__ = ["RankVerdicts", "Verdict", "resolve"]
+__all__ = ["RankVerdicts", "Verdict", "resolve", "uncaptured_exchange"]
 
-#: depends_on of a receiver whose difference an uncaptured reduction carried.
-_UNCAPTURED_REDUCTION = (
-    "a cross-rank reduction the capture did not see (a DDP or FSDP gradient reduction, a C++ collective): "
-    "capture the wrapper (session.watch on it) or the collective, and see certify"
-)
+
+def _gradient_like(rec: Aligned) -> bool:
+    """A record a data-parallel gradient reduction may have carried a difference into: what the
+    optimizer reads and writes, and anything after the backward."""
+    return rec.kind in DERIVED_KINDS or rec.phase in ("optimizer", "step")
+
+
+def uncaptured_exchange(rec: Aligned, group: str) -> str:
+    """depends_on of a receiver whose difference came through a cross-rank exchange the capture
+    did not see, by what that exchange was: a gradient reduction (the optimizer's inputs, or
+    anything after backward) or a collective inside the forward or backward of the model
+    (tensor, sequence or expert parallelism)."""
+    if _gradient_like(rec):
+        return (
+            f"a cross-rank reduction in group {group} the capture did not see (a DDP or FSDP gradient reduction, "
+            "a C++ collective): capture the wrapper (session.watch on it) or the collective, and see certify"
+        )
+    return (
+        f"a collective in group {group} the capture did not see carried it into this {rec.phase} (a tensor-, "
+        "sequence- or expert-parallel exchange issued from C++ or compiled code, or a function bound before "
+        "the session opened): record it at level boundaries through torch.distributed or its functional "
+        "collectives, or probe its result with session.probe"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,12 +96,14 @@ _Slot = tuple[int, _Which]
 PeerInputs = Callable[[Sequence[tuple[int, int, int, tuple[int, ...]]]], dict[CallKey, str]]
 
 
-def _final(lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: GroupTest | None) -> Verdict:
+def _final(
+    rec: Aligned, lv: LocalVerdict, group: tuple[str, tuple[int, ...]] | None, test: GroupTest | None
+) -> Verdict:
     verdict, explanation, depends = lv.verdict, lv.explanation, lv.depends_on
     if test is not None:
         verdict, explanation = test.verdict, test.explanation
         if lv.verdict in ("reduction", "unobserved_producer") and verdict == "receiver":
-            depends = _UNCAPTURED_REDUCTION
+            depends = uncaptured_exchange(rec, group[0] if group else "world")
     return Verdict(
         check_verdict(verdict),
         explanation,
@@ -157,11 +177,14 @@ def resolve(
         if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
             continue
         rec = extracts[key].record
-        g = group_of(rec.name, "reduced_grad", _evidence.groups_of(run_a, key[0], every), ranks_all)
+        if _gradient_like(rec):  # a data-parallel gradient reduction carries it: its group
+            g = group_of(rec.name, "reduced_grad", _evidence.groups_of(run_a, key[0], every), ranks_all)
+        else:  # an exchange inside the model's forward or backward: any group, so any rank
+            g = ("world", tuple(ranks_all))
         if (rec.step, g[1]) not in met:
             met[(rec.step, g[1])] = group_starts(g[1], rec.step, starts, compared_set)
         ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], met[(rec.step, g[1])])
         if ct is not None:
             groups[key], tests[key] = g, ct
-    final = {key: _final(lv, groups.get(key), tests[key]) for key, lv in local.items()}
+    final = {key: _final(extracts[key].record, lv, groups.get(key), tests[key]) for key, lv in local.items()}
     return {r: RankVerdicts(final[(r, "first")], final.get((r, "next"))) for r in found}
