@@ -230,8 +230,8 @@ class ModuleHooks:
 
     def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
         rec = self.rec
-        if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
-            return
+        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping or torch.compiler.is_compiling():
+            return  # (bookkeeping: a framework's own pass, e.g. a pipeline stage inferring shapes)
         entry = self.paths.get(id(module))
         if entry is None or entry[0] is None:
             return
