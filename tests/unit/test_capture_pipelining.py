@@ -2,7 +2,7 @@
 
 A stage that infers its shapes (the default) runs its module once on tensors made from metadata
 (``torch.empty``: garbage that differs between processes) and takes ``torch.autograd.grad`` of
-it; the pass is thrown away. Capture records none of it: an identical pair is identical at every
+it; the pass is thrown away. The stages run their block under activation checkpointing. Capture records none of it: an identical pair is identical at every
 level, the job's numbers are those without capture, and no hook raised inside the backward
 inference (the two-rank schedules are in ``tests/integration/test_zoo_pipelining.py``).
 """
@@ -14,6 +14,7 @@ import struct
 import polars as pl
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from detfp_analyze.bisect import bisect
 from detfp_analyze.reader import open_run
@@ -21,11 +22,22 @@ from detfp_capture import Session
 from tests.fixtures.models import read
 
 
+class _Checkpointed(torch.nn.Module):
+    """A stage whose block runs under activation checkpointing (recomputed in the stage's backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
 def _train(session: Session | None, poison_seed: float) -> list[str]:
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
     torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()) for _ in range(2)]
+    blocks = [_Checkpointed() for _ in range(2)]
     holder = torch.nn.ModuleDict({f"stage{i}": b for i, b in enumerate(blocks)})
     stages = [PipelineStage(b, i, 2, torch.device("cpu")) for i, b in enumerate(blocks)]
     schedule = ScheduleInterleaved1F1B(stages, 2, loss_fn=lambda o, t: ((o - t) ** 2).mean())
