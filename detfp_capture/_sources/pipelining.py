@@ -18,9 +18,9 @@ runs; under the launcher the script imports it after the session opened).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.patches import unrecorded
 
 __all__ = ["StageInference"]
 
@@ -45,24 +45,7 @@ class StageInference:
         if stage is None:
             return
         self.done = True
-        rec = self.ctx.rec
-        scope = self.ctx.scope
-
-        def wrap(orig: Any) -> Any:
-            def inference(self: Any, *a: Any, **k: Any) -> Any:
-                if not rec.selected or rec.failed:
-                    return orig(self, *a, **k)
-                rec.settle()
-                scope.bookkeeping += 1
-                try:
-                    return orig(self, *a, **k)
-                finally:
-                    scope.bookkeeping -= 1
-                    rec.vcache.clear()
-
-            inference.__wrapped__ = orig  # type: ignore[attr-defined]
-            return inference
-
+        wrap = unrecorded(self.ctx.rec, self.ctx.scope)
         classes = {getattr(stage, n, None) for n in ("PipelineStage", "_PipelineStage", "_PipelineStageBase")}
         for cls in sorted((c for c in classes if isinstance(c, type)), key=lambda c: c.__name__):
             for name in _INFERENCE:

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from detfp_analyze.certify import certify
-from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair
+from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair, run_checks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -138,10 +138,4 @@ _CASES = [(m, lvl) for m in MEMBERS for lvl in LEVELS]
 @pytest.mark.parametrize("member,level", _CASES, ids=[f"{m}-{lvl}" for m, lvl in _CASES])
 def test_zoo_pipelining(zoo, member, level):
     """Every scenario of one member at one level; all failures reported together."""
-    failures = []
-    for name in MEMBERS[member][1]:
-        try:
-            CHECKS[name](zoo, member, level)
-        except AssertionError as exc:
-            failures.append(f"[{name}] {exc}")
-    assert not failures, "\n\n".join(failures)
+    run_checks(CHECKS, MEMBERS[member][1], zoo, member, level)
