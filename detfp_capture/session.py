@@ -37,6 +37,7 @@ from detfp_capture._config import check_mapping, make_config
 from detfp_capture._recorder.hazards import HazardTracker
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._recorder.recorder import Recorder
+from detfp_capture._sources import pipelining
 from detfp_capture._sources.context import CaptureContext, PendingStep, Scope, WatchedModels
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.patches import Patches
@@ -196,6 +197,9 @@ class Session:
             group_names=self._group_names,
         )
         self._hooks = ModuleHooks(ctx, on_root=self._on_root)
+        # A pipeline stage's shape inference is not recorded (wrapped once the job imports it).
+        self._stage_inference = pipelining.StageInference(ctx)
+        self._stage_inference.maybe_install()
         self._tracer: Any = None
         self._ddp: Any = None
         mode = None
@@ -219,7 +223,13 @@ class Session:
             mode = CaptureMode(ctx)
             mode.install(ctx.patches)
         self._steps = StepBoundaries(
-            ctx, hooks=self._hooks, manifest=self._manifest, tracer=self._tracer, ddp=self._ddp, mode=mode
+            ctx,
+            hooks=self._hooks,
+            manifest=self._manifest,
+            tracer=self._tracer,
+            ddp=self._ddp,
+            mode=mode,
+            stage_inference=self._stage_inference,
         )
 
     # ================================================================== public API
@@ -230,6 +240,7 @@ class Session:
         with self._rec.guard("watch()", busy=False):
             self._ctx.models.add(model)
             self._hooks.watch(model)  # level metrics: the root only (its input is the batch)
+            self._stage_inference.maybe_install()
             if self._ddp is not None:
                 self._ddp.maybe_hook(model)
         return model

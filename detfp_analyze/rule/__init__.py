@@ -30,7 +30,9 @@ across ranks). ``reordered`` wins over ``shifted``.
 first divergent record is the least (priority, o1, o2, key_hash): priority 0 for a
 ``BOUNDARY_KINDS`` record at a resume boundary step (restored state comes first), o1/o2 the
 lesser/greater of its two positions, symmetric in A and B. A record is under a hazard when either
-side carries a hazard flag; a call is when any of its records is. A step *changes a value* when
+side carries a hazard flag, unless both runs hold it and its call's arguments differ (``HAZARD``: a
+hazard says a tensor's bytes are no evidence; an argument is a value the call site passed, so a
+difference there is evidence whatever the tensors held); a call is when any of its records is. A step *changes a value* when
 a record not under a hazard is ``VALUE`` evidence, unless its first divergence is reordered or
 shifted and the step holds the same calls up to their order within each family (per family, the
 multisets of calls, each the sorted ``SIGNATURE`` of its records, are equal: DDP's bucket order,
@@ -52,6 +54,7 @@ from __future__ import annotations
 from detfp_analyze.rule.expr import All, Any, Case, Col, Eq, Expr, IsNull, IsTrue, Lit, NonEmpty, Not, Same, one_of
 
 __all__ = [
+    "ARGS_DIFFER",
     "ARGS_EQUAL",
     "BOUNDARY_KINDS",
     "DIFFERS",
@@ -149,9 +152,13 @@ VALUE: Expr = Any(
 
 #: One run's record carries a hazard flag (a likely false root). Column: hazards (a list).
 RECORD_HAZARD: Expr = NonEmpty(Col("hazards"))
-#: A pair is under a hazard: either side's record carries one. Columns: ``hazard`` of each side
-#: (RECORD_HAZARD, computed where the record is read).
-HAZARD: Expr = Any(IsTrue(Col("hazard", "a")), IsTrue(Col("hazard", "b")))
+#: Both runs hold the record and its call's non-tensor arguments differ.
+ARGS_DIFFER: Expr = All(_BOTH, Not(ARGS_EQUAL))
+#: A pair is under a hazard: either side's record carries one, and the call's arguments do not
+#: differ (an argument difference is never a likely false root: hazards are about tensor bytes).
+#: Columns: ``hazard`` of each side (RECORD_HAZARD, computed where the record is read), status
+#: and args_digest of each side.
+HAZARD: Expr = All(Any(IsTrue(Col("hazard", "a")), IsTrue(Col("hazard", "b"))), Not(ARGS_DIFFER))
 #: One run's record holds a digest (``evidence`` of an unsuffixed record).
 RECORD_EVIDENCE: Expr = evidence(None)
 

@@ -21,7 +21,9 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
   every optimizer step) stopped agreeing: the first step and parameter, and which ranks split
   off (``replicas.py``);
 * ``reduction_not_captured``, ``setting_changed``: capture events (a gradient reduction capture
-  could not record, a determinism setting changed between steps);
+  could not record, a determinism setting changed between steps). A reduction is missing only
+  where ranks replicate each other: on a run whose ranks hold different parameters (pipeline
+  stages, tensor-parallel shards; ``replicas.replicated``) the event is not a problem;
 * ``step_sums``: a launch's commit lines state step folds (``io.stepsums``) that differ from
   the fold of its rollups or metrics shards (rewritten after their commit, or a faulty writer):
   the bisect decides which steps differ from those folds, so it could miss a difference there;
@@ -48,7 +50,7 @@ import polars as pl
 from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.ranks import format_ranks
-from detfp_analyze.single.replicas import replica_splits
+from detfp_analyze.single.replicas import replica_splits, replicated
 from detfp_capture import contract
 
 __all__ = ["NOTE_KINDS", "CertifyResult", "Problem", "certify"]
@@ -263,9 +265,14 @@ def _sequence(run: Run) -> list[Problem]:
     return out
 
 
-def _event_problems(events: pl.DataFrame) -> list[Problem]:
+def _event_problems(run: Run, events: pl.DataFrame) -> list[Problem]:
     out = []
     rows = events.filter(pl.col("type").is_in(_EVENT_KINDS)).sort("rank", "step", "seq")
+    unseen = rows.filter(pl.col("type") == "reduction_not_captured")
+    if unseen.height and replicated(run.scan("records"), {r: run.manifest(r) for r in run.ranks}) is False:
+        # No rank replicates another (pipeline stages, tensor-parallel shards): there is no data
+        # parallelism whose gradient reduction capture could have missed.
+        rows = rows.filter(pl.col("type") != "reduction_not_captured")
     for r in rows.iter_rows(named=True):
         what = _EVENT_PREFIX.get(r["type"], "") + (r["detail"] or r["name"] or r["type"])
         if r["type"] == "pending_collective" and r["count"] is not None and not r["detail"]:
@@ -419,7 +426,7 @@ def certify(run: Run | str | os.PathLike[str], *, checks: Iterable[str] | None =
     if "sequence" in wanted:
         problems += _sequence(r)
     if "events" in wanted:
-        problems += _event_problems(events)
+        problems += _event_problems(r, events)
     if "hazards" in wanted:
         problems += _hazards(r, events)
     if "digest_error" in wanted:

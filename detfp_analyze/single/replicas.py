@@ -14,6 +14,11 @@ recorded, its reduced gradients (``reduced_grad`` outputs):
    shard), and is left out: replicas are what agreed once;
 3. per group, the first (step, record) where replicas split and which ranks split off (those
    outside the largest set of ranks that agree).
+
+``replicated`` says whether a run is data parallel at all (certify reports a gradient reduction
+capture did not see only then): with parallel coordinates in the manifests, whether a group above
+has two ranks; without, whether two ranks hold the same parameters, every name and digest, at the
+first step both recorded (pipeline stages and tensor-parallel shards hold different ones).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["ReplicaSplit", "replica_splits"]
+__all__ = ["ReplicaSplit", "replica_splits", "replicated"]
 
 _COORDS = ("tp", "pp", "cp", "ep")
 
@@ -55,6 +60,39 @@ def _groups(manifests: dict[int, dict[str, Any]]) -> dict[int, tuple]:
         par = m.get("parallel") or {}
         out[rank] = tuple((k, par.get(k)) for k in _COORDS if k in par)
     return out
+
+
+def replicated(records: pl.LazyFrame, manifests: dict[int, dict[str, Any]]) -> bool | None:
+    """Whether some ranks of the run replicate each other (data parallelism); None when nothing
+    tells (no parallel coordinates and no step-end parameters). ``records``: the run's records
+    (only a few columns are read); ``manifests``: rank -> that rank's (latest) manifest."""
+    if len(manifests) < 2:
+        return False
+    if any(m.get("parallel") for m in manifests.values()):
+        keys = list(_groups(manifests).values())
+        return len(set(keys)) < len(keys)
+    params = (
+        records.filter((pl.col("kind") == "param") & (pl.col("phase") == "step") & (pl.col("status") == "ok"))
+        .select("rank", "step", "name", "occurrence", "digest_hi", "digest_lo")
+        .collect()
+    )
+    if not params.height:
+        return None
+    # The first step every rank that recorded parameters holds (each rank's own first step when
+    # none is common: a rank whose capture started later still shows its replicas).
+    firsts = params.group_by("rank").agg(pl.col("step").min())
+    common = set.intersection(*(set(g["step"]) for _, g in params.group_by("rank")))
+    if common:
+        at = params.filter(pl.col("step") == min(common))
+    else:
+        at = params.join(firsts, on=["rank", "step"], how="semi")
+    sets = (
+        at.sort("rank", "name", "occurrence")
+        .group_by("rank", maintain_order=True)
+        .agg(pl.col("name"), pl.col("occurrence"), pl.col("digest_hi"), pl.col("digest_lo"))
+        .select(pl.struct("name", "occurrence", "digest_hi", "digest_lo").hash().alias("h"))
+    )
+    return sets["h"].n_unique() < sets.height
 
 
 def replica_splits(records: pl.LazyFrame, manifests: dict[int, dict[str, Any]]) -> list[ReplicaSplit]:

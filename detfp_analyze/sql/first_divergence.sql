@@ -38,7 +38,7 @@ WHERE rank IN (SELECT rank FROM _scope_ranks)
 -- @column o1           The lesser of the record's two positions (the walk's order).
 -- @column o2           The greater of the record's two positions.
 -- @column prio         0 for restored state (detfp_analyze.rule.BOUNDARY_KINDS) at a resume boundary step, else 1: compared first.
--- @column hz           The record carries a hazard flag on either side (detfp_analyze.rule.HAZARD).
+-- @column hz           The record carries a hazard flag on either side and its call's arguments do not differ (detfp_analyze.rule.HAZARD).
 CREATE VIEW _aligned AS
 WITH j AS (
   SELECT
@@ -145,7 +145,7 @@ GROUP BY ALL;
 -- its first one outside calls under a hazard, and whether the step changes a value: the walk's
 -- decision for the step.
 -- @column value            The record is evidence that a value differs (detfp_analyze.rule.VALUE).
--- @column call_hz          A record of its call carries a hazard flag (a likely false root).
+-- @column call_hz          A record of its call is under a hazard (hz: a likely false root).
 -- @column call_inputs      Number of input records of the same call (same rank, step, call_hash).
 -- @column inputs_differing Number of those inputs whose match is not 'same'.
 -- @column clean_key        key_hash of the step's first divergent record whose call carries no hazard, by (o1, o2, key_hash).
@@ -199,7 +199,7 @@ LEFT JOIN _same_calls AS sc ON sc.rank = f.rank AND sc.step = f.step;
 -- @column state              differs | only_a | only_b | reordered | shifted: the record's state in its rank-step (detfp_analyze.rule.STATES).
 -- @column pos_a              Position of the record in its rank-step in A (the rank's own order; null when only_b).
 -- @column pos_b              Position of the record in its rank-step in B (null when only_a).
--- @column likely_false_root  The record or another of its call carries a hazard flag: bisect's likely false root.
+-- @column likely_false_root  The record or another of its call is under a hazard (hz): bisect's likely false root.
 -- @column next_step          With likely_false_root: the step of the next divergence free of hazards (bisect's next_clean).
 -- @column next_key_hash      With likely_false_root: the key_hash of that divergence.
 CREATE VIEW first_divergence AS

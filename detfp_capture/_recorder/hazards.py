@@ -5,7 +5,7 @@
   flagged, an op that overwrites (copy_, fill_, zero_, random fills, ``out=``) removes the
   interval it covers, and the storage is forgotten once fully written. With ``poison`` the
   fresh storage is filled with a per-run byte so any read shows up as a divergence.
-* ``async_pending``: tensors of an async collective between launch and ``wait()``.
+* ``async_pending``: tensors an async collective writes, between launch and ``wait()``.
 * ``nonblocking_pending``: destinations of ``non_blocking=True`` copies until the next explicit
   synchronization (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``) or step end.
 * ``pointer_like``: set at resolve from the digest's on-device pointer check (see ``flush.DigestFindings``).

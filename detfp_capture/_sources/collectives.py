@@ -240,7 +240,10 @@ class CollectiveTracer:
             if call is None:
                 return result
             if async_op and result is not None:
-                tensors = [t for _, t in outs] + [t for _, t in ins]
+                # Pending until wait(): what the collective writes (its outputs, an all-reduce's
+                # tensor). What it only reads (an isend's tensor, a gather's input) stays valid
+                # to read meanwhile: a pipeline stage's backward reads the activation it sends.
+                tensors = [t for _, t in outs]
                 hz = self.ctx.hazards
                 if hz is not None:
                     hz.async_launch(tensors, call[NAME])

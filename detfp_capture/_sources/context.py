@@ -52,6 +52,9 @@ class ModuleFrame(NamedTuple):
     inputs: list[torch.Tensor]
     #: Serial of the last tagging walk when its forward began (see ``modules.mark_graph``).
     walks: int
+    #: The hooks on its inputs' gradients (``backward.GradHooks.hook_inputs``), given the call's
+    #: witness when it returns; None when none were hooked.
+    grads: Any = None
 
 
 class Scope:

@@ -31,7 +31,7 @@ from detfp_capture import digest
 from detfp_capture._recorder.slot import Slot, dtype_str
 from detfp_capture._sources.collectives import CollectiveTracer
 from detfp_capture._sources.context import CaptureContext
-from detfp_capture._sources.patches import Patches
+from detfp_capture._sources.patches import Patches, unrecorded
 
 __all__ = ["DDPReduction"]
 
@@ -63,7 +63,6 @@ class DDPReduction:
         except Exception:
             return
         rec = self.rec
-        scope = self.scope
         hooked = self.hooked
         models = self.ctx.models
 
@@ -83,25 +82,10 @@ class DDPReduction:
             forward.__wrapped__ = orig  # type: ignore[attr-defined]
             return forward
 
-        def wrap_bookkeeping(orig: Any) -> Any:
-            def bookkeeping(ddp: Any, *a: Any, **k: Any) -> Any:
-                if not rec.selected or rec.failed:
-                    return orig(ddp, *a, **k)
-                rec.settle()
-                scope.bookkeeping += 1
-                try:
-                    return orig(ddp, *a, **k)
-                finally:
-                    scope.bookkeeping -= 1
-                    rec.vcache.clear()
-
-            bookkeeping.__wrapped__ = orig  # type: ignore[attr-defined]
-            return bookkeeping
-
         patches.wrap(DDP, "forward", wrap_forward)
         if self.ctx.caps.ops:
-            patches.wrap(DDP, "_pre_forward", wrap_bookkeeping)
-            patches.wrap(DDP, "_post_forward", wrap_bookkeeping)
+            patches.wrap(DDP, "_pre_forward", unrecorded(rec, self.scope))  # bucket rebuilds, buffer syncs
+            patches.wrap(DDP, "_post_forward", unrecorded(rec, self.scope))
 
     def maybe_hook(self, model: Any) -> None:
         """Register the hook if ``model`` is a DistributedDataParallel."""

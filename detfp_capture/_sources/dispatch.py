@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
 from detfp_capture._sources.context import CaptureContext
-from detfp_capture._sources.ops import OpInfo, gather, op_outputs, track_hazard_state, written_storages
+from detfp_capture._sources.ops import OpInfo, gather, op_outputs, track_hazard_state, unread_input, written_storages
 from detfp_capture._sources.patches import Patches, watch_autocast, watch_storage_resizes, watch_syncs
 
 __all__ = ["CaptureMode"]
@@ -194,6 +194,17 @@ class CaptureMode(TorchDispatchMode):
                         del ws[k]  # its tensor died: the storage may hold anything now
                     else:
                         blind.add(i)
+        unread = unread_input(info, args, kwargs) if info.unread is not None else None
+        if unread is not None:
+            # An input the op ignores for this argument value (baddbmm's with beta=0): recorded,
+            # never digested (its bytes are no evidence) nor a read; in place, only written.
+            for i, (_, arg, t) in enumerate(tensors):
+                if arg == unread:
+                    if info.writes and arg in {f"args[{w}]" for w in info.writes}:
+                        tensors[i] = ("dest", arg, t)
+                        redest = True
+                    else:
+                        blind.add(i)
         if hz is not None and hz.active and tensors:
             flags = {}
             written = {f"args[{i}]" for i in info.writes} if info.writes else ()
@@ -203,17 +214,20 @@ class CaptureMode(TorchDispatchMode):
                 f = hz.flags(t)
                 if not f:
                     continue
-                if UNINIT in f and (role == "dest" or arg in written or arg.partition("]")[0] + "]" in written):
-                    # A destination still (partly) unwritten: its bytes are garbage that differs
-                    # between runs. It is recorded write-only (no digest); only an op that reads
-                    # its destination (add_ into empty memory) reads garbage: an event, and the
-                    # output inherits the flag.
-                    if role != "dest":
-                        tensors[i] = ("dest", arg, t)
-                        redest = True
-                    if not info.no_read and not info.skip:
+                dest = role == "dest" or arg in written or arg.partition("]")[0] + "]" in written
+                if UNINIT in f and (dest or arg == unread):
+                    # A destination still (partly) unwritten, or an input the op ignores: its
+                    # bytes are garbage that differs between runs. A destination is recorded
+                    # write-only (no digest); only an op that reads an input it also writes
+                    # (add_ into empty memory) reads garbage: an event, and the output inherits
+                    # the flag. A write-only argument (out=, a copy_ or recv destination) is not
+                    # read, nor is an ignored input.
+                    if role == "input" and arg != unread and not info.no_read and not info.skip:
                         hz.event(UNINIT, module, f"{info.name} {arg} read while {UNINIT}")
                         taint = True
+                    if role != "dest" and dest:
+                        tensors[i] = ("dest", arg, t)
+                        redest = True
                     f = tuple(h for h in f if h != UNINIT)
                     if not f:
                         continue
@@ -226,7 +240,7 @@ class CaptureMode(TorchDispatchMode):
                     taint = taint or not info.skip
                 # Views and metadata ops do not read contents; a write-only argument is not read
                 # either (an async or non-blocking hazard on it is still flagged): no event.
-                if not info.skip and tensors[i][0] != "dest":
+                if not info.skip and tensors[i][0] != "dest" and arg != unread:
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None

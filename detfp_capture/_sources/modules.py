@@ -7,9 +7,10 @@ stack) records the outputs (``module_output``) and pops it.
 
 Backward uses plain tensor hooks, never ``register_full_backward_hook`` (which wraps outputs
 in views and breaks code that inspects ``._base``): a hook on each output records the gradient
-flowing into the module's backward (``module_input``, arg ``grad_out[i]``), and
-``register_multi_grad_hook`` on the inputs records the gradients it produced (``module_output``,
-arg ``grad_in[i]``; for an input also used elsewhere this is the accumulated gradient).
+flowing into the module's backward (``module_input``, arg ``grad_out[i]``), and hooks on the
+inputs record the gradients it produced (``module_output``, arg ``grad_in[i]``; for an input
+also used elsewhere this is the accumulated gradient). ``backward.GradHooks`` owns them: bound
+to their call and step, removed at step end, never raising inside autograd.
 
 A module forward that runs while autograd is executing a node is a checkpoint recompute:
 its records get phase ``recompute`` and the flush checks that the recomputed outputs equal the
@@ -31,6 +32,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from detfp_capture._sources import graph
+from detfp_capture._sources.backward import GradHooks
 from detfp_capture._sources.context import CaptureContext, ModuleFrame
 
 __all__ = ["ModuleHooks", "flatten_tensors"]
@@ -99,7 +101,7 @@ class ModuleHooks:
         self.roots: set[int] = set()
         self.handles: list[RemovableHandle] = []
         self.global_mode = False
-        self.node_boxes: list[list] = []  # autograd nodes referenced by this step's hooks
+        self.grads = GradHooks(ctx)  # this step's gradient hooks
         # Modules compiled in place whose compiled call is wrapped: (module ref, original call).
         self.compiled_regions: list[tuple[Any, Callable]] = []
 
@@ -107,10 +109,8 @@ class ModuleHooks:
         return id(module) in self.paths
 
     def release_nodes(self) -> None:
-        """Drop this step's references to autograd nodes (their graph is done with at step end)."""
-        for box in self.node_boxes:
-            box[0] = None
-        self.node_boxes.clear()
+        """The step ended: remove its gradient hooks and their references to autograd nodes."""
+        self.grads.release()
 
     # ------------------------------------------------------------------- registration
     def name_tree(self, root: torch.nn.Module) -> None:
@@ -230,8 +230,8 @@ class ModuleHooks:
 
     def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
         rec = self.rec
-        if rec.busy or not rec.selected or rec.failed or torch.compiler.is_compiling():
-            return
+        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping or torch.compiler.is_compiling():
+            return  # (bookkeeping: a framework's own pass, e.g. a pipeline stage inferring shapes)
         entry = self.paths.get(id(module))
         if entry is None or entry[0] is None:
             return
@@ -267,7 +267,9 @@ class ModuleHooks:
                     hazards=self._hazards([t for _, t in tensors]),
                 )
                 if boundaries and phase != "recompute" and torch.is_grad_enabled():
-                    self._hook_input_grads(module, path, tensors)
+                    side = self.grads.hook_inputs(type(module).__name__, path, [t for _, t in tensors])
+                    if side is not None:
+                        stack[-1] = stack[-1]._replace(grads=side)
             if compiled:
                 # Compiled code writes without the dispatch mode seeing it (an input mutated in
                 # place): digests waiting for a batch, its input records' included, are taken now.
@@ -315,7 +317,9 @@ class ModuleHooks:
                     hazards=self._hazards([t for _, t in tensors]),
                 )
                 if phase != "recompute" and torch.is_grad_enabled():
-                    self._hook_output_grads(module, path, tensors)
+                    outs = [t for _, t in tensors]
+                    self.grads.hook_outputs(type(module).__name__, path, outs, frame.inputs)
+                    self.grads.bind(frame.grads, outs, frame.inputs)
             if tag:
                 graph.mark_graph([t for _, t in tensors], frame.inputs, path, frame.walks)
         if rec.need_flush:
@@ -324,66 +328,3 @@ class ModuleHooks:
     def _hazards(self, tensors: list[torch.Tensor]) -> dict[int, tuple[str, ...]] | None:
         hz = self.ctx.hazards
         return hz.flag_all(tensors) if hz is not None and hz.active else None
-
-    # ------------------------------------------------------------------- backward
-    def _hook_output_grads(self, module: torch.nn.Module, path: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        name = type(module).__name__
-        want = [(i, t) for i, (_, t) in enumerate(tensors) if t.requires_grad]
-        if not want:
-            return
-        state = {"fired": 0, "call": None}
-        n = len(want)
-
-        def make(i: int) -> Callable[[torch.Tensor], None]:
-            def hook(grad: torch.Tensor) -> None:
-                self._backward_record(state, "module_input", name, path, ("input", f"grad_out[{i}]", grad), n)
-
-            return hook
-
-        for i, t in want:
-            t.register_hook(make(i))
-
-    def _hook_input_grads(self, module: torch.nn.Module, path: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        want = [(i, t) for i, (_, t) in enumerate(tensors) if t.requires_grad]
-        if not want:
-            return
-        name = type(module).__name__
-        idx = [i for i, _ in want]
-
-        def hook(grads: Any) -> None:
-            state = {"fired": 0, "call": None}
-            items = [(i, g) for i, g in zip(idx, grads, strict=True) if g is not None]
-            for i, g in items:
-                self._backward_record(state, "module_output", name, path, ("output", f"grad_in[{i}]", g), len(items))
-
-        if len(want) == 1 and want[0][1].grad_fn is not None:
-            # One non-leaf input (most modules): what register_multi_grad_hook(mode="all") does
-            # for a single tensor, at a fraction of its registration cost (~45 us per call): a
-            # tensor hook that fires when the engine executes the tensor's node.
-            # The node is held in a box emptied at step end: a closure holding it directly would
-            # be a cycle through C++ (node -> hook -> node) that Python's collector cannot see,
-            # and every such node would leak.
-            box = [want[0][1].grad_fn]
-            self.node_boxes.append(box)
-            will_run = torch._C._will_engine_execute_node
-
-            def hook1(grad: torch.Tensor) -> None:
-                node = box[0]
-                if node is not None and will_run(node):
-                    hook((grad,))
-
-            want[0][1].register_hook(hook1)
-            return
-        torch.autograd.graph.register_multi_grad_hook([t for _, t in want], hook, mode="all")
-
-    def _backward_record(self, state: dict, kind: str, name: str, path: str, rec_t: tuple, n: int) -> None:
-        rec = self.rec
-        if rec.busy or not rec.selected or rec.failed:
-            return
-        self.scope.note_backward()
-        with rec.guard("backward hook of {!r}", path):
-            # All gradients of one module boundary form one call, whatever order they arrive in.
-            if state["call"] is None:
-                state["call"] = rec.record_call(kind, name, path, "backward", [rec_t])
-            else:
-                rec.append_records(state["call"], [rec_t])

@@ -4,9 +4,9 @@
 write-only arguments, view-ness, ...), which the dispatch mode's hot path reads. The tables
 below name the ops whose schema does not say enough: metadata-only ops, ``empty*`` allocations,
 full overwrites (a write-only destination), writes that read nothing, opaque workspace outputs,
-ops that read only their input's shape. The functions split a call into its records (``gather``,
-``op_outputs``), find the storages it writes (``written_storages``) and keep the hazard state
-(``track_hazard_state``).
+ops that read only their input's shape, inputs an op ignores for some argument values. The
+functions split a call into its records (``gather``, ``op_outputs``), find the storages it writes
+(``written_storages``) and keep the hazard state (``track_hazard_state``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from detfp_capture._recorder.slot import storage_ptrs
 
 __all__ = [
     "FULL_OVERWRITE",
+    "UNREAD_WHEN",
     "WORKSPACE_OUTPUTS",
     "WRITE_NO_READ",
     "OpInfo",
     "gather",
     "op_outputs",
     "track_hazard_state",
+    "unread_input",
     "written_storages",
 ]
 
@@ -108,6 +110,20 @@ WORKSPACE_OUTPUTS = {
 }
 
 
+#: Inputs an op does not read for one value of a scalar argument, as torch documents them ("if
+#: beta is 0, then input will be ignored"): op (and its in-place form, ``name_``) -> (the input,
+#: the argument, the value). Megatron-Core's attention hands ``baddbmm`` an uninitialized buffer
+#: with ``beta=0``: the buffer is neither evidence nor an uninitialized read.
+UNREAD_WHEN = {
+    "aten::addmm": ("self", "beta", 0),
+    "aten::_addmm_activation": ("self", "beta", 0),
+    "aten::addbmm": ("self", "beta", 0),
+    "aten::baddbmm": ("self", "beta", 0),
+    "aten::addmv": ("self", "beta", 0),
+    "aten::addr": ("self", "beta", 0),
+}
+
+
 # Ops that read only their input's metadata (shape, dtype, device), never its contents.
 _META_READ = frozenset(
     {
@@ -144,6 +160,7 @@ class OpInfo:
         "out_kwargs",
         "reads",
         "skip",
+        "unread",
         "workspace",
         "writes",
         "writing",
@@ -183,6 +200,7 @@ class OpInfo:
         self.dest_kw = frozenset(outs)
         self.no_read = full or bool(outs) or base in WRITE_NO_READ
         self.meta_read = base in _META_READ
+        self.unread = _unread(base, schema)
         # Whether the op's input records are digested: not for views and metadata ops (unless
         # views=True), nor for ops that read only their inputs' shape (empty_like, new_zeros).
         self.reads = not self.skip and not self.meta_read
@@ -195,6 +213,25 @@ class OpInfo:
         # The output is its input's exact copy (same dtype, shape and logical bytes, so the same
         # digest, whatever the memory format): it shares the input's digest (Recorder.append_copy).
         self.copies_input = self.name == "aten::clone.default"
+
+
+def _unread(base: str, schema: Any) -> tuple[str, int, str, Any] | None:
+    """(the input's record arg, the argument's position, its name, the value that leaves the
+    input unread) for an op of ``UNREAD_WHEN``, else None."""
+    rule = UNREAD_WHEN.get(base) or UNREAD_WHEN.get(base.removesuffix("_"))
+    if rule is None:
+        return None
+    names = [a.name for a in schema.arguments]
+    if rule[0] not in names or rule[1] not in names:
+        return None
+    return _ARG_NAMES[names.index(rule[0])], names.index(rule[1]), rule[1], rule[2]
+
+
+def unread_input(info: OpInfo, args: tuple, kwargs: dict) -> str | None:
+    """The record arg (``args[i]``) of an input this call does not read (``UNREAD_WHEN``), or None."""
+    arg, pos, name, value = info.unread  # type: ignore[misc]
+    given = args[pos] if pos < len(args) else kwargs.get(name)
+    return arg if given is not None and not isinstance(given, torch.Tensor) and given == value else None
 
 
 _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")

@@ -4,6 +4,9 @@
 and restores it at close, unless another session wrapped it since (then ours stays inside
 theirs, and checks that its own session is still open).
 
+``unrecorded`` makes a method a framework's own work (DDP's bucket bookkeeping, a pipeline stage's
+shape inference): it runs without being recorded.
+
 Level ``ops`` also needs three things no dispatch mode sees:
 
 * explicit synchronizations (``watch_syncs``): they end the ``nonblocking_pending`` hazard;
@@ -22,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Patches", "watch_autocast", "watch_storage_resizes", "watch_syncs"]
+__all__ = ["Patches", "unrecorded", "watch_autocast", "watch_storage_resizes", "watch_syncs"]
 
 
 class Patches:
@@ -104,3 +107,27 @@ def watch_storage_resizes(patches: Patches, rec: Any) -> None:
         return resize_
 
     patches.wrap(torch.UntypedStorage, "resize_", wrap)
+
+
+def unrecorded(rec: Any, scope: Any) -> Callable[[Any], Any]:
+    """A ``Patches.wrap`` maker: the method runs as a framework's own work, not recorded
+    (``scope.bookkeeping``: the dispatch mode and the module hooks pass). It writes buffers
+    unseen, so digests waiting for a batch are taken before it and cached ones dropped after it.
+    ``rec``: the ``Recorder``; ``scope``: the ``Scope``."""
+
+    def wrap(orig: Any) -> Any:
+        def method(obj: Any, *a: Any, **k: Any) -> Any:
+            if not rec.selected or rec.failed:
+                return orig(obj, *a, **k)
+            rec.settle()
+            scope.bookkeeping += 1
+            try:
+                return orig(obj, *a, **k)
+            finally:
+                scope.bookkeeping -= 1
+                rec.vcache.clear()
+
+        method.__wrapped__ = orig  # type: ignore[attr-defined]
+        return method
+
+    return wrap

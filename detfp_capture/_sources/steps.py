@@ -22,6 +22,7 @@ from detfp_capture._recorder.call import RecordSpec, make_call
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.modules import ModuleHooks
+from detfp_capture._sources.pipelining import StageInference
 
 if TYPE_CHECKING:  # imported by the Session only at the levels that use them
     from detfp_capture._sources.collectives import CollectiveTracer
@@ -63,6 +64,7 @@ class StepBoundaries:
         tracer: CollectiveTracer | None,
         ddp: DDPReduction | None,
         mode: CaptureMode | None,
+        stage_inference: StageInference,
     ) -> None:
         self.ctx = ctx
         self.rec = ctx.rec
@@ -71,6 +73,7 @@ class StepBoundaries:
         self.tracer = tracer
         self.ddp = ddp
         self.mode = mode
+        self.stage_inference = stage_inference
         self.mode_entered = False
         self.kernels: Any = None  # kernels.KernelCapture of the running step
         #: The last step begun was selected (a metric right after its block is filed under it).
@@ -90,6 +93,7 @@ class StepBoundaries:
         if rec.in_step:
             self.end()
         rec.check_writer()
+        self.stage_inference.maybe_install()  # before the step's schedule infers any shape
         cfg = self.ctx.cfg
         sel = not rec.failed and (cfg.steps is None or n in cfg.steps)
         rec.begin_step(n, sel)

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair
+from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair, run_checks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
 
@@ -160,13 +160,7 @@ _CASES = [(m, lvl) for m, (_, levels, _) in MEMBERS.items() for lvl in levels]
 @pytest.mark.parametrize("member,level", _CASES, ids=[f"{m}-{lvl}" for m, lvl in _CASES])
 def test_zoo(zoo, member, level):
     """Every scenario of one member at one level; all failures reported together."""
-    failures = []
-    for name, check in CHECKS.items():
-        try:
-            check(zoo, member, level)
-        except AssertionError as exc:
-            failures.append(f"[{name}] {exc}")
-    assert not failures, "\n\n".join(failures)
+    run_checks(CHECKS, CHECKS, zoo, member, level)
 
 
 def test_zoo_identical_pair_exits_0_through_the_cli(zoo):

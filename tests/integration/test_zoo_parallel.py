@@ -153,4 +153,4 @@ _CASES = [(m, lvl) for m, (_, levels, _) in MEMBERS.items() for lvl in levels]
 @pytest.mark.parametrize("member,level", _CASES, ids=[f"{m}-{lvl}" for m, lvl in _CASES])
 def test_zoo_parallel(zoo, member, level):
     """Every scenario of one member at one level; all failures reported together."""
-    run_checks(CHECKS, zoo, member, level)
+    run_checks(CHECKS, CHECKS, zoo, member, level)

@@ -290,3 +290,35 @@ def test_partial_step_is_a_note_not_a_problem(tmp_path):
     write_run(tmp_path / "r2", ranks)
     res = certify(tmp_path / "r2")
     assert [p.kind for p in res.problems] == ["capture_error"] and [p.kind for p in res.notes] == ["partial_step"]
+
+
+def test_reduction_not_captured_only_where_ranks_replicate_each_other(tmp_path):
+    """A multi-rank step that reduced no gradient capture saw is a missing reduction only if the
+    job is data parallel: ranks holding the same parameters (or parallel coordinates saying so).
+    Pipeline stages and tensor-parallel shards hold different ones: nothing to reduce."""
+    detail = "step 0 of this 2-rank job reduced no gradient that capture saw"
+
+    def run(name: str, params: dict[int, dict[str, str]], parallel: dict[int, dict] | None = None) -> list:
+        ranks = {}
+        for r, ps in params.items():
+            recs = [
+                dict(step=0, kind="param", phase="step", name=n, role="value", digest=hexdigest(v))
+                for n, v in ps.items()
+            ]
+            ev = [dict(step=0, type="reduction_not_captured", detail=detail)]
+            ranks[r] = merge(step(r, 0, recs or None, ev), step(r, 1))
+        overrides = {r: {"parallel": p} for r, p in parallel.items()} if parallel else None
+        write_run(tmp_path / name, ranks, manifest_overrides=overrides)
+        return sorted((p["kind"], p["rank"]) for p in problems(tmp_path / name))
+
+    missing = [("reduction_not_captured", 0), ("reduction_not_captured", 1)]
+    assert run("replicas", {0: {"w": "w0", "b": "b0"}, 1: {"w": "w0", "b": "b0"}}) == missing
+    assert run("pipeline", {0: {"0.weight": "s0"}, 1: {"0.weight": "s1"}}) == []
+    # Tensor parallel: the norm is replicated, the sharded weight is not.
+    assert run("tensor", {0: {"norm": "ones", "w": "w0"}, 1: {"norm": "ones", "w": "w1"}}) == []
+    # Nothing tells (no parameters recorded): reported.
+    assert run("unknown", {0: {}, 1: {}}) == missing
+    # Parallel coordinates decide: two pipeline stages, or two data-parallel ranks.
+    same = {0: {"w": "w0"}, 1: {"w": "w0"}}
+    assert run("pp", same, {0: {"pp": 0}, 1: {"pp": 1}}) == []
+    assert run("dp", {0: {"w": "w0"}, 1: {"w": "w1"}}, {0: {"dp": 0}, 1: {"dp": 1}}) == missing

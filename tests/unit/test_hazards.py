@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import polars as pl
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -135,6 +136,20 @@ def test_async_pending_until_wait(tmp_path, gloo1):
     assert out["seq"][0] > early["seq"][0]
     pend = read(tmp_path / "r", "events").filter(pl.col("type") == "pending_collective")
     assert pend["step"].to_list() == [1] and pend["name"][0] == "all_reduce@world"
+
+
+@pytest.mark.filterwarnings("ignore:.*all_gather_into_tensor.*is deprecated:FutureWarning")
+def test_async_pending_is_what_the_collective_writes_not_what_it_reads(tmp_path, gloo1):
+    """A tensor an async collective only reads (an isend's activation, a gather's input) is safe
+    to read before wait(): a pipeline stage's backward reads the activation it is sending."""
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        x, out = torch.ones(4), torch.zeros(4)
+        w = dist.all_gather_into_tensor(out, x, async_op=True)
+        _ = x * 2  # the input, read before wait: clean
+        _ = out * 3  # the output, read before wait: flagged
+        w.wait()
+    mul = _ops(tmp_path / "r", "aten::mul.Tensor").filter(pl.col("arg") == "args[0]")
+    assert [h.to_list() for h in mul["hazards"]] == [[], ["async_pending"]]
 
 
 def test_async_pending_on_probe_at_boundaries(tmp_path, gloo1):
