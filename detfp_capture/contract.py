@@ -137,7 +137,7 @@ _RECORDS = (
     _c(
         "arg",
         "string",
-        "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a part of a tensor subclass (recorded before the whole '<arg>', see Tensor subclasses).",
+        "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a part of a tensor subclass (recorded before the whole '<arg>': §2, Tensor subclasses).",
     ),
     _c("call_hash", "uint64", "key_hash of call_key(...): equal for all records of one call, the join key for calls."),
     _c("key_hash", "uint64", "key_hash of record_key(...): the join key for records."),
@@ -373,7 +373,7 @@ def columns(table: str) -> tuple[Column, ...]:
         raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}") from None
 
 
-#: Separator of a tensor subclass's part in ``arg`` (docs/trace-format.md §4, "Tensor
+#: Separator of a tensor subclass's part in ``arg`` (docs/trace-format.md §2, "Tensor
 #: subclasses"): ``args[1]::scale`` is the ``scale`` of the subclass tensor passed as ``args[1]``,
 #: nested subclasses chain it (``value::_local_tensor::qdata``). Never part of a plain argument path.
 COMPONENT_SEP = "::"

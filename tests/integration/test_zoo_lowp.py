@@ -19,7 +19,9 @@ boundaries and ops; expected answers:
   (nothing there holds the MX tensor), ``all_ranks_same_op``;
 * ``qdata``: the same with one byte of qdata (ops) -> the qdata part named, the scale equal;
 * ``rank1``: the scale change on rank 1 only -> rank 1 as in ``scale`` (an ``origin`` at
-  boundaries for MXFP8, ``single_rank``), rank 0 a ``receiver`` of DDP's gradient reduction.
+  boundaries for MXFP8, ``single_rank``), rank 0 a ``receiver`` of DDP's gradient reduction;
+* ``evidence`` (MXFP8, ops): the scale change with moments and dumps of ``blocks.1.fc2`` ->
+  capture stays on, the part is dumped and the difference confirmed byte for byte.
 
 The launch runs every job; the bisects run here.
 """
@@ -49,7 +51,7 @@ MEMBERS: dict[str, tuple[dict[str, Any], int, dict[str, tuple[str, ...]]]] = {
         2,
         {
             "boundaries": ("identical", "onoff", "scale", "rank1"),
-            "ops": ("identical", "onoff", "scale", "qdata", "rank1"),
+            "ops": ("identical", "onoff", "scale", "qdata", "rank1", "evidence"),
         },
     ),
     "nvfp4_ddp": (
@@ -66,11 +68,13 @@ MEMBERS: dict[str, tuple[dict[str, Any], int, dict[str, tuple[str, ...]]]] = {
         {"boundaries": ("identical", "onoff"), "ops": ("identical", "onoff", "scale")},
     ),
 }
-#: The jobs a scenario needs besides ``a`` (and ``b``/``off``).
-_PLANTS = {
-    "scale": {"plant": "scale", "plant_step": PLANT},
-    "qdata": {"plant": "qdata", "plant_step": PLANT},
-    "rank1": {"plant": "scale", "plant_step": PLANT, "plant_ranks": [1]},
+_EVIDENCE = {"capture": {"moments": True, "dumps": TARGET}}
+#: Scenario -> the jobs it needs besides ``a``, ``b`` and ``off`` (job name -> options).
+_JOBS: dict[str, dict[str, dict[str, Any]]] = {
+    "scale": {"scale": {"plant": "scale", "plant_step": PLANT}},
+    "qdata": {"qdata": {"plant": "qdata", "plant_step": PLANT}},
+    "rank1": {"rank1": {"plant": "scale", "plant_step": PLANT, "plant_ranks": [1]}},
+    "evidence": {"evidence_a": _EVIDENCE, "evidence": {**_EVIDENCE, "plant": "scale", "plant_step": PLANT}},
 }
 
 
@@ -80,10 +84,11 @@ def plan(member: str, root: Path) -> list[dict[str, Any]]:
     jobs = [{**base, "name": f"{member}.off"}]
     for lvl, scenarios in levels.items():
         d = root / member / lvl
-        names = ["a", "b"] + [s for s in scenarios if s in _PLANTS]
+        named = {"a": {}, "b": {}}
+        for sc in scenarios:
+            named.update(_JOBS.get(sc, {}))
         jobs += [
-            {**base, **_PLANTS.get(n, {}), "name": f"{member}.{lvl}.{n}", "out": str(d / n), "level": lvl}
-            for n in names
+            {**base, **o, "name": f"{member}.{lvl}.{n}", "out": str(d / n), "level": lvl} for n, o in named.items()
         ]
     return jobs
 
@@ -152,12 +157,31 @@ def _rank1(root: Path, member: str, lvl: str) -> None:
         expect(d.pattern == "single_rank" and d.origin_ranks == (1,), "rank1: single_rank on rank 1", res)
 
 
+def _evidence(root: Path, member: str, lvl: str) -> None:
+    """Moments and dumps on the module holding the MX tensors: capture stays on (it switched
+    itself off at step 0 when dumps read an MXTensor's bytes), the parts are dumped, and the
+    planted scale byte is confirmed byte for byte: one e8m0 element, one step (a factor of 2)."""
+    d = root / member / lvl
+    for rank in (0, 1):
+        events = pl.read_parquet(d / "evidence" / "events" / f"rank={rank}" / "*.parquet")
+        expect("capture_error" not in events["type"].to_list(), f"evidence: capture stayed on, rank {rank}")
+    res = pair(d / "evidence_a", d / "evidence")
+    for rr in res.ranks:
+        x = rr.effective
+        expect(x is not None and x.arg == "args[1]::scale", "evidence: the scale is named", res)
+        diff = x.diff
+        got = (diff.confirmed, diff.n_differing, diff.max_ulp, diff.abs_dsum is not None)
+        expect(got == ("bytes", 1, 1, True), f"evidence: {got}", res)
+    check_onoff(root, f"{member}.off", [f"{member}.{lvl}.evidence_a"], [0, 1])
+
+
 CHECKS: dict[str, Callable[[Path, str, str], None]] = {
     "identical": _identical,
     "onoff": _onoff,
     "scale": _planted("scale"),
     "qdata": _planted("qdata"),
     "rank1": _rank1,
+    "evidence": _evidence,
 }
 _CASES = [(m, lvl) for m, (_, _, levels) in MEMBERS.items() for lvl in levels]
 
