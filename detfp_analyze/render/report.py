@@ -65,7 +65,10 @@ def _where(d: Divergence) -> str:
 def _div_key(d: Divergence | None) -> tuple:
     if d is None:
         return ()
-    return (d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence)
+    return (
+        d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence,
+        d.components,
+    )  # fmt: skip
 
 
 def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:

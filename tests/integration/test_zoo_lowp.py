@@ -36,7 +36,7 @@ import polars as pl
 import pytest
 
 from detfp_analyze.bisect.components import note
-from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair
+from tests.fixtures.zoo.harness import ZOO, check_all, check_identical, check_onoff, expect, launch, pair
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -189,13 +189,7 @@ _CASES = [(m, lvl) for m, (_, _, levels) in MEMBERS.items() for lvl in levels]
 @pytest.mark.parametrize("member,level", _CASES, ids=[f"{m}-{lvl}" for m, lvl in _CASES])
 def test_zoo_lowp(zoo, member, level):
     """Every scenario of one member at one level; all failures reported together."""
-    failures = []
-    for name in MEMBERS[member][2][level]:
-        try:
-            CHECKS[name](zoo, member, level)
-        except AssertionError as exc:
-            failures.append(f"[{name}] {exc}")
-    assert not failures, "\n\n".join(failures)
+    check_all({name: CHECKS[name] for name in MEMBERS[member][2][level]}, zoo, member, level)
 
 
 def test_fsdp2_parameters_are_nested_parts_with_stable_names(zoo):
