@@ -34,25 +34,26 @@ class Flat(NamedTuple):
     meta: tuple[tuple[str, str], ...]
 
 
-def flatten(t: torch.Tensor) -> Flat:
-    """The parts of ``t`` (whose type defines ``__tensor_flatten__``); raises what it raises."""
+def flatten(t: torch.Tensor, meta: bool = True) -> Flat:
+    """The parts of ``t`` (whose type defines ``__tensor_flatten__``); raises what it raises.
+    ``meta=False``: leave the text of the non-tensor parts out (nothing will be digested)."""
     tp = type(t)
     names, ctx = t.__tensor_flatten__()
     tensors: list[tuple[str, torch.Tensor]] = []
-    meta: list[tuple[str, str]] = []
+    texts: list[tuple[str, str]] = []
     for name in names:
         v = getattr(t, name)
         if isinstance(v, torch.Tensor):
             tensors.append((name, v))
-        else:
-            meta.append((name, stable_text(v, objects=True)))
-    if meta:
+        elif meta:
+            texts.append((name, stable_text(v, objects=True)))
+    if texts:
         # A subclass with non-tensor components (DTensor: its local shard and device mesh) is
         # its tensors plus how they are laid out: the mesh and the flatten context (placements,
         # global shape) join the digest. Subclasses whose components are all tensors digest
         # without their context (their digest never held it), so no earlier digest changes.
-        meta.append(("ctx", stable_text(ctx, objects=True)))
-    return Flat(f"{tp.__module__}.{tp.__qualname__}", tuple(tensors), tuple(meta))
+        texts.append(("ctx", stable_text(ctx, objects=True)))
+    return Flat(f"{tp.__module__}.{tp.__qualname__}", tuple(tensors), tuple(texts))
 
 
 def combined(

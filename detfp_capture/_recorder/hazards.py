@@ -170,7 +170,7 @@ class HazardTracker:
             if not flattens(t):
                 return ()
             try:
-                parts = flatten(t).tensors
+                parts = flatten(t, meta=False).tensors
             except Exception:  # its record's digest says why
                 return ()
             found = {h: None for _, p in parts for h in self.flags(p, read)}

@@ -407,7 +407,7 @@ class Recorder:
             dt = dtype_str(value.dtype)
             # A tensor subclass refuses to be read as a number (a DTensor's .tolist()): its first
             # inner tensor holds the value (a DTensor's: this rank's local value, no communication).
-            while flattens(t) and (parts := flatten(t).tensors):
+            while flattens(t) and (parts := flatten(t, meta=False).tensors):
                 t = parts[0][1]
             v: Any = t.reshape(1).clone()  # 1-D: the flush concatenates them
         else:

@@ -113,7 +113,7 @@ def _append_whole(
     digested, because the call digests nothing or a part went undigested)."""
     digest_it = opts.get("digest_it", True)
     try:
-        flat = flatten(t)
+        flat = flatten(t, meta=digest_it)
     except Exception:
         flat = None
     whole: Slot | None = None
