@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CALL_KEY_COLUMNS",
+    "COMPONENT_SEP",
     "DIGEST_ALGORITHM",
     "DIGEST_VERSION",
     "EVENT_TYPES",
@@ -49,6 +50,7 @@ __all__ = [
     "record_key",
     "rollup_hashes",
     "shard_relpath",
+    "split_component",
 ]
 
 #: Version of the table layout. Bump on any change to a column's name, type or meaning.
@@ -135,7 +137,7 @@ _RECORDS = (
     _c(
         "arg",
         "string",
-        "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a component of a flattened tensor subclass.",
+        "Argument path inside the call: args[0], kwargs.weight, out[1], args[2][0]; '<arg>::<component>' for a part of a tensor subclass (recorded before the whole '<arg>': §2, Tensor subclasses).",
     ),
     _c("call_hash", "uint64", "key_hash of call_key(...): equal for all records of one call, the join key for calls."),
     _c("key_hash", "uint64", "key_hash of record_key(...): the join key for records."),
@@ -369,6 +371,20 @@ def columns(table: str) -> tuple[Column, ...]:
         return TABLES[table]
     except KeyError:
         raise KeyError(f"unknown table {table!r}; known: {', '.join(TABLES)}") from None
+
+
+#: Separator of a tensor subclass's part in ``arg`` (docs/trace-format.md §2, "Tensor
+#: subclasses"): ``args[1]::scale`` is the ``scale`` of the subclass tensor passed as ``args[1]``,
+#: nested subclasses chain it (``value::_local_tensor::qdata``). Never part of a plain argument path.
+COMPONENT_SEP = "::"
+
+
+def split_component(arg: str) -> tuple[str, str | None]:
+    """(the whole's argument path, the component path) of a record's ``arg``:
+    ``"args[1]::_local_tensor::scale"`` -> ``("args[1]", "_local_tensor::scale")``; a record that
+    is not a part of a subclass gives ``(arg, None)``."""
+    whole, sep, comp = arg.partition(COMPONENT_SEP)
+    return (whole, comp) if sep else (arg, None)
 
 
 def call_key(microbatch: int, phase: str, module: str, kind: str, name: str, occurrence: int) -> str:

@@ -10,15 +10,17 @@ arguments difference.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect.components import parts_of
 from detfp_analyze.bisect.diffkind import classify
 from detfp_analyze.bisect.records import Extract, Found
 from detfp_analyze.bisect.result import LEVELS, Divergence, Kernels, RankResult, ValueDiff
 from detfp_analyze.bisect.search import MetricSplit
 from detfp_analyze.bisect.verdict import RankVerdicts, Verdict
 from detfp_analyze.io.reader import Run
-from detfp_capture.contract import INPUTLESS_KINDS
+from detfp_capture.contract import INPUTLESS_KINDS, split_component
 
 __all__ = ["divergence", "rank_results", "representative"]
 
@@ -44,6 +46,9 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
     diff: ValueDiff = classify(
         rec.state, da, db, dumps, _args_texts(run_a, run_b, ex), tensors_same=rec.tensors_same, args_same=rec.args_same
     )
+    component = split_component(rec.arg)[1]
+    if component is not None:
+        diff = replace(diff, component=component)
     kernels = None
     if ev.kernels_a is not None and ev.kernels_b is not None and (rec.call in ev.kernels_a or rec.call in ev.kernels_b):
         kernels = Kernels(ev.kernels_a.get(rec.call, ()), ev.kernels_b.get(rec.call, ()))
@@ -77,6 +82,8 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
         diff=diff,
         explanation=v.explanation,
         depends_on=v.depends_on,
+        component=component,
+        components=parts_of(ex),
     )
 
 

@@ -34,6 +34,14 @@ _BITS = {
     "torch.float32": ("I", True, 32),
     "torch.float16": ("H", True, 16),
     "torch.bfloat16": ("H", True, 16),
+    # 8-bit floats (the parts of MX and NVFP4 tensors) are sign-magnitude like the wider ones; an
+    # e8m0 scale is an unsigned biased exponent (no sign, no mantissa): ordered as an integer, so
+    # its "ULP" distance counts factors of two.
+    "torch.float8_e4m3fn": ("B", True, 8),
+    "torch.float8_e5m2": ("B", True, 8),
+    "torch.float8_e4m3fnuz": ("B", True, 8),
+    "torch.float8_e5m2fnuz": ("B", True, 8),
+    "torch.float8_e8m0fnu": ("B", False, 8),
     "torch.int64": ("q", False, 64),
     "torch.int32": ("i", False, 32),
     "torch.int16": ("h", False, 16),

@@ -21,6 +21,7 @@ __all__ = [
     "REPORT_VERSION",
     "VERDICTS",
     "BisectResult",
+    "Component",
     "Diagnosis",
     "Discriminator",
     "DiscriminatorRow",
@@ -34,8 +35,9 @@ __all__ = [
     "check_verdict",
 ]
 
-#: Version of the JSON report (``report_version``).
-REPORT_VERSION = 1
+#: Version of the JSON report (``report_version``). 2: a divergence names the parts of a tensor
+#: subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
+REPORT_VERSION = 2
 #: Verdicts for a rank's first divergent record (docs/report.md explains each).
 VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural", "metric_only")
 #: Cross-rank patterns.
@@ -147,8 +149,23 @@ class ValueDiff:
     #: The arguments that differ, by value where the runs recorded their text
     #: (``"weight_decay 0.01 -> 0.02"``); empty when no text was recorded.
     args_changes: tuple[str, ...] = ()
+    #: The part of a tensor subclass whose values these are (``"scale"``), None for a whole tensor.
+    component: str | None = None
     #: One line for humans.
     detail: str = ""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return _fields_json(self)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One part of a tensor subclass, next to a divergent record of that subclass."""
+
+    #: Its path below the whole: ``scale``, ``qdata``; nested subclasses ``_local_tensor::scale``.
+    name: str
+    #: How its records compare (``rule.STATES``: same, differs, only_a, only_b, unknown, ...).
+    state: str
 
     def to_json_dict(self) -> dict[str, Any]:
         return _fields_json(self)
@@ -204,6 +221,12 @@ class Divergence:
     #: One line: what this difference depends on that the capture could not see (an uncaptured
     #: reduction, a write-only argument, a compiled region, ...) and what to capture next.
     depends_on: str | None = None
+    #: For a part of a tensor subclass (``arg`` ``<whole>::<component>``, trace-format "Tensor
+    #: subclasses"): its component path, ``scale``; None otherwise.
+    component: str | None = None
+    #: For a part of a tensor subclass, or for the whole when its parts were recorded: every
+    #: innermost part of that whole, in record order, with how it compares.
+    components: tuple[Component, ...] = ()
 
     def __post_init__(self) -> None:
         check_verdict(self.verdict)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from detfp_analyze.bisect import components
 from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult, check_verdict
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.recipes import Recipe
@@ -143,7 +144,9 @@ def _verdict(v: str | None) -> str:
     if v is None:
         return ""
     if check_verdict(v) not in verdict_classes():
-        raise ValueError(f"verdict {v!r} has no colour in the HTML report; add .v-{v} to detfp_analyze.render.html._CSS")
+        raise ValueError(
+            f"verdict {v!r} has no colour in the HTML report; add .v-{v} to detfp_analyze.render.html._CSS"
+        )
     return f'<span class="v v-{_e(v)}">{_e(v)}</span>'
 
 
@@ -171,6 +174,14 @@ def _where(d: Divergence | None) -> tuple[str, str, str, str]:
     return d.phase, module, op, f"{d.role} {d.arg}".strip()
 
 
+def _difference(d: Divergence | None) -> str:
+    """The rank table's difference cell: the kind, and which parts of a tensor subclass differ."""
+    if d is None:
+        return ""
+    note = components.note(d)
+    return f"{d.diff_kind}: {note}" if note else d.diff_kind
+
+
 def _rank_rows(result: BisectResult, coords: dict[int, dict[str, Any]], names: list[str]) -> list[list[str]]:
     rows = []
     for r in result.ranks:
@@ -189,7 +200,7 @@ def _rank_rows(result: BisectResult, coords: dict[int, dict[str, Any]], names: l
                 f"<code>{_e(module)}</code>",
                 f"<code>{_e(op)}</code>",
                 _e(arg),
-                _e(d.diff_kind if d is not None else ""),
+                _e(_difference(d)),
                 _e(", ".join(r.first.hazards) if r.first is not None else ""),
                 _e(metric),
                 _e(d.explanation if d is not None else ""),
@@ -221,7 +232,8 @@ def _diagnosis(result: BisectResult) -> str:
         kv.append(("verdicts", " ".join(f"{_verdict(v)} {n}" for v, n in sorted(dg.verdict_counts.items()))))
     if result.diff is not None:
         df = result.diff
-        kv.append(("difference", _e(f"rank {result.diff_rank}: {df.kind} ({df.confirmed}) {df.detail}".strip())))
+        part = f" in component {df.component}" if df.component else ""
+        kv.append(("difference", _e(f"rank {result.diff_rank}: {df.kind}{part} ({df.confirmed}) {df.detail}".strip())))
     w = result.window
     span = lambda s: "-" if s is None else f"{s[0]}-{s[1]}"  # noqa: E731
     kv.append(("window", _e(f"steps {span(w.steps)} (A {span(w.steps_a)}, B {span(w.steps_b)}), level {w.level}")))
@@ -341,7 +353,14 @@ def render_html(
     )
 
 
-def html_report(result: BisectResult, a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, pictures: bool = True, max_rows: int = 256) -> str:
+def html_report(
+    result: BisectResult,
+    a: Run | str | os.PathLike[str],
+    b: Run | str | os.PathLike[str],
+    *,
+    pictures: bool = True,
+    max_rows: int = 256,
+) -> str:
     """The page for ``result``, a bisect of runs ``a`` and ``b`` (Runs or directories): pictures
     drawn when matplotlib is installed (otherwise the page says how to get them), the rank layout
     and the commands from the runs' manifests."""

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from detfp_analyze.bisect import components
 from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult
 from detfp_analyze.io.envdiff import EnvDiff, SettingChange
 from detfp_analyze.ranks import format_ranks
@@ -64,13 +65,19 @@ def _where(d: Divergence) -> str:
 def _div_key(d: Divergence | None) -> tuple:
     if d is None:
         return ()
-    return (d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence)
+    return (
+        d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence,
+        d.components,
+    )  # fmt: skip
 
 
 def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
     out = []
     if d.explanation:
         out.append(f"{indent}{d.explanation}")
+    note = components.note(d)
+    if note:
+        out.append(f"{indent}components: {note}")
     if single and (d.seq_a is not None or d.seq_b is not None):
         out.append(
             f"{indent}seq A {d.seq_a if d.seq_a is not None else '-'} / B {d.seq_b if d.seq_b is not None else '-'}"
@@ -164,7 +171,8 @@ def render_text(result: BisectResult) -> str:
         lines.append(f"  shared parallel coordinates: {coords}")
     lines.append(f"  {dg.explanation}")
     if r.diff is not None:
-        lines.append(f"difference at rank {r.diff_rank}: {r.diff.kind}, confirmed by {r.diff.confirmed}")
+        part = f" in component {r.diff.component}" if r.diff.component else ""
+        lines.append(f"difference at rank {r.diff_rank}: {r.diff.kind}{part}, confirmed by {r.diff.confirmed}")
         if r.diff.detail:
             lines.append(f"  {r.diff.detail}")
     if r.discriminator is not None and r.discriminator.rows:

@@ -21,7 +21,7 @@ from detfp_capture._digest import core
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.resolve import resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments
-from detfp_capture._digest.stable import stable_text
+from detfp_capture._digest.subclass import flatten
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
 
@@ -289,26 +289,11 @@ def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pend
 
 
 def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending:
-    tp = type(t)
     p = Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
-    p.type_name = f"{tp.__module__}.{tp.__qualname__}"
-    names, ctx = t.__tensor_flatten__()
-    comps: dict[str, Pending] = {}
-    meta: list[tuple[str, str]] = []
-    for name in names:
-        v = getattr(t, name)
-        if isinstance(v, torch.Tensor):
-            comps[name] = _start(v, rows, moments, False)
-        else:
-            meta.append((name, stable_text(v, objects=True)))
-    if meta:
-        # A subclass with non-tensor components (DTensor: its local shard and device mesh) is
-        # its tensors plus how they are laid out: the mesh and the flatten context (placements,
-        # global shape) join the digest. Subclasses whose components are all tensors digest as
-        # before (their context never did), so no earlier digest changes.
-        meta.append(("ctx", stable_text(ctx, objects=True)))
-        p.meta = tuple(meta)
-    p.components = comps
+    flat = flatten(t)
+    p.type_name = flat.type_name
+    p.components = {name: _start(v, rows, moments, False) for name, v in flat.tensors}
+    p.meta = flat.meta
     return p
 
 

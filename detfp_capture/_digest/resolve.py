@@ -20,6 +20,7 @@ import torch
 
 from detfp_capture._digest import core
 from detfp_capture._digest.results import Fingerprint, Moments, _fingerprint_fast
+from detfp_capture._digest.subclass import combined
 
 __all__ = ["Resolved", "resolve", "resolve_raw", "resolve_rows"]
 
@@ -305,11 +306,9 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
     if p.components is not None:
         comps = {n: _build(c, batches, results, failed) for n, c in p.components.items()}
         view = MappingProxyType(comps)
-        for n, f in comps.items():
-            if f.error is not None:
-                return Fingerprint(dtype, shape, p.numel, "", components=view, error=f"component {n!r}: {f.error}")
-        digest = core.combine(p.type_name, dtype, shape, [*((n, f.digest) for n, f in comps.items()), *p.meta])
-        return Fingerprint(dtype, shape, p.numel, digest, components=view)
+        parts = [(n, f.digest, f.error) for n, f in comps.items()]
+        digest, error = combined(p.type_name, dtype, shape, parts, p.meta)
+        return Fingerprint(dtype, shape, p.numel, digest, components=view, error=error)
     if p.device in failed:
         return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
     hi, lo, _, rows, m, ptr = _raw(p, batches, results)

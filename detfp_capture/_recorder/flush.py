@@ -16,7 +16,8 @@ from detfp_capture._digest.batched import BATCHED
 from detfp_capture._digest.resolve import resolve_raw, resolve_rows
 from detfp_capture._recorder.call import KIND, MICROBATCH, MODULE, NAME, PHASE, STEP, EventRow
 from detfp_capture._recorder.records import RecordBuffer
-from detfp_capture._recorder.slot import COPY, Slot
+from detfp_capture._recorder.slot import COMBINE, COPY, Slot
+from detfp_capture._recorder.subclass import resolve_combined
 
 __all__ = ["DigestFindings", "resolve_slots"]
 
@@ -24,7 +25,10 @@ __all__ = ["DigestFindings", "resolve_slots"]
 def resolve_slots(slots: list[Slot]) -> None:
     """Set every slot's ``hi``/``lo`` (and ``extra`` where there is more). Rows of batches (most
     slots) are resolved in bulk; the rest, and any a failed device left, one by one; a copy's
-    slot (``COPY``) last, from its source's."""
+    slot (``COPY``) from its source's; a subclass's whole (``COMBINE``) last, from its parts'."""
+    combos = [s for s in slots if s.pending is COMBINE]
+    if combos:
+        slots = [s for s in slots if s.pending is not COMBINE]
     copies = [s for s in slots if s.pending is COPY]
     if copies:
         listed = {id(s) for s in slots}
@@ -59,6 +63,8 @@ def resolve_slots(slots: list[Slot]) -> None:
         r = s.source
         s.hi, s.lo, s.extra = r.hi, r.lo, r.extra
         s.pending = s.source = None
+    if combos:
+        resolve_combined(combos)
 
 
 class DigestFindings:

@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 
+from detfp_capture._digest.subclass import flatten
+from detfp_capture._recorder.subclass import flattens
+
 __all__ = ["HazardTracker"]
 
 UNINIT = "uninitialized"
@@ -160,10 +163,18 @@ class HazardTracker:
 
     # ---------------------------------------------------------------- checks
     def flags(self, t: torch.Tensor, read: bool = True) -> tuple[str, ...]:
-        """Hazards of the current contents of ``t`` (``read``: the op depends on them)."""
+        """Hazards of the current contents of ``t`` (``read``: the op depends on them); a tensor
+        subclass (no storage of its own) has every hazard of its parts."""
         key = storage_key(t)
         if key is None:
-            return ()
+            if not flattens(t):
+                return ()
+            try:
+                parts = flatten(t, meta=False).tensors
+            except Exception:  # its record's digest says why
+                return ()
+            found = {h: None for _, p in parts for h in self.flags(p, read)}
+            return tuple(found)
         out: list[str] = []
         u = self.uninit.get(key)
         if u is not None:

@@ -31,6 +31,7 @@ from detfp_capture import contract, digest
 from detfp_capture._config import CaptureConfig
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.staging import Staging
+from detfp_capture._digest.subclass import flatten
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.args import ArgsColumn
 from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg
@@ -41,6 +42,7 @@ from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
 from detfp_capture._recorder.inflight import InFlight
 from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
+from detfp_capture._recorder.subclass import append_flattened, flattens, has_subclass
 from detfp_capture._recorder.vcache import VersionCache
 
 __all__ = ["Recorder"]
@@ -303,7 +305,14 @@ class Recorder:
     ) -> None:
         """Append records to an open call. Three paths: counted only (views, write-only
         arguments), the hot path (no hazards, no per-record options: every op at level ops),
-        and the general one (hazards, rows, moments, dumps)."""
+        and the general one (hazards, rows, moments, dumps); a call holding a tensor subclass
+        takes ``subclass.append_flattened``, which records its parts through these paths."""
+        if has_subclass(tensors):
+            opts = dict(digest_it=digest_it, rows=rows, fresh=fresh, defer=defer)
+            append_flattened(self, call, tensors, hazards, opts)
+            if len(self.records.rows) >= self._flush_rows:
+                self.need_flush = True
+            return
         out = self.records
         if not digest_it and not hazards:
             # Views and metadata ops: counted, not digested (and never dumped).
@@ -375,22 +384,32 @@ class Recorder:
         each record.
         """
         if self._tensor_opts:  # per-record options (rows, moments, dumps): the general path
-            calls = []
-            for sp in specs:
-                call = sp.call
-                if call is None:
-                    call = self.record_call(
-                        sp.kind, sp.name, sp.module, sp.phase, [(sp.role, sp.arg, sp.tensor)], fresh=fresh
-                    )
-                else:
-                    self.append_records(call, [(sp.role, sp.arg, sp.tensor)], fresh=fresh)
-                calls.append(call)
-            return calls
-        calls = append_batch(self, specs, fresh)
-        self.records_in_step += len(specs)
+            return [self._record_spec(sp, fresh) for sp in specs]
+        calls: list[Call] = []
+        i, n = 0, len(specs)
+        while i < n:
+            # Runs of plain tensors as one batch each; a tensor subclass (its parts, then its
+            # whole: ``subclass``) through the general path, in order.
+            j = i
+            while j < n and not flattens(specs[j].tensor):
+                j += 1
+            if j > i:
+                calls += append_batch(self, specs[i:j], fresh)
+                self.records_in_step += j - i
+            if j < n:
+                calls.append(self._record_spec(specs[j], fresh))
+                j += 1
+            i = j
         if len(self.records) >= self._flush_at:
             self.need_flush = True
         return calls
+
+    def _record_spec(self, sp: RecordSpec, fresh: bool) -> Call:
+        """One spec of ``record_many`` through ``record_call`` / ``append_records``."""
+        if sp.call is None:
+            return self.record_call(sp.kind, sp.name, sp.module, sp.phase, [(sp.role, sp.arg, sp.tensor)], fresh=fresh)
+        self.append_records(sp.call, [(sp.role, sp.arg, sp.tensor)], fresh=fresh)
+        return sp.call
 
     def append_started(self, call: Call, items: Iterable[tuple[str, str, str, tuple, int, Slot]]) -> None:
         """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
@@ -410,8 +429,16 @@ class Recorder:
         if not tensor:
             self.metrics.append(row)
             return
-        # A copy (1-D: the flush concatenates them), once the collective writing it completed.
-        copy = lambda: collective_result(value).detach().reshape(1).clone()  # noqa: E731
+
+        def copy() -> torch.Tensor:
+            # Once the collective writing it completed. A tensor subclass refuses to be read as a
+            # number (a DTensor's .tolist()): its first inner tensor holds the value (a DTensor's:
+            # this rank's local value, no communication).
+            t = collective_result(value).detach()
+            while flattens(t) and (parts := flatten(t, meta=False).tensors):
+                t = collective_result(parts[0][1])
+            return t.reshape(1).clone()  # 1-D: the flush concatenates them
+
         self.inflight.when_complete(value, lambda: self.metrics.append(row._replace(value=copy())))
 
     def event(

@@ -4,7 +4,8 @@ A record holds a ``Slot`` (or None: counted, not digested). The slot goes throug
 waiting for a batch (``pending`` None, see ``batches``), started (``pending``: a
 ``digest.Pending``, or ``BATCHED`` when it is a row of a batch and the slot itself stands for
 the pending; ``COPY`` when its tensor is an exact copy of another slot's, whose digest it
-takes), and resolved at the flush (``hi``/``lo``: the digest as two unsigned 64-bit integers;
+takes; ``COMBINE`` for a tensor subclass's whole, whose digest is combined from its parts'),
+and resolved at the flush (``hi``/``lo``: the digest as two unsigned 64-bit integers;
 ``extra``: a ``digest.Resolved`` when the digest has an error, row digests, moments or a
 pointer flag). One slot is shared by every record of the same (tensor, version): it is also
 the version cache's entry (``ref``, ``version``, ``opt_rows``, ``opt_moments``).
@@ -24,10 +25,13 @@ import torch
 
 from detfp_capture._digest.batched import BATCHED
 
-__all__ = ["COPY", "DTYPE_STR", "SHAPES", "Slot", "dtype_str", "gc_paused", "shape_tuple", "storage_ptrs"]
+__all__ = ["COMBINE", "COPY", "DTYPE_STR", "SHAPES", "Slot", "dtype_str", "gc_paused", "shape_tuple", "storage_ptrs"]
 
 #: ``Slot.pending`` of a slot whose tensor is an exact copy of another slot's (``Slot.source``).
 COPY = object()
+#: ``Slot.pending`` of a tensor subclass's whole record: its digest is combined at the flush
+#: from the slots of its parts' records (``Slot.source``: a ``subclass.Combo``).
+COMBINE = object()
 
 #: dtype -> str(dtype), filled as dtypes are seen (str() of a dtype costs a call per record).
 DTYPE_STR: dict[torch.dtype, str] = {}
@@ -122,9 +126,10 @@ class Slot:
         self.version: int | None = None
         self.opt_rows: bool | int = False
         self.opt_moments = False
-        #: With ``pending`` ``COPY``: the Slot of the tensor this one's tensor is an exact copy
-        #: of; the flush gives this slot that slot's resolved digest (``flush.resolve_slots``).
-        self.source: Slot | None = None
+        #: Where the flush takes this slot's digest from (``flush.resolve_slots``): with
+        #: ``pending`` ``COPY``, the Slot of the tensor this one's tensor is an exact copy of; with
+        #: ``COMBINE``, the parts of a tensor subclass (``subclass.Combo``) whose digests it combines.
+        self.source: Any = None
 
     @property
     def resolved(self) -> bool:

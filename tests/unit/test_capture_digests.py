@@ -433,7 +433,15 @@ def test_a_write_through_a_wrapper_subclass_inner_tensor_is_seen_at_level_ops(tm
         _ = tt * 3
     after = digest_hi(tt)
     r = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.Tensor") & (pl.col("role") == "input"))
-    assert r["digest_hi"].to_list() == [before, after]
+    assert r["arg"].to_list() == ["args[0]::a", "args[0]::b", "args[0]"] * 2  # parts, then the whole
+    assert r.filter(pl.col("arg") == "args[0]")["digest_hi"].to_list() == [before, after]
+    parts = r.filter(pl.col("arg") != "args[0]")["digest_hi"].to_list()
+    assert parts == [
+        digest_hi(torch.ones(300)),
+        digest_hi(torch.zeros(300)),
+        digest_hi(torch.full((300,), 6.0)),
+        digest_hi(torch.zeros(300)),
+    ]
 
 
 def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
