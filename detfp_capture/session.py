@@ -238,7 +238,7 @@ class Session:
             return optimizer
         if self._ctx.caps.optimizer:
             steps = self._steps
-            self._opt_handles.append(optimizer.register_step_pre_hook(lambda opt, a, k: steps.optimizer_pre(opt)))
+            self._opt_handles.append(optimizer.register_step_pre_hook(steps.optimizer_pre))
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: steps.optimizer_post(opt)))
         return optimizer
 

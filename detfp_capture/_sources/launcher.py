@@ -47,7 +47,7 @@ class AutoSteps:
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self.handles.append(register_optimizer_step_pre_hook(lambda opt, a, k: self._pre(opt)))
+        self.handles.append(register_optimizer_step_pre_hook(self._pre))
         self.handles.append(register_optimizer_step_post_hook(lambda opt, a, k: self._post(opt)))
         pending = self.ctx.pending_step
         pending.begin = self._begin
@@ -68,14 +68,15 @@ class AutoSteps:
             self.stepped = False
             self.steps.begin(n)
 
-    def _pre(self, opt: Any) -> None:
+    def _pre(self, opt: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if self.primary is None:
             self.primary = weakref.ref(opt)
         pending = self.ctx.pending_step
         if pending.number is not None:
             pending.touch()
         if self.ctx.caps.optimizer:
-            self.steps.optimizer_pre(opt)
+            return self.steps.optimizer_pre(opt, args, kwargs)  # a closure comes back wrapped
+        return None
 
     def _post(self, opt: Any) -> None:
         if self.ctx.caps.optimizer:
