@@ -64,6 +64,7 @@ class StepBoundaries:
         tracer: CollectiveTracer | None,
         ddp: DDPReduction | None,
         mode: CaptureMode | None,
+        learn_place: Callable[[], None],
     ) -> None:
         self.ctx = ctx
         self.rec = ctx.rec
@@ -72,6 +73,9 @@ class StepBoundaries:
         self.tracer = tracer
         self.ddp = ddp
         self.mode = mode
+        #: Reads the process group once it appears (``Session._learn_place``): the rank and world
+        #: size, and a launcher's part of the run directory waiting for its rank opened.
+        self.learn_place = learn_place
         self.mode_entered = False
         self.kernels: Any = None  # kernels.KernelCapture of the running step
         #: The last step begun was selected (a metric right after its block is filed under it).
@@ -86,6 +90,8 @@ class StepBoundaries:
     # ================================================================== steps
     def begin(self, n: int) -> None:
         rec = self.rec
+        if not rec.closed:
+            self.learn_place()
         if rec.closed:
             return
         if rec.in_step:
