@@ -8,6 +8,9 @@ the first optimizer that steps ends one step; the next begins at the next such f
 models get the recording comm hook on their first forward), then runs the script with
 ``runpy`` and ``sys.argv`` set as if it had been started directly. Works under ``torchrun``
 (``torchrun ... -m detfp_capture --out DIR -- train.py``): each rank reads RANK/WORLD_SIZE.
+Without RANK the session opens its part of the run directory once its process group says its
+rank (``_placement``), and a framework's re-execution of the script (Lightning's DDP launcher)
+runs through the launcher too, ``--followed`` (``children.py``).
 """
 
 from __future__ import annotations
