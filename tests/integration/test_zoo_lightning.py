@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ import polars as pl
 import pytest
 
 from detfp_analyze.reader import open_run
-from tests.fixtures.zoo.harness import ROOT, ZOO, check_identical, check_onoff, expect, pair
+from tests.fixtures.zoo.harness import ROOT, ZOO, check_identical, check_onoff, expect, free_ports, pair
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
@@ -56,17 +55,6 @@ PLANT = 1
 TARGET = "fc1"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _runs(root: Path, member: str, script: Path, *, off: bool = True) -> list[list[str]]:
     out = []
     for job, (level, extra) in JOBS.items():
@@ -80,7 +68,7 @@ def _runs(root: Path, member: str, script: Path, *, off: bool = True) -> list[li
 def _launch(root: Path, argvs: list[list[str]], tag: str, nproc: int) -> None:
     """Every run in turn in one process per rank (``launch_many``): under torchrun with ``nproc``
     ranks, or (``nproc=1``) one plain process, where Lightning starts the other rank."""
-    spec = [{"port": port, "argv": argv} for port, argv in zip(_free_ports(len(argvs)), argvs, strict=True)]
+    spec = [{"port": port, "argv": argv} for port, argv in zip(free_ports(len(argvs)), argvs, strict=True)]
     (root / f"runs-{tag}.json").write_text(json.dumps(spec))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
