@@ -439,7 +439,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "digest_version": "int: DIGEST_VERSION of the digests in this run.",
     "digest_algorithm": "str: DIGEST_ALGORITHM.",
     "rank": "int: global rank.",
-    "world_size": "int: number of ranks in the job.",
+    "world_size": "int: number of ranks in the job (the process group's size once the group exists, even when the session opened before it; every rank in `groups` is below it).",
     "segment": "int: process launch (0 first, +1 per appended resume).",
     "start_step": "int|null: first step this segment captures (a resumed run's checkpoint step).",
     "parallel": "object: this rank's parallel coordinates {tp, pp, dp, cp, ep: int} and sizes {tp_size, ...} where known.",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CaptureError", "ConfigError", "RunExistsError", "SchemaError"]
+__all__ = ["CaptureError", "ConfigError", "LaunchRefusedError", "RunExistsError", "SchemaError"]
 
 
 class CaptureError(Exception):
@@ -19,3 +19,7 @@ class ConfigError(CaptureError, ValueError):
 
 class SchemaError(CaptureError, ValueError):
     """Data handed to the writer does not fit the trace contract (unknown table or column, ...)."""
+
+
+class LaunchRefusedError(CaptureError):
+    """The launcher cannot capture the processes the script starts (``torch.multiprocessing``)."""

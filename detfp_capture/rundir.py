@@ -14,7 +14,7 @@ from pathlib import Path
 from detfp_capture import contract
 from detfp_capture.errors import RunExistsError
 
-__all__ = ["clear_rank", "existing_segments", "prepare_run_dir"]
+__all__ = ["clear_rank", "existing_segments", "held_ranks", "prepare_run_dir"]
 
 
 def existing_segments(run_dir: str | os.PathLike[str], rank: int) -> list[int]:
@@ -39,6 +39,21 @@ def existing_segments(run_dir: str | os.PathLike[str], rank: int) -> list[int]:
                 digits = p.name[len("part-s") :].split("-", 1)[0]
                 if digits.isdigit():
                     found.add(int(digits))
+    return sorted(found)
+
+
+def held_ranks(run_dir: str | os.PathLike[str]) -> list[int]:
+    """Ranks that already wrote into ``run_dir`` (any segment), sorted: what a launch must not
+    mix with before it knows which rank it is (``python -m detfp_capture`` without ``RANK``)."""
+    root = Path(run_dir)
+    found: set[int] = set()
+    for sub in (contract.MANIFEST_DIR, *contract.TABLES):
+        base = root / sub
+        if base.is_dir():
+            for part in base.glob("rank=*"):
+                r = part.name.removeprefix("rank=")
+                if r.isdigit() and existing_segments(root, int(r)):
+                    found.add(int(r))
     return sorted(found)
 
 

@@ -34,38 +34,22 @@ from typing import Any
 import torch
 
 from detfp_capture._config import check_mapping, make_config
+from detfp_capture._placement import RankPart, env_place
 from detfp_capture._recorder.hazards import HazardTracker
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._recorder.recorder import Recorder
 from detfp_capture._sources import pipelining
-from detfp_capture._sources.context import CaptureContext, PendingStep, Scope, WatchedModels
+from detfp_capture._sources.context import CaptureContext, PendingStep, Place, Scope, WatchedModels
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.patches import Patches
 from detfp_capture._sources.steps import StepBoundaries
-from detfp_capture.errors import ConfigError
+from detfp_capture.errors import CaptureError, ConfigError
 
 __all__ = ["Session"]
 
 #: close() waits for the writer thread to drain its queue as long as it makes progress; it gives
 #: up only after this long without a single window written.
 _CLOSE_TIMEOUT_S = 300.0
-
-
-def _rank_world() -> tuple[int, int]:
-    """Rank and world size: torch.distributed when initialized, else RANK/WORLD_SIZE, else 0/1."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise ConfigError(
-            f"RANK={os.environ.get('RANK')!r} WORLD_SIZE={os.environ.get('WORLD_SIZE')!r}: not integers; fix the launcher environment"
-        ) from None
 
 
 class Session:
@@ -92,6 +76,9 @@ class Session:
         views: also digest view and metadata-only ops (default: counted, not digested).
         start_step: first step of this launch for the manifest (default: the first ``step(n)``).
     """
+
+    #: A process the launcher followed (``launcher_session``): its rank is the process group's.
+    _followed = False
 
     def __init__(
         self,
@@ -131,32 +118,39 @@ class Session:
         )
         if overwrite and append:
             raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
-        if overwrite and append:
-            raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
         self._parallel = check_mapping(parallel, "parallel")
         self._group_names = check_mapping(group_names, "group_names")
         self.out_dir = Path(out_dir)
-        self.rank, self.world_size = _rank_world()
+        self._place = place = Place(*env_place())
         self._closed = False
-        self._inert = cfg.ranks is not None and self.rank not in cfg.ranks
+        awaiting = self._awaits_rank()
+        self._inert = not awaiting and cfg.ranks is not None and self.rank not in cfg.ranks
         self._outside_warned: set[tuple[str, str]] = set()
         self._steps: StepBoundaries | None = None
         self._auto: Any = None  # launcher mode's step counting (launcher.AutoSteps)
         self._opt_handles: list[Any] = []
         if self._inert:
             return
-        from detfp_capture import writer as _writer
-        from detfp_capture.manifest import collect_manifest
-
-        try:
-            self.segment = _writer.prepare_run_dir(
-                self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
-            )
-            self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, rollups=True)
-        except OSError as exc:  # read-only, full or vanished file system: the job must still run
-            self._disable_at_start(exc)
-            return
-        self._rec = rec = Recorder(cfg, self._writer, rank=self.rank, on_fail=self._on_fail)
+        self._rec = rec = Recorder(cfg, None, rank=self.rank, on_fail=self._on_fail)
+        self._manifest = RunManifest(self.out_dir, rec, start_step)
+        self._part = RankPart(
+            self.out_dir,
+            rec,
+            self._manifest,
+            place,
+            awaiting=awaiting,
+            followed=self._followed,
+            append=append,
+            overwrite=overwrite,
+            ranks=cfg.ranks,
+            fields={"start_step": start_step, "parallel": self._parallel, "capture": cfg.describe()},
+        )
+        if not awaiting:
+            try:
+                self._part.open()
+            except OSError as exc:  # read-only, full or vanished file system: the job must still run
+                self._disable_at_start(exc)
+                return
         caps = cfg.caps
         hazards = None
         if caps.hazards or cfg.poison:
@@ -166,28 +160,10 @@ class Session:
                 d = hashlib.blake2b(str(self.out_dir.resolve()).encode(), digest_size=1).digest()[0]
                 poison_byte = d or 0xA5
             hazards = HazardTracker(rec, poison_byte)
-        manifest = collect_manifest(
-            rank=self.rank,
-            world_size=self.world_size,
-            segment=self.segment,
-            start_step=start_step,
-            parallel=self._parallel,
-            groups={},
-            capture=cfg.describe(),
-        )
-        self._manifest = RunManifest(self.out_dir, manifest, rec, start_step)
-        try:
-            self._manifest.write()
-        except OSError as exc:
-            self._writer.mark_incomplete(f"the manifest could not be written: {type(exc).__name__}: {exc}")
-            self._writer.close(timeout=_CLOSE_TIMEOUT_S)
-            self._disable_at_start(exc)
-            return
         self._ctx = ctx = CaptureContext(
             cfg=cfg,
             caps=caps,
-            rank=self.rank,
-            world_size=self.world_size,
+            place=place,
             rec=rec,
             scope=Scope(rec, cfg.modules),
             hazards=hazards,
@@ -230,7 +206,12 @@ class Session:
             ddp=self._ddp,
             mode=mode,
             stage_inference=self._stage_inference,
+            learn_place=self._learn_place,
         )
+
+    rank = property(lambda self: self._place.rank, doc="This process's rank (see ``_placement``).")
+    world_size = property(lambda self: self._place.world_size, doc="The world size (see ``_placement``).")
+    _writer = property(lambda self: self._part.writer, doc="This rank's shard writer; None until its part opens.")
 
     # ================================================================== public API
     def watch(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -251,7 +232,7 @@ class Session:
             return optimizer
         if self._ctx.caps.optimizer:
             steps = self._steps
-            self._opt_handles.append(optimizer.register_step_pre_hook(lambda opt, a, k: steps.optimizer_pre(opt)))
+            self._opt_handles.append(optimizer.register_step_pre_hook(steps.optimizer_pre))
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: steps.optimizer_post(opt)))
         return optimizer
 
@@ -341,6 +322,12 @@ class Session:
             self._closed = True
             return
         rec = self._rec
+        if not rec.closed:
+            self._learn_place(closing=True)  # a part still waiting for its rank opens now, or never
+        if self._writer is None:  # never opened: its rank was not known, or ranks= leaves it out
+            self._closed = rec.closed = True
+            self._teardown()
+            return
         try:
             if rec.in_step:
                 if self._auto is not None and self._auto.trailing and rec.selected:
@@ -395,6 +382,32 @@ class Session:
                 )
                 return
             last = progress
+
+    def _awaits_rank(self) -> bool:
+        """Open this rank's part only once the rank is known (``_placement``): not in user code."""
+        return False
+
+    def _learn_place(self, closing: bool = False) -> None:
+        """At a step begin and at close: the rank and world size from the process group once it
+        appears, and a part waiting for its rank opened (``_placement.RankPart.learn``)."""
+        rec = self._rec
+        try:
+            why = self._part.learn(closing)
+        except (OSError, CaptureError) as exc:
+            why = f"cannot write the trace to {self.out_dir} ({type(exc).__name__}: {' '.join(str(exc).split())})"
+        if why is None:
+            return
+        if self._writer is not None:  # opened under a rank the group contradicts: stop (close says why)
+            rec.failed = True
+            rec.fail_reason = why
+            warnings.warn(f"detfp capture disabled on rank {self.rank}: {why}", RuntimeWarning, stacklevel=4)
+            return
+        # Never opened: nothing records from now on; close() restores what is patched (not now:
+        # this runs inside a hook whose registry torch may be iterating).
+        rec.closed = True
+        rec.selected = False
+        if why:
+            warnings.warn(f"detfp capture off in process {os.getpid()}: {why}", RuntimeWarning, stacklevel=4)
 
     def _note_outside_step(self, kind: str, name: str) -> None:
         """Say once per (kind, name) where a metric or probe made outside ``session.step()`` went.
@@ -466,10 +479,28 @@ class Session:
         self._ctx.patches.restore()
 
 
-def launcher_session(**options: Any) -> Session:
+class _LauncherSession(Session):
+    """The launcher's Session: it waits for its rank (``_placement``) when no ``RANK`` names it."""
+
+    def __init__(self, *, followed: bool, **options: Any) -> None:
+        self._followed = followed
+        super().__init__(**options)
+
+    def _awaits_rank(self) -> bool:
+        return self._followed or "RANK" not in os.environ
+
+    def started_ranks(self) -> None:
+        """This process started (or tried to start) the ranks: unless it becomes one itself (a
+        process group, a step), it writes nothing."""
+        if not self._inert:
+            self._part.started_ranks = True
+
+
+def launcher_session(*, followed: bool = False, **options: Any) -> Session:
     """A Session in launcher mode (``python -m detfp_capture``): global module hooks, steps
-    counted by the script's optimizer steps (``launcher.AutoSteps``)."""
-    session = Session(**options)
+    counted by the script's optimizer steps (``launcher.AutoSteps``), the rank learned from the
+    process group when no ``RANK`` names it (``_placement``)."""
+    session = _LauncherSession(followed=followed, **options)
     if not session._inert:
         from detfp_capture._sources.launcher import AutoSteps
 

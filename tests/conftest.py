@@ -24,6 +24,7 @@ LONGEST = (
     SPARK_FILES,
     "tests/integration/test_example.py",
     "tests/integration/test_zoo_launcher.py",
+    "tests/integration/test_zoo_lightning.py",
     "tests/golden/test_sql_bisect_equivalence.py",
     "tests/integration/test_zoo_mcore.py",
     "tests/integration/test_faults.py",

@@ -144,10 +144,22 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
             raise ManifestError(
                 f"{shown}: {key} is {_short(manifest[key])}, expected a JSON object; restore the file or re-run the capture"
             )
-    if not all(_ranks_list(v, manifest["world_size"]) for v in manifest["groups"].values()):
+    world = manifest["world_size"]
+    if not all(_ranks_list(v) for v in manifest["groups"].values()):
         raise ManifestError(
-            f"{shown}: groups must map names to lists of ranks below world_size {manifest['world_size']}; "
+            f"{shown}: groups must map names to lists of ranks below world_size {world}; "
             "restore the file or re-run the capture"
+        )
+    name = next((k for k, v in sorted(manifest["groups"].items()) if v and max(v) >= world), None)
+    if name is not None:
+        ranks = sorted(r for r in manifest["groups"][name] if r >= world)
+        # A manifest whose world size was read before its process group existed (a launcher
+        # process whose framework started the other ranks, before detfp_capture learned the
+        # world size from the group): its groups name ranks the manifest says do not exist.
+        raise ManifestError(
+            f"{shown}: group {name!r} lists rank(s) {', '.join(map(str, ranks))}, outside the manifest's world_size "
+            f"{world}: the world size was read before the process group existed; re-run the capture with this "
+            "detfp_capture (it learns the world size from the process group)"
         )
     if not isinstance(manifest["command"], list) or not all(isinstance(x, str) for x in manifest["command"]):
         raise ManifestError(f"{shown}: command must be a list of strings; restore the file or re-run the capture")
@@ -156,14 +168,15 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
     return manifest
 
 
-def _ranks_list(v: Any, world_size: int) -> bool:
-    """``v`` is a list of ranks below ``world_size``. Every manifest holds its groups' members, so a
-    run's manifests hold world_size^2 of them: one type test each, then one min and max."""
+def _ranks_list(v: Any) -> bool:
+    """``v`` is a list of ranks (non-negative integers). Every manifest holds its groups' members,
+    so a run's manifests hold world_size^2 of them: one type test each, then one min (and the
+    caller one max against the world size)."""
     if not isinstance(v, list):
         return False
     # type() is int: JSON integers are exactly int, and a bool (an int subclass) is refused. The
     # types are collected without a Python-level loop: a run of N ranks holds N^2 members.
-    return _INT.issuperset(map(type, v)) and (not v or (min(v) >= 0 and max(v) < world_size))
+    return _INT.issuperset(map(type, v)) and (not v or min(v) >= 0)
 
 
 _INT = frozenset({int})

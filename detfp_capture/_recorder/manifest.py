@@ -1,7 +1,10 @@
 """This rank's manifest, kept current while the run goes on (collected by ``manifest.py``).
 
-The manifest is written when the session opens, and again when something it holds becomes
-known: the first step (``start_step``, when the session was not told), the determinism settings
+The manifest is written when the session opens this rank's part of the run directory (at
+``Session()``, or for a launcher process whose rank only the process group will tell, when that
+is known), and again when something it holds becomes known: the world size, when the process
+group appears after the session opened (a script that sets up distributed training itself);
+the first step (``start_step``, when the session was not told), the determinism settings
 and numerics environment in force when the first step begins (a script sets them after the
 launcher opened the session), and the process groups the collectives used (at step ends and at
 close). A setting changed between later steps is a ``setting_changed`` event instead.
@@ -21,9 +24,10 @@ __all__ = ["RunManifest"]
 class RunManifest:
     """The manifest dict of this rank and segment, and when to write it again."""
 
-    def __init__(self, out_dir: Path, manifest: dict[str, Any], rec: Recorder, start_step: int | None) -> None:
+    def __init__(self, out_dir: Path, rec: Recorder, start_step: int | None) -> None:
         self.out_dir = out_dir
-        self.data = manifest
+        #: The manifest (``manifest.collect_manifest``); None until this rank's directory is open.
+        self.data: dict[str, Any] | None = None
         self.rec = rec
         #: The process groups used so far (name -> global ranks): set when collectives are traced.
         self.groups: Callable[[], dict[str, list[int]]] = dict
@@ -35,12 +39,21 @@ class RunManifest:
     def write(self) -> None:
         from detfp_capture import writer
 
+        if self.data is None:
+            return
         self.data["groups"] = {k: list(v) for k, v in sorted(self.groups().items())}
         writer.write_manifest(self.out_dir, self.data, create=False)
 
     def write_safely(self) -> None:
         with self.rec.guard("writing the manifest", busy=False):
             self.write()
+
+    def world_learned(self, world_size: int) -> None:
+        """The process group appeared with this world size: the manifest says so from now on
+        (its ``groups`` list the group's ranks, which must all be below it)."""
+        if self.data is not None and self.data.get("world_size") != world_size:
+            self.data["world_size"] = world_size
+            self.write_safely()
 
     def step_begins(self, n: int) -> None:
         """A step begins (selected or not): the first one is the launch's start step."""

@@ -11,7 +11,8 @@ this context, whose members are the few things they share, by name:
 * ``models``: the watched models and their parameter names (``WatchedModels``);
 * ``pending_step``: launcher mode's step that begins at the next forward (``PendingStep``);
 * ``patches``: class attributes replaced while the session is open (``patches.Patches``);
-* ``cfg``/``caps``: the options and what the level turns on; ``rank``/``world_size``;
+* ``cfg``/``caps``: the options and what the level turns on; ``place``: this process's rank and
+  world size (``Place``: learned from the process group when it appears, see ``session.py``);
   ``group_names``: the user's names of process groups.
 
 Sources that need each other (the steps need the module hooks and the collectives) get those
@@ -32,7 +33,7 @@ from detfp_capture._recorder.hazards import HazardTracker
 from detfp_capture._recorder.recorder import Recorder
 from detfp_capture._sources.patches import Patches
 
-__all__ = ["NODE_KEY", "CaptureContext", "ModuleFrame", "PendingStep", "Scope", "WatchedModels"]
+__all__ = ["NODE_KEY", "CaptureContext", "ModuleFrame", "PendingStep", "Place", "Scope", "WatchedModels"]
 
 #: Key of the module path in an autograd node's ``metadata`` (set by the module hooks at level
 #: ops, read to attribute a backward op or collective to the module whose forward made the node).
@@ -171,6 +172,18 @@ class PendingStep:
             self.begin(n)
 
 
+class Place:
+    """This process's rank and world size as the session knows them now: from ``RANK``/
+    ``WORLD_SIZE`` or the process group when the session opened, corrected when the process
+    group appears (``Session._learn_place``)."""
+
+    __slots__ = ("rank", "world_size")
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+
+
 class WatchedModels:
     """The watched models (weak references) and the FQN of every parameter seen in them."""
 
@@ -221,9 +234,8 @@ class CaptureContext:
     cfg: CaptureConfig
     #: What the level turns on.
     caps: Capabilities
-    #: This process's rank and the world size.
-    rank: int
-    world_size: int
+    #: This process's rank and the world size (kept current: ``rank``/``world_size`` read it).
+    place: Place
     #: The record stream.
     rec: Recorder
     #: Where a record made now belongs.
@@ -238,3 +250,11 @@ class CaptureContext:
     patches: Patches
     #: The user's names of process groups (``group_names=``): name -> ProcessGroup.
     group_names: Mapping[str, Any]
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.place.world_size

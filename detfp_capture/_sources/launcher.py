@@ -8,6 +8,9 @@ the first optimizer that steps ends one step; the next begins at the next such f
 models get the recording comm hook on their first forward), then runs the script with
 ``runpy`` and ``sys.argv`` set as if it had been started directly. Works under ``torchrun``
 (``torchrun ... -m detfp_capture --out DIR -- train.py``): each rank reads RANK/WORLD_SIZE.
+Without RANK the session opens its part of the run directory once its process group says its
+rank (``_placement``), and a framework's re-execution of the script (Lightning's DDP launcher)
+runs through the launcher too, ``--followed`` (``children.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class AutoSteps:
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self.handles.append(register_optimizer_step_pre_hook(lambda opt, a, k: self._pre(opt)))
+        self.handles.append(register_optimizer_step_pre_hook(self._pre))
         self.handles.append(register_optimizer_step_post_hook(lambda opt, a, k: self._post(opt)))
         pending = self.ctx.pending_step
         pending.begin = self._begin
@@ -68,14 +71,15 @@ class AutoSteps:
             self.stepped = False
             self.steps.begin(n)
 
-    def _pre(self, opt: Any) -> None:
+    def _pre(self, opt: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if self.primary is None:
             self.primary = weakref.ref(opt)
         pending = self.ctx.pending_step
         if pending.number is not None:
             pending.touch()
         if self.ctx.caps.optimizer:
-            self.steps.optimizer_pre(opt)
+            return self.steps.optimizer_pre(opt, args, kwargs)  # a closure comes back wrapped
+        return None
 
     def _post(self, opt: Any) -> None:
         if self.ctx.caps.optimizer:
@@ -114,7 +118,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--flush-records", type=int, default=65536, help="records per flush window")
     p.add_argument("--views", action="store_true", help="also digest view and metadata-only ops")
+    # Set by the launcher on a re-execution of the script it follows (children.py): the process's
+    # rank is its process group's, whatever its environment says.
+    p.add_argument("--followed", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def followed_options(ns: argparse.Namespace) -> list[str]:
+    """The options of a process this launch follows: its own, ``--out`` made absolute (a
+    framework may start it elsewhere), and ``--followed``."""
+    out = ["--out", os.path.abspath(ns.out), "--level", ns.level, "--start-step", str(ns.start_step)]
+    out += ["--flush-records", str(ns.flush_records)]
+    for flag, value in (
+        ("--steps", ns.steps),
+        ("--ranks", ns.ranks),
+        ("--modules", ns.modules),
+        ("--rows", ns.rows),
+        ("--moments", ns.moments),
+        ("--dumps", ns.dumps),
+        ("--kernels", ns.kernels),
+    ):
+        if value is not None:
+            out += [flag, value]
+    for flag, on in (
+        ("--poison", ns.poison),
+        ("--append", ns.append),
+        ("--overwrite", ns.overwrite),
+        ("--views", ns.views),
+    ):
+        if on:
+            out.append(flag)
+    return [*out, "--followed"]
 
 
 def _opt(value: str | None) -> object:
@@ -138,11 +172,30 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(ours)
     if not target:
         parser.error("no training script: put it after '--', e.g. python -m detfp_capture --out traces/a -- train.py")
+    if target[0] == "-m" and len(target) < 2:
+        parser.error("'-m' needs a module name")
+    # No RANK: a framework may make this process one rank of several and start the others
+    # (Lightning's DDP launcher): the rank is learned from the process group (_placement), and
+    # re-executions of the script are followed (children.py). Before anything starts, a run
+    # directory another launch wrote into is refused here, as prepare_run_dir refuses a rank's.
+    top = "RANK" not in os.environ and not ns.followed
+    from detfp_capture.rundir import held_ranks
+
+    if top and not (ns.append or ns.overwrite) and held_ranks(ns.out):
+        print(
+            f"detfp_capture: error: {ns.out}: already holds a trace (ranks {held_ranks(ns.out)}); choose a new run "
+            "directory, pass --overwrite to replace it, or --append to continue it as a resumed run",
+            file=sys.stderr,
+        )
+        return 2
+    from detfp_capture._sources.children import Children
+    from detfp_capture.errors import LaunchRefusedError
     from detfp_capture.session import launcher_session
 
     moments = _opt(ns.moments)
     try:
         session = launcher_session(
+            followed=ns.followed,
             out_dir=ns.out,
             level=ns.level,
             steps=ns.steps,
@@ -162,10 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as exc:
         print(f"detfp_capture: error: {exc}", file=sys.stderr)
         return 2
+    children = Children(followed_options(ns), target, session.started_ranks)
+    children.install(follow=top)
+    code = 0
     try:
         if target[0] == "-m":
-            if len(target) < 2:
-                parser.error("'-m' needs a module name")
             sys.argv = [target[1], *target[2:]]
             runpy.run_module(target[1], run_name="__main__", alter_sys=True)
         else:
@@ -174,9 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        session.close()
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except LaunchRefusedError as exc:
+        print(f"detfp_capture: error: {exc}", file=sys.stderr)
+        session.started_ranks()  # it tried to: no trace part for this process unless it is a rank
+        code = 2
     finally:
+        children.restore()
         session.close()
-    return 0
+    if code == 0:
+        children.wait()
+    return code

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,6 +66,7 @@ class StepBoundaries:
         ddp: DDPReduction | None,
         mode: CaptureMode | None,
         stage_inference: StageInference,
+        learn_place: Callable[[], None],
     ) -> None:
         self.ctx = ctx
         self.rec = ctx.rec
@@ -74,6 +76,9 @@ class StepBoundaries:
         self.ddp = ddp
         self.mode = mode
         self.stage_inference = stage_inference
+        #: Reads the process group once it appears (``Session._learn_place``): the rank and world
+        #: size, and a launcher's part of the run directory waiting for its rank opened.
+        self.learn_place = learn_place
         self.mode_entered = False
         self.kernels: Any = None  # kernels.KernelCapture of the running step
         #: The last step begun was selected (a metric right after its block is filed under it).
@@ -88,6 +93,8 @@ class StepBoundaries:
     # ================================================================== steps
     def begin(self, n: int) -> None:
         rec = self.rec
+        if not rec.closed:
+            self.learn_place()
         if rec.closed:
             return
         if rec.in_step:
@@ -224,12 +231,22 @@ class StepBoundaries:
         self.rec.record_many(specs, fresh=fresh)
 
     # ================================================================== optimizer
-    def optimizer_pre(self, opt: Any) -> None:
+    def optimizer_pre(self, opt: Any, args: tuple = (), kwargs: dict | None = None) -> tuple[tuple, dict] | None:
+        """The optimizer's pre-step hook: its parameters (and gradients) before the update.
+
+        ``args``/``kwargs`` are those of ``step()`` (``args[0]`` is the optimizer). With a closure
+        (``step(closure)``: Lightning's automatic optimization, L-BFGS) the forward and backward
+        run inside the step, so the gradients the update reads do not exist yet: the closure is
+        replaced by ``_closure_run`` (returned as the hook's new arguments), which gives what the
+        closure runs the phases of a forward and a backward and records the gradients after each
+        call of it."""
         rec = self.rec
         if rec.failed or not rec.selected or rec.busy:
             rec.phase = "optimizer" if rec.in_step else rec.phase
-            return
+            return None
+        closure, where = _closure_of(args, kwargs or {})
         models = self.ctx.models
+        wrapped = None
         with rec.guard("optimizer pre-step hook"):
             rec.drain_foreign()
             rec.phase = "optimizer"
@@ -251,9 +268,56 @@ class StepBoundaries:
                     occ = rec.occurrence("optimizer", "", "param", name)
                     call = make_call(rec.step, rec.microbatch, "optimizer", "", "param", name, occ, hp)
                     specs.append(RecordSpec(call, "param", name, "", "optimizer", "input", f"group[{gi}]", p))
-                    if p.grad is not None:
-                        self._grads_seen = True
-                        specs.append(RecordSpec(None, "grad", name, "", "optimizer", "input", f"group[{gi}]", p.grad))
+                    if closure is None and p.grad is not None:
+                        specs.append(self._grad_spec(name, gi, p.grad))
+            rec.record_many(specs, fresh=True)
+            rec.microbatch = mb
+            if closure is not None:
+                wrapped = _with_closure(args, kwargs or {}, where, self._closure_run(opt, closure))
+        return wrapped
+
+    def _grad_spec(self, name: str, gi: int, grad: torch.Tensor) -> RecordSpec:
+        self._grads_seen = True
+        return RecordSpec(None, "grad", name, "", "optimizer", "input", f"group[{gi}]", grad)
+
+    def _closure_run(self, opt: Any, closure: Callable[..., Any]) -> Callable[..., Any]:
+        """``closure`` as the optimizer calls it (once per step, or several times: L-BFGS).
+
+        What it runs is a forward (a root module's input is the batch) and a backward, whatever
+        encloses it; when it returns, the optimizer is running again, and the gradients it left
+        are the ones the update reads: recorded then (kind ``grad``, one call per closure call).
+        The closure's result and exceptions pass through unchanged."""
+        rec = self.rec
+
+        def closure_run(*a: Any, **k: Any) -> Any:
+            if rec.in_step and rec.phase == "optimizer":
+                rec.phase = "forward"
+            try:
+                out = closure(*a, **k)
+            finally:
+                if rec.in_step:
+                    rec.phase = "optimizer"
+            self._record_grads(opt)
+            return out
+
+        closure_run.__wrapped__ = closure  # type: ignore[attr-defined]
+        return closure_run
+
+    def _record_grads(self, opt: Any) -> None:
+        rec = self.rec
+        if rec.failed or not rec.selected or rec.busy:
+            return
+        models = self.ctx.models
+        with rec.guard("optimizer closure"):
+            rec.drain_foreign()
+            mb = rec.microbatch
+            rec.microbatch = contract.NO_MICROBATCH
+            specs = [
+                self._grad_spec(models.pname(p, gi, pi), gi, p.grad)
+                for gi, group in enumerate(opt.param_groups)
+                for pi, p in enumerate(group["params"])
+                if p.grad is not None
+            ]
             rec.record_many(specs, fresh=True)
             rec.microbatch = mb
 
@@ -298,3 +362,21 @@ class StepBoundaries:
             self._opt_stepped = True  # step-end parameter records may reuse these digests
         if rec.need_flush:
             rec.flush_safely()
+
+
+def _closure_of(args: tuple, kwargs: dict) -> tuple[Callable[..., Any] | None, int | str]:
+    """The closure passed to ``step()`` and where: the index in ``args`` (after the optimizer
+    itself, ``args[0]``) or the keyword ``closure``."""
+    c = kwargs.get("closure")
+    if c is not None:
+        return c, "closure"
+    if len(args) > 1 and callable(args[1]):
+        return args[1], 1
+    return None, 0
+
+
+def _with_closure(args: tuple, kwargs: dict, where: int | str, closure: Callable[..., Any]) -> tuple[tuple, dict]:
+    """``step()``'s arguments with the closure replaced (a pre-step hook's return value)."""
+    if where == "closure":
+        return args, {**kwargs, "closure": closure}
+    return (*args[:1], closure, *args[2:]), kwargs

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.envdiff import env_diff
 from detfp_analyze.reader import open_run
 from detfp_capture._sources.launcher import main as launcher_main
+from tests.fixtures.zoo.harness import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = str(ROOT / "tests" / "fixtures" / "zoo" / "plain_train.py")
@@ -182,23 +182,11 @@ def test_settings_are_the_scripts_own(tmp_path):
     assert not [p for p in certify(one).problems if p.kind == "determinism" and "algorithms" in p.detail]
 
 
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free now (all held open together while they are picked)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _ranks(root: Path, runs: dict[str, tuple[str, tuple]], level: str = "boundaries", world: int = 2) -> None:
     """Launcher runs ``{name: (script, script args)}`` on ``world`` ranks: one process per rank
     with the environment torchrun sets, each process running every run in turn
     (``tests/fixtures/zoo/launch_many.py``), so the imports are paid once per rank."""
-    ports = _free_ports(len(runs))
+    ports = free_ports(len(runs))
     spec = [
         {
             "port": port,

@@ -145,7 +145,9 @@ CASES = [
     Case("manifest_world_size_absurd", lambda a, b: _edit_manifest(b, world_size=10**12), "world_size is 1000000000000, expected an integer in 1..1048576"),
     Case("manifest_groups_mistyped", lambda a, b: _edit_manifest(b, groups={"dp": "0,1"}), "groups must map names to lists of ranks below world_size 2"),
     Case("manifest_groups_bool_rank", lambda a, b: _edit_manifest(b, groups={"dp": [0, True]}), "groups must map names to lists of ranks below world_size 2"),
-    Case("manifest_groups_rank_outside", lambda a, b: _edit_manifest(b, groups={"dp": [0, 2]}), "groups must map names to lists of ranks below world_size 2"),
+    Case("manifest_groups_rank_outside", lambda a, b: _edit_manifest(b, groups={"dp": [0, 2]}), "group 'dp' lists rank(s) 2, outside the manifest's world_size 2: the world size was read before the process group existed; re-run the capture with this detfp_capture"),
+    # What the launcher wrote before it learned the world size from the process group (issue 28):
+    Case("manifest_world_size_before_its_group", lambda a, b: _edit_manifest(b, world_size=1, groups={"world": [0, 1]}), "group 'world' lists rank(s) 1, outside the manifest's world_size 1: the world size was read before the process group existed"),
     Case("manifest_groups_negative_rank", lambda a, b: _edit_manifest(b, groups={"dp": [-1, 1]}), "groups must map names to lists of ranks below world_size 2"),
     Case("manifest_env_mistyped", lambda a, b: _edit_manifest(b, env=["CUBLAS"]), 'env is ["CUBLAS"], expected a JSON object'),
     Case("manifest_command_mistyped", lambda a, b: _edit_manifest(b, command="train.py"), "command must be a list of strings"),
