@@ -32,12 +32,13 @@ RESULTS = {
     "BisectResult": ("label_a", "label_b", "status", "env_diff", "first_step", "ranks", "diagnosis", "diff",
                      "diff_rank", "window", "resume", "discriminator", "notes", "complete"),
     "RankResult": ("rank", "status", "step", "metric_step", "metric_name", "metric_a", "metric_b", "record_step",
-                   "first", "next_clean"),
+                   "first", "next_clean", "hazard_confirmed"),
     "Divergence": ("step", "microbatch", "phase", "module", "kind", "op", "occurrence", "role", "arg", "presence",
                    "verdict", "diff_kind", "hazards", "seq_a", "seq_b", "dtype", "shape", "consumer", "contradiction",
                    "upstream", "group", "group_ranks", "peers_differing", "kernels", "diff", "explanation",
                    "depends_on"),
-    "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts"),
+    "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts", "cause",
+                  "headline", "next_steps"),
     "CertifyResult": ("label", "status", "problems", "ranks", "steps", "notes"),
     "Problem": ("kind", "rank", "step", "module", "detail"),
     "RunSummary": ("label", "world_size", "ranks", "missing_ranks", "segments", "first_step", "last_step", "levels",
@@ -81,7 +82,7 @@ def test_the_other_classes_and_the_report_version():
     for name, module in CLASSES.items():
         assert inspect.isclass(getattr(detfp_analyze, name)) and getattr(detfp_analyze, name).__module__ == module
     assert issubclass(detfp_analyze.DetfpError, Exception)
-    assert detfp_analyze.REPORT_VERSION == 1
+    assert detfp_analyze.REPORT_VERSION == 2
 
 
 def test_every_analyze_export_resolves():
