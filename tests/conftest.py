@@ -16,7 +16,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 #: Test files that start a Spark JVM (``tests/integration/conftest.py``'s session fixture).
 SPARK_FILES = "tests/integration/test_spark_*.py"
 #: The longest units of work of the default suite, longest first (a full run at load ~6: zoo 305 s,
-#: Spark 267 s, example 119 s, zoo launcher 92 s, SQL equivalence 88 s, faults 55 s; the next is 43 s).
+#: Spark 267 s, example 119 s, zoo launcher 92 s, SQL equivalence 88 s, faults 55 s, diagnosis about
+#: 30 s at load 2 (29 CPU s); the next is 43 s).
 LONGEST = (
     "tests/integration/test_zoo.py",
     SPARK_FILES,
@@ -24,6 +25,7 @@ LONGEST = (
     "tests/integration/test_zoo_launcher.py",
     "tests/golden/test_sql_bisect_equivalence.py",
     "tests/integration/test_faults.py",
+    "tests/integration/test_diagnosis.py",
 )
 
 
