@@ -151,8 +151,6 @@ class Session:
         )
         if overwrite and append:
             raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
-        if overwrite and append:
-            raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
         self._parallel = check_mapping(parallel, "parallel")
         self._group_names = check_mapping(group_names, "group_names")
         self.out_dir = Path(out_dir)

@@ -99,17 +99,23 @@ def confirm_hazards(ranks: Sequence[RankResult], reads: Mapping[int, HazardRead]
 
     A rank's hazard is confirmed when its first divergent record carries ``uninitialized``, both
     runs flagged that call's read at that step (``reads``: the program reads garbage there every
-    time, not a capture artifact), and what follows only carries it on: no clean divergence, or
-    one that did not start locally (an unobserved producer or a receiver downstream of the read).
-    A clean origin after it is an independent start: the hazard stays a likely false root."""
+    time), and the garbage visibly flows on in that same step: the next clean divergence is an
+    ``unobserved_producer`` of that step (a consumer whose input differs although nothing captured
+    produced it: the read's output, through views), or there is none and the step's metrics
+    differ. Everything else stays a likely false root: a clean origin or source of its own, a
+    receiver (a peer started a difference), or a next divergence in a later step (the garbage
+    matched again in between: FSDP's all-gather copy-in buffers, an e8m0 scale buffer)."""
     out = []
     for rr in ranks:
         f, read = rr.first, reads.get(rr.rank)
-        nxt = rr.next_clean
-        carried = nxt is None or nxt.verdict in ("unobserved_producer", "receiver")
-        both = read is not None and f is not None and f.step in read.steps_a and f.step in read.steps_b
-        if f is not None and "uninitialized" in f.hazards and both and carried:
-            rr = dataclasses.replace(rr, hazard_confirmed=True, step=f.step, record_step=f.step)
+        if f is not None and "uninitialized" in f.hazards and read is not None:
+            nxt = rr.next_clean
+            both = f.step in read.steps_a and f.step in read.steps_b
+            flows = (nxt is not None and nxt.step == f.step and nxt.verdict == "unobserved_producer") or (
+                nxt is None and rr.metric_step == f.step
+            )
+            if both and flows:
+                rr = dataclasses.replace(rr, hazard_confirmed=True, step=f.step, record_step=f.step)
         out.append(rr)
     return tuple(out)
 

@@ -37,7 +37,7 @@ import pytest
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.recipes import recipes
 from detfp_analyze.render.report import render_text
-from tests.fixtures.zoo.harness import ROOT, ZOO, expect, launch, pair
+from tests.fixtures.zoo.harness import ROOT, ZOO, check_identical, check_onoff, expect, launch, pair
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -54,7 +54,9 @@ def _single_plan(root: Path) -> list[dict[str, Any]]:
 
     ck = str(root / "ckpt")
     return [
+        {"model": "gpt", "steps": STEPS, "name": "off"},  # capture off: the on/off check
         job("a"),
+        job("twin"),
         job("lr", lr=2e-3),
         job("data", data_seed=1, kernels="1"),  # kernels: the profiler runs (USDT lines)
         job("threads", threads=2),
@@ -75,6 +77,7 @@ def _ddp_plan(root: Path) -> list[dict[str, Any]]:
 
     gpt = {"model": "gpt", "level": "boundaries", "dropout": 0.1}
     return [
+        {"model": "cnn", "steps": STEPS, "name": "cnn_off"},
         job("cnn_a"),
         job("cnn_threads", threads=2),
         job("cnn_bnd_a", level="boundaries"),
@@ -113,6 +116,15 @@ def _pair(runs: dict[str, Any], where: str, a: str, b: str, **kw: Any) -> Any:
 def _manifests(path: Path) -> dict[int, dict]:
     run = open_run(path)
     return {r: run.manifest(r) for r in run.ranks}
+
+
+def test_identical_pairs_and_capture_off(runs):
+    """The member's two invariants: an identical pair is identical (cause none), and capture on
+    (every level, both Session forms' close paths) leaves losses and parameters bitwise alone."""
+    res = check_identical(runs["single"] / "a", runs["single"] / "twin")
+    assert res.diagnosis.cause == "none" and res.diagnosis.headline.startswith("A and B are bitwise identical")
+    check_onoff(runs["single"], "off", ["a", "twin"], [0])
+    check_onoff(runs["ddp"], "cnn_off", ["cnn_a", "cnn_bnd_a"], [0, 1])
 
 
 # ----------------------------------------------------------------------------- 1. settings
