@@ -300,8 +300,8 @@ PHASES = ("forward", "backward", "recompute", "optimizer", "step")
 STATUSES = ("ok", "skipped", "error")
 #: Hazard flags: records carrying one are likely false roots.
 HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")
-#: ``partial_step``: a step ended at close without an optimizer step (launcher mode: the forwards
-#: after the last one); ``setting_changed``: a determinism setting changed between steps (the
+#: ``partial_step``: a step that did not finish: ended at close without an optimizer step (launcher
+#: mode: the forwards after the last one), or left by an exception (``Session.step``); ``setting_changed``: a determinism setting changed between steps (the
 #: manifest holds the values at the first step); ``reduction_not_captured``: a gradient
 #: reduction the capture could not record (an unhookable DDP, or none seen in a multi-rank step).
 EVENT_TYPES = (

@@ -338,6 +338,9 @@ def _header(ok: bool, runs: int, k: int, level: str, traces: tuple[Path, Path] |
             f"first difference: {div.phase} {div.module or '<root>'} {div.kind}:{div.op} {div.role} {div.arg}"
             f" -- {div.verdict}, {how}"
         )
+        headline = getattr(res.diagnosis, "headline", "")
+        if headline:
+            lines.append(f"cause: {headline}")
         if div.kernels is not None:
             lines.append(f"kernels: {', '.join(div.kernels.a) or '-'} | {', '.join(div.kernels.b) or '-'}")
         if div.verdict == "structural":

@@ -19,14 +19,23 @@ the step and optimizer boundaries, the launcher's step counting), and takes ever
 ``close``. Every source runs its work in the recorder's guard: an error inside capture becomes a
 ``capture_error`` event and one warning, capture switches itself off, and the training step
 carries on.
+
+A step that raises (``with session.step(n):`` left by an exception) is marked with a
+``partial_step`` event naming the exception: its records stop where the script did, and the
+analysis says the run ended there instead of calling the missing rest a control-flow
+difference. A session the script never closes (it died between ``session = Session(...)`` and
+``session.close()``) is closed at interpreter exit, so what it captured is kept as with the
+``with`` form.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +59,18 @@ __all__ = ["Session"]
 #: close() waits for the writer thread to drain its queue as long as it makes progress; it gives
 #: up only after this long without a single window written.
 _CLOSE_TIMEOUT_S = 300.0
+#: Sessions opened and not closed yet, closed at interpreter exit (weak: a session nobody holds
+#: is not kept alive by this). Process state by nature: exit is per process.
+_OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close what the script left open (it died, or never called close()): the windows it
+    captured are written and committed instead of lost."""
+    for session in sorted(_OPEN, key=id):
+        with contextlib.suppress(Exception):
+            session.close()
 
 
 class Session:
@@ -208,6 +229,7 @@ class Session:
             stage_inference=self._stage_inference,
             learn_place=self._learn_place,
         )
+        _OPEN.add(self)
 
     rank = property(lambda self: self._place.rank, doc="This process's rank (see ``_placement``).")
     world_size = property(lambda self: self._place.world_size, doc="The world size (see ``_placement``).")
@@ -253,6 +275,9 @@ class Session:
             steps.begin(n)
         try:
             yield
+        except BaseException as exc:
+            self._step_raised(n, exc)
+            raise
         finally:
             if steps is not None:
                 steps.end()
@@ -318,6 +343,7 @@ class Session:
         """Finish the current step, flush, restore everything patched, and write the manifest."""
         if self._closed:
             return
+        _OPEN.discard(self)
         if self._inert:
             self._closed = True
             return
@@ -430,6 +456,16 @@ class Session:
             RuntimeWarning,
             stacklevel=3,
         )
+
+    def _step_raised(self, n: int, exc: BaseException) -> None:
+        """Step ``n`` ends by an exception: say so (a ``partial_step`` event), so its missing rest
+        reads as where the run ended, not as control flow that differed."""
+        if self._inert or self._closed or not self._rec.in_step or not self._rec.selected:
+            return
+        rec = self._rec
+        with rec.guard("step {} raised", n):
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            rec.event("partial_step", "", "", None, f"step {n} raised {what}; its records stop there")
 
     def _flush_safely(self) -> None:
         """Flush now (tests and benchmarks; capture flushes by itself at step ends)."""

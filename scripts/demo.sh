@@ -15,6 +15,7 @@ bash scripts/bootstrap.sh
 PY=.venv/bin/python
 CLI=.venv/bin/detfp-analyze
 DEMO_DIR=${DEMO_DIR:-$(mktemp -d -t detfp-demo-XXXXXX)}
+mkdir -p "$DEMO_DIR"  # a DEMO_DIR given by the user may not exist yet (the training log goes there first)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

@@ -18,7 +18,8 @@ SPARK_FILES = "tests/integration/test_spark_*.py"
 #: The longest units of work of the default suite, longest first (a full run at load ~6: zoo 305 s,
 #: Spark 267 s, example 119 s, zoo launcher 92 s, SQL equivalence 88 s, Megatron-Core zoo 57 s,
 #: faults 55 s, the parallel zoo 50 s at load 13 (30 s at load 2), torch pipelining zoo 44 s, the
-#: low-precision zoo 38 s alone at load ~2; the next is 43 s).
+#: low-precision zoo 38 s alone at load ~2, diagnosis about 30 s at load 2 (29 CPU s);
+#: the next is 43 s).
 LONGEST = (
     "tests/integration/test_zoo.py",
     SPARK_FILES,
@@ -31,6 +32,7 @@ LONGEST = (
     "tests/integration/test_zoo_parallel.py",
     "tests/integration/test_zoo_pipelining.py",
     "tests/integration/test_zoo_lowp.py",
+    "tests/integration/test_diagnosis.py",
 )
 
 

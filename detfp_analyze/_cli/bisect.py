@@ -2,9 +2,10 @@
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
 docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``).
-Exit 0 identical, 1 diverged, 2 bad input (one line on stderr); with ``--expect FILE`` (a
-golden-trace gate, ``gate.py``) 0 also when every divergence is expected, and the report gains
-a gate section (``gate`` in the JSON). A progress bar is drawn on stderr only when stderr is a
+Exit 0 identical, 1 diverged or ``rng_only`` (only an RNG state differs), 2 bad input (one line
+on stderr); with ``--expect FILE`` (a golden-trace gate, ``gate.py``) 0 also when every divergence
+is expected (``status = "rng_only"`` expects the RNG-only case), and the report gains a gate
+section (``gate`` in the JSON). A progress bar is drawn on stderr only when stderr is a
 terminal, so logs stay byte-stable.
 """
 
@@ -106,7 +107,12 @@ def command(
     ] = None,
     expect: Annotated[
         str | None,
-        typer.Option("--expect", metavar="FILE", help="Expected divergences (TOML/JSON): exit 0 if only they occur."),
+        typer.Option(
+            "--expect",
+            metavar="FILE",
+            help="Expected divergences (TOML/JSON; status = 'rng_only' accepts an RNG-state-only difference): "
+            "exit 0 if only they occur.",
+        ),
     ] = None,
     html: Annotated[
         Path | None,

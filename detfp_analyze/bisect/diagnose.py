@@ -19,7 +19,8 @@ pattern (result.PATTERNS):
   ranks or ops.
 
 ``origin_ranks`` are ranks whose difference started locally (verdict origin or source),
-never ranks that only received it.
+never ranks that only received it. ``op`` is an op's name only: a source is named by its
+record in the explanation, never as an op.
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
     # Below --level op a record has no op name: compare and name the deepest site reported.
     ops = {r.rank: (r.effective.kind, _site(r.effective)) for r in diverged if r.rank in origin and r.effective}
     first_op = ops[origin[0]][1]
-    op_name = next(r.effective.op for r in diverged if r.rank == origin[0] and r.effective)
-    first_kind = ops[origin[0]][0]
     source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == "source"}
+    # A source's record (a batch, an RNG state) is not an op: the explanation names it.
+    op_name = (
+        None if origin[0] in source else next(r.effective.op for r in diverged if r.rank == origin[0] and r.effective)
+    )
+    first_kind = ops[origin[0]][0]
     if len(compared) == 1:
         r0 = origin[0]
         if r0 in source:
@@ -118,12 +122,8 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                 f"{_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
             )
         else:
-            why = (
-                f"the difference starts in this process at {first_kind} {first_op} with matching inputs; one process "
-                "cannot tell a nondeterministic op (float atomics, split-K, thread count) from a cause local to it: "
-                "run the pair again and see whether the same op is named"
-            )
-        return Diagnosis("single_process", (r0,), why, first_op, {}, counts)
+            why = f"the difference starts in this process at {first_kind} {first_op} with matching inputs"
+        return Diagnosis("single_process", (r0,), why, None if r0 in source else first_op, {}, counts)
     if origin == compared:
         if len(set(ops.values())) == 1:
             if source == set(origin):
@@ -131,11 +131,11 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                     f"every compared rank ({len(compared)}) sees the difference enter from outside the captured "
                     f"region at {first_kind} {first_op}: {_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
                 )
-            else:
-                why = (
-                    f"every compared rank ({len(compared)}) starts the difference at {first_op} with matching inputs: "
-                    "the op or its kernel is nondeterministic (float atomics, split-K, tile scheduling)"
-                )
+                return Diagnosis("all_ranks_same_source", tuple(origin), why, None, {}, counts)
+            why = (
+                f"every compared rank ({len(compared)}) starts the difference at {first_op} with matching inputs: "
+                "the op or its kernel is nondeterministic (float atomics, split-K, tile scheduling)"
+            )
             return Diagnosis(
                 "all_ranks_same_op",
                 tuple(origin),

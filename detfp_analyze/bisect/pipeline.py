@@ -10,7 +10,10 @@ The pipeline, each stage a module of this package handing the next a typed value
 4. verdicts: origin, source, receiver, ... with the group-wide and cross-rank tests (``verdict``);
 5. evidence and assembly: dumps and kernels for the named records, the kind and size of each
    difference (``evidence``, ``diffkind``, ``assemble``);
-6. diagnosis: the cross-rank pattern (``diagnose``) and the discriminator view of the origin op.
+6. diagnosis: the evidence beyond the ranks (``clues``: where a run ended, repeated
+   uninitialized reads, an RNG-state-only difference, a step offset), the cross-rank pattern
+   (``diagnose``), the most likely cause weighed from all of it with the environment diff
+   (``cause``), and the discriminator view of the origin op.
 
 Memory stays bounded by two walk batches of rank-steps; time by the steps up to the first
 divergence (steps after every rank's metric divergence are read only where needed).
@@ -22,8 +25,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from detfp_analyze.bisect import assemble as _assemble
+from detfp_analyze.bisect import cause as _cause
+from detfp_analyze.bisect import clues as _clues
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect import scope as _scope
+from detfp_analyze.bisect import settings as _settings
 from detfp_analyze.bisect.diagnose import diagnose
 from detfp_analyze.bisect.engine import Engine, local
 from detfp_analyze.bisect.reads import ReadPaths
@@ -93,22 +99,42 @@ def bisect(
     notes += ev.notes
     ordered, more = _assemble.rank_results(run_a, run_b, scope.ranks, found.found, found.metrics, verdicts, ev, level)
     notes += more
-    # 6. Diagnosis.
+    # 6. Diagnosis: the evidence beyond the ranks, the pattern, then the cause weighed from all of it.
+    ends = _clues.endings(run_a, run_b, scope.ranks, ordered)
+    ordered, trimmed = _cause.trim_endings(ordered, ends)
+    notes += trimmed
+    reads = _clues.hazard_reads(run_a, run_b, ordered)
+    ordered = _cause.confirm_hazards(ordered, reads)
     parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in scope.ranks}
     diag = diagnose(ordered, parallel)
     if level == "step" and diag.pattern != "identical":
         why = "level step narrows to the step only, without verdicts; rerun with --level op for verdicts and a pattern"
         diag = Diagnosis("undetermined", (), why)
+    diverged = [rr for rr in ordered if rr.status == "diverged"]
+    rng_only = _clues.rng_only(run_a, run_b, ordered, scope.window)
+    status = "rng_only" if rng_only else "diverged" if diverged else "identical"
+    capture = (_clues.capture_of(run_a, scope.ranks), _clues.capture_of(run_b, scope.ranks))
+    offset = _clues.step_offset(run_a, run_b, ordered, scope.range_a, scope.range_b) if diverged else None
+    clues = _cause.Clues(
+        settings=_settings.settings(diffs),
+        endings=ends,
+        offset=offset,
+        rng_only=rng_only,
+        window=scope.window,
+        capture_a=capture[0],
+        capture_b=capture[1],
+        resume_step=scope.resume.first_common_step if scope.resume.resumed else None,
+    )
+    diag = _cause.weigh(diag, ordered, clues, status, reads)
     disc = None
     if diag.origin_ranks and level in ("op", "kernel"):
         disc = _evidence.discriminator(run_a, run_b, ordered, diag)
     rep = _assemble.representative(ordered, diag.origin_ranks)
-    diverged = [rr for rr in ordered if rr.status == "diverged"]
     first_step = min((min(x for x in (rr.step, rr.metric_step) if x is not None) for rr in diverged), default=None)
     return BisectResult(
         label_a=run_a.label,
         label_b=run_b.label,
-        status="diverged" if diverged else "identical",
+        status=status,
         env_diff=diffs,
         first_step=first_step,
         ranks=ordered,
@@ -124,8 +150,9 @@ def bisect(
             run_b.missing_ranks,
             scope.one_sided,
             level,
+            *capture,
         ),
-        resume=found.resume,
+        resume=found.resume if offset is None else _clues.with_offset(found.resume, offset),
         discriminator=disc,
         notes=tuple(sorted(set(notes))),
         complete=not any(r.completeness is not None and r.completeness.gaps for r in (run_a, run_b)),

@@ -4,7 +4,7 @@ Everything a report needs is here, computed once by the pipeline; the text rende
 (``report.py``) and ``--json`` both read these objects and nothing else. ``to_json_dict``
 returns plain JSON values with a fixed key set (documented in docs/report.md), so two
 invocations on the same inputs print the same bytes. Bump ``REPORT_VERSION`` whenever a
-field is renamed, removed or changes meaning; adding a field does not bump it.
+field is added, renamed, removed or changes meaning (the vocabularies below are part of it).
 """
 
 from __future__ import annotations
@@ -15,29 +15,19 @@ from typing import Any
 from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = [
-    "DIFF_KINDS",
-    "LEVELS",
-    "PATTERNS",
-    "REPORT_VERSION",
-    "VERDICTS",
-    "BisectResult",
-    "Component",
-    "Diagnosis",
-    "Discriminator",
-    "DiscriminatorRow",
-    "Divergence",
-    "Kernels",
-    "RankResult",
-    "ResumeInfo",
-    "ValueDiff",
-    "Window",
-    "check_pattern",
-    "check_verdict",
-]
+    "CAUSES", "DIFF_KINDS", "LEVELS", "PATTERNS", "REPORT_VERSION", "STATUSES", "VERDICTS", "BisectResult", "Capture",
+    "Component", "Diagnosis", "Discriminator", "DiscriminatorRow", "Divergence", "Kernels", "RankResult", "ResumeInfo",
+    "ValueDiff", "Window", "check_cause", "check_pattern", "check_status", "check_verdict",
+]  # fmt: skip
 
-#: Version of the JSON report (``report_version``). 2: a divergence names the parts of a tensor
-#: subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
+#: Version of the JSON report (``report_version``). 2: ``status`` "rng_only", the diagnosis's
+#: ``cause``/``headline``/``next_steps``, a rank's ``hazard_confirmed``, the window's ``capture_*``,
+#: the resume's ``step_offset``, the pattern ``all_ranks_same_source``; a divergence names the parts
+#: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
 REPORT_VERSION = 2
+#: Outcomes of a comparison: ``rng_only`` when an RNG state differs and no value or metric does
+#: (nothing drew from the generator in the compared steps).
+STATUSES = ("identical", "diverged", "rng_only")
 #: Verdicts for a rank's first divergent record (docs/report.md explains each).
 VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural", "metric_only")
 #: Cross-rank patterns.
@@ -45,12 +35,18 @@ PATTERNS = (
     "identical",
     "single_process",
     "all_ranks_same_op",
+    "all_ranks_same_source",
     "all_ranks_different_ops",
     "rank_subset",
     "single_rank",
     "no_origin",
     "undetermined",
 )
+#: What the diagnosis names as the most likely cause (``cause.py`` weighs the evidence; docs/report.md).
+CAUSES = (
+    "none", "ended_early", "step_offset", "rng_state_only", "setting", "uninitialized", "argument", "data", "rng",
+    "restore", "op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined",
+)  # fmt: skip
 #: Kinds of difference.
 DIFF_KINDS = ("values", "permutation", "arguments", "structure", "error")
 #: How deep the narrowing goes (each level includes the ones before).
@@ -91,6 +87,16 @@ def _fields_json(obj: Any) -> dict[str, Any]:
 def check_verdict(verdict: str) -> str:
     """``verdict`` when it is one of VERDICTS; ValueError naming the known verdicts otherwise."""
     return _check(verdict, VERDICTS, "verdict", "VERDICTS")
+
+
+def check_status(status: str) -> str:
+    """``status`` when it is one of STATUSES; ValueError naming the known statuses otherwise."""
+    return _check(status, STATUSES, "status", "STATUSES")
+
+
+def check_cause(cause: str) -> str:
+    """``cause`` when it is one of CAUSES; ValueError naming the known causes otherwise."""
+    return _check(cause, CAUSES, "cause", "CAUSES")
 
 
 def check_pattern(pattern: str) -> str:
@@ -261,6 +267,9 @@ class RankResult:
     first: Divergence | None = None
     #: When ``first`` carries hazards (likely false root): the next divergence free of hazards.
     next_clean: Divergence | None = None
+    #: The hazard on ``first`` is the cause, not a false root: an uninitialized read both runs
+    #: make there, whose difference the next divergence only carries on (``cause.confirm_hazards``).
+    hazard_confirmed: bool = False
 
     @property
     def verdict(self) -> str | None:
@@ -273,7 +282,7 @@ class RankResult:
     @property
     def effective(self) -> Divergence | None:
         """The divergence the diagnosis uses: past a likely false root when there is a clean one."""
-        if self.first is not None and self.first.hazards and self.next_clean is not None:
+        if self.first is not None and self.first.hazards and self.next_clean is not None and not self.hazard_confirmed:
             return self.next_clean
         return self.first
 
@@ -289,7 +298,8 @@ class RankResult:
             "verdict": self.verdict,
             "kind": f.kind if f else None,
             "hazards": list(f.hazards) if f else [],
-            "likely_false_root": bool(f and f.hazards),
+            "likely_false_root": bool(f and f.hazards) and not self.hazard_confirmed,
+            "hazard_confirmed": self.hazard_confirmed,
             "seq_a": f.seq_a if f else None,
             "seq_b": f.seq_b if f else None,
             "kernels": f.kernels.to_json_dict() if f and f.kernels else None,
@@ -305,13 +315,13 @@ class RankResult:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """The cross-rank pattern."""
+    """The cross-rank pattern, and the most likely cause weighed from all the evidence."""
 
     #: One of PATTERNS.
     pattern: str
     #: Ranks where the difference started locally (verdict origin or source), sorted.
     origin_ranks: tuple[int, ...]
-    #: One paragraph for humans.
+    #: One paragraph for humans: the headline first, then what the pattern says.
     explanation: str
     #: The op shared by the origin ranks (all_ranks_same_op), else the lowest origin rank's op.
     op: str | None = None
@@ -319,11 +329,31 @@ class Diagnosis:
     shared_coordinates: dict[str, Any] = field(default_factory=dict)
     #: verdict -> number of diverged ranks with it (effective divergences).
     verdict_counts: dict[str, int] = field(default_factory=dict)
+    #: One of CAUSES: the most likely cause, from every piece of evidence the result holds.
+    cause: str = "none"
+    #: One sentence naming that cause (the first sentence of ``explanation``).
+    headline: str = ""
+    #: What to do next, chosen for the cause, most useful first.
+    next_steps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_pattern(self.pattern)
+        check_cause(self.cause)
         for v in self.verdict_counts:
             check_verdict(v)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return _fields_json(self)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """How one run was captured (its lowest compared rank's manifest)."""
+
+    #: Capture level (``metrics``, ``boundaries``, ``ops``), None when the manifest does not say.
+    level: str | None
+    #: ``launcher`` (``python -m detfp_capture``) or ``session`` (a script opening its own Session).
+    form: str
 
     def to_json_dict(self) -> dict[str, Any]:
         return _fields_json(self)
@@ -345,8 +375,11 @@ class Window:
     missing_ranks_b: tuple[int, ...] = ()
     #: Ranks present in only one run (not compared).
     one_sided_ranks: tuple[int, ...] = ()
-    #: The narrowing depth (LEVELS).
+    #: The narrowing depth (LEVELS): how deep bisect looked, not what was captured.
     level: str = "op"
+    #: How each run was captured (None when unknown).
+    capture_a: Capture | None = None
+    capture_b: Capture | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return _fields_json(self)
@@ -369,6 +402,9 @@ class ResumeInfo:
     boundary_differing: int = 0
     #: One line for humans.
     note: str = ""
+    #: When B's steps line up with A's shifted (a resume numbered from 0): B's step s holds the
+    #: state of A's step s + step_offset (``clues.step_offset``); None otherwise.
+    step_offset: int | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return _fields_json(self)
@@ -417,7 +453,7 @@ class BisectResult:
     #: The runs as the user named them.
     label_a: str
     label_b: str
-    #: "identical" or "diverged".
+    #: One of STATUSES.
     status: str
     #: Manifest differences (EnvDiff), sorted.
     env_diff: tuple[EnvDiff, ...]
@@ -439,6 +475,9 @@ class BisectResult:
     #: promise: only the steps both runs hold completely were compared (the rest is in notes).
     complete: bool = True
 
+    def __post_init__(self) -> None:
+        check_status(self.status)
+
     def __repr__(self) -> str:
         # Short on purpose: a result of thousands of ranks would print all of them.
         return (
@@ -448,7 +487,8 @@ class BisectResult:
 
     @property
     def diverged(self) -> bool:
-        return self.status == "diverged"
+        """Not bitwise identical: values differ (``diverged``) or only an RNG state does (``rng_only``)."""
+        return self.status != "identical"
 
     def rank(self, rank: int) -> RankResult:
         """The result of one rank (KeyError when it was not compared)."""

@@ -7,7 +7,9 @@ and whether any rank diverged in a way none of them expects) -> ``render_gate`` 
 
 A rank's divergence is expected when one expectation matches its first divergent record, or,
 when that record is a likely false root, the next clean one; a rank whose metrics alone differ
-is matched by an expectation's ``metric``. Patterns are shell globs (``blocks.*.attn``,
+is matched by an expectation's ``metric``. An expectation's ``status`` matches the comparison's
+outcome (``result.STATUSES``): ``status = "rng_only"`` alone expects every diverged rank as long
+as only an RNG state differs and no value does. Patterns are shell globs (``blocks.*.attn``,
 ``aten::index_add*``); ``steps`` and ``ranks`` are selectors (``"3-5,9"``, ``"10-"``, an int or a
 list). bisect finds each rank's *first* divergence: a difference that starts after an expected
 one on the same rank is hidden behind it, so a gate that expects a change at step 3 cannot see
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detfp_analyze.bisect.result import VERDICTS, BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.result import STATUSES, VERDICTS, BisectResult, Divergence, RankResult
 from detfp_analyze.errors import ExpectationError
 from detfp_analyze.ranks import format_ranks
 from detfp_capture.contract import KINDS, PHASES
@@ -34,8 +36,8 @@ __all__ = ["Expectation", "ExpectationMatch", "GateResult", "evaluate", "load_ex
 
 #: Fields matched by shell glob against a divergent record.
 RECORD_FIELDS = ("module", "op", "kind", "phase", "verdict")
-_FIELDS = frozenset((*RECORD_FIELDS, "metric", "steps", "ranks", "reason"))
-_KNOWN = {"kind": KINDS, "phase": PHASES, "verdict": VERDICTS}
+_FIELDS = frozenset((*RECORD_FIELDS, "metric", "status", "steps", "ranks", "reason"))
+_KNOWN = {"kind": KINDS, "phase": PHASES, "verdict": VERDICTS, "status": STATUSES}
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -56,13 +58,15 @@ class Expectation:
     verdict: str | None = None
     #: Glob on the name of the first differing metric, for ranks whose metrics alone differ.
     metric: str | None = None
+    #: Glob on the comparison's status (STATUSES): ``rng_only`` expects a difference of RNG state alone.
+    status: str | None = None
     #: Step and rank selectors as written (``"3-5,9"``); None: any.
     steps: str | None = None
     ranks: str | None = None
 
     def pattern(self) -> dict[str, str]:
         """The fields given, for reports."""
-        out = {f: getattr(self, f) for f in (*RECORD_FIELDS, "metric", "steps", "ranks")}
+        out = {f: getattr(self, f) for f in (*RECORD_FIELDS, "metric", "status", "steps", "ranks")}
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -194,7 +198,7 @@ def load_expectations(path: str | Path) -> tuple[Expectation, ...]:
         if not isinstance(reason, str) or not reason.strip():
             raise ExpectationError(f'{where}: no reason; say why this divergence is intended (reason = "...")')
         fields: dict[str, Any] = {}
-        for f in (*RECORD_FIELDS, "metric"):
+        for f in (*RECORD_FIELDS, "metric", "status"):
             v = entry.get(f)
             if v is None:
                 continue
@@ -206,7 +210,7 @@ def load_expectations(path: str | Path) -> tuple[Expectation, ...]:
             fields[f] = v
         if not fields:
             raise ExpectationError(
-                f"{where}: matches nothing in particular; give at least one of {', '.join(RECORD_FIELDS)}, metric"
+                f"{where}: matches nothing in particular; give at least one of {', '.join(RECORD_FIELDS)}, metric, status"
             )
         for f in ("steps", "ranks"):
             if entry.get(f) is not None:
@@ -251,7 +255,12 @@ def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: 
         records = [d for d in (r.first, r.next_clean if r.first is not None and r.first.hazards else None) if d]
         matched = False
         for e in expectations:
-            ok = any(_matches_record(e, d, r.rank) for d in records) if records else _matches_metric(e, r)
+            if not _glob(result.status, e.status):
+                continue
+            if e.status is not None and e.metric is None and not any(getattr(e, f) is not None for f in RECORD_FIELDS):
+                ok = _in(e.steps, r.step) and _in(e.ranks, r.rank)  # the status alone: every diverged rank
+            else:
+                ok = any(_matches_record(e, d, r.rank) for d in records) if records else _matches_metric(e, r)
             if ok:
                 hits[e.index].append(r.rank)
                 matched = True

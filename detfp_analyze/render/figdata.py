@@ -51,6 +51,7 @@ STATES = (
     "absent",
     "identical",
     "not_compared",
+    "state_only",
     "after",
     "differs",
     "receiver",
@@ -65,6 +66,7 @@ STATE_COLORS = {
     "absent": "#ffffff",
     "identical": "#e3eee3",
     "not_compared": "#bdbdbd",
+    "state_only": "#fff3b0",
     "after": "#fde4c8",
     "differs": "#f5a65b",
     "receiver": "#9ecae1",
@@ -79,6 +81,7 @@ STATE_HELP = {
     "absent": "no record there",
     "identical": "bitwise identical",
     "not_compared": "one run lacks the rank",
+    "state_only": "only an RNG state differs, every value equal",
     "after": "differs after the rank's first difference",
     "differs": "differs, no verdict (or a likely false root)",
     "receiver": "got the difference from a peer",
@@ -147,7 +150,8 @@ def rank_step_frame(
     result: BisectResult, *, steps: Iterable[int] | None = None, layout: pl.DataFrame | None = None
 ) -> pl.DataFrame:
     """Each rank's state per step: ``identical`` before its first difference, its verdict at it
-    (past a likely false root, which shows as ``differs``), ``after`` later; ranks present in one
+    (past a likely false root, which shows as ``differs``), ``after`` later (``state_only`` when
+    the result is ``rng_only``: only an RNG state differs there, no value); ranks present in one
     run only are ``not_compared``.
 
     Columns: ``rank`` (Int32), ``position`` (Int64: row order, from ``layout`` when given, else
@@ -158,12 +162,13 @@ def rank_step_frame(
     if steps is None:
         steps = range(window[0], window[1] + 1) if window else ()
     steps = sorted(set(steps))
+    later = "state_only" if result.status == "rng_only" else "after"
     rows: list[tuple[int, int, str]] = []
     for r in result.ranks:
         cells = _cells(r)
         start = min(cells) if cells else None
         for s in steps:
-            state = cells.get(s) or ("identical" if start is None or s < start else "after")
+            state = cells.get(s) or ("identical" if start is None or s < start else later)
             rows.append((r.rank, s, state))
     for rank in result.window.one_sided_ranks:
         rows.extend((rank, s, "not_compared") for s in steps)
@@ -200,23 +205,31 @@ def module_frame(
     step: int | None = None,
     layout: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Per rank and module at one step (default: ``first_record_step(result)``): where each rank's
-    first difference sits. Reads that step's records of every compared rank, 64 ranks at a time.
+    """Per rank, module and phase at one step (default: ``first_record_step(result)``): where each
+    rank's first difference sits. Reads that step's records of every compared rank, 64 ranks at a time.
 
-    Columns: ``rank``, ``position``, ``module`` ('' is the root), ``module_index`` (Int64: modules
-    in execution order: by each module's mean relative first position over the ranks), ``records``
-    (pairs), ``differing`` (digests differ), ``one_sided`` (a record on one side only), ``state``:
-    the rank's verdict state in the module of its first divergent record; ``after`` where records
-    differ only after that record in the rank's order (consequences); ``differs`` where a record
-    differs before it (past a likely false root) or the rank has no located first record;
-    ``identical`` where every pair matches. Modules a rank did not run have no row (drawn
-    ``absent``). Empty when no record differs.
+    A module runs in the forward and again in the backward (and the optimizer and the step's start
+    and end at the root): each (module, phase) is its own column, in execution order, so a
+    module's backward sits after every forward, and nothing left of a rank's first difference ran
+    after it. Phase ``step`` is two columns: ``step start`` (RNG states) and ``step end``.
+
+    Columns: ``rank``, ``position``, ``module`` ('' is the root), ``phase``, ``column`` (the
+    column's label: the module, with `` (phase)`` unless forward), ``module_index`` (Int64: the
+    (module, phase) columns in execution order: by each one's mean relative first position over
+    the ranks), ``records`` (pairs), ``differing`` (digests differ), ``one_sided`` (a record on one
+    side only), ``state``: the rank's verdict state in the column of its first divergent record;
+    ``after`` where records differ only after that record in the rank's order (consequences);
+    ``differs`` where a record differs before it (past a likely false root) or the rank has no
+    located first record; ``identical`` where every pair matches. Columns a rank did not run have
+    no row (drawn ``absent``). Empty when no record differs.
     """
     ra, rb = as_run(a), as_run(b)
     step = first_record_step(result) if step is None else step
     schema = {
         "rank": pl.Int32,
         "module": pl.String,
+        "phase": pl.String,
+        "column": pl.String,
         "module_index": pl.Int64,
         "records": pl.Int64,
         "differing": pl.Int64,
@@ -226,7 +239,7 @@ def module_frame(
     if step is None:
         return _positioned(pl.DataFrame(schema=schema), layout)
     ranks = list(result.window.ranks)
-    cols = ["rank", "seq", "module", "key_hash", *MATCH_COLUMNS]
+    cols = ["rank", "seq", "module", "phase", "kind", "key_hash", *MATCH_COLUMNS]
     parts = []
     for i in range(0, len(ranks), _BATCH):
         batch = ranks[i : i + _BATCH]
@@ -238,9 +251,10 @@ def module_frame(
             .with_columns(
                 match_expr().alias("m"),
                 pl.coalesce("module", "module_b").alias("module"),
+                _phase_part(pl.coalesce("phase", "phase_b"), pl.coalesce("kind", "kind_b")).alias("phase"),
                 pl.coalesce("seq", "seq_b").alias("at"),
             )
-            .group_by("rank", "module")
+            .group_by("rank", "module", "phase")
             .agg(
                 pl.len().cast(pl.Int64).alias("records"),
                 (pl.col("m") == "differs").sum().cast(pl.Int64).alias("differing"),
@@ -255,28 +269,44 @@ def module_frame(
     cells = pl.concat(parts)
     order = (
         cells.with_columns((pl.col("first_seq").rank("ordinal").over("rank") / pl.len().over("rank")).alias("frac"))
-        .group_by("module")
+        .group_by("module", "phase")
         .agg(pl.col("frac").mean())
-        .sort("frac", "module")
+        .sort("frac", "module", "phase")
         .with_row_index("module_index")
-        .select("module", pl.col("module_index").cast(pl.Int64))
+        .select(
+            "module",
+            "phase",
+            pl.col("module_index").cast(pl.Int64),
+            pl.when(pl.col("phase") == "forward")
+            .then(pl.col("module").replace("", "<root>"))
+            .otherwise(pl.format("{} ({})", pl.col("module").replace("", "<root>"), pl.col("phase")))
+            .alias("column"),
+        )
     )
     marks_rows = []
     for r in result.ranks:
         d = r.effective
         if d is not None and d.step == step:
             seq = d.seq_a if d.seq_a is not None else d.seq_b
-            marks_rows.append((r.rank, d.module, state_of(d.verdict, r.rank), seq))
+            part = d.phase if d.phase != "step" else "step start" if d.kind == "rng_state" else "step end"
+            marks_rows.append((r.rank, d.module, part, state_of(d.verdict, r.rank), seq))
     marks = pl.DataFrame(
         marks_rows,
-        schema={"rank": pl.Int32, "first_module": pl.String, "first_state": pl.String, "first_at": pl.Int64},
+        schema={
+            "rank": pl.Int32,
+            "first_module": pl.String,
+            "first_phase": pl.String,
+            "first_state": pl.String,
+            "first_at": pl.Int64,
+        },
         orient="row",
     )
+    here = (pl.col("module") == pl.col("first_module")) & (pl.col("phase") == pl.col("first_phase"))
     frame = (
-        cells.join(order, on="module")
+        cells.join(order, on=["module", "phase"])
         .join(marks, on="rank", how="left")
         .with_columns(
-            pl.when(pl.col("first_state").is_not_null() & (pl.col("module") == pl.col("first_module")))
+            pl.when(pl.col("first_state").is_not_null() & here)
             .then(pl.col("first_state"))
             .when(pl.col("first_bad").is_null())
             .then(pl.lit("identical"))
@@ -289,6 +319,18 @@ def module_frame(
         .cast(schema)  # type: ignore[arg-type]
     )
     return _positioned(frame, layout)
+
+
+def _phase_part(phase: pl.Expr, kind: pl.Expr) -> pl.Expr:
+    """The phase a module column stands for: phase ``step`` holds the RNG states at the step's start
+    and the parameters (and a loss reduction) at its end, two columns apart in execution order."""
+    return (
+        pl.when(phase != "step")
+        .then(phase)
+        .when(kind == "rng_state")
+        .then(pl.lit("step start"))
+        .otherwise(pl.lit("step end"))
+    )
 
 
 def metric_frame(

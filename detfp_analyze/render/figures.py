@@ -1,7 +1,8 @@
 """The divergence pictures: frames from ``figdata`` in, matplotlib Figures out, nothing read.
 
 * ``rank_step_figure``: ranks (rows, in layout order, grouped by parallel coordinate) x steps;
-* ``rank_module_figure``: ranks x modules (execution order) at the first divergent step;
+* ``rank_module_figure``: ranks x modules (a module's forward and backward apart, in execution
+  order) at the first divergent step, every column named;
 * ``metric_figure``: each metric of A and B per step, and ``|A - B|`` on a log scale;
 * ``discriminator_figure``: clean vs divergent calls of the origin op per (module, dtype, shape).
 
@@ -181,20 +182,24 @@ def rank_module_figure(
     layout: pl.DataFrame | None = None,
     step: int | None = None,
     max_rows: int = 256,
-    max_cols: int = 200,
+    max_cols: int = 80,
     title: str | None = None,
 ) -> Any:
-    """Ranks x modules in execution order at one step (``figdata.module_frame``): where on each rank
-    the first difference appeared (its verdict colour), which modules differ, which match."""
+    """Ranks x modules in execution order at one step (``figdata.module_frame``: a module's forward
+    and backward are columns of their own): where on each rank the first difference appeared (its
+    verdict colour), which modules differ, which match. Every column is named: beyond
+    ``max_cols`` columns are binned, and the axis says how many modules a column holds."""
     if frame.is_empty():
         raise ValueError("rank_module_figure: the frame has no rows; no record differs, so there is no divergent step")
     frame = _with_groups(frame, layout)
-    modules = frame.select("module_index", "module").unique("module_index").sort("module_index")["module"].to_list()
+    label = "column" if "column" in frame.columns else "module"
+    cols = frame.select("module_index", label).unique("module_index").sort("module_index")[label].to_list()
     npos = int(frame["position"].max()) + 1  # type: ignore[arg-type]
     rper, nrows = _bins(npos, max_rows)
-    cper, ncols = _bins(len(modules), max_cols)
+    cper, ncols = _bins(len(cols), max_cols)
     grid = _grid(frame, "position", "module_index", nrows, ncols, rper, cper, "absent")
-    fig = _new_figure(10.0, min(10.0, 4.2 + 0.05 * nrows))
+    # Every column is named: wide enough for one 7-point label per column.
+    fig = _new_figure(max(10.0, 2.0 + 0.14 * ncols), min(10.0, 4.2 + 0.05 * nrows))
     ax = fig.add_subplot()
     _draw_states(fig, ax, grid)
     import numpy as np
@@ -208,28 +213,22 @@ def rank_module_figure(
     started = (
         frame.filter(pl.col("state").is_in(["origin", "source"]))
         .sort("module_index")
-        .select((pl.col("module_index") // cper).alias("c"), "module")
+        .select((pl.col("module_index") // cper).alias("c"), label)
         .unique("c", keep="first", maintain_order=True)
     )
     start_names = dict(started.rows())
 
     def name(i: int) -> str:
-        m = start_names.get(i, modules[i * cper]) or "<root>"
-        return m if len(m) <= 28 else "…" + m[-27:]
+        m = start_names.get(i, cols[i * cper]) or "<root>"
+        m = m if len(m) <= 28 else "…" + m[-27:]
+        return m if cper == 1 else f"{m} +{min(cper, len(cols) - i * cper) - 1}"
 
-    if ncols <= 48:
-        ax.set_xticks(range(ncols), [name(i) for i in range(ncols)], rotation=60, ha="right", fontsize=7)
-    else:
-        every = math.ceil(ncols / 24)
-        ticks = set(range(0, ncols, every))
-        # The columns where a difference started are always named (dropping regular ticks too close).
-        named = {int(c) for c in starts[:, 1]} if 0 < len(starts) <= 16 else set()
-        ticks = sorted(named | {t for t in ticks if all(abs(t - c) >= every / 2 for c in named)})
-        ax.set_xticks(ticks, [name(t) for t in ticks], rotation=60, ha="right", fontsize=7)
-    ax.set_xlabel("module, in execution order" + ("" if cper == 1 else f" ({cper} per column, the most severe shown)"))
+    ax.set_xticks(range(ncols), [name(i) for i in range(ncols)], rotation=60, ha="right", fontsize=7)
+    what = "module and phase, in execution order"
+    ax.set_xlabel(what + ("" if cper == 1 else f" ({cper} per column, named by the first, the most severe shown)"))
     _rank_axis(ax, _layout_rows(frame), rper, nrows)
     at = "" if step is None else f" at step {step}"
-    ax.set_title(title or f"where each rank's first difference appeared{at} ({len(modules)} modules, {npos} ranks)")
+    ax.set_title(title or f"where each rank's first difference appeared{at} ({len(cols)} columns, {npos} ranks)")
     return fig
 
 

@@ -27,6 +27,7 @@ from detfp_analyze.bisect import components
 from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult, check_verdict
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.recipes import Recipe
+from detfp_analyze.render.report import capture_text, status_line
 
 if TYPE_CHECKING:
     from detfp_analyze.io.reader import Run
@@ -68,7 +69,8 @@ nav{margin-top:8px;font-size:13px}nav a{margin-right:14px;color:#1a5fb4;text-dec
 code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:var(--soft);border:1px solid var(--line);padding:8px 10px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 .status{display:inline-block;font-weight:600;padding:3px 10px;border-radius:12px;color:#fff}
-.status.diverged{background:var(--bad)}.status.identical{background:var(--ok)}
+.status.diverged{background:var(--bad)}.status.identical{background:var(--ok)}.status.rng_only{background:#b8860b}
+#headline{font-size:15px;font-weight:600}
 .muted{color:var(--muted)}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 th,td{border:1px solid var(--line);padding:3px 7px;text-align:left;vertical-align:top}
@@ -221,7 +223,7 @@ def _folded(ranks: Sequence[RankResult]) -> list[tuple[str, RankResult]]:
 
 def _diagnosis(result: BisectResult) -> str:
     dg, parts = result.diagnosis, []
-    kv = [("pattern", f"<code>{_e(dg.pattern)}</code>")]
+    kv = [("cause", f"<code>{_e(dg.cause)}</code>"), ("pattern", f"<code>{_e(dg.pattern)}</code>")]
     if dg.origin_ranks:
         kv.append(("origin ranks", _e(format_ranks(dg.origin_ranks))))
     if dg.op:
@@ -236,11 +238,19 @@ def _diagnosis(result: BisectResult) -> str:
         kv.append(("difference", _e(f"rank {result.diff_rank}: {df.kind}{part} ({df.confirmed}) {df.detail}".strip())))
     w = result.window
     span = lambda s: "-" if s is None else f"{s[0]}-{s[1]}"  # noqa: E731
-    kv.append(("window", _e(f"steps {span(w.steps)} (A {span(w.steps_a)}, B {span(w.steps_b)}), level {w.level}")))
+    kv.append(
+        ("window", _e(f"steps {span(w.steps)} (A {span(w.steps_a)}, B {span(w.steps_b)}); {capture_text(result)}"))
+    )
     kv.append(("ranks compared", _e(f"{len(w.ranks)} ({format_ranks(w.ranks) or '-'})")))
     if result.resume.note:
         kv.append(("resume", _e(result.resume.note)))
-    parts.append(f'<p id="explanation">{_e(dg.explanation)}</p>')
+    head = dg.headline or dg.explanation
+    rest = dg.explanation[len(dg.headline) :].strip() if dg.headline and dg.explanation.startswith(dg.headline) else ""
+    parts.append(f'<p id="headline">{_e(head)}</p>')
+    if rest:
+        parts.append(f'<p id="explanation">{_e(rest)}</p>')
+    if dg.next_steps:
+        parts.append('<ol id="next-steps">' + "".join(f"<li>{_e(x)}</li>" for x in dg.next_steps) + "</ol>")
     parts.append('<dl class="kv">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in kv) + "</dl>")
     folded = _folded(result.ranks)
     rows = []
@@ -267,7 +277,7 @@ def render_html(
     ``recipes``: ``recipes.recipes(result, ...)``."""
     r = result
     title = f"detfp bisect: {r.label_a} vs {r.label_b}"
-    status = f"diverged, first at step {r.first_step}; pattern {r.diagnosis.pattern}" if r.diverged else "identical"
+    status = status_line(r).removeprefix("status: ")
     coord_names = [
         c for c in (layout.columns if layout is not None else []) if c not in ("rank", "position", "group", "label")
     ]

@@ -3,7 +3,9 @@
 ``bisect_pictures(result, a, b)`` is the facade the ``plot`` command, the HTML report and
 notebooks share: it lays the ranks out (``layout.rank_layout``), computes each frame once and
 draws it. A picture that has nothing to show (no divergent record, no metric, no origin op) is
-left out with the reason, never drawn empty. Writing files is the caller's business.
+left out with the reason, never drawn empty; so is one that would say nothing over a single
+compared step (one column of states, one dot per metric): the reason then says what it shows.
+Writing files is the caller's business.
 
     pics = bisect_pictures(result, run_a, run_b)
     for p in pics.figures: open(f"{p.name}.png", "wb").write(figure_bytes(p.figure, "png"))
@@ -79,8 +81,14 @@ def bisect_pictures(
     done: list[Picture] = []
     skipped: list[tuple[str, str]] = []
     origin = result.diagnosis.origin_ranks
-    if result.window.steps is None or not ranks:
+    w = result.window.steps
+    one = w is not None and w[0] == w[1]
+    if w is None or not ranks:
         skipped.append(("ranks_steps", "the runs share no compared rank and step"))
+    elif one:
+        skipped.append(
+            ("ranks_steps", f"one step compared (step {w[0]}): ranks_modules shows where each rank differs in it")
+        )
     else:
         f = figdata.rank_step_frame(result, layout=layout)
         fig = figures.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows)
@@ -95,14 +103,15 @@ def bisect_pictures(
     m = figdata.metric_frame(ra, rb, ranks=result.window.ranks, steps=result.window.steps)
     if m.is_empty():
         skipped.append(("metrics", "neither run recorded a metric in the compared window"))
+    elif one:
+        skipped.append(("metrics", _one_step_metrics(m)))
     else:
         rank = result.diff_rank if result.diff_rank is not None else None
         fig = figures.metric_figure(m, rank=rank if rank in set(m["rank"].to_list()) else None, first_record_step=step)
         done.append(Picture("metrics", "metrics of A and B per step, and |A - B| on a log scale", fig, m))
     d = figdata.discriminator_frame(result)
     if d.is_empty() or result.discriminator is None:
-        why = f"pattern {result.diagnosis.pattern}" if result.diverged else "the runs are identical"
-        skipped.append(("discriminator", f"no origin op to discriminate ({why})"))
+        skipped.append(("discriminator", _no_discriminator(result)))
     else:
         disc = result.discriminator
         fig = figures.discriminator_figure(d, op=disc.op, ranks=disc.ranks, steps=disc.steps)
@@ -110,3 +119,32 @@ def bisect_pictures(
             Picture("discriminator", f"calls of {disc.op} that differ vs match, by module, dtype, shape", fig, d)
         )
     return Pictures(tuple(done), tuple(skipped), layout)
+
+
+def _one_step_metrics(m: pl.DataFrame) -> str:
+    """What the metrics picture would show over one step, said in words."""
+    parts = []
+    for name in sorted(m["name"].unique().to_list(), key=lambda n: (n != "loss", n))[:4]:
+        rows = m.filter(pl.col("name") == name)
+        if rows["equal"].all():
+            parts.append(f"{name} bitwise equal on every rank")
+        else:
+            worst = rows["abs_diff"].max()
+            parts.append(f"{name} differs (largest |A - B| {worst:.3g})" if worst is not None else f"{name} differs")
+    return f"one step compared (step {int(m['step'][0])}): " + "; ".join(parts)
+
+
+def _no_discriminator(result: BisectResult) -> str:
+    """Why there is no origin op to discriminate, in the result's own terms."""
+    if not result.diverged:
+        return "no origin op to discriminate (the runs are identical)"
+    if result.status == "rng_only":
+        return "no origin op to discriminate: only an RNG state differs, no value"
+    rep = next((r.effective for r in result.ranks if r.rank in result.diagnosis.origin_ranks and r.effective), None)
+    if rep is not None and rep.verdict == "source":
+        return f"no origin op to discriminate: the difference enters at a source ({rep.kind} {rep.op}), not at an op"
+    if rep is not None and rep.kind != "op":
+        return f"no origin op to discriminate: the first difference is a {rep.kind} record (capture level ops names the op)"
+    if not result.diagnosis.origin_ranks:
+        return "no origin op to discriminate: no rank starts the difference locally"
+    return f"no origin op to discriminate (cause {result.diagnosis.cause})"

@@ -5,11 +5,15 @@ Pure functions of a ``BisectResult`` and the runs' manifests (their ``command``,
 note)`` with a shell-quoted command line, so a report can print them and a user can paste them:
 
 * reproduce the comparison (``detfp-analyze bisect A B`` with the window used);
-* narrow deeper where the result stopped (``--level kernel`` on the divergent step and ranks);
 * render it (``plot``, ``export --perfetto``);
-* recapture the divergent step one capture level deeper, for A and for B: the launcher command
-  rewritten when the run was captured with ``python -m detfp_capture``, otherwise the script's
-  own command with the ``Session`` arguments to change (a script that opens its own Session).
+* what fits the diagnosis's cause (``result.CAUSES``): for a cause inside the computation (an
+  op, a collective, one rank, control flow, nothing captured) narrow deeper (``--level kernel``
+  on the divergent step and ranks) and recapture the divergent step one capture level deeper,
+  for A and for B: the launcher command rewritten when the run was captured with ``python -m
+  detfp_capture``, otherwise the script's own command with the ``Session`` arguments to change;
+  for a setting, the environment diff; for an uninitialized read, ``certify``; for a step
+  offset, B recaptured with its steps numbered as A's. A data, RNG or argument difference is
+  never sent to the kernel level: nothing there would say more.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ __all__ = ["Recipe", "recipes"]
 
 #: Capture levels of detfp_capture, cheapest first (the rung after a run's level is the next one).
 _CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
+#: Causes whose next look is deeper in the computation (the kernel, a deeper capture level).
+_DEEPER = frozenset({"op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined"})
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,11 @@ def _deeper(level: str | None) -> str:
     return "ops"
 
 
-def _recapture(tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]], step: int) -> Recipe | None:
+def _recapture(
+    tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]], step: int, start: int | None = None
+) -> Recipe | None:
+    """Capture ``step`` again one level deeper; with ``start``, the whole run again at its own
+    level with its steps numbered from ``start`` (a resume that lost its numbering)."""
     if not manifests:
         return None
     m = manifests[min(manifests)]
@@ -99,6 +109,8 @@ def _recapture(tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]],
     if not command:
         return None
     capture = m.get("capture") or {}
+    if start is not None:
+        return _renumbered(tag, label, manifests, command, capture.get("level") or "metrics", start)
     level = _deeper(capture.get("level"))
     kernels = level == "ops"
     out = f"{label.rstrip('/')}-step{step}-{level}"
@@ -127,6 +139,27 @@ def _recapture(tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]],
     return Recipe(title, _q(run), note)
 
 
+def _renumbered(
+    tag: str, label: str, manifests: Mapping[int, Mapping[str, Any]], command: list[str], level: str, start: int
+) -> Recipe:
+    out = f"{label.rstrip('/')}-from{start}"
+    title = f"recapture run {tag} with its steps numbered from {start}"
+    split = _launcher_split(command)
+    launch = _torchrun(manifests)
+    if split is not None:
+        _, script = split
+        args = ["python", "-m", "detfp_capture", "--out", out, "--level", level, "--start-step", str(start)]
+        if launch:
+            args = [*launch, "-m", "detfp_capture", *args[3:]]
+        return Recipe(title, _q([*args, "--", *script]), "the same command, its first step numbered as A's")
+    run = [*launch, *command] if launch else ["python", *command]
+    note = (
+        f'the script opens detfp_capture.Session itself: rerun it into a new directory ("{out}") numbering its steps '
+        f"from {start} (session.step({start} + i), or Session(..., start_step={start}))"
+    )
+    return Recipe(title, _q(run), note)
+
+
 def recipes(
     result: BisectResult,
     manifests_a: Mapping[int, Mapping[str, Any]] | None = None,
@@ -138,12 +171,28 @@ def recipes(
     without them the recapture recipes are left out.
     """
     a, b = result.label_a, result.label_b
-    out = [Recipe("reproduce this comparison", _q(["detfp-analyze", "bisect", a, b, *_window_args(result)]))]
+    cause = result.diagnosis.cause
+    incomplete = ["--allow-incomplete"] if not result.complete else []
+    out = [
+        Recipe("reproduce this comparison", _q(["detfp-analyze", "bisect", a, b, *_window_args(result), *incomplete]))
+    ]
+    if cause == "setting":
+        out.append(
+            Recipe("compare the environments", _q(["detfp-analyze", "env", a, b]), "every manifest fact that differs")
+        )
+    elif cause == "uninitialized":
+        out.append(Recipe("list every uninitialized read of run B", _q(["detfp-analyze", "certify", b])))
+    elif cause == "step_offset" and result.resume.step_offset is not None and result.resume.start_b is not None:
+        start = result.resume.start_b + result.resume.step_offset
+        r = _recapture("B", b, manifests_b or {}, 0, start=start)
+        if r is not None:
+            out.append(r)
     step, ranks = _focus(result)
     if result.diverged and step is not None:
         sel = ["--steps", str(step)] + (["--ranks", format_ranks(ranks)] if ranks else [])
         level = result.window.level
-        if level != "kernel":
+        deeper = cause in _DEEPER
+        if level != "kernel" and deeper:
             out.append(
                 Recipe(
                     f"narrow step {step} down to the kernel",
@@ -160,7 +209,7 @@ def recipes(
             )
         )
         for tag, label, manifests in (("A", a, manifests_a), ("B", b, manifests_b)):
-            r = _recapture(tag, label, manifests or {}, step)
+            r = _recapture(tag, label, manifests or {}, step) if deeper else None
             if r is not None:
                 out.append(r)
     return tuple(out)

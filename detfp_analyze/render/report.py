@@ -4,7 +4,8 @@
 by the labels the user gave, every list sorted. Ranks with the same outcome (same step,
 verdict and record) are folded into one line with a rank range, so a 1,024-rank job with
 one pattern prints a handful of lines. ``render_env`` prints the manifest diff alone
-(``detfp-analyze env``). Sections: header, environment, window/resume, ranks, diagnosis,
+(``detfp-analyze env``). Sections: header, environment, window/resume, ranks, diagnosis (its
+first line the most likely cause, then the cause and pattern, the evidence, the next steps),
 difference, discriminator, notes.
 """
 
@@ -19,7 +20,7 @@ from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult
 from detfp_analyze.io.envdiff import EnvDiff, SettingChange
 from detfp_analyze.ranks import format_ranks
 
-__all__ = ["render_env", "render_text"]
+__all__ = ["capture_text", "render_env", "render_text", "status_line"]
 
 
 def _v(x: Any) -> str:
@@ -71,7 +72,7 @@ def _div_key(d: Divergence | None) -> tuple:
     )  # fmt: skip
 
 
-def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
+def _div_lines(d: Divergence, single: bool, indent: str, confirmed: bool = False) -> list[str]:
     out = []
     if d.explanation:
         out.append(f"{indent}{d.explanation}")
@@ -86,7 +87,11 @@ def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
         out.append(f"{indent}contradiction: {d.contradiction}")
     if d.depends_on:
         out.append(f"{indent}not captured: {d.depends_on}")
-    if d.hazards:
+    if d.hazards and confirmed:
+        out.append(
+            f"{indent}hazards: {', '.join(d.hazards)} (the cause, not a false root: both runs read it uninitialized)"
+        )
+    elif d.hazards:
         out.append(f"{indent}hazards: {', '.join(d.hazards)} (likely false root)")
     if d.kernels is not None:
         k = d.kernels
@@ -104,21 +109,39 @@ def _div_lines(d: Divergence, single: bool, indent: str) -> list[str]:
 def _rank_groups(ranks: Sequence[RankResult]) -> list[tuple[list[int], RankResult]]:
     groups: dict[tuple, list[RankResult]] = {}
     for r in ranks:
-        key = (r.status, r.step, r.verdict, _div_key(r.first), _div_key(r.next_clean), r.metric_step, r.metric_name)
+        key = (r.status, r.step, r.verdict, _div_key(r.first), _div_key(r.next_clean), r.metric_step, r.metric_name,
+               r.hazard_confirmed)  # fmt: skip
         groups.setdefault(key, []).append(r)
     out = [([x.rank for x in rs], rs[0]) for rs in groups.values()]
     out.sort(key=lambda g: (g[1].status == "identical", g[0][0]))
     return out
 
 
+def status_line(r: BisectResult) -> str:
+    """``status: ...``: the outcome, the first step, the pattern and the cause."""
+    dg = r.diagnosis
+    if r.status == "identical":
+        return "status: identical" + ("" if dg.cause == "none" else f"; cause {dg.cause}")
+    if r.status == "rng_only":
+        return f"status: rng_only (an RNG state differs, no value or metric does), from step {r.first_step}; cause {dg.cause}"
+    return f"status: diverged, first at step {r.first_step}; pattern {dg.pattern}; cause {dg.cause}"
+
+
+def capture_text(r: BisectResult) -> str:
+    """``captured at level boundaries, bisect level op``: what was captured, and how deep bisect looked."""
+    w = r.window
+    a, b = w.capture_a, w.capture_b
+    la, lb = (c.level if c is not None else None for c in (a, b))
+    if la is None and lb is None:
+        return f"bisect level {w.level}"
+    got = f"level {la}" if la == lb else f"levels {la or '-'} (A), {lb or '-'} (B)"
+    return f"captured at {got}, bisect level {w.level}"
+
+
 def render_text(result: BisectResult) -> str:
     """The whole bisect report as text (ends with a newline)."""
     r = result
-    lines = [f"A = {r.label_a}", f"B = {r.label_b}"]
-    if r.status == "identical":
-        lines.append("status: identical")
-    else:
-        lines.append(f"status: diverged, first at step {r.first_step}; pattern {r.diagnosis.pattern}")
+    lines = [f"A = {r.label_a}", f"B = {r.label_b}", status_line(r)]
     if r.env_diff:
         lines.append(f"environment: {len(r.env_diff)} difference(s)")
         for d in r.env_diff:
@@ -130,7 +153,7 @@ def render_text(result: BisectResult) -> str:
     span = lambda s: "-" if s is None else f"{s[0]}-{s[1]}"  # noqa: E731
     lines.append(
         f"window: steps {span(w.steps)} (A {span(w.steps_a)}, B {span(w.steps_b)}), "
-        f"ranks {format_ranks(w.ranks) or '-'}, level {w.level}"
+        f"ranks {format_ranks(w.ranks) or '-'}; {capture_text(r)}"
     )
     if r.resume.note:
         lines.append(f"resume: {r.resume.note}")
@@ -157,19 +180,26 @@ def render_text(result: BisectResult) -> str:
             continue
         d = rr.first
         lines.append(f"  {who}: step {d.step} {d.verdict} at {_where(d)}{metric}")
-        lines.extend(_div_lines(d, len(ranks) == 1, "    "))
+        lines.extend(_div_lines(d, len(ranks) == 1, "    ", rr.hazard_confirmed))
         if rr.next_clean is not None:
             n = rr.next_clean
-            lines.append(f"    next divergence without hazards: step {n.step} {n.verdict} at {_where(n)}")
+            what = "where the difference goes next" if rr.hazard_confirmed else "next divergence without hazards"
+            lines.append(f"    {what}: step {n.step} {n.verdict} at {_where(n)}")
             lines.extend(_div_lines(n, len(ranks) == 1, "      "))
     dg = r.diagnosis
-    lines.append(f"diagnosis: {dg.pattern}")
+    lines.append(f"diagnosis: {dg.headline or dg.explanation}")
+    facts = [f"cause {dg.cause}", f"pattern {dg.pattern}"]
     if dg.origin_ranks:
-        lines.append(f"  origin ranks: {format_ranks(dg.origin_ranks)}")
+        facts.append(f"origin ranks {format_ranks(dg.origin_ranks)}")
     if dg.shared_coordinates:
-        coords = ", ".join(f"{k}={v}" for k, v in sorted(dg.shared_coordinates.items()))
-        lines.append(f"  shared parallel coordinates: {coords}")
-    lines.append(f"  {dg.explanation}")
+        facts.append(
+            "shared parallel coordinates " + ", ".join(f"{k}={v}" for k, v in sorted(dg.shared_coordinates.items()))
+        )
+    lines.append(f"  {'; '.join(facts)}")
+    rest = dg.explanation[len(dg.headline) :].strip() if dg.headline and dg.explanation.startswith(dg.headline) else ""
+    if rest:
+        lines.append(f"  {rest}")
+    lines.extend(f"  next: {x}" for x in dg.next_steps)
     if r.diff is not None:
         part = f" in component {r.diff.component}" if r.diff.component else ""
         lines.append(f"difference at rank {r.diff_rank}: {r.diff.kind}{part}, confirmed by {r.diff.confirmed}")

@@ -6,12 +6,16 @@ profiler's event tree is walked: under each ``detfp#<n>`` range, the device kern
 its descendants (ordered by start) become rows of the ``kernels`` table with the op's call key.
 On a machine without a GPU the profiler sees no device kernels; the innermost CPU events under
 the op are recorded instead (``device_type`` "cpu"), so the whole path runs in the CPU tests.
-The profiler perturbs timing, never values, and only runs for the selected steps.
+The profiler perturbs timing, never values, and only runs for the selected steps. Its library
+(kineto) writes ``USDT: ... profiler_start`` / ``profiler_stop`` lines on stderr at every start
+and stop whatever its log level below the top one: unless the user chose a level
+(``KINETO_LOG_LEVEL``), the first start in a process sets the level above those lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
@@ -21,6 +25,23 @@ from detfp_capture._recorder.call import Call, KernelRow
 __all__ = ["KernelCapture"]
 
 _PREFIX = "detfp#"
+#: kineto's log levels run VERBOSE 0 .. USDT 5: one above the top silences its per-start lines.
+_KINETO_QUIET = "6"
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Any:
+    """kineto reads ``KINETO_LOG_LEVEL`` once, when the profiler first starts in the process: set
+    it for that start unless the user set it, and put the environment back right after (the
+    level stays with kineto; a profiler started earlier in the process keeps its own)."""
+    if os.environ.get("KINETO_LOG_LEVEL"):
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = _KINETO_QUIET
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 class KernelCapture:
@@ -39,7 +60,8 @@ class KernelCapture:
         if self.cuda:
             acts.append(ProfilerActivity.CUDA)
         self.prof = profile(activities=acts)
-        self.prof.__enter__()
+        with _quiet_kineto():
+            self.prof.__enter__()
 
     def range(self, call: Call) -> Any:
         self.calls.append(call)

@@ -37,9 +37,9 @@ def test_text_report_golden(pair):
     assert out.output == (
         "A = a\n"
         "B = b\n"
-        "status: diverged, first at step 1; pattern single_rank\n"
+        "status: diverged, first at step 1; pattern single_rank; cause rank_local\n"
         "environment: no difference\n"
-        "window: steps 0-2 (A 0-2, B 0-2), ranks 0-1, level op\n"
+        "window: steps 0-2 (A 0-2, B 0-2), ranks 0-1; captured at level ops, bisect level op\n"
         "ranks:\n"
         "  rank 0: step 1 origin at forward l1 op:aten::mm.default output out[0]\n"
         "    all 2 input(s) of aten::mm.default in l1 matched and its output out[0] differs: this call introduced the difference\n"
@@ -49,9 +49,10 @@ def test_text_report_golden(pair):
         "    all_reduce@dp in <root>: this rank's inputs matched but 1 of 1 peer(s) in group dp had differing inputs (ranks 0): a carrier of a difference that started elsewhere\n"
         "    seq A 26 / B 26\n"
         "    difference: values (fingerprint): magnitude unknown (capture moments or dumps to see it)\n"
-        "diagnosis: single_rank\n"
-        "  origin ranks: 0\n"
-        "  only rank 0 starts the difference (at aten::mm.default): look at that rank's input data, placement, topology or reduction order\n"
+        "diagnosis: Only rank 0 starts the difference, at aten::mm.default in l1 (forward, step 1) with matching inputs: look at what differs there (its input data, placement, topology, reduction order).\n"
+        "  cause rank_local; pattern single_rank; origin ranks 0\n"
+        "  next: compare what those ranks do differently: their batch, device and host, their place in each reduction\n"
+        '  next: compare the kernels under it: bisect --level kernel --steps 1 on runs that captured them (Session("NEW_DIR", level="ops", steps="1", kernels="1") in the script)\n'
         "difference at rank 0: values, confirmed by fingerprint\n"
         "  magnitude unknown (capture moments or dumps to see it)\n"
         "discriminator: aten::mm.default on ranks 0, step(s) 1\n"
@@ -128,7 +129,7 @@ def test_levels_and_selection_on_the_cli(pair):
     out = _invoke("bisect", "a", "b", "--level", "step", "--ranks", "1", "--steps", "1")
     assert out.exit_code == 1
     assert "  rank 1: step 1 records differ\n" in out.output
-    assert "diagnosis: undetermined\n" in out.output
+    assert "; pattern undetermined; cause undetermined\n" in out.output
     out = _invoke("bisect", "a", "b", "--steps", "2")
     assert out.exit_code == 0
 
@@ -161,4 +162,4 @@ def test_allow_missing_ranks_is_counted_in_notes(tmp_path, monkeypatch):
     assert out.exit_code == 0
     assert "  missing ranks tolerated: A none, B 1\n" in out.output
     assert "  ranks 1 exist in one run only and were not compared\n" in out.output
-    assert "window: steps 0-1 (A 0-1, B 0-1), ranks 0, level op\n" in out.output
+    assert "window: steps 0-1 (A 0-1, B 0-1), ranks 0; captured at level ops, bisect level op\n" in out.output

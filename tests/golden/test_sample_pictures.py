@@ -37,7 +37,9 @@ def test_plot_and_html_report_of_each_sample_pair(tmp_path, a, b):
     assert res.exit_code == 0, res.output
     pngs = sorted(out.glob("*.png"))
     assert pngs and all(p.read_bytes().startswith(PNG) for p in pngs)
-    assert "ranks_steps.png" in {p.name for p in pngs}
+    one_step = a == "ops/a"  # captured at one step: said in words, not drawn as one column
+    assert ("ranks_steps.png" in {p.name for p in pngs}) != one_step
+    assert ("skipped ranks_steps: one step compared (step 1)" in res.output) == one_step
 
     page = tmp_path / "report.html"
     res = runner.invoke(app, ["bisect", A, B, "--html", str(page)])

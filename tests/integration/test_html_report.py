@@ -101,7 +101,7 @@ def test_report_in_headless_chromium(chromium, report_page, tmp_path):
             """({
             status: document.getElementById('status').textContent,
             statusClass: document.getElementById('status').className,
-            explanation: document.getElementById('explanation').textContent,
+            headline: document.getElementById('headline').textContent,
             rows: document.querySelectorAll('#rank-table tbody tr').length,
             heads: Array.from(document.querySelectorAll('#rank-table thead th')).map(th => th.textContent),
             figures: Array.from(document.querySelectorAll('#pictures figure svg')).map(s => Math.round(s.getBoundingClientRect().width)),
@@ -110,9 +110,9 @@ def test_report_in_headless_chromium(chromium, report_page, tmp_path):
             report: JSON.parse(document.getElementById('detfp-report').textContent).diagnosis.pattern
         })"""
         )
-        assert dom["status"] == "diverged, first at step 1; pattern single_rank"
+        assert dom["status"] == "diverged, first at step 1; pattern single_rank; cause rank_local"
         assert dom["statusClass"] == "status diverged"
-        assert dom["explanation"].startswith("only rank 29 starts the difference")
+        assert dom["headline"].startswith("Only rank 29 starts the difference")
         assert dom["rows"] == 48
         assert dom["heads"][:5] == ["rank", "pp", "dp", "tp", "status"]
         assert len(dom["figures"]) == 4 and min(dom["figures"]) > 300

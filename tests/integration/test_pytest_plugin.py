@@ -88,7 +88,7 @@ def test_fixture_assertion_and_marker(pytester):
         "*NOT bitwise reproducible: run [12] differs from run 0 (level ops)*",
         "*first difference: forward <root> op:detfp_planted::permuted_sum.default output out -- origin, values*",
         "*investigate: detfp-analyze bisect *detfp/check-1/run-0 *detfp/check-1/run-[12]*",
-        "*the difference starts in this process at op detfp_planted::permuted_sum.default*",
+        "*cause: detfp_planted::permuted_sum.default in <root> (forward, step 0) is the first call whose output differs*",
         "*@pytest.mark.detfp_repeat: unknown option(s) run; use *runs*",
     ):
         result.stdout.fnmatch_lines([line])

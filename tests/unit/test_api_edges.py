@@ -75,12 +75,13 @@ def test_level_module_names_the_module_and_keeps_record_names():
     ops = bisect(*OPS, level="module")
     text = render_text(ops)
     assert "None" not in text
-    assert "starts the difference at module blocks.0.moe with matching inputs" in ops.diagnosis.explanation
+    assert ops.diagnosis.headline.startswith("An op in blocks.0.moe (forward, step 1) is the first difference")
+    assert ops.diagnosis.next_steps == ("rerun bisect with --level op to name the op",)
     assert ops.diagnosis.op is None and ops.ranks[0].first.op is None  # no op name below --level op
     resume = bisect(str(SAMPLES / "resume" / "full"), str(SAMPLES / "resume" / "resumed"), level="module")
     text = render_text(resume)
     assert "None" not in text
     # An RNG state (like a parameter) is named by its record, not by an op: the name stays.
     assert "source at step <root> rng_state:cpu value state" in text
-    assert "at rng_state cpu:" in resume.diagnosis.explanation
+    assert "rng_state cpu at step 2" in resume.diagnosis.explanation
     assert json.loads(json.dumps(resume.to_json_dict()))["ranks"][0]["op"] == "cpu"

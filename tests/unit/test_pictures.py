@@ -133,18 +133,22 @@ def test_rank_module_figure_bins_thousands_of_modules_and_keeps_the_origin_cell(
     )  # fmt: skip
     fig = rank_module_figure(frame, layout=layout, step=1, max_rows=256)
     img = np.asarray(fig.axes[0].images[0].get_array())
-    assert img.shape == (244, 185)  # 2,401 modules, 13 per column
-    assert (img == _expected(frame, "position", "module_index", 10, 13, img.shape)).all()
+    assert img.shape == (244, 78)  # 2,401 modules, 31 per column
+    assert (img == _expected(frame, "position", "module_index", 10, 31, img.shape)).all()
     pos = layout.filter(pl.col("rank") == ORIGIN)["position"][0]
     assert (
-        img[pos // 10, modules.index("layers.555.attn") // 13] == CODE["origin"] and (img == CODE["origin"]).sum() == 1
+        img[pos // 10, modules.index("layers.555.attn") // 31] == CODE["origin"] and (img == CODE["origin"]).sum() == 1
     )
     assert (img[:, 0] == CODE["receiver"]).all() and (img == CODE["absent"]).sum() > 0.8 * img.size
-    assert "2401 modules, 2432 ranks" in fig.axes[0].get_title()
-    assert fig.axes[0].get_xlabel() == "module, in execution order (13 per column, the most severe shown)"
+    assert "2401 columns, 2432 ranks" in fig.axes[0].get_title()
+    assert fig.axes[0].get_xlabel() == (
+        "module and phase, in execution order (31 per column, named by the first, the most severe shown)"
+    )
     rings = fig.axes[0].collections[-1].get_offsets()  # the origin cell is ringed: visible at any size
-    assert rings.tolist() == [[modules.index("layers.555.attn") // 13, pos // 10]]
-    assert "layers.555.attn" in [t.get_text() for t in fig.axes[0].get_xticklabels()]  # its column is named
+    assert rings.tolist() == [[modules.index("layers.555.attn") // 31, pos // 10]]
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert len(labels) == 78 and all(labels)  # every column named
+    assert "layers.555.attn +30" in labels  # its column is named by the module where it started
 
 
 def test_layout_orders_ranks_by_coordinates(layout_pair):

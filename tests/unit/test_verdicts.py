@@ -17,8 +17,10 @@ import pytest
 
 from detfp_analyze.bisect.diagnose import diagnose
 from detfp_analyze.bisect.result import (
+    CAUSES,
     DIFF_KINDS,
     PATTERNS,
+    STATUSES,
     VERDICTS,
     BisectResult,
     Diagnosis,
@@ -26,7 +28,9 @@ from detfp_analyze.bisect.result import (
     RankResult,
     ResumeInfo,
     Window,
+    check_cause,
     check_pattern,
+    check_status,
     check_verdict,
 )
 from detfp_analyze.guards import gate
@@ -79,13 +83,38 @@ def test_every_consumer_shows_every_verdict(verdict):
 def test_every_pattern_is_documented_and_rendered(pattern):
     assert pattern in doc_rows("## Patterns")
     text = report.render_text(result_with("origin", pattern))
-    assert f"diagnosis: {pattern}\n" in text
+    assert f"; pattern {pattern}\n" in text
+
+
+@pytest.mark.parametrize("cause", CAUSES)
+def test_every_cause_is_documented_and_rendered(cause):
+    assert cause in doc_rows("## Causes")
+    res = result_with("origin")
+    head = f"the headline of {cause}."
+    diag = dataclasses.replace(res.diagnosis, cause=cause, headline=head, explanation=head, next_steps=("do it",))
+    res = dataclasses.replace(res, diagnosis=diag)
+    text = report.render_text(res)
+    assert f"diagnosis: {head}\n  cause {cause}; pattern no_origin\n  next: do it\n" in text
+    page = html.render_html(res)
+    assert f'<p id="headline">{head}</p>' in page and f"<code>{cause}</code>" in page
+    assert "<li>do it</li>" in page
+
+
+@pytest.mark.parametrize("status", STATUSES)
+def test_every_status_is_documented_rendered_and_gated(status):
+    exits = REPORT_DOC.split("| exit | bisect | env |", 1)[1].split("\n\n", 1)[0]
+    assert f"`{status}`" in exits
+    res = dataclasses.replace(result_with("source"), status=status)
+    assert report.status_line(res).startswith(f"status: {status}")
+    assert f'class="status {status}"' in html.render_html(res) and f".status.{status}{{" in html._CSS
+    assert status in gate._KNOWN["status"]
 
 
 def test_diff_kinds_and_the_vocabulary_are_documented():
     assert doc_rows("## Difference kinds") == list(DIFF_KINDS)
     assert doc_rows("## Verdicts") == list(VERDICTS)
     assert sorted(doc_rows("## Patterns")) == sorted(PATTERNS)
+    assert doc_rows("## Causes") == list(CAUSES)
     assert set(VERDICTS) <= set(STATES) == set(STATE_COLORS) == set(STATE_HELP)
 
 
@@ -100,6 +129,12 @@ def test_an_unknown_value_fails_loudly_everywhere():
         check_pattern("gremlin")
     with pytest.raises(ValueError, match=r"pattern 'gremlin'"):
         Diagnosis("gremlin", (), "")
+    with pytest.raises(ValueError, match=r"cause 'gremlin' is not one of none, ended_early"):
+        check_cause("gremlin")
+    with pytest.raises(ValueError, match=r"cause 'gremlin'"):
+        Diagnosis("no_origin", (), "", cause="gremlin")
+    with pytest.raises(ValueError, match=r"status 'gremlin' is not one of identical, diverged, rng_only"):
+        check_status("gremlin")
     with pytest.raises(ValueError, match=r"verdict 'gremlin'"):
         Diagnosis("no_origin", (), "", verdict_counts={"gremlin": 1})
     # Consumers with a table per verdict refuse a value missing from it (a state that is not a verdict too).

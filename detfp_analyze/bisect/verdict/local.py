@@ -112,9 +112,9 @@ _MODEL_KINDS = frozenset({"module_input", "module_output", "op", "compiled", "pa
 
 #: depends_on when the step's batch was not captured.
 _BATCH_UNSEEN = (
-    "the step's batch: its root module took no tensor arguments (a custom batch object, data read "
-    "from an attribute), so no batch record holds the data; pass the tensors to the model's forward "
-    "(positional or keyword), or record them with session.probe('batch', tensor)"
+    "the step's batch: no batch record holds the data (the root module took no tensor arguments: a custom "
+    "batch object, data read from an attribute; or modules= left the root out of the capture); pass the "
+    "tensors to the model's forward (positional or keyword), or record them with session.probe('batch', tensor)"
 )
 
 
@@ -138,7 +138,9 @@ def _owner(param: str) -> str:
 
 
 def _recapture(step: int, level: str) -> str:
-    return f"recapture step {step} at level {level} (--level {level} --steps {step})"
+    # No command line here: the report writes it for the way the run was captured (launcher
+    # flags or Session arguments, ``advice.recapture``).
+    return f"recapture step {step} at level {level}"
 
 
 def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:

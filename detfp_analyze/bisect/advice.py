@@ -1,0 +1,238 @@
+"""What the first divergence itself says, in words a user acts on: a headline and next steps per cause.
+
+Used by ``cause.weigh`` once no run-level evidence (an end, an offset, an RNG-only difference,
+a setting, a confirmed uninitialized read) explains the divergence better. Pure functions of the
+diagnosis, the representative divergence and how the runs were captured:
+
+* ``argument``: a call's non-tensor arguments differ (``lr 0.001 -> 0.002``): a deliberate change;
+* ``data`` / ``rng`` / ``restore``: a source (the batch, an RNG state, state where a capture
+  begins): the data pipeline, the seeding, the checkpoint; never the kernel level;
+* ``op``: an origin at an op (every rank, or one process: then the caveat that one process
+  cannot tell a nondeterministic kernel from a local cause), with the kernel-level next steps;
+* ``collective``: an origin at a collective whose group's inputs all matched;
+* ``rank_local``: an origin on one rank or a subset (with the coordinates they share);
+* ``control_flow``: a record on one side only; ``uncaptured``: nothing captured starts it.
+
+Recapture hints are written for the way the run was captured (``Capture.form``): launcher flags
+for ``python -m detfp_capture``, ``Session`` arguments for a script that opens its own session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
+from detfp_analyze.ranks import format_ranks
+
+__all__ = ["Advice", "at", "deeper", "from_divergence", "recapture", "who"]
+
+#: Capture levels, cheapest first.
+_CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """A cause (``result.CAUSES``), its headline and the next steps that fit it."""
+
+    cause: str
+    headline: str
+    steps: tuple[str, ...] = ()
+    #: Secondary facts, said after the headline.
+    also: tuple[str, ...] = ()
+
+
+def who(ranks: Sequence[int], compared: int) -> str:
+    """``in this process``, ``on every rank (0-3)``, ``on rank 1``, ``on ranks 2-3``."""
+    if compared <= 1:
+        return "in this process"
+    if len(ranks) == compared:
+        return f"on every rank ({format_ranks(ranks)})"
+    return f"on rank {ranks[0]}" if len(ranks) == 1 else f"on ranks {format_ranks(ranks)}"
+
+
+def at(d: Divergence) -> str:
+    """A divergence named for a sentence: ``aten::mm.default in l1 (backward, step 1)``, ``the
+    optimizer step for fc.weight (step 0)``, ``batch CharGPT (step 0)``."""
+    if d.phase == "optimizer" and d.kind in ("param", "grad", "optimizer_state") and d.op:
+        return f"the optimizer step for {d.op.split('.state[')[0]} (step {d.step})"
+    if d.kind in ("module_output", "module_input") and d.module is not None:
+        side = "output" if d.kind == "module_output" else "input"
+        what = f"{d.op}, " if d.op else ""
+        return f"the {side} of {d.module or '<root>'} ({what}{d.phase}, step {d.step})"
+    if d.kind != "op" and d.op:
+        mod = f" in {d.module or '<root>'}" if d.module else ""
+        return f"{d.kind} {d.op}{mod} ({d.phase}, step {d.step})"
+    name = d.op if d.op is not None else f"an {d.kind}" if d.kind == "op" else f"a {d.kind} record"
+    mod = f" in {d.module or '<root>'}" if d.module is not None else ""
+    return f"{name}{mod} ({d.phase}, step {d.step})"
+
+
+def deeper(c: Capture | None) -> str | None:
+    """The capture level after ``c``'s (None at ops, the deepest)."""
+    if c is None or c.level not in _CAPTURE_LEVELS:
+        return "ops"
+    i = _CAPTURE_LEVELS.index(c.level)
+    return _CAPTURE_LEVELS[i + 1] if i + 1 < len(_CAPTURE_LEVELS) else None
+
+
+def recapture(c: Capture | None, level: str, step: int, kernels: bool = False) -> str:
+    """How to capture ``step`` again at ``level``, in the form the run was captured."""
+    if c is not None and c.form == "launcher":
+        extra = f" --kernels {step}" if kernels else ""
+        return f"python -m detfp_capture --out NEW_DIR --level {level} --steps {step}{extra} -- <the same script>"
+    extra = f', kernels="{step}"' if kernels else ""
+    return f'Session("NEW_DIR", level="{level}", steps="{step}"{extra}) in the script'
+
+
+def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
+    """Where an op or module origin goes next: the kernel under an op, else the op under a module."""
+    if d.kind == "op" and d.op is None:
+        return ("rerun bisect with --level op to name the op",)
+    if d.kind == "op":
+        return (
+            f"compare the kernels under it: bisect --level kernel --steps {d.step} on runs that captured them "
+            f"({recapture(c, 'ops', d.step, kernels=True)})",
+        )
+    nxt = deeper(c)
+    return (f"recapture step {d.step} at level {nxt} to name the op: {recapture(c, nxt, d.step)}",) if nxt else ()
+
+
+def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
+    resumed = d.step == resume_step
+    if d.kind == "batch":
+        return Advice(
+            "data",
+            f"The data differs: the batch fed to {d.op} differs at step {d.step} {where}, before any computation "
+            "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
+            (
+                "compare the data pipelines: sampler and shuffle seeds, worker seeding, augmentation, and the loader "
+                "position on resume",
+                "probe the batch earlier in the pipeline (session.probe) to find the transform that differs",
+            ),
+        )
+    if d.kind == "rng_state":
+        why = (
+            f"run B resumed at step {d.step} without restoring it"
+            if resumed
+            else "the seeding differs, or the state was not restored on resume"
+        )
+        return Advice(
+            "rng",
+            f"The RNG state differs: rng_state {d.op} at step {d.step} {where} ({why}), and what draws from it "
+            "differs with it.",
+            (
+                "check the torch.manual_seed calls and everything that draws before the loop (model init, data "
+                "shuffling)",
+                "on resume, restore torch.set_rng_state (and each device's state) from the checkpoint",
+            ),
+        )
+    if d.kind in ("param", "optimizer_state", "grad"):
+        why = "the checkpoint save/load" if resumed else "the init seed, or the checkpoint save/load"
+        return Advice(
+            "restore",
+            f"The state where the capture begins differs: {d.kind} {d.op} at step {d.step} {where} ({why}).",
+            ("check the init seed and the checkpoint: parameters, the optimizer's inner state, the loss scaler",),
+        )
+    how = " (the same rows in another order)" if d.diff_kind == "permutation" else ""
+    return Advice(
+        "uncaptured",
+        f"A probed value differs{how}: {d.kind} {d.op} at step {d.step} {where}, and the code that feeds it was not "
+        "captured.",
+        ("capture the code that produces it: a level deeper, or probes further upstream",),
+    )
+
+
+def from_divergence(
+    diag: Diagnosis,
+    d: Divergence | None,
+    where: str,
+    compared: int,
+    capture: Capture | None,
+    resume_step: int | None = None,
+) -> Advice:
+    """The cause the first divergence ``d`` names (``where``: ``who``'s phrase for the ranks;
+    ``resume_step``: the step run B resumed at, when it was resumed)."""
+    if d is None:
+        if diag.pattern == "undetermined":
+            return Advice(
+                "undetermined",
+                "bisect stopped at the step level, so no record names a cause yet.",
+                ("rerun bisect with --level op for verdicts, a pattern and a cause",),
+            )
+        nxt = deeper(capture)
+        more = (f"recapture the first differing step at level {nxt}: {recapture(capture, nxt, 0)}",) if nxt else ()
+        return Advice(
+            "uncaptured",
+            f"Metrics differ {where} but no captured record does: the difference starts in code the capture did not "
+            "record.",
+            (*more, "or probe the suspect tensors with session.probe"),
+        )
+    if d.diff_kind == "arguments" or (d.diff is not None and d.diff.kind == "arguments"):
+        changes = (
+            ", ".join(d.diff.args_changes) if d.diff is not None and d.diff.args_changes else "a non-tensor argument"
+        )
+        return Advice(
+            "argument",
+            f"An argument differs: {changes} at {at(d)} {where}: the code or its configuration passes another value "
+            "(a deliberate change, not nondeterminism).",
+            (
+                "find where that value is set (config, command line, scheduler) and make both runs use one",
+                "if the change is intended, expect it in a gate (--expect, with a reason)",
+            ),
+        )
+    if d.verdict == "source":
+        return _source(d, where, resume_step)
+    if d.verdict == "structural":
+        side = "A" if d.presence == "a_only" else "B" if d.presence == "b_only" else "one run"
+        return Advice(
+            "control_flow",
+            f"Control flow differs: {at(d)} is in run {side} only (or in another order) {where}: a configuration or "
+            "data-dependent branch ran differently.",
+            ("compare the configurations, and any branch on data, on the rank or on the step",),
+        )
+    if d.verdict == "origin" and d.kind in ("collective", "reduced_grad"):
+        return Advice(
+            "collective",
+            f"The collective {at(d)} is the first difference, and every rank of its group had matching inputs: its "
+            "reduction order or algorithm differs (NCCL_ALGO or NCCL_PROTO, ring or tree, topology).",
+            (
+                "pin the collective's algorithm and protocol (NCCL_ALGO, NCCL_PROTO) in both runs",
+                "compare the process layout and hosts of the two launches",
+            ),
+        )
+    if d.verdict == "origin" and diag.pattern in ("single_rank", "rank_subset"):
+        share = ", ".join(f"{k}={v}" for k, v in sorted(diag.shared_coordinates.items()))
+        return Advice(
+            "rank_local",
+            f"Only {where.split(' ', 1)[1]} starts the difference, at {at(d)} with matching inputs"
+            + (f" (they share {share})" if share else "")
+            + ": look at what differs there (its input data, placement, topology, reduction order).",
+            (
+                "compare what those ranks do differently: their batch, device and host, their place in each reduction",
+                *_deeper_steps(d, capture),
+            ),
+        )
+    if d.verdict == "origin" and compared <= 1:
+        return Advice(
+            "op",
+            f"{at(d)} is the first call whose output differs although its inputs matched: a nondeterministic kernel "
+            "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
+            "tell which.",
+            ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
+        )
+    if d.verdict == "origin":
+        return Advice(
+            "op",
+            f"{at(d)} is the first difference {where}, with matching inputs everywhere: the op or its kernel is "
+            "nondeterministic (float atomics, split-K, tile scheduling).",
+            _deeper_steps(d, capture),
+        )
+    # unobserved_producer or receiver everywhere: nothing captured starts the difference.
+    nxt = deeper(capture)
+    steps = (f"recapture step {d.step} at level {nxt}: {recapture(capture, nxt, d.step)}",) if nxt else ()
+    return Advice(
+        "uncaptured",
+        f"No captured record starts the difference: {d.verdict} at {at(d)} {where}; {diag.explanation}.",
+        (*steps, "probe the uncaptured producer (session.probe) one hop upstream of the first differing input"),
+    )

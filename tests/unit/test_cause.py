@@ -1,0 +1,131 @@
+"""The cause weighing as pure functions (``bisect/cause.py``, ``settings.py``, ``advice.py``): the
+ranking, and the decisions the real captures of ``tests/integration/test_diagnosis.py`` do not
+reach (a setting that cannot explain a source, a hazard followed by an independent origin, two
+runs that end alike, the gate's ``status``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from detfp_analyze.bisect.cause import Clues, Ending, HazardRead, confirm_hazards, trim_endings, weigh
+from detfp_analyze.bisect.diagnose import diagnose
+from detfp_analyze.bisect.result import (
+    BisectResult,
+    Capture,
+    Divergence,
+    RankResult,
+    ResumeInfo,
+    ValueDiff,
+    Window,
+)
+from detfp_analyze.bisect.settings import explains, settings
+from detfp_analyze.guards.gate import Expectation, evaluate
+from detfp_analyze.io.envdiff import EnvDiff
+
+
+def div(verdict: str = "origin", kind: str = "op", op: str = "aten::mm.default", **kw) -> Divergence:
+    base = dict(step=1, microbatch=-1, phase="backward", module="l1", kind=kind, op=op, occurrence=0, role="output",
+                arg="out", presence="both", verdict=verdict, diff_kind="values", hazards=(), seq_a=5, seq_b=5)  # fmt: skip
+    return Divergence(**{**base, **kw})
+
+
+def ranks(*firsts: Divergence | None, **kw) -> tuple[RankResult, ...]:
+    return tuple(
+        RankResult(r, "diverged", d.step, record_step=d.step, first=d, **kw) if d else RankResult(r, "identical", None)
+        for r, d in enumerate(firsts)
+    )
+
+
+def cause_of(rs, clues=Clues(), status="diverged", reads=None):  # noqa: B008 - a frozen default
+    return weigh(diagnose(rs, {}), rs, clues, status, reads)
+
+
+THREADS = EnvDiff("determinism.num_threads", 1, 2)
+
+
+def test_settings_keep_what_changes_numbers_in_group_order():
+    diffs = [EnvDiff("host.hostname", "a", "b"), EnvDiff("versions.torch", "2.9", "2.10"), THREADS,
+             EnvDiff("env.NCCL_ALGO", None, "Tree"), EnvDiff("git.commit", "x", "y"),
+             EnvDiff("env.TORCHINDUCTOR_CACHE_DIR", "/a", "/b"), EnvDiff("determinism.num_interop_threads", 1, 2)]  # fmt: skip
+    got = [(s.key, s.group) for s in settings(diffs)]
+    assert got == [("determinism.num_threads", "threads"), ("env.NCCL_ALGO", "collectives"),
+                   ("versions.torch", "libraries")]  # fmt: skip
+
+
+def test_a_setting_is_named_first_only_for_a_divergence_it_can_explain():
+    clues = Clues(settings=settings([THREADS]))
+    op = cause_of(ranks(div(), div()), clues)
+    assert op.cause == "setting" and op.headline.startswith("determinism.num_threads differs (1 -> 2)")
+    # A batch that differs is the data, whatever the thread count: the setting comes after it.
+    data = cause_of(ranks(div("source", "batch", "Net", phase="forward", module="")), clues)
+    assert (
+        data.cause == "data"
+        and "Also differs, without explaining this difference: determinism.num_threads" in data.explanation
+    )
+    args = div(diff_kind="arguments", diff=ValueDiff("arguments", args_changes=("lr 0.1 -> 0.2",)))
+    assert not explains(settings([THREADS])[0], args, "single_process")
+    assert cause_of(ranks(args), clues).cause == "argument"
+
+
+def test_the_one_process_caveat_is_said_for_an_op_only():
+    one = cause_of(ranks(div()))
+    assert one.cause == "op" and "one process cannot tell which" in one.headline
+    rng = cause_of(ranks(div("source", "rng_state", "cpu", phase="step", module="")))
+    assert rng.cause == "rng" and "one process" not in rng.explanation
+    assert not any("kernel" in s for s in rng.next_steps)
+
+
+def test_a_hazard_followed_by_an_independent_origin_stays_a_false_root():
+    read = {0: HazardRead((1,), (1,), "args[0]")}
+    first = div(hazards=("uninitialized",), op="aten::index_add_.default")
+    carried = ranks(first, next_clean=div("unobserved_producer", op="aten::index.Tensor"))
+    assert confirm_hazards(carried, read)[0].hazard_confirmed
+    independent = ranks(first, next_clean=div(op="aten::addmm.default"))
+    assert not confirm_hazards(independent, read)[0].hazard_confirmed  # a clean origin of its own
+    # FSDP2's all-gather copy-in buffer: flagged in both runs every step, but the next difference is
+    # a receiver of a peer's batch in a later step: the garbage matched again, a false root.
+    peer = ranks(first, next_clean=div("receiver", op="aten::copy_.default", step=2))
+    assert not confirm_hazards(peer, read)[0].hazard_confirmed
+    later = ranks(first, next_clean=div("unobserved_producer", op="aten::index.Tensor", step=2))
+    assert not confirm_hazards(later, read)[0].hazard_confirmed
+    assert not confirm_hazards(carried, {0: HazardRead((1,), (), "")})[0].hazard_confirmed  # run B never read it
+    confirmed = confirm_hazards(carried, read)
+    d = cause_of(confirmed, reads=read)
+    assert d.cause == "uninitialized" and "aten::index_add_.default in l1 reads its input args[0]" in d.headline
+
+
+def test_runs_that_end_alike_did_not_end_early_and_an_end_is_never_structural():
+    cut = div("structural", op="aten::ones_like.default", presence="a_only", step=3)
+    e = Ending("B", 3, (0,), "step 3 raised RuntimeError: boom; its records stop there")
+    kept, notes = trim_endings(ranks(cut), (e,))
+    assert kept[0].status == "identical" and "run B's records of step 3 stop before aten::ones_like" in notes[0]
+    d = cause_of(kept, Clues(endings=(e,), window=(0, 3)), status="identical")
+    assert d.cause == "ended_early" and d.headline.startswith("Run B ended at step 3: step 3 raised RuntimeError")
+    # A value that differs before the end is the cause; the end is said after it.
+    real = ranks(div(step=1))
+    d = cause_of(real, Clues(endings=(e,), window=(0, 3)))
+    assert d.cause == "op" and d.explanation.endswith("Run B ended at step 3 (step 3 raised RuntimeError: boom; its "
+                                                      "records stop there).")  # fmt: skip
+
+
+def test_recapture_hints_follow_the_capture_form():
+    at_boundaries = div(kind="module_output", op="Linear")
+    session = cause_of(ranks(at_boundaries, at_boundaries), Clues(capture_a=Capture("boundaries", "session")))
+    assert session.next_steps[-1].endswith('Session("NEW_DIR", level="ops", steps="1") in the script')
+    launcher = cause_of(ranks(at_boundaries, at_boundaries), Clues(capture_a=Capture("boundaries", "launcher")))
+    assert "python -m detfp_capture --out NEW_DIR --level ops --steps 1 -- <the same script>" in launcher.next_steps[-1]
+
+
+def _result(status: str, rs: tuple[RankResult, ...]) -> BisectResult:
+    diag = diagnose(rs, {})
+    return BisectResult("a", "b", status, (), 0, rs, diag, None, None, Window((0, 2), (0, 2), (0, 2), (0,)),
+                        ResumeInfo(False, 0, 0, 0), None)  # fmt: skip
+
+
+def test_the_gate_expects_a_status():
+    rng = ranks(div("source", "rng_state", "cpu", phase="step", module="", step=0))
+    only = Expectation(1, "reseeded; dropout 0", status="rng_only")
+    assert evaluate(_result("rng_only", rng), [only]).passed
+    assert not evaluate(_result("diverged", rng), [only]).passed  # values differ too: not expected
+    narrow = replace(only, kind="batch")
+    assert not evaluate(_result("rng_only", rng), [narrow]).passed  # with other fields, both must match
