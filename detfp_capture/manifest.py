@@ -276,12 +276,15 @@ def collect_manifest(
     groups: Mapping[str, Sequence[int]] | None = None,
     capture: Mapping[str, Any] | None = None,
     git_path: str | os.PathLike[str] | None = None,
+    digest_version: int = contract.DIGEST_VERSION,
 ) -> dict[str, Any]:
-    """This rank's manifest: contract.MANIFEST_KEYS then MANIFEST_OPTIONAL_KEYS (see them for each value's meaning)."""
+    """This rank's manifest: contract.MANIFEST_KEYS then MANIFEST_OPTIONAL_KEYS (see them for each
+    value's meaning). ``digest_version``: the version of the run's digests (a key of
+    ``contract.DIGEST_VERSIONS``)."""
     manifest = {
         "schema_version": contract.SCHEMA_VERSION,
-        "digest_version": contract.DIGEST_VERSION,
-        "digest_algorithm": contract.DIGEST_ALGORITHM,
+        "digest_version": int(digest_version),
+        "digest_algorithm": contract.DIGEST_VERSIONS[digest_version],
         "rank": int(rank),
         "world_size": int(world_size),
         "segment": int(segment),

@@ -41,7 +41,7 @@ from detfp_capture._sources.context import CaptureContext, PendingStep, Scope, W
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.patches import Patches
 from detfp_capture._sources.steps import StepBoundaries
-from detfp_capture.errors import ConfigError
+from detfp_capture.errors import CaptureError, ConfigError
 
 __all__ = ["Session"]
 
@@ -90,6 +90,9 @@ class Session:
         flush_records: resolve digests and write a window every this many records (bounds memory).
         views: also digest view and metadata-only ops (default: counted, not digested).
         start_step: first step of this launch for the manifest (default: the first ``step(n)``).
+        digest_version: version of the tensor digests (docs/digest.md; default 2, or the
+            environment's ``DETFP_DIGEST_VERSION``): 1 only to compare with runs captured by a
+            release whose digests were version 1 (runs of different versions never compare).
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class Session:
         flush_records: int = 65536,
         views: bool = False,
         start_step: int | None = None,
+        digest_version: int | None = None,
     ) -> None:
         self._cfg = cfg = make_config(
             level,
@@ -127,6 +131,7 @@ class Session:
             flush_records=flush_records,
             views=views,
             start_step=start_step,
+            digest_version=digest_version,
         )
         if overwrite and append:
             raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
@@ -145,7 +150,15 @@ class Session:
         if self._inert:
             return
         from detfp_capture import writer as _writer
+        from detfp_capture._digest import versions
         from detfp_capture.manifest import collect_manifest
+
+        # Every digest this session starts uses its version (one version per trace); a second
+        # live session of this process with another version is refused here.
+        try:
+            versions.hold(self, cfg.digest_version)
+        except CaptureError as exc:
+            raise ConfigError(str(exc)) from None
 
         try:
             self.segment = _writer.prepare_run_dir(
@@ -173,6 +186,7 @@ class Session:
             parallel=self._parallel,
             groups={},
             capture=cfg.describe(),
+            digest_version=cfg.digest_version,
         )
         self._manifest = RunManifest(self.out_dir, manifest, rec, start_step)
         try:
@@ -345,6 +359,7 @@ class Session:
             rec.flush_safely()
         finally:
             self._closed = rec.closed = True
+            self._release_digest_version()
             self._teardown()
             with contextlib.suppress(Exception):
                 self._manifest.write()
@@ -428,9 +443,15 @@ class Session:
         if self._steps is not None:
             self._steps.stop_kernels()
 
+    def _release_digest_version(self) -> None:
+        from detfp_capture._digest import versions
+
+        versions.release(self)
+
     def _disable_at_start(self, exc: OSError) -> None:
         """The run directory cannot be written at all: capture nothing, warn once, train on."""
         self._inert = True
+        self._release_digest_version()
         warnings.warn(
             f"detfp capture disabled on rank {self.rank}: cannot write the trace to {self.out_dir} "
             f"({type(exc).__name__}: {' '.join(str(exc).split())}); training continues without capture",
