@@ -20,8 +20,10 @@ and writes raw addresses.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -30,7 +32,9 @@ try:
 except ImportError:  # not built (no compiler or headers at install): torch's routes only
     _lanes = None
 
-__all__ = ["AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mm", "mm2", "pair_weights"]
+__all__ = [
+    "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mm", "mm2", "pair_weights", "running",
+]  # fmt: skip
 
 _MODE = os.environ.get("DETFP_NATIVE", "")
 #: Whether the kernel is built and not switched off by ``DETFP_NATIVE=0``.
@@ -66,6 +70,19 @@ PAIRS: dict[int, torch.Tensor] = {}
 _LOCK = threading.Lock()
 #: Bytes of one level's packed version-2 keys (``tlh2.pack_keys``).
 KEYS2_BYTES = _lanes.keys_bytes() if _lanes is not None else 0
+
+
+@contextlib.contextmanager
+def running(isa: str) -> Iterator[None]:
+    """Run instruction set ``isa`` (one of ``ISAS``) inside the block, then the process's again:
+    how ``benchmarks/digest.py`` times every path of this CPU in one run. Not for capture."""
+    if isa not in ISAS:
+        raise ValueError(f"instruction set {isa!r} is not one of {ISAS}")
+    _lanes.select(ISAS.index(isa))
+    try:
+        yield
+    finally:
+        _lanes.select(ISAS.index(ISA))
 
 
 def kernel_name(version: int) -> str | None:
