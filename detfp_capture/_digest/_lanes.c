@@ -164,7 +164,7 @@ static void tlh2_portable(const uint8_t *x, Py_ssize_t rows, Py_ssize_t cols, Py
 
 #ifdef DETFP_X86
 /* Rows per pass: the four key vectors of a word position are loaded once for 4 rows (measured on
- * a Xeon with AVX-512: 1.5x the one-row loop on cache-resident rows). */
+ * a Xeon with AVX-512: 1.5x the one-row loop on cache-resident rows); leftover rows one by one. */
 #define R2 4
 
 __attribute__((target("avx2"))) static inline uint64_t hsum_avx2(__m256i v) {
@@ -181,41 +181,50 @@ __attribute__((target("avx2"))) static inline uint64_t hsum_avx2(__m256i v) {
         acc_b = _mm256_add_epi64(acc_b, _mm256_add_epi64(_mm256_mul_epu32(u_, kb), _mm256_mul_epu32(o_, kb1))); \
     } while (0)
 
+/* Vector v of a row: 32 bytes, or the row's last `tail` bytes followed by zeros. */
+__attribute__((target("avx2"))) static inline __m256i load_avx2(const uint8_t *row, Py_ssize_t v, Py_ssize_t full,
+                                                                Py_ssize_t tail) {
+    if (v < full) return _mm256_loadu_si256((const __m256i *)(row + 32 * v));
+    uint8_t t[32] = {0};
+    memcpy(t, row + 32 * v, (size_t)tail);
+    return _mm256_loadu_si256((const __m256i *)t);
+}
+
 __attribute__((target("avx2"))) static void tlh2_avx2(const uint8_t *x, Py_ssize_t rows, Py_ssize_t cols,
                                                      Py_ssize_t stride, keys2 k, uint64_t *y) {
     const __m256i bias = _mm256_set1_epi32((int)BIAS);
     Py_ssize_t full = cols / 32, tail = cols % 32, nv = full + (tail != 0);
     uint64_t ca = k.ca[8 * nv], cb = k.cb[8 * nv];
-    for (Py_ssize_t m = 0; m < rows; m += R2) {
-        int nr = rows - m < R2 ? (int)(rows - m) : R2;
-        const uint8_t *p[R2];
-        for (int r = 0; r < R2; r++) p[r] = x + (m + (r < nr ? r : 0)) * stride;
+    Py_ssize_t m = 0;
+    for (; m + R2 <= rows; m += R2) {
+        const uint8_t *p0 = x + m * stride, *p1 = p0 + stride, *p2 = p1 + stride, *p3 = p2 + stride;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (Py_ssize_t v = 0; v <= full; v++) {
-            if (v == full && !tail) break;
+        for (Py_ssize_t v = 0; v < nv; v++) {
             __m256i ka = _mm256_loadu_si256((const __m256i *)(k.a + 8 * v));
             __m256i ka1 = _mm256_loadu_si256((const __m256i *)(k.a1 + 8 * v));
             __m256i kb = _mm256_loadu_si256((const __m256i *)(k.b + 8 * v));
             __m256i kb1 = _mm256_loadu_si256((const __m256i *)(k.b1 + 8 * v));
-            __m256i w[R2];
-            if (v < full) {
-                for (int r = 0; r < R2; r++) w[r] = _mm256_loadu_si256((const __m256i *)(p[r] + 32 * v));
-            } else { /* the row's last, partial vector: its missing bytes are zero */
-                uint8_t t[R2][32];
-                memset(t, 0, sizeof(t));
-                for (int r = 0; r < R2; r++) memcpy(t[r], p[r] + 32 * v, (size_t)tail);
-                for (int r = 0; r < R2; r++) w[r] = _mm256_loadu_si256((const __m256i *)t[r]);
-            }
-            STEP_AVX2(w[0], a0, b0);
-            STEP_AVX2(w[1], a1, b1);
-            STEP_AVX2(w[2], a2, b2);
-            STEP_AVX2(w[3], a3, b3);
+            STEP_AVX2(load_avx2(p0, v, full, tail), a0, b0);
+            STEP_AVX2(load_avx2(p1, v, full, tail), a1, b1);
+            STEP_AVX2(load_avx2(p2, v, full, tail), a2, b2);
+            STEP_AVX2(load_avx2(p3, v, full, tail), a3, b3);
         }
-        __m256i acc[R2][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
-        for (int r = 0; r < nr; r++) {
-            y[2 * (m + r)] = hsum_avx2(acc[r][0]) - ca;
-            y[2 * (m + r) + 1] = hsum_avx2(acc[r][1]) - cb;
+        y[2 * m] = hsum_avx2(a0) - ca, y[2 * m + 1] = hsum_avx2(b0) - cb;
+        y[2 * m + 2] = hsum_avx2(a1) - ca, y[2 * m + 3] = hsum_avx2(b1) - cb;
+        y[2 * m + 4] = hsum_avx2(a2) - ca, y[2 * m + 5] = hsum_avx2(b2) - cb;
+        y[2 * m + 6] = hsum_avx2(a3) - ca, y[2 * m + 7] = hsum_avx2(b3) - cb;
+    }
+    for (; m < rows; m++) {
+        const uint8_t *p0 = x + m * stride;
+        __m256i a0 = _mm256_setzero_si256(), b0 = a0;
+        for (Py_ssize_t v = 0; v < nv; v++) {
+            __m256i ka = _mm256_loadu_si256((const __m256i *)(k.a + 8 * v));
+            __m256i ka1 = _mm256_loadu_si256((const __m256i *)(k.a1 + 8 * v));
+            __m256i kb = _mm256_loadu_si256((const __m256i *)(k.b + 8 * v));
+            __m256i kb1 = _mm256_loadu_si256((const __m256i *)(k.b1 + 8 * v));
+            STEP_AVX2(load_avx2(p0, v, full, tail), a0, b0);
         }
+        y[2 * m] = hsum_avx2(a0) - ca, y[2 * m + 1] = hsum_avx2(b0) - cb;
     }
 }
 #undef STEP_AVX2
@@ -227,6 +236,9 @@ __attribute__((target("avx2"))) static void tlh2_avx2(const uint8_t *x, Py_ssize
         acc_b = _mm512_add_epi64(acc_b, _mm512_add_epi64(_mm512_mul_epu32(u_, kb), _mm512_mul_epu32(o_, kb1))); \
     } while (0)
 
+/* Vector v of a row: 64 bytes, or (masked: neither read nor counted) its last `tail` bytes. */
+#define LOAD_AVX512(row, v) ((v) < full ? _mm512_loadu_si512((row) + 64 * (v)) : _mm512_maskz_loadu_epi8(tmask, (row) + 64 * (v)))
+
 __attribute__((target("avx512f,avx512bw"))) static void tlh2_avx512(const uint8_t *x, Py_ssize_t rows,
                                                                    Py_ssize_t cols, Py_ssize_t stride, keys2 k,
                                                                    uint64_t *y) {
@@ -234,34 +246,114 @@ __attribute__((target("avx512f,avx512bw"))) static void tlh2_avx512(const uint8_
     Py_ssize_t full = cols / 64, tail = cols % 64, nv = full + (tail != 0);
     __mmask64 tmask = tail ? (((__mmask64)1 << tail) - 1) : 0;
     uint64_t ca = k.ca[16 * nv], cb = k.cb[16 * nv];
-    for (Py_ssize_t m = 0; m < rows; m += R2) {
-        int nr = rows - m < R2 ? (int)(rows - m) : R2;
-        const uint8_t *p[R2];
-        for (int r = 0; r < R2; r++) p[r] = x + (m + (r < nr ? r : 0)) * stride;
+    Py_ssize_t m = 0;
+    for (; m + R2 <= rows; m += R2) {
+        const uint8_t *p0 = x + m * stride, *p1 = p0 + stride, *p2 = p1 + stride, *p3 = p2 + stride;
         __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         for (Py_ssize_t v = 0; v < nv; v++) {
             __m512i ka = _mm512_loadu_si512(k.a + 16 * v), ka1 = _mm512_loadu_si512(k.a1 + 16 * v);
             __m512i kb = _mm512_loadu_si512(k.b + 16 * v), kb1 = _mm512_loadu_si512(k.b1 + 16 * v);
-            __m512i w[R2];
-            if (v < full) {
-                for (int r = 0; r < R2; r++) w[r] = _mm512_loadu_si512(p[r] + 64 * v);
-            } else { /* masked: the bytes past the row are neither read nor counted (zero) */
-                for (int r = 0; r < R2; r++) w[r] = _mm512_maskz_loadu_epi8(tmask, p[r] + 64 * v);
-            }
-            STEP_AVX512(w[0], a0, b0);
-            STEP_AVX512(w[1], a1, b1);
-            STEP_AVX512(w[2], a2, b2);
-            STEP_AVX512(w[3], a3, b3);
+            STEP_AVX512(LOAD_AVX512(p0, v), a0, b0);
+            STEP_AVX512(LOAD_AVX512(p1, v), a1, b1);
+            STEP_AVX512(LOAD_AVX512(p2, v), a2, b2);
+            STEP_AVX512(LOAD_AVX512(p3, v), a3, b3);
         }
-        __m512i acc[R2][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
-        for (int r = 0; r < nr; r++) {
-            y[2 * (m + r)] = (uint64_t)_mm512_reduce_add_epi64(acc[r][0]) - ca;
-            y[2 * (m + r) + 1] = (uint64_t)_mm512_reduce_add_epi64(acc[r][1]) - cb;
+        y[2 * m] = (uint64_t)_mm512_reduce_add_epi64(a0) - ca, y[2 * m + 1] = (uint64_t)_mm512_reduce_add_epi64(b0) - cb;
+        y[2 * m + 2] = (uint64_t)_mm512_reduce_add_epi64(a1) - ca, y[2 * m + 3] = (uint64_t)_mm512_reduce_add_epi64(b1) - cb;
+        y[2 * m + 4] = (uint64_t)_mm512_reduce_add_epi64(a2) - ca, y[2 * m + 5] = (uint64_t)_mm512_reduce_add_epi64(b2) - cb;
+        y[2 * m + 6] = (uint64_t)_mm512_reduce_add_epi64(a3) - ca, y[2 * m + 7] = (uint64_t)_mm512_reduce_add_epi64(b3) - cb;
+    }
+    for (; m < rows; m++) {
+        const uint8_t *p0 = x + m * stride;
+        __m512i a0 = _mm512_setzero_si512(), b0 = a0;
+        for (Py_ssize_t v = 0; v < nv; v++) {
+            __m512i ka = _mm512_loadu_si512(k.a + 16 * v), ka1 = _mm512_loadu_si512(k.a1 + 16 * v);
+            __m512i kb = _mm512_loadu_si512(k.b + 16 * v), kb1 = _mm512_loadu_si512(k.b1 + 16 * v);
+            STEP_AVX512(LOAD_AVX512(p0, v), a0, b0);
         }
+        y[2 * m] = (uint64_t)_mm512_reduce_add_epi64(a0) - ca, y[2 * m + 1] = (uint64_t)_mm512_reduce_add_epi64(b0) - cb;
     }
 }
 #undef STEP_AVX512
+#undef LOAD_AVX512
 #endif
+
+/* The level function on `rows` rows with instruction set `isa`. */
+static void tlh2_rows(int isa, const uint8_t *x, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t stride, keys2 k,
+                      uint64_t *y) {
+#ifdef DETFP_X86
+    if (isa == ISA_AVX512) {
+        tlh2_avx512(x, rows, cols, stride, k, y);
+        return;
+    }
+    if (isa == ISA_AVX2) {
+        tlh2_avx2(x, rows, cols, stride, k, y);
+        return;
+    }
+#endif
+    tlh2_portable(x, rows, cols, stride, k, y);
+}
+
+/* Most levels a tree may have (8: up to 64^7 rows of 1024 bytes, 2^52 bytes). */
+#define MAX_LEVELS 8
+#define FANIN 64
+
+/* The whole tree of n contiguous bytes (version 2, "Levels"): the root's two sums into out.
+ * Level 0 runs in chunks whose outputs fill one row of level 1 (64 outputs = 1024 bytes) in a
+ * small buffer; a full row of a level is hashed at once into the next level's buffer, and at the
+ * end each level's partial row is hashed bottom-up: the same rows, in the same order, as level by
+ * level, without writing any level to memory. keys: `nkeys` levels' packed keys, one after the
+ * other. Returns 0, or -1 when the tree needs more levels than `nkeys`. */
+static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]) {
+    Py_ssize_t rows_at[MAX_LEVELS];
+    int top = 0;
+    rows_at[0] = n > 0 ? (n + K - 1) / K : 1;
+    while (rows_at[top] > 1) {
+        if (top + 1 >= MAX_LEVELS) return -1;
+        rows_at[top + 1] = (rows_at[top] + FANIN - 1) / FANIN;
+        top++;
+    }
+    if (top >= nkeys) return -1;
+    if (top == 0) {
+        tlh2_rows(isa, x, 1, n, n, unpack(keys), out);
+        return 0;
+    }
+    uint64_t buf[MAX_LEVELS][2 * FANIN]; /* level l's input row being filled: FANIN outputs of l - 1 */
+    int count[MAX_LEVELS] = {0};
+    Py_ssize_t full = n / K, tail = n % K;
+#define CARRY(from)                                                                                           \
+    for (int l_ = (from); l_ < top && count[l_] == FANIN; l_++) {                                           \
+        tlh2_rows(isa, (const uint8_t *)buf[l_], 1, K, K, unpack(keys + (size_t)l_ * KEYS_BYTES),            \
+                  buf[l_ + 1] + 2 * count[l_ + 1]);                                                        \
+        count[l_ + 1]++;                                                                                   \
+        count[l_] = 0;                                                                                     \
+    }
+    for (Py_ssize_t r = 0; r < full;) {
+        Py_ssize_t take = full - r < FANIN - count[1] ? full - r : FANIN - count[1];
+        tlh2_rows(isa, x + r * K, take, K, K, unpack(keys), buf[1] + 2 * count[1]);
+        count[1] += (int)take;
+        r += take;
+        CARRY(1)
+    }
+    if (tail) {
+        tlh2_rows(isa, x + full * K, 1, tail, tail, unpack(keys), buf[1] + 2 * count[1]);
+        count[1]++;
+        CARRY(1)
+    }
+    for (int l = 1; l < top; l++) {
+        if (count[l] == 0) continue;
+        Py_ssize_t bytes = (Py_ssize_t)count[l] * 16;
+        tlh2_rows(isa, (const uint8_t *)buf[l], 1, bytes, bytes, unpack(keys + (size_t)l * KEYS_BYTES),
+                  buf[l + 1] + 2 * count[l + 1]);
+        count[l + 1]++;
+        count[l] = 0;
+        CARRY(l + 1)
+    }
+#undef CARRY
+    Py_ssize_t bytes = (Py_ssize_t)count[top] * 16;
+    tlh2_rows(isa, (const uint8_t *)buf[top], 1, bytes, bytes, unpack(keys + (size_t)top * KEYS_BYTES), out);
+    return 0;
+}
 
 /* ============================================================================= Python */
 
@@ -320,13 +412,32 @@ static PyObject *tlh2(PyObject *self, PyObject *args) {
     keys2 k = unpack((const uint8_t *)(uintptr_t)ka);
     uint64_t *y = (uint64_t *)(uintptr_t)ya;
     Py_BEGIN_ALLOW_THREADS
-#ifdef DETFP_X86
-    if (use == ISA_AVX512) tlh2_avx512(x, rows, cols, stride, k, y);
-    else if (use == ISA_AVX2) tlh2_avx2(x, rows, cols, stride, k, y);
-    else
-#endif
-        tlh2_portable(x, rows, cols, stride, k, y);
+    tlh2_rows(use, x, rows, cols, stride, k, y);
     Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *tlh2_root(PyObject *self, PyObject *args) {
+    unsigned long long xa, ka, ya;
+    Py_ssize_t n;
+    int nkeys, want = -1, rc;
+    if (!PyArg_ParseTuple(args, "KnKiK|i", &xa, &n, &ka, &nkeys, &ya, &want)) return NULL;
+    if (n < 0 || nkeys < 1 || (n > 0 && xa == 0) || ka == 0 || ya == 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root: bad arguments n=%zd nkeys=%d", n, nkeys);
+        return NULL;
+    }
+    int use = pick_isa(want);
+    if (use < 0) return NULL;
+    const uint8_t *x = (const uint8_t *)(uintptr_t)xa;
+    const uint8_t *keys = (const uint8_t *)(uintptr_t)ka;
+    uint64_t *y = (uint64_t *)(uintptr_t)ya;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tlh2_tree(use, x, n, keys, nkeys, y);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root: %zd bytes need more than %d levels of keys", n, nkeys);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -357,6 +468,9 @@ static PyMethodDef methods[] = {
      "lanes(x_addr, rows, cols, stride, wpairs_addr, y_addr, portable=False): version 1, y = x @ W, exact int32."},
     {"tlh2", tlh2, METH_VARARGS,
      "tlh2(x_addr, rows, cols, stride, keys_addr, y_addr, isa=-1): version 2, (rows, 2) uint64 per level."},
+    {"tlh2_root", tlh2_root, METH_VARARGS,
+     "tlh2_root(x_addr, nbytes, keys_addr, nlevels, y_addr, isa=-1): version 2, the root's two uint64 sums of n "
+     "contiguous bytes through every level (keys: nlevels levels' packed keys, one after the other)."},
     {"isas", isas, METH_NOARGS, "The instruction sets this CPU runs, worst first: ('portable', 'avx2', ...)."},
     {"select", select_isa, METH_VARARGS, "select(i): run instruction set isas()[i] from now on."},
     {"kernel", kernel, METH_NOARGS, "The instruction set the kernels run: 'avx512', 'avx2' or 'portable'."},

@@ -81,6 +81,11 @@ class Scheme:
         """The level function's route on ``device``, in words (benchmarks print it)."""
         raise NotImplementedError
 
+    def root(self, b: torch.Tensor) -> torch.Tensor | None:
+        """The root lanes (1, ``lanes``) of a contiguous 1-D int8 tensor in one step, where the
+        version has such a route here (the same integers as level by level); else None."""
+        return None
+
     def __repr__(self) -> str:
         return f"<digest {self.algorithm} version {self.version}>"
 
@@ -234,6 +239,10 @@ def chunks(t: torch.Tensor, limit: int) -> Iterator[torch.Tensor]:
 def lanes_of(t: torch.Tensor, sch: Scheme) -> torch.Tensor:
     """Final (1, ``sch.lanes``) int32 lanes of a strided tensor (the definition, chunked)."""
     nbytes = t.numel() * t.element_size()
+    if t.is_contiguous():
+        root = sch.root(bytes_view(t))
+        if root is not None:
+            return root
     limit = max(SCRATCH, nbytes // 8)
     parts = []
     for b in chunks(t, limit):

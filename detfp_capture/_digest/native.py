@@ -33,7 +33,8 @@ except ImportError:  # not built (no compiler or headers at install): torch's ro
     _lanes = None
 
 __all__ = [
-    "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mm", "mm2", "pair_weights", "running",
+    "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mm", "mm2", "pair_weights", "root2",
+    "running",
 ]  # fmt: skip
 
 _MODE = os.environ.get("DETFP_NATIVE", "")
@@ -164,3 +165,22 @@ def mm2(x: torch.Tensor, keys: torch.Tensor, out: torch.Tensor | None = None, is
         which = -1 if isa is None else ISAS.index(isa)
         _lanes.tlh2(x.data_ptr(), rows, cols, stride, keys.data_ptr(), y.data_ptr(), which)
     return _hand_back(y, out)
+
+
+def root2(b: torch.Tensor, keys: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """Version 2: the root of the whole tree of a contiguous 1-D int8 tensor ``b`` (its bytes), in
+    one call (no level written to memory) -> (1, 4) int32, the root's two uint64 sums. ``keys``:
+    ``tlh2.pack_all_keys`` (every level's packed keys, one after the other)."""
+    if _lanes is None:
+        raise RuntimeError("detfp's native digest kernel is not built")
+    if not b.is_cpu or b.dtype is not torch.int8 or b.dim() != 1 or not b.is_contiguous():
+        raise ValueError(f"native root2: want a contiguous 1-D int8 CPU tensor, got {b.dtype} {tuple(b.shape)}")
+    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() % KEYS2_BYTES or not keys.is_contiguous():
+        raise ValueError("native root2: keys must be tlh2.pack_all_keys")
+    if isa is not None and isa not in ISAS:
+        raise ValueError(f"native root2: instruction set {isa!r} is not one of {ISAS}")
+    y = torch.empty((1, 4), dtype=torch.int32)
+    which = -1 if isa is None else ISAS.index(isa)
+    n = b.numel()
+    _lanes.tlh2_root(b.data_ptr() if n else 0, n, keys.data_ptr(), keys.numel() // KEYS2_BYTES, y.data_ptr(), which)
+    return y

@@ -29,7 +29,7 @@ import torch
 from detfp_capture._digest import gemm, native
 from detfp_capture._digest.core import MASK64, Scheme, mix_int, mix_np, mix_t, numpy_failed, numpy_or_none, splitmix64
 
-__all__ = ["BIAS", "KEY_SEED", "LANES", "SCHEME", "Tlh2", "gemm_weights", "level_keys", "pack_keys"]
+__all__ = ["BIAS", "KEY_SEED", "LANES", "SCHEME", "Tlh2", "gemm_weights", "level_keys", "pack_all_keys", "pack_keys"]
 
 #: Lanes per output row (int32): the two uint64 sums, little-endian.
 LANES = 4
@@ -42,7 +42,7 @@ BIAS = 0x80808080
 #: Columns of the GEMM route: half A's 7 powers of 256, half B's 7, 4 byte sums, 6 zero.
 COLUMNS = 24
 _CPU = torch.device("cpu")
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # pack_all_keys calls pack_keys under it
 
 
 def level_keys(level: int) -> tuple[list[int], list[int]]:
@@ -129,6 +129,20 @@ def pack_keys(level: int) -> torch.Tensor:
     return keys
 
 
+#: Levels whose keys ``pack_all_keys`` holds: enough for 64^7 rows (2^52 bytes).
+TREE_LEVELS = 8
+_ALL_KEYS: list[torch.Tensor] = []
+
+
+def pack_all_keys() -> torch.Tensor:
+    """Every level's ``pack_keys``, one after the other: what ``native.root2`` reads (cached)."""
+    if not _ALL_KEYS:
+        with _LOCK, torch.inference_mode(False):
+            if not _ALL_KEYS:
+                _ALL_KEYS.append(torch.cat([pack_keys(level) for level in range(TREE_LEVELS)]))
+    return _ALL_KEYS[0]
+
+
 class Tlh2(Scheme):
     """Version 2 (see the module docstring)."""
 
@@ -165,6 +179,13 @@ class Tlh2(Scheme):
         if x.is_cpu and self._native_on_cpu():
             return native.mm2(x, pack_keys(level))
         return _combine(gemm.product_short(x, level, self.weights))
+
+    def root(self, b: torch.Tensor) -> torch.Tensor | None:
+        """The whole tree of a contiguous 1-D int8 tensor in one native call (CPU, kernel
+        built): its (1, 4) root lanes; None where the levels run one by one instead."""
+        if b.is_cpu and self._native_on_cpu():
+            return native.root2(b, pack_all_keys())
+        return None
 
     def route(self, device: torch.device) -> str:
         if self.use_native(device):

@@ -199,3 +199,20 @@ def test_route_names_the_gemm_the_process_runs(monkeypatch):
     monkeypatch.setitem(gemm._INT_MM, "cpu", False)
     assert V1.route(CPU) == "exact float32 GEMM"
     assert V2.route(CPU) == "torch: exact float32 GEMM"
+
+
+@needs_native
+@pytest.mark.parametrize("isa", native.ISAS)
+def test_version_2_whole_tree_in_one_call_equals_level_by_level(isa, monkeypatch):
+    # The fused tree (native.root2: no level written to memory) on sizes around every boundary of
+    # rows and fan-in, against the levels run one by one through torch's GEMM route.
+    monkeypatch.setattr(V2, "native_cpu", False)
+    g = torch.Generator().manual_seed(11)
+    data = torch.randint(-128, 128, (64 * 64 * 1024 + 70000,), dtype=torch.int8, generator=g)
+    for n in (0, 1, 1023, 1024, 1025, 63 * 1024, 64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1, 65 * 1024 + 7,
+              64 * 64 * 1024 - 5, 64 * 64 * 1024, 64 * 64 * 1024 + 70000):  # fmt: skip
+        b = data[:n]
+        want = core.tree(b.view(1, n), 0, V2)
+        assert torch.equal(native.root2(b, tlh2.pack_all_keys(), isa=isa), want), n
+    with pytest.raises(ValueError, match="more than 1 levels"):
+        native.root2(data[:2048], tlh2.pack_keys(0))
