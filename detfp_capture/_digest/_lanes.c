@@ -164,7 +164,10 @@ static void tlh2_portable(const uint8_t *x, Py_ssize_t rows, Py_ssize_t cols, Py
 
 #ifdef DETFP_X86
 /* Rows per pass: the four key vectors of a word position are loaded once for 4 rows (measured on
- * a Xeon with AVX-512: 1.5x the one-row loop on cache-resident rows); leftover rows one by one. */
+ * a Xeon with AVX-512: 1.5x the one-row loop on cache-resident rows); leftover rows one by one.
+ * A pass reads 4 short streams (a row each), too short for the hardware prefetcher to follow on
+ * 4 KiB pages: the rows two passes ahead are prefetched (6.1 -> 9-10 GB/s on 64 MiB from memory, the
+ * same Xeon, where a single read pass runs at 11-14 GB/s). */
 #define R2 4
 
 __attribute__((target("avx2"))) static inline uint64_t hsum_avx2(__m256i v) {
@@ -198,12 +201,19 @@ __attribute__((target("avx2"))) static void tlh2_avx2(const uint8_t *x, Py_ssize
     Py_ssize_t m = 0;
     for (; m + R2 <= rows; m += R2) {
         const uint8_t *p0 = x + m * stride, *p1 = p0 + stride, *p2 = p1 + stride, *p3 = p2 + stride;
+        Py_ssize_t pf = m + 3 * R2 <= rows ? 2 * R2 * stride : 0; /* prefetch distance: two passes */
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         for (Py_ssize_t v = 0; v < nv; v++) {
             __m256i ka = _mm256_loadu_si256((const __m256i *)(k.a + 8 * v));
             __m256i ka1 = _mm256_loadu_si256((const __m256i *)(k.a1 + 8 * v));
             __m256i kb = _mm256_loadu_si256((const __m256i *)(k.b + 8 * v));
             __m256i kb1 = _mm256_loadu_si256((const __m256i *)(k.b1 + 8 * v));
+            if (!(v & 1)) { /* the next pass's rows, a cache line each per two vectors */
+                _mm_prefetch((const char *)(p0 + pf + 32 * v), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p1 + pf + 32 * v), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p2 + pf + 32 * v), _MM_HINT_T0);
+                _mm_prefetch((const char *)(p3 + pf + 32 * v), _MM_HINT_T0);
+            }
             STEP_AVX2(load_avx2(p0, v, full, tail), a0, b0);
             STEP_AVX2(load_avx2(p1, v, full, tail), a1, b1);
             STEP_AVX2(load_avx2(p2, v, full, tail), a2, b2);
@@ -249,10 +259,15 @@ __attribute__((target("avx512f,avx512bw"))) static void tlh2_avx512(const uint8_
     Py_ssize_t m = 0;
     for (; m + R2 <= rows; m += R2) {
         const uint8_t *p0 = x + m * stride, *p1 = p0 + stride, *p2 = p1 + stride, *p3 = p2 + stride;
+        Py_ssize_t pf = m + 3 * R2 <= rows ? 2 * R2 * stride : 0; /* prefetch distance: two passes */
         __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
         for (Py_ssize_t v = 0; v < nv; v++) {
             __m512i ka = _mm512_loadu_si512(k.a + 16 * v), ka1 = _mm512_loadu_si512(k.a1 + 16 * v);
             __m512i kb = _mm512_loadu_si512(k.b + 16 * v), kb1 = _mm512_loadu_si512(k.b1 + 16 * v);
+            _mm_prefetch((const char *)(p0 + pf + 64 * v), _MM_HINT_T0); /* the next pass's rows */
+            _mm_prefetch((const char *)(p1 + pf + 64 * v), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p2 + pf + 64 * v), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p3 + pf + 64 * v), _MM_HINT_T0);
             STEP_AVX512(LOAD_AVX512(p0, v), a0, b0);
             STEP_AVX512(LOAD_AVX512(p1, v), a1, b1);
             STEP_AVX512(LOAD_AVX512(p2, v), a2, b2);
