@@ -239,6 +239,14 @@ __attribute__((target("avx2"))) static void tlh2_avx2(const uint8_t *x, Py_ssize
 }
 #undef STEP_AVX2
 
+/* The sum of a vector's eight uint64 lanes, wrapping (not the intrinsic _mm512_reduce_add_epi64,
+ * whose scalar part adds signed long longs: overflow there is undefined behaviour). */
+__attribute__((target("avx512f,avx512bw"))) static inline uint64_t hsum_avx512(__m512i v) {
+    __m256i h = _mm256_add_epi64(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i s = _mm_add_epi64(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    return (uint64_t)_mm_cvtsi128_si64(s) + (uint64_t)_mm_extract_epi64(s, 1);
+}
+
 #define STEP_AVX512(w, acc_a, acc_b)                                                                 \
     do {                                                                                             \
         __m512i u_ = _mm512_xor_si512((w), bias), o_ = _mm512_srli_epi64(u_, 32);                    \
@@ -273,10 +281,10 @@ __attribute__((target("avx512f,avx512bw"))) static void tlh2_avx512(const uint8_
             STEP_AVX512(LOAD_AVX512(p2, v), a2, b2);
             STEP_AVX512(LOAD_AVX512(p3, v), a3, b3);
         }
-        y[2 * m] = (uint64_t)_mm512_reduce_add_epi64(a0) - ca, y[2 * m + 1] = (uint64_t)_mm512_reduce_add_epi64(b0) - cb;
-        y[2 * m + 2] = (uint64_t)_mm512_reduce_add_epi64(a1) - ca, y[2 * m + 3] = (uint64_t)_mm512_reduce_add_epi64(b1) - cb;
-        y[2 * m + 4] = (uint64_t)_mm512_reduce_add_epi64(a2) - ca, y[2 * m + 5] = (uint64_t)_mm512_reduce_add_epi64(b2) - cb;
-        y[2 * m + 6] = (uint64_t)_mm512_reduce_add_epi64(a3) - ca, y[2 * m + 7] = (uint64_t)_mm512_reduce_add_epi64(b3) - cb;
+        y[2 * m] = hsum_avx512(a0) - ca, y[2 * m + 1] = hsum_avx512(b0) - cb;
+        y[2 * m + 2] = hsum_avx512(a1) - ca, y[2 * m + 3] = hsum_avx512(b1) - cb;
+        y[2 * m + 4] = hsum_avx512(a2) - ca, y[2 * m + 5] = hsum_avx512(b2) - cb;
+        y[2 * m + 6] = hsum_avx512(a3) - ca, y[2 * m + 7] = hsum_avx512(b3) - cb;
     }
     for (; m < rows; m++) {
         const uint8_t *p0 = x + m * stride;
@@ -286,7 +294,7 @@ __attribute__((target("avx512f,avx512bw"))) static void tlh2_avx512(const uint8_
             __m512i kb = _mm512_loadu_si512(k.b + 16 * v), kb1 = _mm512_loadu_si512(k.b1 + 16 * v);
             STEP_AVX512(LOAD_AVX512(p0, v), a0, b0);
         }
-        y[2 * m] = (uint64_t)_mm512_reduce_add_epi64(a0) - ca, y[2 * m + 1] = (uint64_t)_mm512_reduce_add_epi64(b0) - cb;
+        y[2 * m] = hsum_avx512(a0) - ca, y[2 * m + 1] = hsum_avx512(b0) - cb;
     }
 }
 #undef STEP_AVX512
@@ -496,13 +504,18 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lanes", "The digest's level functions on CPU, exactly.",
                                     -1, methods};
 
-PyMODINIT_FUNC PyInit__lanes(void) {
+/* The best instruction set this CPU runs (the compiler's cpuid checks, OS support included). */
+static int detect_isa(void) {
+    int best = ISA_PORTABLE;
 #ifdef DETFP_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) isa_best = ISA_AVX2;
-    if (isa_best == ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-        isa_best = ISA_AVX512;
+    if (__builtin_cpu_supports("avx2")) best = ISA_AVX2;
+    if (best == ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) best = ISA_AVX512;
 #endif
-    isa_sel = isa_best;
+    return best;
+}
+
+PyMODINIT_FUNC PyInit__lanes(void) {
+    isa_sel = isa_best = detect_isa();
     return PyModule_Create(&module);
 }

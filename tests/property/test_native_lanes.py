@@ -216,3 +216,36 @@ def test_version_2_whole_tree_in_one_call_equals_level_by_level(isa, monkeypatch
         assert torch.equal(native.root2(b, tlh2.pack_all_keys(), isa=isa), want), n
     with pytest.raises(ValueError, match="more than 1 levels"):
         native.root2(data[:2048], tlh2.pack_keys(0))
+
+
+def _sanitizer_build(tmp_path: Path) -> list[str] | None:
+    """Command lines compiling ``tests/fixtures/digest_asan.c`` with ASan and UBSan, or None where
+    there is no compiler, Python headers or shared libpython to link against."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    include, libdir = sysconfig.get_paths()["include"], sysconfig.get_config_var("LIBDIR")
+    ldver = sysconfig.get_config_var("LDVERSION")
+    if not (cc and (Path(include) / "Python.h").is_file() and libdir and ldver):
+        return None
+    if not any(Path(libdir).glob(f"libpython{ldver}.so*")):
+        return None
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "digest_asan.c"
+    exe = tmp_path / "digest_asan"
+    flags = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+    return [cc, *flags, f"-I{include}", str(src), f"-L{libdir}", f"-lpython{ldver}", "-o", str(exe)]
+
+
+def test_version_2_kernels_are_memory_safe_and_defined_under_sanitizers(tmp_path):
+    """Out-of-bounds reads or writes (a row's tail, a level's buffer) and undefined behaviour
+    (a signed overflow in a reduction) fail here, on every instruction set the CPU runs."""
+    import subprocess
+
+    build = _sanitizer_build(tmp_path)
+    if build is None:
+        pytest.skip("no C compiler, Python headers or shared libpython to build the sanitizer harness")
+    done = subprocess.run(build, capture_output=True, text=True)
+    if done.returncode != 0 and "sanitizer" in done.stderr.lower():
+        pytest.skip(f"the compiler has no sanitizers here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    env = {"LD_LIBRARY_PATH": sysconfig.get_config_var("LIBDIR"), "ASAN_OPTIONS": "detect_leaks=1"}
+    run = subprocess.run([str(tmp_path / "digest_asan")], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.stdout + run.stderr)[-3000:]
