@@ -187,7 +187,8 @@ def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch, sch):
     g = torch.Generator().manual_seed(0)
     extreme = torch.full((1024 * 40,), -128, dtype=torch.int8)  # largest |partial sum|
     ts = [torch.randn(70000, generator=g), extreme, torch.randint(-128, 128, (5000,), dtype=torch.int8, generator=g)]
-    x = torch.randint(-128, 128, (600, 1024), dtype=torch.int8, generator=g)  # blocks of 256 rows and a rest
+    # blocks of 256 rows (float32 GEMM) and of 1024 rows (int8 GEMM on CPU), each with a rest
+    x = torch.randint(-128, 128, (2600, 1024), dtype=torch.int8, generator=g)
     x[0] = -128
     x[1] = 127
     monkeypatch.setattr(sch, "native_cpu", False)  # torch's routes (the native one: test_native_lanes.py)
@@ -196,7 +197,10 @@ def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch, sch):
     want = [fp(t, version=sch.version) for t in ts]
     monkeypatch.setitem(gemm._INT_MM, "cpu", False)
     assert torch.equal(sch.mm(x, 0), exact) and torch.equal(sch.mm(x[:64], 0), exact[:64])
-    into = torch.full((600, sch.lanes), 7, dtype=torch.int32)
+    monkeypatch.setitem(gemm._INT_MM, "cpu", True)
+    assert torch.equal(sch.mm(x[:1024], 0), exact[:1024])  # one block of the int8 GEMM: no loop
+    monkeypatch.setitem(gemm._INT_MM, "cpu", False)
+    into = torch.full((2600, sch.lanes), 7, dtype=torch.int32)
     assert sch.mm(x, 0, out=into) is into and torch.equal(into, exact)
     if sch.version == 1:
         assert torch.equal(
