@@ -55,11 +55,19 @@ class Scheme:
 
     #: ``contract.DIGEST_VERSIONS`` key and value.
     version: int
-    algorithm: str
+    algorithm: str = "detfp-tlh128"
     #: int32 lanes per level-output row (version 1: 16; version 2: 4, two uint64).
     lanes: int
-    #: Level-output rows per 1024-byte row of the next level: ``K // (4 * lanes)``.
-    fanin: int
+    #: Whether the native kernel is this process's level function on CPU (None: not decided
+    #: yet; each version decides on first use, tests set it to hold the routes to each other).
+    native_cpu: bool | None = None
+
+    def use_native(self, device: torch.device) -> bool:
+        """Whether the level function runs in the native kernel on ``device`` (CPU only)."""
+        return device.type == "cpu" and self._native_on_cpu()
+
+    def _native_on_cpu(self) -> bool:
+        raise NotImplementedError
 
     def mm(self, x: torch.Tensor, level: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """(M, 1024) int8 rows -> (M, ``lanes``) int32 level outputs (into ``out`` if given)."""
@@ -69,8 +77,30 @@ class Scheme:
         """``mm`` of (n, L) rows with L <= 1024, as if zero-padded to 1024 bytes."""
         raise NotImplementedError
 
+    @property
+    def fanin(self) -> int:
+        """Level-output rows per 1024-byte row of the next level: ``K // (4 * lanes)``."""
+        return K // (4 * self.lanes)
+
     def finalize(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        """lanes (B, ``lanes``) int32 of root rows, meta (B, 2) int64 -> (B, 2) int64 (hi, lo)."""
+        """lanes (B, ``lanes``) int32 of root rows, meta (B, 2) int64 -> (B, 2) int64 (hi, lo).
+        On CPU through numpy's uint64 arithmetic when importable (``finalize_np``: one numpy call
+        per step of the mixer instead of two to four torch ops, each costlier to dispatch than the
+        work on a few thousand digests); elsewhere, or without a numpy bridge, with torch ops
+        (``finalize_t``). The same bits (tested)."""
+        if lanes.device.type == "cpu" and meta.device.type == "cpu" and numpy_or_none() is not None:
+            try:
+                return self.finalize_np(lanes, meta)
+            except (RuntimeError, TypeError):  # a torch build without a working numpy bridge
+                numpy_failed()
+        return self.finalize_t(lanes, meta)
+
+    def finalize_t(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        """``finalize`` with torch int64 ops (wrapping products, logical shifts): any device."""
+        raise NotImplementedError
+
+    def finalize_np(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        """``finalize`` on CPU tensors through numpy's uint64 arithmetic."""
         raise NotImplementedError
 
     def finalize_host(self, lanes: Sequence[int], meta: tuple[int, int]) -> tuple[int, int]:

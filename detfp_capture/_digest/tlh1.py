@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from detfp_capture._digest import gemm, native
-from detfp_capture._digest.core import MASK64, Scheme, mix_int, mix_np, mix_t, numpy_failed, numpy_or_none, splitmix64
+from detfp_capture._digest.core import MASK64, Scheme, mix_int, mix_np, mix_t, numpy_or_none, splitmix64
 
 __all__ = ["LANES", "SCHEME", "WEIGHT_SEED", "Tlh1", "level_weights"]
 
@@ -43,25 +43,18 @@ class Tlh1(Scheme):
     """Version 1 (see the module docstring)."""
 
     version = 1
-    algorithm = "detfp-tlh128"
     lanes = LANES
-    fanin = gemm.K // (4 * LANES)
 
     def __init__(self) -> None:
         self.weights = gemm.Weights(
             lambda level: torch.tensor(level_weights(level), dtype=torch.int8).view(gemm.K, LANES), LANES
         )
-        #: Whether the native kernel is this process's level GEMM on CPU (None: not decided yet).
-        self.native_cpu: bool | None = None
 
     # -- level function
 
-    def use_native(self, device: torch.device) -> bool:
-        """On CPU, when the kernel is built and, timed once per process, faster than torch's
-        route (the int8 GEMM where VNNI makes that fast, else the exact float32 GEMM)."""
-        return device.type == "cpu" and self._native_on_cpu()
-
     def _native_on_cpu(self) -> bool:
+        """When the kernel is built and, timed once per process, faster than torch's route (the
+        int8 GEMM where VNNI makes that fast, else the exact float32 GEMM)."""
         ok = self.native_cpu
         if ok is None:
             ok = native.AVAILABLE
@@ -96,12 +89,10 @@ class Tlh1(Scheme):
 
     # -- finalizer
 
-    def finalize(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        if lanes.device.type == "cpu" and meta.device.type == "cpu" and numpy_or_none() is not None:
-            try:
-                return _finalize_np(lanes, meta)
-            except (RuntimeError, TypeError):  # a torch build without a working numpy bridge
-                numpy_failed()
+    def finalize_np(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        return _finalize_np(lanes, meta)
+
+    def finalize_t(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         u = lanes.to(torch.int64) & 0xFFFFFFFF
         words = u[:, 0::2] | (u[:, 1::2] << 32)  # (B, 8): lane 2i low, lane 2i+1 high
         s = meta

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 
 from detfp_capture._digest import gemm, native
-from detfp_capture._digest.core import MASK64, Scheme, mix_int, mix_np, mix_t, numpy_failed, numpy_or_none, splitmix64
+from detfp_capture._digest.core import MASK64, Scheme, mix_int, mix_np, mix_t, numpy_or_none, splitmix64
 
 __all__ = ["BIAS", "KEY_SEED", "LANES", "SCHEME", "Tlh2", "gemm_weights", "level_keys", "pack_all_keys", "pack_keys"]
 
@@ -147,20 +147,13 @@ class Tlh2(Scheme):
     """Version 2 (see the module docstring)."""
 
     version = 2
-    algorithm = "detfp-tlh128"
     lanes = LANES
-    fanin = gemm.K // (4 * LANES)
 
     def __init__(self) -> None:
         self.weights = gemm.Weights(gemm_weights, COLUMNS)
-        #: Whether the native kernel runs on CPU: wherever built and not switched off (None:
-        #: not decided yet; tests set it to hold the routes to each other).
-        self.native_cpu: bool | None = None
-
-    def use_native(self, device: torch.device) -> bool:
-        return device.type == "cpu" and self._native_on_cpu()
 
     def _native_on_cpu(self) -> bool:
+        """Wherever the kernel is built and not switched off: faster than any torch route."""
         ok = self.native_cpu
         if ok is None:
             ok = self.native_cpu = native.AVAILABLE and native.KEYS2_BYTES > 0
@@ -195,12 +188,10 @@ class Tlh2(Scheme):
 
     # -- finalizer
 
-    def finalize(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-        if lanes.device.type == "cpu" and meta.device.type == "cpu" and numpy_or_none() is not None:
-            try:
-                return _finalize_np(lanes, meta)
-            except (RuntimeError, TypeError):  # a torch build without a working numpy bridge
-                numpy_failed()
+    def finalize_np(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        return _finalize_np(lanes, meta)
+
+    def finalize_t(self, lanes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         ab = lanes.contiguous().view(torch.int64)  # (B, 2): a, b
         x = mix_t(ab[:, 0] ^ meta[:, 0])
         y = mix_t(ab[:, 1] ^ meta[:, 1] ^ x)
