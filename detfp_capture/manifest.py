@@ -10,6 +10,7 @@ the analysis compares the manifests.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -30,6 +31,7 @@ __all__ = [
     "SECRET_NAMES",
     "collect_manifest",
     "determinism_settings",
+    "earlier_digest_version",
     "git_info",
     "looks_secret",
     "numerics_env",
@@ -264,6 +266,20 @@ def git_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     commit = _git(["rev-parse", "HEAD"], start)
     status = _git(["status", "--porcelain"], start)
     return {"commit": commit, "dirty": None if status is None else bool(status), "root": root}
+
+
+def earlier_digest_version(run_dir: str | os.PathLike[str], rank: int, segment: int) -> int | None:
+    """The digest version of ``rank``'s latest launch before ``segment`` in ``run_dir`` (from its
+    manifest), or None when no earlier manifest says one: what a resumed run continues with."""
+    for earlier in range(segment - 1, -1, -1):
+        path = Path(run_dir) / contract.manifest_relpath(rank, earlier)
+        try:
+            version = json.loads(path.read_text(encoding="utf-8")).get("digest_version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if type(version) is int:
+            return version
+    return None
 
 
 def collect_manifest(

@@ -24,6 +24,7 @@ carries on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import warnings
@@ -153,17 +154,18 @@ class Session:
         from detfp_capture._digest import versions
         from detfp_capture.manifest import collect_manifest
 
-        # Every digest this session starts uses its version (one version per trace); a second
-        # live session of this process with another version is refused here.
-        try:
-            versions.hold(self, cfg.digest_version)
-        except CaptureError as exc:
-            raise ConfigError(str(exc)) from None
-
         try:
             self.segment = _writer.prepare_run_dir(
                 self.out_dir, self.rank, append=append, overwrite=overwrite, world_size=self.world_size
             )
+            if self.segment:  # a resumed run continues with its digest version
+                self._cfg = cfg = _resumed_digest_version(cfg, digest_version, self.out_dir, self.rank, self.segment)
+            # Every digest this session starts uses its version (one version per trace); a second
+            # live session of this process with another version is refused here.
+            try:
+                versions.hold(self, cfg.digest_version)
+            except CaptureError as exc:
+                raise ConfigError(str(exc)) from None
             self._writer = _writer.ShardWriter(self.out_dir, self.rank, self.segment, rollups=True)
         except OSError as exc:  # read-only, full or vanished file system: the job must still run
             self._disable_at_start(exc)
@@ -472,6 +474,23 @@ class Session:
         if self._auto is not None:
             self._auto.remove()
         self._ctx.patches.restore()
+
+
+def _resumed_digest_version(cfg: Any, asked: int | None, out_dir: Path, rank: int, segment: int) -> Any:
+    """``cfg`` for a launch appended to a run: the run's digest version (one version per trace),
+    taken from its earlier launch when none was asked for; ConfigError when another was."""
+    from detfp_capture._config import DIGEST_VERSION_ENV
+    from detfp_capture.manifest import earlier_digest_version
+
+    earlier = earlier_digest_version(out_dir, rank, segment)
+    if earlier is None or earlier == cfg.digest_version:
+        return cfg
+    if asked is None and not os.environ.get(DIGEST_VERSION_ENV, "").strip():
+        return dataclasses.replace(cfg, digest_version=earlier)
+    raise ConfigError(
+        f"digest_version={cfg.digest_version}: {out_dir} (rank {rank}) was captured with digest version {earlier}, "
+        f"and a resumed run keeps its version; pass digest_version={earlier} or capture into a new directory"
+    )
 
 
 def launcher_session(**options: Any) -> Session:

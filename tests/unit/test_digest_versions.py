@@ -153,3 +153,21 @@ def test_the_sample_traces_are_version_1_and_still_compare():
         runs = [open_run(str(SAMPLES / pair / x)) for x in ("a", "b")]
         assert {m["digest_version"] for r in runs for segs in r.manifests.values() for m in segs} == {1}
         assert bisect(*runs).status in ("identical", "diverged")
+
+
+def test_a_resumed_run_keeps_its_digest_version(tmp_path, monkeypatch):
+    run = tmp_path / "r"
+    _capture(run, digest_version=1)
+    t = torch.arange(300, dtype=torch.float32)
+    with Session(str(run), "metrics", append=True) as s, s.step(1):  # no version asked: the run's
+        s.probe("p", t)
+    r = open_run(str(run))
+    assert [m["digest_version"] for m in r.manifests[0]] == [1, 1]
+    rows = open_run(str(run)).scan("records").collect().filter(pl_name("p")).select("digest_hi", "digest_lo").rows()
+    assert {f"{hi:016x}{lo:016x}" for hi, lo in rows} == {fingerprint(t, version=1).digest} and len(rows) == 2
+    for kw, env in (({"digest_version": 2}, None), ({}, "2")):
+        if env:
+            monkeypatch.setenv("DETFP_DIGEST_VERSION", env)
+        with pytest.raises(ConfigError, match=r"was captured with digest version 1, and a resumed run keeps its"):
+            Session(str(run), "metrics", append=True, **kw)
+    assert len(open_run(str(run)).manifests[0]) == 2
