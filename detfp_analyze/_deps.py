@@ -9,13 +9,7 @@ from detfp_analyze.errors import OptionalDependencyError
 
 __all__ = ["require"]
 
-_EXTRA = {
-    "matplotlib": "plot",
-    "matplotlib.pyplot": "plot",
-    "nbformat": "notebooks",
-    "nbclient": "notebooks",
-    "pyspark": "spark",
-}
+_EXTRA = {"matplotlib": "plot", "matplotlib.pyplot": "plot", "nbformat": "notebooks", "nbclient": "notebooks", "pyspark": "spark"}
 
 
 def require(module: str) -> ModuleType:

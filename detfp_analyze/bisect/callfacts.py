@@ -62,15 +62,11 @@ class CallIndex:
     """
 
     def __init__(self, al: pl.DataFrame) -> None:
-        rows = al.select("rank", "o1", "call_hash", pl.col("hz").fill_null(False)).sort(
-            "rank", "o1", maintain_order=True
-        )
+        rows = al.select("rank", "o1", "call_hash", pl.col("hz").fill_null(False)).sort("rank", "o1", maintain_order=True)
         code = (pl.col("rank") != pl.col("rank").shift(1)).fill_null(True).cum_sum().cast(pl.Int64)
         self._rows = rows.with_columns((code * _SPAN + pl.col("o1").cast(pl.Int64)).alias("key")).with_row_index("i")
         #: Per rank: its first row in the index and that row's o1 (the rank-step's first).
-        self._ranks = self._rows.group_by("rank").agg(
-            pl.col("i").first().alias("lo"), pl.col("o1").first().alias("o1_0")
-        )
+        self._ranks = self._rows.group_by("rank").agg(pl.col("i").first().alias("lo"), pl.col("o1").first().alias("o1_0"))
 
     def facts(self, queries: Iterable[tuple[int, int]]) -> dict[tuple[int, int], CallFacts]:
         """(rank, call_hash) -> CallFacts for each query whose call has rows in the alignment."""
@@ -78,9 +74,7 @@ class CallIndex:
         if not asked:
             return {}
         rows = self._rows
-        q = pl.DataFrame(
-            asked, schema={"rank": rows.schema["rank"], "call_hash": rows.schema["call_hash"]}, orient="row"
-        )
+        q = pl.DataFrame(asked, schema={"rank": rows.schema["rank"], "call_hash": rows.schema["call_hash"]}, orient="row")
         # Rows are in (o1, row order) within a rank: a call's first row holds its smallest o1.
         calls = (
             _rows_of(rows, q)

@@ -102,12 +102,7 @@ def _sum_rollup(sums: _stepsums.Sums, ranks: Sequence[int], lo: int, hi: int) ->
 
 
 def _stored_blocks(
-    st: Stages,
-    rollups: bool,
-    sums: tuple[_stepsums.Sums, _stepsums.Sums] | None,
-    ranks: Sequence[int],
-    lo: int,
-    hi: int,
+    st: Stages, rollups: bool, sums: tuple[_stepsums.Sums, _stepsums.Sums] | None, ranks: Sequence[int], lo: int, hi: int
 ) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """Both runs' stored rollups' blocks of ``ranks`` over [lo, hi] (None without stored rollups):
     with folds, only of the (rank, step)s whose folds differ (None when none does)."""

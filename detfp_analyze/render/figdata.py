@@ -117,9 +117,7 @@ def state_of(verdict: str | None, rank: int | None = None) -> str:
 def check_state(state: str) -> str:
     """``state`` when it is one of STATES (a cell state); UnknownStateError otherwise."""
     if state not in STATES:
-        raise UnknownStateError(
-            f"cell state {state!r} is not one of {', '.join(STATES)} (detfp_analyze.render.figdata.STATES)"
-        )
+        raise UnknownStateError(f"cell state {state!r} is not one of {', '.join(STATES)} (detfp_analyze.render.figdata.STATES)")
     return state
 
 

@@ -143,9 +143,7 @@ def _verdict(v: str | None) -> str:
     if v is None:
         return ""
     if check_verdict(v) not in verdict_classes():
-        raise ValueError(
-            f"verdict {v!r} has no colour in the HTML report; add .v-{v} to detfp_analyze.render.html._CSS"
-        )
+        raise ValueError(f"verdict {v!r} has no colour in the HTML report; add .v-{v} to detfp_analyze.render.html._CSS")
     return f'<span class="v v-{_e(v)}">{_e(v)}</span>'
 
 
@@ -343,14 +341,7 @@ def render_html(
     )
 
 
-def html_report(
-    result: BisectResult,
-    a: Run | str | os.PathLike[str],
-    b: Run | str | os.PathLike[str],
-    *,
-    pictures: bool = True,
-    max_rows: int = 256,
-) -> str:
+def html_report(result: BisectResult, a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, pictures: bool = True, max_rows: int = 256) -> str:
     """The page for ``result``, a bisect of runs ``a`` and ``b`` (Runs or directories): pictures
     drawn when matplotlib is installed (otherwise the page says how to get them), the rank layout
     and the commands from the runs' manifests."""

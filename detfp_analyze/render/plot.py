@@ -31,9 +31,7 @@ __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 _BATCH = 64
 
 
-def divergence_frame(
-    a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, ranks: Iterable[int] | None = None
-) -> pl.DataFrame:
+def divergence_frame(a: Run | str | os.PathLike[str], b: Run | str | os.PathLike[str], *, ranks: Iterable[int] | None = None) -> pl.DataFrame:
     """Per (rank, step): how many record pairs are the same, differ, or exist on one side.
 
     ``a``/``b``: Runs or run directories. Columns (as the ``step_summary`` SQL view):

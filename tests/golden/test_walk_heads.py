@@ -82,9 +82,7 @@ def _two_output_call(a) -> int:
 def test_a_head_that_cuts_the_picked_call_reads_the_whole_slice(tmp_path):
     probe = write_pair(tmp_path / "pa", tmp_path / "pb", SynthSpec(ranks=1, steps=2, records=4000))
     index = _two_output_call(open_run(probe.a))
-    p = write_pair(
-        tmp_path / "a", tmp_path / "b", SynthSpec(ranks=1, steps=2, records=4000), Plant(step=1, index=index)
-    )
+    p = write_pair(tmp_path / "a", tmp_path / "b", SynthSpec(ranks=1, steps=2, records=4000), Plant(step=1, index=index))
     a, b = open_run(p.a), open_run(p.b)
     [expected] = p.expected
     sl = _slices(a, b, {0: [1]})

@@ -32,9 +32,7 @@ SPARK_TEST_CONF = (
 def spark():
     """The shared SparkSession (``local[2]``); fails with the install command when pyspark or Java is missing."""
     if importlib.util.find_spec("pyspark") is None:
-        pytest.fail(
-            "pyspark is not installed: run bash scripts/bootstrap.sh (it installs the spark extra)", pytrace=False
-        )
+        pytest.fail("pyspark is not installed: run bash scripts/bootstrap.sh (it installs the spark extra)", pytrace=False)
     from detfp_analyze.errors import EngineError
     from detfp_analyze.spark.runtime import check_java, quiet_jvm, session
 

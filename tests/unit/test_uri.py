@@ -20,14 +20,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 @pytest.mark.parametrize(
     ("text", "want"),
-    [
-        ("/data/run", None),
-        ("run", None),
-        ("C:/run", None),
-        ("file:///x", "file"),
-        ("S3A://b/k", "s3a"),
-        ("hdfs://nn/x", "hdfs"),
-    ],
+    [("/data/run", None), ("run", None), ("C:/run", None), ("file:///x", "file"), ("S3A://b/k", "s3a"), ("hdfs://nn/x", "hdfs")],
 )
 def test_scheme(text, want):
     assert scheme(text) == want
