@@ -50,7 +50,7 @@ def _initial() -> Scheme:
 
 _LOCK = threading.RLock()  # re-entrant: a holder's weakref callback may run inside a locked block
 #: [the active scheme, the process default]; ``_refresh`` recomputes the first from the state below.
-_STATE: list[Scheme] = [_initial(), _initial()]
+_STATE: list[Scheme] = [_initial()] * 2
 #: Schemes of the ``use`` blocks entered and not left, innermost last.
 _USED: list[Scheme] = []
 #: Live holders (capture sessions) and the scheme each holds.
@@ -58,10 +58,17 @@ _HOLDERS: list[tuple[weakref.ref, Scheme]] = []
 
 
 def _refresh(_ref: object = None) -> None:
-    """The innermost ``use`` block's scheme, else the live holders', else the default."""
+    """The live holders' scheme (a capture's version governs all its digests), else the
+    innermost ``use`` block's, else the default."""
     with _LOCK:
         _HOLDERS[:] = [(r, s) for r, s in _HOLDERS if r() is not None]
-        _STATE[0] = _USED[-1] if _USED else _HOLDERS[0][1] if _HOLDERS else _STATE[1]
+        _STATE[0] = _HOLDERS[0][1] if _HOLDERS else _USED[-1] if _USED else _STATE[1]
+
+
+def _conflict(scheme: Scheme) -> Scheme | None:
+    """A live holder's or an open ``use`` block's scheme other than ``scheme``, if any."""
+    _refresh()
+    return next((s for s in [*(s for _, s in _HOLDERS), *_USED] if s is not scheme), None)
 
 
 def active() -> Scheme:
@@ -71,9 +78,18 @@ def active() -> Scheme:
 
 @contextlib.contextmanager
 def use(version: int) -> Iterator[Scheme]:
-    """New digests started inside use ``version`` (tests, benchmarks, ``fingerprint`` callers)."""
+    """New digests started inside use ``version`` (tests, benchmarks, ``fingerprint`` callers);
+    DigestError while a live capture session holds another version (its digests must not change
+    version under it)."""
     scheme = get(version)
     with _LOCK:
+        _refresh()
+        held = next((s for _, s in _HOLDERS if s is not scheme), None)
+        if held is not None:
+            raise DigestError(
+                f"digest version {version} asked for while a capture session of this process uses version "
+                f"{held.version}; pass version= to fingerprint/start instead"
+            )
         _USED.append(scheme)
         _refresh()
     try:
@@ -86,16 +102,15 @@ def use(version: int) -> Iterator[Scheme]:
 
 def hold(owner: object, version: int) -> Scheme:
     """Make ``version`` the active one for as long as ``owner`` (a Session) holds it: until
-    ``release(owner)`` or until ``owner`` is garbage. DigestError if another live holder holds a
-    different version."""
+    ``release(owner)`` or until ``owner`` is garbage. DigestError if another live holder, or an
+    open ``use`` block, has a different version."""
     scheme = get(version)
     with _LOCK:
-        _refresh()
-        other = next((s for _, s in _HOLDERS if s is not scheme), None)
+        other = _conflict(scheme)
         if other is not None:
             raise DigestError(
-                f"digest version {version} requested while another capture session of this process uses "
-                f"version {other.version}; close that session first or use the same version"
+                f"digest version {version} requested while another capture session of this process (or a "
+                f"versions.use block) uses version {other.version}; close that session first or use the same version"
             )
         _HOLDERS.append((weakref.ref(owner, _refresh), scheme))
         _refresh()

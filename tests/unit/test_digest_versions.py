@@ -24,7 +24,7 @@ from detfp_analyze.io.reader import open_run
 from detfp_capture import Session, contract
 from detfp_capture._digest import versions
 from detfp_capture._sources.launcher import build_parser
-from detfp_capture.digest import fingerprint
+from detfp_capture.digest import DigestError, fingerprint
 from detfp_capture.errors import ConfigError
 from tests.fixtures.shards import hexdigest, write_run
 
@@ -78,7 +78,9 @@ def test_the_environment_picks_the_version_and_a_bad_one_fails_at_session(tmp_pa
 def test_two_live_sessions_of_one_process_cannot_use_different_versions(tmp_path):
     first = Session(str(tmp_path / "a"), "metrics", digest_version=1)
     try:
-        with pytest.raises(ConfigError, match="another capture session of this process uses version 1"):
+        with pytest.raises(
+            ConfigError, match=r"another capture session of this process \(or a versions\.use block\) uses version 1"
+        ):
             Session(str(tmp_path / "b"), "metrics", digest_version=2)
         same = Session(str(tmp_path / "c"), "metrics", digest_version=1)  # the same version: fine
         same.close()
@@ -89,13 +91,23 @@ def test_two_live_sessions_of_one_process_cannot_use_different_versions(tmp_path
     Session(str(tmp_path / "d"), "metrics", digest_version=2).close()
 
 
-def test_use_blocks_nest_and_restore():
+def test_use_blocks_nest_and_restore_and_never_override_a_session(tmp_path):
     with versions.use(1):
         assert versions.active().version == 1
         with versions.use(2):
             assert versions.active().version == 2
         assert versions.active().version == 1
+        with pytest.raises(ConfigError, match=r"or a versions\.use block"):  # digests of a v2 trace must be v2
+            Session(str(tmp_path / "a"), "metrics", digest_version=2)
     assert versions.active().version == contract.DIGEST_VERSION
+    with Session(str(tmp_path / "b"), "metrics", digest_version=1):
+        with (
+            pytest.raises(DigestError, match="capture session of this process uses version 1; pass version="),
+            versions.use(2),
+        ):
+            pass
+        with versions.use(1):
+            assert versions.active().version == 1
 
 
 def test_the_launcher_takes_a_digest_version():
