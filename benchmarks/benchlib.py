@@ -242,26 +242,36 @@ def byte_compile(*trees: Path) -> None:
 
 
 def time_gemms(clock: Any = time.perf_counter) -> list[float]:
-    """Time every call of the digest's level GEMM (``_digest.core.mm``: the int8 rows to float32,
-    the GEMM, the lanes back to int32) in this process from now on; returns the running total in
-    seconds, by ``clock`` (``time.process_time`` for CPU time). Timed inside the measured steps,
-    so it is slowed by the machine's load exactly as they are, unlike a best-of-N throughput: the
-    part of capture's overhead that is the digest's arithmetic, and with it the rest (hooks,
-    records, copies, the tree's upper levels, the flush). On a GPU the GEMMs are asynchronous:
-    there this is only their host (launch) time. Imports ``detfp_capture`` (and torch)."""
-    from detfp_capture._digest import core  # the GEMM the digest runs is a private of the capture
-
+    """Time every call of the digest's level functions (each digest version's ``mm`` and
+    ``mm_short``: version 1's GEMM, version 2's multilinear level) in this process from now on;
+    returns the running total in seconds, by ``clock`` (``time.process_time`` for CPU time). Timed
+    inside the measured steps, so it is slowed by the machine's load exactly as they are, unlike a
+    best-of-N throughput: the part of capture's overhead that is the digest's arithmetic, and with
+    it the rest (hooks, records, copies, the flush). On a GPU the level functions are
+    asynchronous: there this is only their host (launch) time. Imports ``detfp_capture`` (and
+    torch)."""
     total = [0.0]
-    inner = core.mm
 
-    def mm(x, level, out=None):
-        t0 = clock()
-        try:
-            return inner(x, level, out)
-        finally:
-            total[0] += clock() - t0
+    def timed(inner: Any) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                total[0] += clock() - t0
 
-    core.mm = mm  # the module's own callers (lanes_of, tree, mm_short) look it up there too
+        return fn
+
+    try:  # the level functions are the capture's privates
+        from detfp_capture._digest import versions
+    except ImportError:  # a baseline tree from before digest versions (--baseline): one GEMM, core.mm
+        from detfp_capture._digest import core
+
+        core.mm = timed(core.mm)  # the module's own callers (lanes_of, tree, mm_short) look it up there
+        return total
+    for sch in versions.SCHEMES.values():
+        # Instance attributes: every caller (the tree, batches, staging, arenas) calls sch.mm.
+        sch.mm, sch.mm_short = timed(sch.mm), timed(sch.mm_short)
     return total
 
 

@@ -1,35 +1,43 @@
-"""Throughput and per-call cost of the detfp digest next to the alternatives, measured side by side.
+"""Throughput of the detfp digest against memory bandwidth and ``torch.hash_tensor``, in one run.
 
-Prints one table: GB/s on 1 MiB and 64 MiB float32 and bfloat16 tensors for the detfp digest
-(``fingerprint``: start + resolve, one sync), ``torch.hash_tensor`` (XOR reduce, order-blind),
-xxh3-128 and sha256 over the raw bytes (host hashes, CPU only), and ``clone()`` (a memory-bandwidth
-reference), timed round-robin (each round times every method once); then the ratio
-detfp / hash_tensor (median of per-round ratios), and the per-call cost for a tiny tensor (16
-floats) through ``start`` alone (what capture pays per tensor), ``start`` + a share of a batched
-``resolve``, and ``fingerprint``. Each number is the median of several rounds. On CPU, last, the
-level GEMM alone (``_digest.core.mm`` on 16 MiB of rows) on each route this machine has, side by
-side: the native kernel, ``torch._int_mm`` and the exact float32 GEMM (the same integers on each),
-with each route's speed over the float32 GEMM's.
+Part 1, the table (issue 31): per tensor size (1 MiB to 1 GiB, ``--sizes-mib``) and dtype
+(float32, bfloat16, float8_e4m3fn, int64), one thread, every method timed round-robin on the
+same bytes (median of ``--repeats`` rounds):
 
-    .venv/bin/python benchmarks/digest.py [--device cuda] [--repeats 7] [--threads N]
+- references: a single read pass (``x.view(torch.float32).sum()``), ``copy_`` into an existing
+  buffer, and ``torch.hash_tensor`` (on float8, which it lacks, of the same bytes as uint8);
+- digest version 2 (``fingerprint``: start + resolve, one sync) on each route: the native kernel
+  on every instruction set this CPU runs (``native.running``: AVX-512, AVX2; the process's is
+  marked ``*``), and the pure torch route (one exact int8 GEMM per level, the CUDA route);
+- digest version 1 on this process's route, for comparison.
+
+Each digest column gives GB/s and its ratios to the read pass (``/read``) and to
+``hash_tensor`` (``/hash``), then the goals of issue 31 are checked per row: native >= 0.5 of the
+read pass and >= 1.5x ``hash_tensor`` (on each instruction set), torch route >= 1x
+``hash_tensor``; the verdicts are printed, never enforced (a shared machine's noise). Part 2:
+per-call cost of a tiny tensor (``start`` alone, with a batched ``resolve``, ``fingerprint``).
+Part 3 (CPU): version 1's level GEMM alone on each of its routes.
+
+    .venv/bin/python benchmarks/digest.py                     # 1, 16, 256, 1024 MiB
+    .venv/bin/python benchmarks/digest.py --sizes-mib 1,64 --repeats 5
+    DETFP_NATIVE_ISA=avx2 .venv/bin/python benchmarks/digest.py   # the process's ISA forced to AVX2
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import statistics
 import time
 
 import torch
 
 import benchlib
+from detfp_capture._digest import gemm, native, versions
 from detfp_capture.digest import fingerprint, resolve, start
 
-try:
-    import xxhash
-except ImportError:  # optional: the table says n/a
-    xxhash = None
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8": torch.float8_e4m3fn, "int64": torch.int64}
+#: Goals of issue 31 (printed, not enforced).
+NATIVE_READ, NATIVE_HASH, TORCH_HASH = 0.5, 1.5, 1.0
 
 
 def _sync(device: torch.device) -> None:
@@ -66,54 +74,99 @@ def interleaved_seconds(fns: dict, repeats: int, device: torch.device, inner: in
     return out
 
 
+def _on_isa(isa: str, t: torch.Tensor):
+    def fn():
+        with native.running(isa):
+            return fingerprint(t, version=2)
+
+    return fn
+
+
+def _torch_route(t: torch.Tensor):
+    sch = versions.SCHEMES[2]
+
+    def fn():
+        saved = sch.native_cpu
+        sch.native_cpu = False
+        try:
+            return fingerprint(t, version=2)
+        finally:
+            sch.native_cpu = saved
+
+    return fn
+
+
 def methods(t: torch.Tensor) -> dict[str, object]:
+    """The references and every digest route, on ``t``'s bytes."""
+    raw = t.view(torch.uint8)
+    buf = torch.empty_like(t)
+    as_f32 = raw.view(torch.float32)
+    hashed = raw if t.dtype is torch.float8_e4m3fn else t
     out: dict[str, object] = {
-        "detfp": lambda: fingerprint(t),
-        "hash_tensor": lambda: torch.hash_tensor(t),
-        "clone": lambda: t.clone(),
+        "read": lambda: as_f32.sum(),
+        "copy_": lambda: buf.copy_(t),
+        "hash_tensor": lambda: torch.hash_tensor(hashed),
     }
-    if t.device.type == "cpu":
-        raw = memoryview(t.view(torch.uint8).numpy())
-        out["xxh3_128"] = (lambda: xxhash.xxh3_128(raw).digest()) if xxhash is not None else None
-        out["sha256"] = lambda: hashlib.sha256(raw).digest()
-    else:
-        out["xxh3_128"] = out["sha256"] = None
+    if t.device.type == "cpu" and native.AVAILABLE:
+        for isa in reversed(native.ISAS[1:]):  # the vector kernels; plain C is far slower
+            out[f"v2 {isa}"] = _on_isa(isa, t)
+    elif t.device.type == "cpu":
+        out["v2 (no native)"] = lambda: fingerprint(t, version=2)
+    out["v2 torch"] = _torch_route(t) if t.device.type == "cpu" else (lambda: fingerprint(t, version=2))
+    out["v1"] = lambda: fingerprint(t, version=1)
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    args = ap.parse_args()
-    print(benchlib.machine_line(), flush=True)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    from detfp_capture._digest import core
+def _ratio(secs: dict[str, list[float]], n: str, ref: str) -> float:
+    """Speed of ``n`` over ``ref``: the median of per-round ratios (both timed back to back)."""
+    return statistics.median(r / d for d, r in zip(secs[n], secs[ref], strict=True))
 
+
+def table(device: torch.device, sizes: list[int], dtypes: list[str], repeats: int) -> None:
+    v2 = versions.SCHEMES[2]
     print(
-        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}, "
-        f"level GEMM: {core.route(device)}"
+        f"digest throughput, one thread: native instruction sets {', '.join(native.ISAS) or 'none (not built)'}; "
+        f"this process runs {native.ISA or '-'} (*); version 2 route here: {v2.route(device)}; "
+        f"version 1 route here: {versions.SCHEMES[1].route(device)}"
     )
-    names = ["detfp", "hash_tensor", "xxh3_128", "sha256", "clone"]
-    print(f"{'tensor':<16}" + "".join(f"{n + ' GB/s':>17}" for n in names) + f"{'detfp/hash_tensor':>19}")
-    for mib in (1, 64):
-        for dtype in (torch.float32, torch.bfloat16):
-            numel = mib * (1 << 20) // dtype.itemsize
-            t = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
-            nbytes = numel * dtype.itemsize
-            inner = 20 if mib == 1 else 1
-            fns = {n: f for n, f in methods(t).items() if f is not None}
-            secs = interleaved_seconds(fns, args.repeats, device, inner)
-            gbps = {n: (nbytes / statistics.median(secs[n]) / 1e9 if n in secs else None) for n in names}
-            # the ratio is the median of per-round ratios: both timed back to back in each round
-            ratio = statistics.median(h / d for d, h in zip(secs["detfp"], secs["hash_tensor"], strict=True))
-            cells = "".join(f"{'n/a' if gbps[n] is None else f'{gbps[n]:.2f}':>17}" for n in names)
-            label = f"{mib} MiB {str(dtype).removeprefix('torch.')}"
-            print(f"{label:<16}{cells}{ratio:>18.2f}x")
+    print("columns: GB/s; digests also (x read pass, x hash_tensor); float8's hash_tensor hashes its bytes as uint8")
+    verdicts: list[str] = []
+    for mib in sizes:
+        for name in dtypes:
+            dtype = DTYPES[name]
+            nbytes = mib << 20
+            g = torch.Generator().manual_seed(mib)
+            t = torch.randint(-128, 128, (nbytes,), dtype=torch.int8, generator=g).view(dtype).to(device)
+            fns = methods(t)
+            secs = interleaved_seconds(fns, repeats, device, max(1, (16 << 20) // nbytes))
+            rate = {n: nbytes / statistics.median(s) / 1e9 for n, s in secs.items()}
+            ratio = {(n, ref): _ratio(secs, n, ref) for n in fns for ref in ("read", "hash_tensor")}
+            cells = [f"{rate[n]:.2f}" for n in ("read", "copy_", "hash_tensor")]
+            for n in fns:
+                if n.startswith("v"):
+                    mark = "*" if n == f"v2 {native.ISA}" else ""
+                    cells.append(f"{n}{mark} {rate[n]:.2f} ({ratio[n, 'read']:.2f}, {ratio[n, 'hash_tensor']:.2f})")
+            print(
+                f"{mib:>5} MiB {name:<9} read {cells[0]}  copy_ {cells[1]}  hash_tensor {cells[2]}  "
+                + "  ".join(cells[3:])
+            )
+            for n in fns:
+                native_route = n.startswith("v2 ") and n != "v2 torch"
+                if native_route and (ratio[n, "read"] < NATIVE_READ or ratio[n, "hash_tensor"] < NATIVE_HASH):
+                    verdicts.append(
+                        f"{mib} MiB {name} {n}: {ratio[n, 'read']:.2f}x read (goal {NATIVE_READ}), "
+                        f"{ratio[n, 'hash_tensor']:.2f}x hash_tensor (goal {NATIVE_HASH})"
+                    )
+            if ratio["v2 torch", "hash_tensor"] < TORCH_HASH:
+                verdicts.append(
+                    f"{mib} MiB {name} v2 torch: {ratio['v2 torch', 'hash_tensor']:.2f}x hash_tensor (goal {TORCH_HASH})"
+                )
+            del t, fns
+    print("goals (native >= 0.5x read and >= 1.5x hash_tensor; torch route >= 1x hash_tensor):")
+    print("  all met" if not verdicts else "\n".join(f"  missed: {v}" for v in verdicts))
 
+
+def per_call(device: torch.device, repeats: int) -> None:
     tiny = torch.randn(16, device=device)
     batch = 2000
     pendings: list = []
@@ -124,48 +177,67 @@ def main() -> None:
     def start_resolve() -> None:
         resolve([start(tiny) for _ in range(batch)])
 
-    per_start = median_seconds(start_only, args.repeats, device, inner=batch)
+    per_start = median_seconds(start_only, repeats, device, inner=batch)
     resolve(pendings)
-    per_batched = median_seconds(start_resolve, args.repeats, device) / batch
-    per_fp = median_seconds(lambda: fingerprint(tiny), args.repeats, device, inner=200)
-    per_hash = median_seconds(lambda: torch.hash_tensor(tiny), args.repeats, device, inner=batch)
-    print("tiny tensor (16 float32), microseconds per call:")
+    per_batched = median_seconds(start_resolve, repeats, device) / batch
+    per_fp = median_seconds(lambda: fingerprint(tiny), repeats, device, inner=200)
+    per_hash = median_seconds(lambda: torch.hash_tensor(tiny), repeats, device, inner=batch)
+    print(f"tiny tensor (16 float32), microseconds per call, digest version {versions.active().version}:")
     print(f"  start()                         {per_start * 1e6:8.1f}")
     print(f"  start() + batched resolve ({batch})  {per_batched * 1e6:8.1f}")
     print(f"  fingerprint() (one sync)        {per_fp * 1e6:8.1f}")
     print(f"  torch.hash_tensor (no fetch)    {per_hash * 1e6:8.1f}")
-    if device.type == "cpu":
-        gemm_routes(args.repeats)
 
 
 def gemm_routes(repeats: int) -> None:
-    """The level GEMM on each CPU route, round-robin; a route is forced per call through the
-    decisions ``core`` caches (``_NATIVE``, ``_INT_MM``), restored afterwards."""
-    from detfp_capture._digest import core, native
-
+    """Version 1's level GEMM on each CPU route, round-robin; a route is forced per call through
+    the decisions the scheme and ``gemm`` cache, restored afterwards."""
+    v1 = versions.SCHEMES[1]
     x = torch.randint(-128, 128, (16384, 1024), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
-    saved = dict(core._NATIVE), dict(core._INT_MM)
+    saved = v1.native_cpu, dict(gemm._INT_MM)
     routes = {"native": (True, False), "int8 GEMM": (False, True), "float32 GEMM": (False, False)}
     if not native.AVAILABLE:
         del routes["native"]
 
     def run(flags: tuple[bool, bool]):
         def fn() -> None:
-            core._NATIVE["cpu"], core._INT_MM["cpu"] = flags
-            core.mm(x, 0)
+            v1.native_cpu, gemm._INT_MM["cpu"] = flags
+            v1.mm(x, 0)
 
         return fn
 
     try:
         secs = interleaved_seconds({n: run(f) for n, f in routes.items()}, repeats, torch.device("cpu"), 1)
     finally:
-        for cache, before in zip((core._NATIVE, core._INT_MM), saved, strict=True):
-            cache.clear()
-            cache.update(before)
-    print("level GEMM, 16 MiB of rows, by route (the same integers on each):")
+        v1.native_cpu = saved[0]
+        gemm._INT_MM.clear()
+        gemm._INT_MM.update(saved[1])
+    print("version 1's level GEMM, 16 MiB of rows, by route (the same integers on each):")
     for name, t in secs.items():
         speed = statistics.median(f / r for r, f in zip(t, secs["float32 GEMM"], strict=True))
         print(f"  {name:<14}{x.numel() / statistics.median(t) / 1e9:8.2f} GB/s {speed:6.2f}x the float32 GEMM")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1: one thread)")
+    ap.add_argument("--sizes-mib", default="1,16,256,1024", help="comma-separated tensor sizes in MiB")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated subset of {','.join(DTYPES)}")
+    ap.add_argument("--skip-gemm-routes", action="store_true", help="leave out part 3 (version 1's GEMM routes)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if set(dtypes) - set(DTYPES):
+        ap.error(f"--dtypes: choose from {', '.join(DTYPES)}")
+    print(benchlib.machine_line(), flush=True)
+    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}")
+    table(device, [int(s) for s in args.sizes_mib.split(",") if s.strip()], dtypes, args.repeats)
+    per_call(device, args.repeats)
+    if device.type == "cpu" and not args.skip_gemm_routes:
+        gemm_routes(args.repeats)
 
 
 if __name__ == "__main__":

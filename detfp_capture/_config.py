@@ -9,23 +9,49 @@ JSON form stored in the manifest's ``capture`` object.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from detfp_capture.contract import DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_capture.errors import ConfigError
 
 __all__ = [
+    "DIGEST_VERSION_ENV",
     "LEVELS",
     "LEVEL_CAPABILITIES",
     "Capabilities",
     "CaptureConfig",
     "Selector",
     "TensorOption",
+    "choose_digest_version",
     "parse_selector",
 ]
+
+#: The environment variable that sets the digest version of captures that do not pass one.
+DIGEST_VERSION_ENV = "DETFP_DIGEST_VERSION"
+
+
+def choose_digest_version(value: Any = None) -> int:
+    """The digest version a capture uses: ``value`` (a key of ``contract.DIGEST_VERSIONS``), or
+    when None the environment's ``DETFP_DIGEST_VERSION``, or ``contract.DIGEST_VERSION``."""
+    known = ", ".join(map(str, sorted(DIGEST_VERSIONS)))
+    if value is None:
+        text = os.environ.get(DIGEST_VERSION_ENV, "").strip()
+        if not text:
+            return DIGEST_VERSION
+        if text.isdigit() and int(text) in DIGEST_VERSIONS:
+            return int(text)
+        raise ConfigError(f"{DIGEST_VERSION_ENV}={text!r}: not a digest version; set it to one of {known} or unset it")
+    if type(value) is not int or value not in DIGEST_VERSIONS:
+        raise ConfigError(
+            f"digest_version={value!r}: not a digest version; pass one of {known} "
+            f"({DIGEST_VERSION}, the default, unless comparing with runs captured with another)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -209,6 +235,9 @@ class CaptureConfig:
     views: bool = False
     #: First step of this launch (manifest start_step); None when unknown.
     start_step: int | None = None
+    #: Version of the digests (a key of ``contract.DIGEST_VERSIONS``; the manifest's
+    #: ``digest_version``). Runs compare only with runs of the same version.
+    digest_version: int = DIGEST_VERSION
 
     @property
     def caps(self) -> Capabilities:
@@ -257,6 +286,7 @@ def make_config(
     flush_records: Any = 65536,
     views: Any = False,
     start_step: Any = None,
+    digest_version: Any = None,
 ) -> CaptureConfig:
     """Validate the user's options; ConfigError names the option, the value and the fix."""
     if level not in LEVELS:
@@ -286,6 +316,7 @@ def make_config(
         flush_records=flush_records,
         views=views,
         start_step=start_step,
+        digest_version=choose_digest_version(digest_version),
     )
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class RankPart:
         overwrite: bool,
         ranks: Any,
         fields: Mapping[str, Any],
+        digest_version: Callable[[int], int],
     ) -> None:
         self.out_dir = out_dir
         self.rec = rec
@@ -93,8 +94,11 @@ class RankPart:
         self._append = append
         self._overwrite = overwrite
         self._ranks = ranks
-        #: ``collect_manifest``'s keyword arguments other than rank, world size and segment.
+        #: ``collect_manifest``'s keyword arguments other than rank, world size, segment and digest version.
         self._fields = dict(fields)
+        #: The digest version of the part, given its segment (a resumed run keeps its version;
+        #: ConfigError when another was asked for).
+        self._digest_version = digest_version
         from detfp_capture.manifest import redact_command
 
         self._command = redact_command(sys.argv)  # the command as launched, not as it is at open
@@ -112,8 +116,11 @@ class RankPart:
         segment = _writer.prepare_run_dir(
             self.out_dir, rank, append=self._append, overwrite=self._overwrite, world_size=world
         )
+        version = self._digest_version(segment)
         w = _writer.ShardWriter(self.out_dir, rank, segment, rollups=True)
-        data = collect_manifest(rank=rank, world_size=world, segment=segment, groups={}, **self._fields)
+        data = collect_manifest(
+            rank=rank, world_size=world, segment=segment, groups={}, digest_version=version, **self._fields
+        )
         data["command"] = self._command
         self.manifest.data = data
         try:

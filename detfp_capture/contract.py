@@ -24,6 +24,7 @@ __all__ = [
     "COMPONENT_SEP",
     "DIGEST_ALGORITHM",
     "DIGEST_VERSION",
+    "DIGEST_VERSIONS",
     "EVENT_TYPES",
     "HAZARDS",
     "INPUTLESS_KINDS",
@@ -55,11 +56,17 @@ __all__ = [
 
 #: Version of the table layout. Bump on any change to a column's name, type or meaning.
 SCHEMA_VERSION = 1
-#: Version of the tensor digest (docs/digest.md). Bump whenever any digest output can change;
-#: the analysis refuses to compare digests of different versions (every record would differ).
-DIGEST_VERSION = 1
+#: Every version of the tensor digest this release computes and reads (docs/digest.md), with
+#: the algorithm's name: 1, the tree of int8 GEMMs (kept to compare runs captured with it); 2,
+#: the tree of multilinear hashes designed for memory bandwidth. A new version gets a new
+#: number whenever any digest output can change; the analysis refuses to compare digests of
+#: different versions (every record would differ).
+DIGEST_VERSIONS: dict[int, str] = {1: "detfp-tlh128", 2: "detfp-tlh128"}
+#: The version new captures use unless asked for another (``Session(digest_version=...)``,
+#: ``python -m detfp_capture --digest-version``, ``DETFP_DIGEST_VERSION``).
+DIGEST_VERSION = 2
 #: Human-readable name of the digest algorithm, stored in the manifest next to the version.
-DIGEST_ALGORITHM = "detfp-tlh128"
+DIGEST_ALGORITHM = DIGEST_VERSIONS[DIGEST_VERSION]
 
 #: Directory (inside a run directory) that holds the per-rank, per-segment manifests.
 MANIFEST_DIR = "manifest"
@@ -436,8 +443,8 @@ def manifest_relpath(rank: int, segment: int) -> str:
 #: its meaning. Values are JSON; ``null`` where a fact is unknown (e.g. no CUDA).
 MANIFEST_KEYS: dict[str, str] = {
     "schema_version": "int: SCHEMA_VERSION of the writer.",
-    "digest_version": "int: DIGEST_VERSION of the digests in this run.",
-    "digest_algorithm": "str: DIGEST_ALGORITHM.",
+    "digest_version": "int: version of the digests in this run, a key of DIGEST_VERSIONS (DIGEST_VERSION unless the capture asked for another).",
+    "digest_algorithm": "str: the algorithm's name, DIGEST_VERSIONS[digest_version].",
     "rank": "int: global rank.",
     "world_size": "int: number of ranks in the job (the process group's size once the group exists, even when the session opened before it; every rank in `groups` is below it).",
     "segment": "int: process launch (0 first, +1 per appended resume).",

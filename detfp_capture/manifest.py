@@ -10,6 +10,7 @@ the analysis compares the manifests.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -30,6 +31,7 @@ __all__ = [
     "SECRET_NAMES",
     "collect_manifest",
     "determinism_settings",
+    "earlier_digest_version",
     "git_info",
     "looks_secret",
     "numerics_env",
@@ -266,6 +268,20 @@ def git_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status), "root": root}
 
 
+def earlier_digest_version(run_dir: str | os.PathLike[str], rank: int, segment: int) -> int | None:
+    """The digest version of ``rank``'s latest launch before ``segment`` in ``run_dir`` (from its
+    manifest), or None when no earlier manifest says one: what a resumed run continues with."""
+    for earlier in range(segment - 1, -1, -1):
+        path = Path(run_dir) / contract.manifest_relpath(rank, earlier)
+        try:
+            version = json.loads(path.read_text(encoding="utf-8")).get("digest_version")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if type(version) is int:
+            return version
+    return None
+
+
 def collect_manifest(
     *,
     rank: int,
@@ -276,12 +292,15 @@ def collect_manifest(
     groups: Mapping[str, Sequence[int]] | None = None,
     capture: Mapping[str, Any] | None = None,
     git_path: str | os.PathLike[str] | None = None,
+    digest_version: int = contract.DIGEST_VERSION,
 ) -> dict[str, Any]:
-    """This rank's manifest: contract.MANIFEST_KEYS then MANIFEST_OPTIONAL_KEYS (see them for each value's meaning)."""
+    """This rank's manifest: contract.MANIFEST_KEYS then MANIFEST_OPTIONAL_KEYS (see them for each
+    value's meaning). ``digest_version``: the version of the run's digests (a key of
+    ``contract.DIGEST_VERSIONS``)."""
     manifest = {
         "schema_version": contract.SCHEMA_VERSION,
-        "digest_version": contract.DIGEST_VERSION,
-        "digest_algorithm": contract.DIGEST_ALGORITHM,
+        "digest_version": int(digest_version),
+        "digest_algorithm": contract.DIGEST_VERSIONS[digest_version],
         "rank": int(rank),
         "world_size": int(world_size),
         "segment": int(segment),

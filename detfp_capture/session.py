@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import os
 import warnings
@@ -96,6 +97,9 @@ class Session:
         flush_records: resolve digests and write a window every this many records (bounds memory).
         views: also digest view and metadata-only ops (default: counted, not digested).
         start_step: first step of this launch for the manifest (default: the first ``step(n)``).
+        digest_version: version of the tensor digests (docs/digest.md; default 2, or the
+            environment's ``DETFP_DIGEST_VERSION``): 1 only to compare with runs captured by a
+            release whose digests were version 1 (runs of different versions never compare).
     """
 
     #: A process the launcher followed (``launcher_session``): its rank is the process group's.
@@ -121,6 +125,7 @@ class Session:
         flush_records: int = 65536,
         views: bool = False,
         start_step: int | None = None,
+        digest_version: int | None = None,
     ) -> None:
         self._cfg = cfg = make_config(
             level,
@@ -136,6 +141,7 @@ class Session:
             flush_records=flush_records,
             views=views,
             start_step=start_step,
+            digest_version=digest_version,
         )
         if overwrite and append:
             raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
@@ -152,6 +158,14 @@ class Session:
         self._opt_handles: list[Any] = []
         if self._inert:
             return
+        # Every digest this session starts uses its version (one version per trace); a second live
+        # session of this process with another version is refused here.
+        from detfp_capture._digest import versions
+
+        try:
+            versions.hold(self, cfg.digest_version)
+        except CaptureError as exc:
+            raise ConfigError(str(exc)) from None
         self._rec = rec = Recorder(cfg, None, rank=self.rank, on_fail=self._on_fail)
         self._manifest = RunManifest(self.out_dir, rec, start_step)
         self._part = RankPart(
@@ -165,6 +179,7 @@ class Session:
             overwrite=overwrite,
             ranks=cfg.ranks,
             fields={"start_step": start_step, "parallel": self._parallel, "capture": cfg.describe()},
+            digest_version=lambda segment: self._digest_version_for(segment, digest_version),
         )
         if not awaiting:
             try:
@@ -172,6 +187,9 @@ class Session:
             except OSError as exc:  # read-only, full or vanished file system: the job must still run
                 self._disable_at_start(exc)
                 return
+            except ConfigError:
+                self._release_digest_version()
+                raise
         caps = cfg.caps
         hazards = None
         if caps.hazards or cfg.poison:
@@ -371,6 +389,7 @@ class Session:
             rec.flush_safely()
         finally:
             self._closed = rec.closed = True
+            self._release_digest_version()
             self._teardown()
             with contextlib.suppress(Exception):
                 self._manifest.write()
@@ -490,9 +509,35 @@ class Session:
         if self._steps is not None:
             self._steps.stop_kernels()
 
+    def _digest_version_for(self, segment: int, asked: int | None) -> int:
+        """The digest version of this rank's part, now that its segment is known: a launch
+        appended to a run keeps the run's version (``_resumed_digest_version``; ConfigError when
+        another was asked for), and this session then holds that one."""
+        cfg = self._cfg
+        if segment:
+            resumed = _resumed_digest_version(cfg, asked, self.out_dir, self.rank, segment)
+            if resumed is not cfg:
+                from detfp_capture._digest import versions
+
+                self._release_digest_version()
+                try:
+                    versions.hold(self, resumed.digest_version)
+                except CaptureError as exc:
+                    raise ConfigError(str(exc)) from None
+                self._cfg = self._rec.cfg = resumed
+                if getattr(self, "_ctx", None) is not None:
+                    self._ctx.cfg = resumed
+        return self._cfg.digest_version
+
+    def _release_digest_version(self) -> None:
+        from detfp_capture._digest import versions
+
+        versions.release(self)
+
     def _disable_at_start(self, exc: OSError) -> None:
         """The run directory cannot be written at all: capture nothing, warn once, train on."""
         self._inert = True
+        self._release_digest_version()
         warnings.warn(
             f"detfp capture disabled on rank {self.rank}: cannot write the trace to {self.out_dir} "
             f"({type(exc).__name__}: {' '.join(str(exc).split())}); training continues without capture",
@@ -530,6 +575,23 @@ class _LauncherSession(Session):
         process group, a step), it writes nothing."""
         if not self._inert:
             self._part.started_ranks = True
+
+
+def _resumed_digest_version(cfg: Any, asked: int | None, out_dir: Path, rank: int, segment: int) -> Any:
+    """``cfg`` for a launch appended to a run: the run's digest version (one version per trace),
+    taken from its earlier launch when none was asked for; ConfigError when another was."""
+    from detfp_capture._config import DIGEST_VERSION_ENV
+    from detfp_capture.manifest import earlier_digest_version
+
+    earlier = earlier_digest_version(out_dir, rank, segment)
+    if earlier is None or earlier == cfg.digest_version:
+        return cfg
+    if asked is None and not os.environ.get(DIGEST_VERSION_ENV, "").strip():
+        return dataclasses.replace(cfg, digest_version=earlier)
+    raise ConfigError(
+        f"digest_version={cfg.digest_version}: {out_dir} (rank {rank}) was captured with digest version {earlier}, "
+        f"and a resumed run keeps its version; pass digest_version={earlier} or capture into a new directory"
+    )
 
 
 def launcher_session(*, followed: bool = False, **options: Any) -> Session:

@@ -328,6 +328,8 @@ def make_session(args, start_step: int):
         options["poison"] = True
     if start_step:
         options["start_step"] = start_step
+    if args.digest_version:
+        options["digest_version"] = args.digest_version
     return Session(args.out, **options)
 
 
@@ -398,6 +400,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-restore-rng", action="store_true", help="resume without restoring RNG states (a bug)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--poison", action="store_true", help="capture's poison mode for empty() allocations")
+    p.add_argument("--digest-version", type=int, help="digest version of the trace (default: capture's, 2)")
     args = p.parse_args(argv)
     unknown = set(args.plant.split(",")) - set(PLANTS) if args.plant else set()
     if unknown:

@@ -6,7 +6,9 @@
 #
 # 1. the example at every capture level on the GPU (torchrun, single node), traces validated,
 #    including kernel identities from the profiler carrying real CUDA kernel names;
-# 2. device digests equal the CPU reference digests, tensor by tensor (detfp_capture.fingerprint);
+# 2. device digests equal the CPU reference digests, tensor by tensor (detfp_capture.fingerprint), for
+#    each digest version (2, the default: the device's torch route against the CPU's native kernel;
+#    and 1), through the single, batched and staged paths;
 # 3. host synchronizations per step at each level (metrics, boundaries, ops), counted with the
 #    profiler: fails if the capture adds anything like one per record (digests must stay on the
 #    device until a flush);
@@ -17,7 +19,8 @@
 # 6. the capture-overhead table (benchmarks/capture_overhead.py --device cuda), at the default
 #    sizes and at a device-bound size of the gpt2 row (--width 2048 --seq 1024);
 # 7. the digest's throughput on 256 MiB and 1 GiB bf16/fp32 tensors as a share of the device's
-#    clone() bandwidth (benchmarks/digest_bandwidth.py; goal >= 50%, printed, not enforced).
+#    clone() bandwidth, versions 2 and 1 side by side (benchmarks/digest_bandwidth.py; goal >= 50%
+#    for version 2, printed, not enforced).
 # DRY_RUN=1 (with DEVICE=cpu) runs every step at small sizes: a quick check of the script itself.
 # Exits non-zero, naming the failed check, on the first failure; with KEEP_GOING=1 it runs every
 # check and names all the failures at the end (one lease on a time-boxed GPU machine shows them all).
@@ -110,10 +113,11 @@ assert dev.height > 0, f"ops: kernels table has no {device} kernels (device type
 print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
-step "2/7 device digests == CPU reference digests (single, batched, staged)"
+step "2/7 device digests == CPU reference digests (versions 2 and 1; single, batched, staged)"
 "$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
 import os, torch
 from detfp_capture import fingerprint
+from detfp_capture._digest import versions
 g = torch.Generator().manual_seed(0)
 cases = {
     "f32 small": torch.randn(7, 5, generator=g),
@@ -133,13 +137,19 @@ cases = {
 }
 if hasattr(torch, "float8_e4m3fn"):
     cases["fp8 e4m3"] = torch.randn(2048, generator=g).to(torch.float8_e4m3fn)
+cases["4 levels (v2)"] = torch.randint(-128, 128, (64 * 64 * 1024 + 777,), generator=g, dtype=torch.int8)
 bad = 0
-for name, t in cases.items():
-    cpu = fingerprint(t, rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
-    dev = fingerprint(t.to(os.environ["DEVICE"]), rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point())
-    same = cpu.digest == dev.digest and cpu.rows == dev.rows and not cpu.error and not dev.error
-    bad += not same
-    print(f"{'ok  ' if same else 'DIFF'} {name:<16} {cpu.digest or cpu.error}  {dev.digest or dev.error}")
+dev_type = torch.device(os.environ["DEVICE"])
+for version in (2, 1):
+    sch = versions.SCHEMES[version]
+    print(f"digest version {version}: CPU route {sch.route(torch.device('cpu'))}, {dev_type} route {sch.route(dev_type)}")
+    for name, t in cases.items():
+        kw = dict(rows=t.dim() > 0 and t.shape[0] > 0, moments=t.is_floating_point(), version=version)
+        cpu = fingerprint(t, **kw)
+        dev = fingerprint(t.to(dev_type), **kw)
+        same = cpu.digest == dev.digest and cpu.rows == dev.rows and not cpu.error and not dev.error
+        bad += not same
+        print(f"{'ok  ' if same else 'DIFF'} v{version} {name:<18} {cpu.digest or cpu.error}  {dev.digest or dev.error}")
 # The batched paths capture takes on the device: step-boundary batches (start_many) and
 # boundary staging (snapshots, and tensors hashed in place with their lanes buffer).
 from detfp_capture import digest
@@ -150,29 +160,31 @@ kinds = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int6
 plain = [t for t in cases.values() if t.numel() and t.dtype in kinds]
 plain += [torch.randn(256, 1024, generator=g), torch.randn(259 * 256, generator=g)]  # hashed in place
 plain += [torch.arange(0, 300 * 16, 16) + (1 << 33)]  # int64 that looks like device pointers
-want = [(f.digest, f.pointer_like) for f in (fingerprint(t, pointer_check=True) for t in plain)]
-devts = [t.to(os.environ["DEVICE"]) for t in plain]
-got_batch = [(f.digest, f.pointer_like) for f in digest.resolve(start_many(devts))]
-st = Staging(devts[0].device)
-slots = [Slot(None) for _ in devts]
-assert st.put_many(devts, slots), "staging refused the batch"
-st.run_into()
-got_staged = [(f.digest, f.pointer_like) for f in digest.resolve([s.started() for s in slots])]
-for path, got in (("start_many", got_batch), ("staging", got_staged)):
-    same = got == want
-    bad += not same
-    print(f"{'ok  ' if same else 'DIFF'} {path:<16} {sum(a == b for a, b in zip(got, want))}/{len(want)} tensors")
-# A step boundary's layout, reused: the second call gives it its own buffer (one
-# _foreach_copy_ on the device), the third follows an in-place write.
-floats = [t for t in devts if t.dtype is not torch.int64]
-for k in range(3):
-    if k == 2:
-        floats[0].mul_(3)
-    ref = [fingerprint(t.cpu()).digest for t in floats]
-    got = [f.digest for f in digest.resolve(start_many(floats, reuse=True))]
-    same = got == ref
-    bad += not same
-    print(f"{'ok  ' if same else 'DIFF'} {'reused layout ' + str(k):<16} {sum(a == b for a, b in zip(got, ref))}/{len(ref)} tensors")
+for version in (2, 1):
+  with versions.use(version):  # what a Session with digest_version=version makes the batch paths take
+    want = [(f.digest, f.pointer_like) for f in (fingerprint(t, pointer_check=True) for t in plain)]
+    devts = [t.to(os.environ["DEVICE"]) for t in plain]
+    got_batch = [(f.digest, f.pointer_like) for f in digest.resolve(start_many(devts))]
+    st = Staging(devts[0].device)
+    slots = [Slot(None) for _ in devts]
+    assert st.put_many(devts, slots), "staging refused the batch"
+    st.run_into()
+    got_staged = [(f.digest, f.pointer_like) for f in digest.resolve([s.started() for s in slots])]
+    for path, got in (("start_many", got_batch), ("staging", got_staged)):
+        same = got == want
+        bad += not same
+        print(f"{'ok  ' if same else 'DIFF'} v{version} {path:<16} {sum(a == b for a, b in zip(got, want))}/{len(want)} tensors")
+    # A step boundary's layout, reused: the second call gives it its own buffer (one
+    # _foreach_copy_ on the device), the third follows an in-place write.
+    floats = [t for t in devts if t.dtype is not torch.int64]
+    for k in range(3):
+        if k == 2:
+            floats[0].mul_(3)
+        ref = [fingerprint(t.cpu()).digest for t in floats]
+        got = [f.digest for f in digest.resolve(start_many(floats, reuse=True))]
+        same = got == ref
+        bad += not same
+        print(f"{'ok  ' if same else 'DIFF'} v{version} {'reused layout ' + str(k):<16} {sum(a == b for a, b in zip(got, ref))}/{len(ref)} tensors")
 raise SystemExit(1 if bad else 0)
 EOF
 
@@ -281,7 +293,7 @@ echo "device-bound size: $BIG_ARGS"
 timeout $((300 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $BIG_ARGS \
   || die "benchmarks/capture_overhead.py --device $DEVICE $BIG_ARGS"
 
-step "7/7 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; goal >= 50%)"
+step "7/7 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; versions 2 and 1; goal >= 50% for 2)"
 timeout $((240 * SLOW)) "$PY" benchmarks/digest_bandwidth.py --device "$DEVICE" --sizes-mib "$DIGEST_MIB" \
   || die "benchmarks/digest_bandwidth.py --device $DEVICE"
 

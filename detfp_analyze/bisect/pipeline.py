@@ -2,7 +2,8 @@
 
 The pipeline, each stage a module of this package handing the next a typed value:
 
-1. comparable? ``io.envdiff`` (blocking manifest differences raise IncomparableError unless forced);
+1. comparable? ``io.envdiff`` (digests of different versions always raise IncomparableError; other
+   blocking manifest differences unless forced);
 2. scope: the compared ranks, the common step window, the resume boundaries (``scope.plan``);
 3. search: metrics bound the steps, per-(rank, step) rollups pick candidate steps, and the
    exact walk finds each rank's first divergence (``search``: ``narrow``, ``walk`` over
@@ -39,7 +40,7 @@ from detfp_analyze.bisect.verdict import resolve
 from detfp_analyze.bisect.walk import Progress
 from detfp_analyze.errors import IncomparableError, SelectionError
 from detfp_analyze.io import completeness as _completeness
-from detfp_analyze.io.envdiff import check_comparable, drop_keys, env_diff
+from detfp_analyze.io.envdiff import check_comparable, check_digests, drop_keys, env_diff
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.ranks import format_ranks
 
@@ -82,6 +83,7 @@ def bisect(
     # 1. Comparable? Only the steps both runs hold completely are compared (allow_incomplete).
     run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
     both, one_sided = _scope.compared_ranks(run_a, run_b, ranks)
+    check_digests(run_a, run_b)  # before anything forced or ignored: other versions never compare
     diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=both or None), ignore_env)
     check_comparable(diffs, label_a=run_a.label, label_b=run_b.label, force=force)
     # 2. Scope.

@@ -12,7 +12,8 @@ resume logic's business (``resume.py``).
 ``blocking`` entries (world size, parallel layout and process groups, digest and schema
 versions) make a comparison meaningless: every record would differ or records would be
 matched to the wrong peer. ``check_comparable`` raises IncomparableError for them unless
-forced. Everything here is a pure function of manifest dicts; ``env_diff`` only reads them
+forced. Digests of two versions can never be equal, so ``check_digests`` refuses such a pair
+before anything else, whatever is forced or ignored, saying how to recapture. Everything here is a pure function of manifest dicts; ``env_diff`` only reads them
 off two opened runs. A manifest holds the determinism settings of the run's first step; a
 setting changed later is a ``setting_changed`` event, which ``setting_changes`` lists.
 """
@@ -34,6 +35,8 @@ __all__ = [
     "EnvDiff",
     "SettingChange",
     "check_comparable",
+    "check_digests",
+    "digest_versions",
     "drop_keys",
     "env_diff",
     "flatten_manifest",
@@ -235,3 +238,35 @@ def check_comparable(diffs: Iterable[EnvDiff], *, label_a: str = "A", label_b: s
         f"{label_a} vs {label_b}: {d.key} differs{where} ({_canon(d.a)} vs {_canon(d.b)}){more}, "
         "so records cannot be compared bit for bit; rerun with matching settings or pass --force"
     )
+
+
+def digest_versions(run: Run) -> dict[int, str]:
+    """Digest version -> algorithm name, over every manifest of ``run`` (all ranks, all segments):
+    one entry for a run captured with one version."""
+    return {int(m["digest_version"]): str(m["digest_algorithm"]) for segs in run.manifests.values() for m in segs}
+
+
+def check_digests(run_a: Run, run_b: Run) -> None:
+    """Raise IncomparableError (one line) unless both runs hold digests of one and the same
+    version: digests of different versions never compare equal, so neither ``force`` nor
+    ignored environment keys can make such a comparison mean anything."""
+    va, vb = digest_versions(run_a), digest_versions(run_b)
+    for run, got in ((run_a, va), (run_b, vb)):
+        if len(got) > 1:
+            raise IncomparableError(
+                f"{run.label}: its launches captured digests of versions {_versions_text(got)}, which never "
+                "compare equal; recapture it with one digest version (Session(digest_version=N), "
+                "python -m detfp_capture --digest-version N)"
+            )
+    if va == vb:
+        return
+    (a, name_a), (b, name_b) = next(iter(va.items())), next(iter(vb.items()))
+    raise IncomparableError(
+        f"{run_a.label} vs {run_b.label}: digest version {a} ({name_a}) vs {b} ({name_b}) never compare "
+        f"equal; recapture {run_a.label} with digest version {b} (Session(digest_version={b}), python -m "
+        f"detfp_capture --digest-version {b}) or {run_b.label} with version {a}"
+    )
+
+
+def _versions_text(versions: Mapping[int, str]) -> str:
+    return " and ".join(f"{v} ({name})" for v, name in sorted(versions.items()))

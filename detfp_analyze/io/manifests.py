@@ -120,11 +120,12 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
             f"{shown}: missing key(s) {', '.join(missing)}; the file was not written by a detfp capture "
             "of this schema, re-run the capture"
         )
-    for key in ("schema_version", "digest_version"):
-        want = contract.SCHEMA_VERSION if key == "schema_version" else contract.DIGEST_VERSION
-        if manifest[key] != want or isinstance(manifest[key], bool):
+    for key, known in (("schema_version", (contract.SCHEMA_VERSION,)), ("digest_version", contract.DIGEST_VERSIONS)):
+        v = manifest[key]
+        if type(v) is not int or v not in known:
+            want = " or ".join(map(str, sorted(known)))
             raise SchemaVersionError(
-                f"{shown}: {key} {_short(manifest[key])} is not supported (this detfp reads {key} {want}); "
+                f"{shown}: {key} {_short(v)} is not supported (this detfp reads {key} {want}); "
                 "analyze it with the detfp release that wrote it, or re-run the capture with this one"
             )
     for key, top in (("rank", _MAX_WORLD), ("world_size", _MAX_WORLD + 1), ("segment", 1 << 31)):

@@ -1,6 +1,9 @@
 """The digest: what turns a tensor into its 128-bit fingerprint (docs/digest.md).
 
-- ``core``: the algorithm (weights, the level GEMMs, the finalizer, moments, the pointer check);
+- ``core``: the tree every version shares (bytes, levels, metadata words, the mixer) and
+  ``Scheme``, what a version provides; ``tlh1``, ``tlh2``: the two versions (level function,
+  finalizer); ``versions``: which one new digests use; ``gemm``: torch's exact int8 GEMM routes;
+  ``native``: the optional C kernels (``_lanes.c``); ``moments``: moments and the pointer check;
 - ``pending``: ``start`` one tensor's digest on its device (``Pending``; small tensors in an arena);
 - ``batched``: start many at once (step boundaries; deferred op-level batches); ``levels``: the
   further tree levels of such a batch, for all of its tensors at once;

@@ -2,11 +2,12 @@
 
 ``digest.start`` costs a handful of small device ops per tensor; at a step boundary capture
 digests every parameter, gradient and optimizer state (hundreds of tensors), so this module
-runs the same tree-linear-hash levels (docs/digest.md) for a whole batch: level 0 is one
-concatenation of every tensor's bytes, each zero-padded to whole 1024-byte rows, and one
-GEMM; each further level does the same for the tensors that still have more than one row.
-The result per tensor is the final (1, 16) lanes row, handed to ``digest.resolve`` in an
-ordinary ``Pending``, so the digests are identical to ``digest.start``'s (a test checks it).
+runs the same tree levels (docs/digest.md) for a whole batch: level 0 is one concatenation of
+every tensor's bytes, each zero-padded to whole 1024-byte rows, and one call of the level
+function; each further level does the same for the tensors that still have more than one row.
+The result per tensor is its final lanes row (of the version active when the batch started),
+handed to ``digest.resolve`` in an ordinary ``Pending``, so the digests are identical to
+``digest.start``'s (a test checks it).
 Tensors the batch path does not cover (small ones, which go to the digest arena anyway,
 subclasses, int64 pointer checks, byte-viewed dtypes, conjugate views) use ``digest.start``.
 """
@@ -18,8 +19,9 @@ from typing import Any
 
 import torch
 
-from detfp_capture._digest import core, levels
+from detfp_capture._digest import core, levels, versions
 from detfp_capture._digest import pending as digest
+from detfp_capture._digest.core import Scheme
 
 __all__ = ["BATCHED", "BatchLanes", "fill", "start_many"]
 
@@ -76,7 +78,10 @@ def start_many(
     for batched rows, ``slot.pending`` otherwise) and nothing is returned. ``reuse``: the same
     set of tensor shapes comes back (a step boundary): keep the batch's layout and finishing
     plan for it. Other batches (op-level, staged) rarely repeat and are not worth a signature."""
+    sch = versions.active()
     sig = _signature(tensors) if reuse else None
+    if sig is not None:
+        sig = (sch.version, sig)
     lay = _LAYOUTS.get(sig) if sig is not None else None
     if lay is not None and not (lay.dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         try:
@@ -86,7 +91,7 @@ def start_many(
         except Exception:
             lay = None
         else:
-            return _hand_out(tensors, slots, BatchLanes(final), lay)
+            return _hand_out(tensors, slots, BatchLanes(final, sch), lay)
     out: list[digest.Pending | None] = [None] * len(tensors)
     groups: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -97,21 +102,21 @@ def start_many(
         if ok:
             groups.setdefault(t.device, []).append(i)
         else:
-            out[i] = digest.start(t, pointer_check=t.dtype is torch.int64)
+            out[i] = digest.start(t, pointer_check=t.dtype is torch.int64, version=sch.version)
     for dev, idx in groups.items():
         sub = [tensors[i] for i in idx]
         try:
-            lay = _layout(sub, dev)
+            lay = _layout(sub, dev, sch)
             final = _run_layout(sub, lay)
         except Exception:
             for i in idx:
-                out[i] = digest.start(tensors[i])
+                out[i] = digest.start(tensors[i], version=sch.version)
             continue
         if sig is not None and len(idx) == len(tensors):  # all batchable, one device: reusable
             if len(_LAYOUTS) >= _LAYOUT_LIMIT:
                 _LAYOUTS.clear()
             _LAYOUTS[sig] = lay
-        got = _hand_out(sub, None if slots is None else [slots[i] for i in idx], BatchLanes(final), lay)
+        got = _hand_out(sub, None if slots is None else [slots[i] for i in idx], BatchLanes(final, sch), lay)
         if got is not None:
             for i, p in zip(idx, got, strict=True):
                 out[i] = p
@@ -124,8 +129,8 @@ def start_many(
 
 
 def _hand_out(ts: Sequence[torch.Tensor], slots: Sequence[Any] | None, held: BatchLanes, lay: _Layout):
-    """Each tensor's result is a row of one (n, 16) lanes tensor, the way an arena hands out
-    rows: resolve gathers a whole batch at once instead of one (1, 16) view per tensor."""
+    """Each tensor's result is a row of one (n, lanes) tensor, the way an arena hands out rows:
+    resolve gathers a whole batch at once instead of one (1, lanes) view per tensor."""
     dev = lay.dev
     if slots is not None:
         for i, slot in enumerate(slots):
@@ -159,15 +164,16 @@ _OWN_LIMIT = 64 << 20
 
 
 class BatchLanes:
-    """Final-level lanes of a batch, one row per tensor. Stands where ``digest.resolve`` expects
-    an arena (``seal`` returns the lanes). Pointer flags of its int64 rows, if any, are
-    ``ptr_out`` (bool, one per such row) at ``ptr_pos`` (row -> index), as an arena has them;
-    no moments."""
+    """Final-level lanes of a batch, one row per tensor, of digest version ``scheme``. Stands
+    where ``digest.resolve`` expects an arena (``seal`` returns the lanes). Pointer flags of its
+    int64 rows, if any, are ``ptr_out`` (bool, one per such row) at ``ptr_pos`` (row -> index),
+    as an arena has them; no moments."""
 
-    __slots__ = ("lanes", "ptr_out", "ptr_pos")
+    __slots__ = ("lanes", "ptr_out", "ptr_pos", "scheme")
 
-    def __init__(self, lanes: torch.Tensor) -> None:
+    def __init__(self, lanes: torch.Tensor, scheme: Scheme) -> None:
         self.lanes = lanes
+        self.scheme = scheme
         self.ptr_out: torch.Tensor | None = None
         self.ptr_pos: dict[int, int] = {}
 
@@ -203,12 +209,13 @@ class _Layout:
     contiguity only, so a batch with the same signature reuses it (``_LAYOUTS``)."""
 
     __slots__ = (
-        "dev", "dst", "dtypes", "flat_rows", "need", "numels", "own", "plan", "pos", "rows", "segments", "shapes",
-        "src", "stretches",
+        "dev", "dst", "dtypes", "flat_rows", "need", "numels", "own", "plan", "pos", "rows", "scheme", "segments",
+        "shapes", "src", "stretches",
     )  # fmt: skip
 
-    def __init__(self, dev: torch.device) -> None:
+    def __init__(self, dev: torch.device, scheme: Scheme) -> None:
         self.dev = dev
+        self.scheme = scheme
         # In lanes order: (None, tensor index) hashed in place, or (dtype, tensor indices,
         # bytes) copied together into the scratch buffer.
         self.segments: list[tuple] = []
@@ -229,11 +236,11 @@ class _Layout:
         self.stretches: list[tuple] = []
 
 
-def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
+def _layout(ts: list[torch.Tensor], dev: torch.device, sch: Scheme) -> _Layout:
     """Tensors grouped by (dtype, rows): large contiguous ones hashed in place, the others
     concatenated per dtype into the scratch buffer (one C++ call per run) and hashed by one
     level-0 GEMM per region; then ``levels.finish`` runs the further levels for the whole batch."""
-    lay = _Layout(dev)
+    lay = _Layout(dev, sch)
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(ts):
         dt = t.dtype
@@ -271,19 +278,20 @@ def _layout(ts: list[torch.Tensor], dev: torch.device) -> _Layout:
 
 
 def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
-    """Final lanes of ``ts`` (laid out by ``lay``) as one (n, 16) tensor, row ``lay.pos[i]``."""
+    """Final lanes of ``ts`` (laid out by ``lay``) as one (n, lanes) tensor, row ``lay.pos[i]``."""
     dev = lay.dev
     with torch.no_grad():
         # Level-0 lanes of every segment, in order, written by each GEMM straight into its rows
         # of one tensor (no concatenation copy afterwards).
-        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=dev)
+        sch = lay.scheme
+        lanes = torch.empty(lay.rows, sch.lanes, dtype=torch.int32, device=dev)
         at = [0]  # next row of ``lanes``
         buf = _SCRATCH.get(dev, lay.need) if lay.need else None
         region = [0, 0]  # scratch bytes [start, end) written but not hashed yet
 
         def hash_rows(x: torch.Tensor) -> None:
             r = at[0]
-            core.mm(x, 0, out=lanes[r : r + x.shape[0]])
+            sch.mm(x, 0, out=lanes[r : r + x.shape[0]])
             at[0] = r + x.shape[0]
 
         def hash_region() -> None:
@@ -318,8 +326,8 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
 def _finish_layout(lanes: torch.Tensor, lay: _Layout) -> torch.Tensor:
     """The further levels of a layout's level-0 lanes, with the layout's plan (built once)."""
     if lay.plan is None:
-        lay.plan = levels.plan(tuple(lay.flat_rows), lay.dev)
-    return levels.finish(lanes, lay.flat_rows, lay.dev, lay.plan)
+        lay.plan = levels.plan(tuple(lay.flat_rows), lay.dev, lay.scheme.fanin)
+    return levels.finish(lanes, lay.flat_rows, lay.dev, lay.scheme, lay.plan)
 
 
 def _own(lay: _Layout) -> None:
@@ -367,8 +375,9 @@ def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
     not hashed in place, then one level-0 GEMM per stretch of rows writes the lanes."""
     with torch.no_grad():
         torch._foreach_copy_(lay.dst, [ts[i] for i in lay.src])
-        lanes = torch.empty(lay.rows, core.LANES, dtype=torch.int32, device=lay.dev)
-        mm = core.mm
+        sch = lay.scheme
+        lanes = torch.empty(lay.rows, sch.lanes, dtype=torch.int32, device=lay.dev)
+        mm = sch.mm
         for x, r in lay.stretches:
             if x.__class__ is int:
                 x = core.bytes_view(ts[x]).view(-1, _K)

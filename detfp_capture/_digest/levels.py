@@ -1,10 +1,12 @@
 """The further levels of a batch of digests: level-0 lanes of many tensors to their final lanes.
 
-The tree linear hash (docs/digest.md) reduces each tensor's rows level by level until one row
-is left. For a batch (``batched.start_many``, ``staging``) the level-0 GEMM covers every
-tensor at once; ``finish`` then runs each further level for all the tensors that still have
-more than one row, in a few device ops per level, following a ``plan`` computed once per
-distinct list of row counts (step boundaries repeat the same ones).
+The digest's tree (docs/digest.md) reduces each tensor's rows level by level until one row is
+left. For a batch (``batched.start_many``, ``staging``) level 0 covers every tensor at once;
+``finish`` then runs each further level for all the tensors that still have more than one row,
+in a few device ops per level, following a ``plan`` computed once per distinct list of row
+counts and fan-in (step boundaries repeat the same ones). The digest version (``Scheme``) sets
+the fan-in: how many level outputs fill one 1024-byte row of the next level (16 in version 1,
+64 in version 2).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from detfp_capture._digest import core
+from detfp_capture._digest.core import Scheme
 
 __all__ = ["MAX_RUNS", "finish", "plan"]
 
@@ -25,14 +28,14 @@ _K = core.K
 MAX_RUNS = 256
 
 
-def plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.Tensor | None]:
+def plan(rows: tuple[int, ...], dev: torch.device, fanin: int) -> tuple[list[tuple], torch.Tensor | None]:
     """How ``finish`` turns level-0 lanes of tensors with these row counts into final lanes:
     per level (finished rows: None, "all" or an index tensor; how the continuing tensors' rows
     become the next level's input; whether any continue), then the permutation back to tensor
     order. A reused batch layout keeps its plan (step boundaries repeat the same row counts).
 
-    The next level's input is each continuing tensor's rows zero-padded to a multiple of 16
-    (16 rows of 16 int32 lanes = one 1024-byte row). Consecutive tensors that need no padding
+    The next level's input is each continuing tensor's rows zero-padded to a multiple of
+    ``fanin`` (``fanin`` rows of level outputs = one 1024-byte row). Consecutive tensors that need no padding
     form one run, so that input is usually a few slices of this level's lanes (or the lanes
     themselves: ``None``), copied once by ``torch.cat``; a level of more than ``MAX_RUNS`` runs
     uses one index gather instead."""
@@ -52,14 +55,14 @@ def plan(rows: tuple[int, ...], dev: torch.device) -> tuple[list[tuple], torch.T
                 fin_pos.append(off)
                 done_ids.append(j)
             else:
-                m2 = -(-m // 16)  # m rows of 16 int32 lanes = m * 64 bytes -> whole 1024-byte rows
+                m2 = -(-m // fanin)  # m rows of level outputs -> whole 1024-byte rows
                 cont.append(j)
                 new_rows.append(m2)
                 if runs and runs[-1][1] == off and runs[-1][2] == 0:
                     runs[-1][1] = off + m
-                    runs[-1][2] = m2 * 16 - m
+                    runs[-1][2] = m2 * fanin - m
                 else:
-                    runs.append([off, off + m, m2 * 16 - m])
+                    runs.append([off, off + m, m2 * fanin - m])
             off += m
         fin: Any = None
         if fin_pos:
@@ -94,17 +97,23 @@ def _gather(runs: list[list[int]], off: int, dev: torch.device) -> torch.Tensor:
     return torch.where(r < per[:, 1], r + per[:, 0], off).to(dev)
 
 
-_ZEROS: dict[torch.device, torch.Tensor] = {}
+_ZEROS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def finish(
-    lanes: torch.Tensor, rows: list[int], dev: torch.device, planned: tuple | None = None, level: int = 1
+    lanes: torch.Tensor,
+    rows: list[int],
+    dev: torch.device,
+    sch: Scheme,
+    planned: tuple | None = None,
+    level: int = 1,
 ) -> torch.Tensor:
-    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, 16) final lanes, row i
-    = tensor i. A few device ops per level, whatever the number of tensors. ``planned``: ``plan``
-    of these rows, when the caller keeps one. ``level``: of the next GEMM (lanes of a later
-    level than 0 start further up)."""
-    steps, inv = planned if planned is not None else plan(tuple(rows), dev)
+    """Level-0 lanes of consecutive tensors (``rows[i]`` rows each) -> (n, ``sch.lanes``) final
+    lanes, row i = tensor i. A few device ops per level, whatever the number of tensors.
+    ``planned``: ``plan`` of these rows, when the caller keeps one. ``level``: of the next call of
+    the level function (lanes of a later level than 0 start further up)."""
+    steps, inv = planned if planned is not None else plan(tuple(rows), dev, sch.fanin)
+    width = sch.lanes
     done: list[torch.Tensor] = []
     for fin, nxt, more in steps:
         if fin is not None:
@@ -112,10 +121,10 @@ def finish(
         if not more:
             break
         if nxt.__class__ is list:
-            zeros = _ZEROS.get(dev)
+            zeros = _ZEROS.get((dev, width))
             if zeros is None:
                 with torch.inference_mode(False):
-                    zeros = _ZEROS[dev] = torch.zeros(15, core.LANES, dtype=torch.int32, device=dev)
+                    zeros = _ZEROS[(dev, width)] = torch.zeros(sch.fanin - 1, width, dtype=torch.int32, device=dev)
             parts = []
             for a, b, pad in nxt:
                 parts.append(lanes[a:b])
@@ -123,8 +132,8 @@ def finish(
                     parts.append(zeros[:pad])
             lanes = parts[0] if len(parts) == 1 else torch.cat(parts)
         elif nxt is not None:
-            lanes = torch.cat([lanes, lanes.new_zeros(1, core.LANES)]).index_select(0, nxt)
-        lanes = core.mm(lanes.view(torch.int8).reshape(-1, _K), level)
+            lanes = torch.cat([lanes, lanes.new_zeros(1, width)]).index_select(0, nxt)
+        lanes = sch.mm(lanes.view(torch.int8).reshape(-1, _K), level)
         level += 1
     final = done[0] if len(done) == 1 else torch.cat(done)
     return final if inv is None else final.index_select(0, inv)

@@ -2,10 +2,13 @@
 
 The hot path of the whole capture: every tensor of every recorded op goes through ``start``.
 A small tensor (<= 1024 bytes: exactly one level) is copied into the next row of a per-device
-``_Arena`` and hashed with all the others of its arena by one GEMM when the arena is sealed
-(at resolve); a larger one runs its levels now (``core.lanes_of``), with row digests, moments
-and the pointer check when asked. A tensor subclass with ``__tensor_flatten__`` is started
-component by component, except an ``AsyncCollectiveTensor``: its buffer (``awaited``). ``fingerprint`` is ``start`` plus an immediate ``resolve``.
+``_Arena`` and hashed with all the others of its arena by one call of the level function when the
+arena is sealed (at resolve); a larger one runs its levels now (``core.lanes_of``), with row
+digests, moments and the pointer check when asked. A tensor subclass with ``__tensor_flatten__``
+is started component by component, except an ``AsyncCollectiveTensor``: its buffer
+(``awaited``). Each digest keeps the version (``versions``) it was started
+with: an arena belongs to one scheme, a pending names its own. ``fingerprint`` is ``start`` plus
+an immediate ``resolve``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Any
 
 import torch
 
-from detfp_capture._digest import core
+from detfp_capture._digest import core, versions
+from detfp_capture._digest import moments as _moments
 from detfp_capture._digest.awaited import collective_result
+from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments
 from detfp_capture._digest.subclass import flatten
@@ -43,6 +48,8 @@ _BYTE_DTYPES = frozenset(
     if hasattr(torch, n)
 )
 _STRIDED = torch.strided
+#: ``versions``' active scheme, read by ``start`` without a call.
+_ACTIVE = versions._STATE
 #: Digest work issued during CUDA graph capture would be recorded into the graph, not run now.
 _GRAPH_CAPTURE = "CUDA graph capture in progress: the tensor has no value to digest yet"
 #: Plain tensor types digested without touching __torch_function__.
@@ -54,9 +61,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class _Arena:
-    """A (rows, 1024) int8 zeroed buffer; each small tensor's bytes go into one row."""
+    """A (rows, 1024) int8 zeroed buffer; each small tensor's bytes go into one row. Its rows
+    are hashed with ``scheme``'s level function."""
 
-    def __init__(self, buf: torch.Tensor) -> None:
+    def __init__(self, buf: torch.Tensor, scheme: Scheme) -> None:
+        self.scheme = scheme
         self.buf: torch.Tensor | None = buf
         self.flat = buf.view(-1)
         self.cap = buf.shape[0]
@@ -77,13 +86,13 @@ class _Arena:
         with _ARENA_LOCK:
             if self.lanes is None:
                 buf = self.buf
-                self.lanes = core.mm(buf[: max(1, self.used)], 0)
+                self.lanes = self.scheme.mm(buf[: max(1, self.used)], 0)
                 if self.want_moments:
                     self._moments(buf)
                 if self.want_pointer:
                     rows, numels = zip(*self.want_pointer, strict=True)
                     self.ptr_pos = {r: i for i, r in enumerate(rows)}
-                    self.ptr_out = core.pointer_rows(_take(buf, rows), numels)
+                    self.ptr_out = _moments.pointer_rows(_take(buf, rows), numels)
                 spare = _SPARE.get(buf.device)
                 if spare is None or spare[0].shape[0] < buf.shape[0]:
                     _SPARE[buf.device] = (buf, self.used)
@@ -97,7 +106,7 @@ class _Arena:
             rows, numels = zip(*asked, strict=True)
             for r in rows:
                 self.mom_pos[r] = len(self.mom_pos)
-            parts.append(core.moments_rows(_take(buf, rows), dtype, numels))
+            parts.append(_moments.moments_rows(_take(buf, rows), dtype, numels))
         self.mom_out = parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -108,17 +117,17 @@ def _take(buf: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     return buf[torch.tensor(rows, dtype=torch.int64, device=buf.device)]
 
 
-def _new_arena(device: torch.device, cap: int) -> _Arena:
+def _new_arena(device: torch.device, cap: int, scheme: Scheme) -> _Arena:
     """An empty arena of at least ``cap`` rows, recycling a sealed arena's buffer when possible."""
     spare = _SPARE.pop(device, None)
     if spare is not None and spare[0].shape[0] >= cap:
         buf, dirty = spare
         if dirty:
             buf[:dirty].zero_()  # stream-ordered after the sealed arena's GEMM
-        return _Arena(buf)
+        return _Arena(buf, scheme)
     # A normal (non-inference) tensor, so in-place copies work in and out of inference mode.
     with torch.inference_mode(False):
-        return _Arena(torch.zeros(cap, core.K, dtype=torch.int8, device=device))
+        return _Arena(torch.zeros(cap, core.K, dtype=torch.int8, device=device), scheme)
 
 
 _ARENAS: dict[torch.device, _Arena] = {}
@@ -148,10 +157,11 @@ class Pending:
     """
 
     # Class-level defaults keep ``start`` cheap: an instance sets only what it has.
-    lanes: torch.Tensor | None = None  # (1, 16) int32 final-level lanes
+    scheme: Scheme | None = None  # the version of ``lanes``/``rows_lanes``/``components`` (arena rows: the arena's)
+    lanes: torch.Tensor | None = None  # (1, scheme.lanes) int32 final-level lanes
     arena: _Arena | None = None  # small tensors: their arena and row instead of lanes
     row: int = 0
-    rows_lanes: torch.Tensor | None = None  # (R, 16) int32 lanes of row/chunk digests
+    rows_lanes: torch.Tensor | None = None  # (R, scheme.lanes) int32 lanes of row/chunk digests
     rows_meta: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (count, shape) segments of rows_lanes
     moments: torch.Tensor | None = None  # (4,) float64
     pointer: torch.Tensor | None = None  # 0-dim bool
@@ -193,17 +203,26 @@ def _check_rows(rows: Any) -> None:
     raise DigestError(f"rows={rows!r} is not valid: pass True (rows along dim 0), False, or a chunk size >= 1")
 
 
-def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, pointer_check: bool = False) -> Pending:
+def start(
+    t: torch.Tensor,
+    *,
+    rows: bool | int = False,
+    moments: bool = False,
+    pointer_check: bool = False,
+    version: int | None = None,
+) -> Pending:
     """Start digesting ``t`` on its device; never synchronizes, never raises for a bad tensor.
 
     ``rows=True``: also digest each ``t[i]``; ``rows=N``: each N-element chunk of the flattened
     tensor. ``moments``: float64 sum/absmax and NaN/Inf counts. ``pointer_check``: for int64
-    tensors, flag tables of device pointers (Fingerprint.pointer_like). Runs without autograd
-    recording (a tensor that requires grad is detached); safe under no_grad and inference mode.
-    Raises DigestError only for a bad ``rows``.
+    tensors, flag tables of device pointers (Fingerprint.pointer_like). ``version``: the digest
+    version (a key of ``contract.DIGEST_VERSIONS``; default: the process's, ``versions.active``).
+    Runs without autograd recording (a tensor that requires grad is detached); safe under
+    no_grad and inference mode. Raises DigestError only for a bad ``rows`` or ``version``.
     """
     if rows is not False:
         _check_rows(rows)
+    sch = _ACTIVE[0] if version is None else versions.get(version)
     try:
         if type(t) in _PLAIN:
             if t.requires_grad:
@@ -226,10 +245,12 @@ def start(t: torch.Tensor, *, rows: bool | int = False, moments: bool = False, p
                 if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
                     return _error(t, _GRAPH_CAPTURE)
                 p = Pending(dtype, shape, numel, dev)
-                _arena_put(p, t, dev, shape, numel, dtype if moments else None, pointer_check and dtype is torch.int64)
+                _arena_put(
+                    p, t, dev, shape, numel, sch, dtype if moments else None, pointer_check and dtype is torch.int64
+                )
                 return p
-            return _start_plain(t, rows, moments, pointer_check)
-        return _start(t, rows, moments, pointer_check)
+            return _start_plain(t, rows, moments, pointer_check, sch)
+        return _start(t, rows, moments, pointer_check, sch)
     except Exception as e:  # a tensor we cannot digest must never break training
         return _error(t, f"{type(e).__name__}: {e}".splitlines()[0][:300])
 
@@ -240,17 +261,19 @@ def _arena_put(
     dev: torch.device,
     shape: torch.Size,
     numel: int,
+    sch: Scheme,
     moments: torch.dtype | None = None,
     pointer: bool = False,
 ) -> None:
-    """Copy small ``x`` into the next free row of ``dev``'s arena (rest of the row stays zero);
-    ``moments`` (the tensor's dtype) / ``pointer`` ask for those statistics of the row at seal."""
+    """Copy small ``x`` into the next free row of ``dev``'s arena of ``sch`` (rest of the row
+    stays zero); ``moments`` (the tensor's dtype) / ``pointer`` ask for those statistics of the
+    row at seal. An arena of another scheme is left to be sealed with its own."""
     with _ARENA_LOCK:
         a = _ARENAS.get(dev)
-        if a is None or a.lanes is not None:
-            a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN)
+        if a is None or a.lanes is not None or a.scheme is not sch:
+            a = _ARENAS[dev] = _new_arena(dev, _ARENA_MIN, sch)
         elif a.used == a.cap:  # full: a bigger one (the full one is sealed at resolve)
-            a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX))
+            a = _ARENAS[dev] = _new_arena(dev, min(2 * a.cap, _ARENA_MAX), sch)
         # The row is taken before the copy: should anything run during it (a dispatch mode that
         # failed to step aside), it gets the next row, never this one or one past the end.
         row = a.used
@@ -275,7 +298,7 @@ def _arena_put(
             p.arena_pointer = True
 
 
-def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
+def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool, sch: Scheme) -> Pending:
     tp = type(t)
     if not isinstance(t, torch.Tensor):
         return _error(t, f"not a tensor: {tp.__name__}")
@@ -283,21 +306,22 @@ def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool) -> Pend
     if inner is not t:  # an AsyncCollectiveTensor is its buffer, a plain tensor (awaited.py)
         return _start(inner, rows, moments, pointer_check)
     if hasattr(tp, "__tensor_flatten__"):  # the inner tensors are detached one by one
-        return _start_subclass(t, rows, moments)
+        return _start_subclass(t, rows, moments, sch)
     with torch._C.DisableTorchFunctionSubclass():
-        return _start_plain(t.detach() if t.requires_grad else t, rows, moments, pointer_check)
+        return _start_plain(t.detach() if t.requires_grad else t, rows, moments, pointer_check, sch)
 
 
-def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool) -> Pending:
+def _start_subclass(t: torch.Tensor, rows: bool | int, moments: bool, sch: Scheme) -> Pending:
     p = Pending(t.dtype, tuple(t.shape), t.numel(), t.device)
+    p.scheme = sch
     flat = flatten(t)
     p.type_name = flat.type_name
-    p.components = {name: _start(v, rows, moments, False) for name, v in flat.tensors}
+    p.components = {name: _start(v, rows, moments, False, sch) for name, v in flat.tensors}
     p.meta = flat.meta
     return p
 
 
-def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check: bool) -> Pending:
+def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check: bool, sch: Scheme) -> Pending:
     if t.layout is not torch.strided or t.is_nested:
         return _error(t, f"layout {t.layout} is not digestible (only strided tensors are)")
     if t.is_meta:
@@ -313,19 +337,20 @@ def _start_plain(t: torch.Tensor, rows: bool | int, moments: bool, pointer_check
         t = t.resolve_conj().resolve_neg()
     x = t.view(torch.int8) if dtype in _BYTE_DTYPES else t
     if numel * dtype.itemsize <= _SMALL and rows is False:
-        _arena_put(p, x, dev, shape, numel, dtype if moments else None, pointer_check and dtype is torch.int64)
+        _arena_put(p, x, dev, shape, numel, sch, dtype if moments else None, pointer_check and dtype is torch.int64)
         return p
-    p.lanes = core.lanes_of(x)
+    p.scheme = sch
+    p.lanes = core.lanes_of(x, sch)
     if rows is not False:
-        _start_rows(p, x, rows)
+        _start_rows(p, x, rows, sch)
     if moments:
-        p.moments = core.moments_of(t)
+        p.moments = _moments.moments_of(t)
     if pointer_check and dtype is torch.int64:
-        p.pointer = core.pointer_like(t)
+        p.pointer = _moments.pointer_like(t)
     return p
 
 
-def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
+def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int, sch: Scheme) -> None:
     item = x.element_size()
     if rows is True:
         if x.dim() == 0:
@@ -334,12 +359,12 @@ def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
         p.rows_meta = ((n, tuple(x.shape[1:])),)
         rowbytes = (x.numel() // n) * item if n else 0
         if x.is_contiguous() or n == 0:
-            p.rows_lanes = core.rows_lanes(x, n, rowbytes)
+            p.rows_lanes = core.rows_lanes(x, n, rowbytes, sch)
         else:  # bounded scratch: contiguous copies of groups of dim-0 rows
             group = max(1, max(core.SCRATCH, n * rowbytes // 8) // max(1, rowbytes))
             p.rows_lanes = torch.cat(
                 [
-                    core.rows_lanes(x[i : i + group].contiguous(), min(group, n - i), rowbytes)
+                    core.rows_lanes(x[i : i + group].contiguous(), min(group, n - i), rowbytes, sch)
                     for i in range(0, n, group)
                 ]
             )
@@ -349,22 +374,27 @@ def _start_rows(p: Pending, x: torch.Tensor, rows: bool | int) -> None:
     parts = []
     segs = []
     if nfull:
-        parts.append(core.rows_lanes(flat, nfull, rows * item))
+        parts.append(core.rows_lanes(flat, nfull, rows * item, sch))
         segs.append((nfull, (rows,)))
     if rem:
-        parts.append(core.lanes_of(flat[nfull * rows :]))
+        parts.append(core.lanes_of(flat[nfull * rows :], sch))
         segs.append((1, (rem,)))
     p.rows_meta = tuple(segs)
     if not parts:
-        p.rows_lanes = torch.zeros(0, core.LANES, dtype=torch.int32, device=x.device)
+        p.rows_lanes = torch.zeros(0, sch.lanes, dtype=torch.int32, device=x.device)
     else:
         p.rows_lanes = torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def fingerprint(
-    t: torch.Tensor, rows: bool | int = False, moments: bool = False, *, pointer_check: bool = False
+    t: torch.Tensor,
+    rows: bool | int = False,
+    moments: bool = False,
+    *,
+    pointer_check: bool = False,
+    version: int | None = None,
 ) -> Fingerprint:
     """Fingerprint of ``t`` now (one device synchronization); see ``start`` for the options."""
     if not isinstance(t, torch.Tensor):
         raise DigestError(f"fingerprint() needs a torch.Tensor, got {type(t).__name__}")
-    return resolve([start(t, rows=rows, moments=moments, pointer_check=pointer_check)])[0]
+    return resolve([start(t, rows=rows, moments=moments, pointer_check=pointer_check, version=version)])[0]

@@ -1,7 +1,7 @@
 """``resolve``: started digests (``digest.Pending``) to their values, in batches.
 
-A resolve finalizes every digest of a device at once (the 16 lanes of each mixed with its
-metadata word, on the device or, for a few, on the host) and fetches them, with the moments and
+A resolve finalizes every digest of a device and digest version at once (the lanes of each mixed
+with its metadata words, on the device or, for a few, on the host) and fetches them, with the moments and
 pointer flags asked for, in one device-to-host copy per device. A digest arrives as two unsigned
 64-bit words (high, low) and stays two integers all the way to the trace's ``digest_hi`` /
 ``digest_lo`` columns; only ``Fingerprint.digest`` and row digests are 32-hex text.
@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from detfp_capture._digest import core
+from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.results import Fingerprint, Moments, _fingerprint_fast
 from detfp_capture._digest.subclass import combined
 
@@ -28,7 +29,13 @@ __all__ = ["Resolved", "resolve", "resolve_raw", "resolve_rows"]
 _HOST_FINALIZE = 32
 
 Pending = Any  # digest.Pending (not imported: the pending module imports this one)
-_Arena = Any  # digest._Arena, or a batch with the same seal()/rows interface
+_Arena = Any  # digest._Arena, or a batch with the same seal()/rows/scheme interface
+
+
+def _key(p: Pending) -> tuple[Any, Scheme]:
+    """What a digest is finalized with: its device and its version (its arena's, or its own)."""
+    a = p.arena
+    return p.device, (a.scheme if a is not None else p.scheme)
 
 
 class Resolved(NamedTuple):
@@ -66,9 +73,11 @@ def _hex(hi: int, lo: int) -> str:
 
 
 class _Batch:
-    """Everything one device contributes to a resolve: lanes to finalize, moments, pointer flags."""
+    """Everything one device and digest version contribute to a resolve: lanes to finalize,
+    moments, pointer flags."""
 
-    def __init__(self) -> None:
+    def __init__(self, scheme: Scheme) -> None:
+        self.scheme = scheme
         self.direct: list[torch.Tensor] = []
         self.direct_meta: list[tuple[int, int]] = []
         self.arenas: dict[_Arena, tuple[list[int], list[tuple[int, int]]]] = {}
@@ -81,7 +90,8 @@ class _Batch:
         key = id(p)
         if key in self.slots:
             return
-        meta = core.meta_words(p.dtype, p.shape)
+        sch = self.scheme
+        meta = core.meta_words(sch, p.dtype, p.shape)
         if p.arena is not None:
             rows, metas = self.arenas.setdefault(p.arena, ([], []))
             self.slots[key] = (p.arena, len(rows))
@@ -95,7 +105,7 @@ class _Batch:
             self.row_slots[key] = len(self.direct_meta)
             self.direct.append(p.rows_lanes)
             for count, shape in p.rows_meta:
-                self.direct_meta += [core.meta_words(p.dtype, shape)] * count
+                self.direct_meta += [core.meta_words(sch, p.dtype, shape)] * count
         if p.moments is not None:
             self.moments.add(key, p.moments)
         elif p.arena_moments:
@@ -115,7 +125,7 @@ class _Batch:
             parts.append(_arena_rows(arena, rows))
             metas += ameta
         lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
-        words, on_host = _final_words(lanes_all, metas, device)
+        words, on_host = _final_words(lanes_all, metas, device, self.scheme)
         pack = [words]
         moments = self.moments.gather(lambda a: (a.mom_out, a.mom_pos))
         pointers = self.pointers.gather(lambda a: (a.ptr_out, a.ptr_pos))
@@ -126,7 +136,7 @@ class _Batch:
         host = (pack[0] if len(pack) == 1 else torch.cat(pack)).cpu()  # the one device->host copy
         nd = pack[0].numel()
         nm = 0 if moments is None else moments.numel()
-        words = _words(host[:nd], metas, on_host)
+        words = _words(host[:nd], metas, on_host, self.scheme)
         moms = host[nd : nd + nm].view(torch.float64).tolist() if nm else []
         ptrs = host[nd + nm :].tolist() if pointers is not None else []
         return _Fetched(words, offsets, moms, ptrs)
@@ -140,24 +150,27 @@ def _arena_rows(arena: Any, rows: list[int]) -> torch.Tensor:
     return lanes.index_select(0, torch.tensor(rows, dtype=torch.int64, device=lanes.device))
 
 
-def _final_words(lanes: torch.Tensor, metas: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, bool]:
+def _final_words(
+    lanes: torch.Tensor, metas: list[tuple[int, int]], device: torch.device, sch: Scheme
+) -> tuple[torch.Tensor, bool]:
     """What to fetch for these digests (1-D int64 on ``device``), and whether the host still
     finalizes it: a few digests are finalized in Python (~120 tiny device ops cost more than a
     few mixes), the rest on the device."""
     if len(metas) <= _HOST_FINALIZE:
         return lanes.reshape(-1).to(torch.int64), True
     meta = torch.tensor(metas, dtype=torch.int64).to(device)
-    return core.finalize(lanes, meta).reshape(-1), False
+    return sch.finalize(lanes, meta).reshape(-1), False
 
 
-def _words(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool) -> list[int]:
+def _words(host: torch.Tensor, metas: list[tuple[int, int]], on_host: bool, sch: Scheme) -> list[int]:
     """The fetched ``_final_words`` as unsigned 64-bit integers, two (hi, lo) per digest."""
     if not on_host:
         return host.view(torch.uint64).tolist()  # int64 bits read as unsigned: one C call
     head = host.tolist()
+    n = sch.lanes
     words: list[int] = []
     for i, meta in enumerate(metas):
-        words += core.finalize_host(head[16 * i : 16 * i + 16], meta)
+        words += sch.finalize_host(head[n * i : n * i + n], meta)
     return words
 
 
@@ -224,7 +237,7 @@ def resolve_raw(pendings: Sequence[Pending]) -> list[Resolved]:
     batches, results, failed = _run_batches(pendings)
     out: list[Resolved] = []
     for p in pendings:
-        if p.error is None and p.components is None and p.device not in failed:
+        if p.error is None and p.components is None and _key(p) not in failed:
             out.append(_raw(p, batches, results))
         else:
             f = _build(p, batches, results, failed)
@@ -237,17 +250,18 @@ def resolve_raw(pendings: Sequence[Pending]) -> list[Resolved]:
 
 def resolve_rows(items: Sequence[Any]) -> tuple[list[int | None], list[int | None]]:
     """Digests of rows of sealed-at-resolve batches, in bulk, as (high words, low words): each
-    item has ``arena`` (something with ``seal()`` -> lanes), ``row``, ``dtype``, ``shape`` and
-    ``device``, and no row digests, moments or pointer flag (the capture's batched Slots). What
+    item has ``arena`` (something with ``seal()`` -> lanes and a ``scheme``), ``row``, ``dtype``,
+    ``shape`` and ``device``, and no row digests, moments or pointer flag (the capture's batched Slots). What
     ``resolve_raw`` does per pending in Python (a dozen dictionary operations) done per batch
     instead: one finalize and one fetch per device. None for items on a device that failed."""
     his: list[int | None] = [None] * len(items)
     los: list[int | None] = [None] * len(items)
-    by_dev: dict[Any, dict[Any, list[int]]] = {}
+    by_dev: dict[tuple[Any, Scheme], dict[Any, list[int]]] = {}
     for i, it in enumerate(items):
-        arenas = by_dev.get(it.device)
+        key = (it.device, it.arena.scheme)
+        arenas = by_dev.get(key)
         if arenas is None:
-            arenas = by_dev[it.device] = {}
+            arenas = by_dev[key] = {}
         idx = arenas.get(it.arena)
         if idx is None:
             arenas[it.arena] = [i]
@@ -255,15 +269,15 @@ def resolve_rows(items: Sequence[Any]) -> tuple[list[int | None], list[int | Non
             idx.append(i)
     meta_words = core.meta_words
     with torch.no_grad():
-        for dev, arenas in by_dev.items():
+        for (dev, sch), arenas in by_dev.items():
             try:
                 parts, order = [], []
                 for arena, idx in arenas.items():
                     parts.append(_arena_rows(arena, [items[i].row for i in idx]))
                     order += idx
-                metas = [meta_words(items[i].dtype, items[i].shape) for i in order]
-                words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev)
-                words = _words(words.cpu(), metas, on_host)  # the one device->host copy
+                metas = [meta_words(sch, items[i].dtype, items[i].shape) for i in order]
+                words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev, sch)
+                words = _words(words.cpu(), metas, on_host, sch)  # the one device->host copy
             except Exception:  # a device error surfacing late: these items get the general path
                 continue
             for i, hi, lo in zip(order, words[0::2], words[1::2], strict=True):
@@ -278,18 +292,19 @@ def _run_batches(pendings: Sequence[Pending]) -> tuple[dict, dict, dict]:
         _leaves(p, leaves)
     batches: dict[Any, _Batch] = {}
     for p in leaves:
-        b = batches.get(p.device)
+        key = _key(p)
+        b = batches.get(key)
         if b is None:
-            b = batches[p.device] = _Batch()
+            b = batches[key] = _Batch(key[1])
         b.add(p)
     results: dict[Any, Any] = {}
     failed: dict[Any, str] = {}
     with torch.no_grad():
-        for dev, b in batches.items():
+        for key, b in batches.items():
             try:
-                results[dev] = b.run(dev)
+                results[key] = b.run(key[0])
             except Exception as e:  # e.g. a device error surfacing late: mark that device's digests
-                failed[dev] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                failed[key] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return batches, results, failed
 
 
@@ -307,17 +322,19 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
         comps = {n: _build(c, batches, results, failed) for n, c in p.components.items()}
         view = MappingProxyType(comps)
         parts = [(n, f.digest, f.error) for n, f in comps.items()]
-        digest, error = combined(p.type_name, dtype, shape, parts, p.meta)
+        digest, error = combined(p.scheme, p.type_name, dtype, shape, parts, p.meta)
         return Fingerprint(dtype, shape, p.numel, digest, components=view, error=error)
-    if p.device in failed:
-        return Fingerprint(dtype, shape, p.numel, "", error=failed[p.device])
+    why = failed.get(_key(p))
+    if why is not None:
+        return Fingerprint(dtype, shape, p.numel, "", error=why)
     hi, lo, _, rows, m, ptr = _raw(p, batches, results)
     return _fingerprint_fast(dtype, shape, p.numel, _hex(hi, lo), rows, m, ptr)
 
 
 def _raw(p: Pending, batches: dict, results: dict) -> Resolved:
-    b = batches[p.device]
-    fetched: _Fetched = results[p.device]
+    group_key = _key(p)
+    b = batches[group_key]
+    fetched: _Fetched = results[group_key]
     words = fetched.words
     key = id(p)
     group, i = b.slots[key]

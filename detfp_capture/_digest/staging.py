@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from detfp_capture._digest import core
+from detfp_capture._digest import core, versions
+from detfp_capture._digest import moments as _moments
 from detfp_capture._digest import pending as digest
 from detfp_capture._digest.batched import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, fill
+from detfp_capture._digest.gemm import ANY_M_DEVICES
 from detfp_capture._digest.levels import finish
 
 __all__ = ["Staging"]
@@ -28,7 +30,8 @@ class Staging:
     - **hashed where it is**: a tensor that a step-boundary batch would hash in place too
       (``batched._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
       whose pointer check reads the snapshot) gets its level-0 GEMM now, reading it in place, written into a second
-      buffer of level-0 lanes at a 16-row boundary (the gap zeroed): that buffer is level 1's
+      buffer of level-0 lanes at a fan-in boundary (16 rows in version 1, 64 in version 2; the
+      gap zeroed): that buffer is level 1's
       input for all of them, hashed by one GEMM when the batch runs. Large activations are
       never copied: a copy and the later re-read of a cold snapshot cost more than a GEMM on
       bytes just written (still in cache), and per-tensor upper levels cost more (~85 us each
@@ -46,6 +49,9 @@ class Staging:
 
     def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
         self.dev = dev
+        #: The digest version of everything staged here (the active one when the staging began).
+        self.scheme = sch = versions.active()
+        self._fanin = fanin = sch.fanin
         self.cap_rows = cap_bytes // _K
         self.used = 0
         #: Rows [used, clean) of ``buf`` are known to be zero (see ``put_many``).
@@ -57,11 +63,11 @@ class Staging:
         self.items: tuple[list, list, list, list, list] = ([], [], [], [], [])
         # Tensors hashed in place: the same columns, rows counted at level 1.
         self.direct: tuple[list, list, list, list, list] = ([], [], [], [], [])
-        self.lanes: torch.Tensor | None = None  # their level-0 lanes: (16 * l1_cap, 16) int32
-        self.l1_cap = max(1, self.cap_rows // 16)  # level-1 rows (as many source bytes as buf)
+        self.lanes: torch.Tensor | None = None  # their level-0 lanes: (fanin * l1_cap, lanes) int32
+        self.l1_cap = max(1, self.cap_rows // fanin)  # level-1 rows (as many source bytes as buf)
         self.l1_used = 0
-        # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (core.mm pads otherwise: a copy).
-        self._any_m = dev.type in core.ANY_M_DEVICES
+        # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (gemm.product pads otherwise: a copy).
+        self._any_m = dev.type in ANY_M_DEVICES
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
@@ -101,7 +107,7 @@ class Staging:
             m = -(-(t.numel() * t.dtype.itemsize) // _K)
             if _direct(t) and t.dtype is not _INT64 and (any_m or (m >= 32 and m % 8 == 0)):
                 rows.append(-m)
-                need1 += -(-m // 16)
+                need1 += -(-m // self._fanin)
             else:
                 rows.append(m)
                 need += m
@@ -118,11 +124,15 @@ class Staging:
             self.clean = clean
         if need1 and self.lanes is None:
             with torch.inference_mode(False):  # reused in and out of inference mode
-                self.lanes = torch.empty(self.l1_cap * 16, core.LANES, dtype=torch.int32, device=self.dev)
+                self.lanes = torch.empty(
+                    self.l1_cap * self._fanin, self.scheme.lanes, dtype=torch.int32, device=self.dev
+                )
         i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
         d_slot, d_dtype, d_shape, d_numel, d_rows = self.direct
         n0, d0 = len(i_slot), len(d_slot)
         row, row1 = self.used, self.l1_used
+        fanin = self._fanin
+        mm = self.scheme.mm
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
@@ -133,11 +143,11 @@ class Staging:
                 shape = tuple(t.shape)  # a tuple: gc untracks it, not a Size
                 if m < 0:
                     m = -m
-                    m1 = -(-m // 16)
-                    a = row1 * 16
-                    core.mm(core.bytes_view(t).view(m, _K), 0, out=self.lanes[a : a + m])
-                    if m != m1 * 16:  # level 1 reads whole 16-row groups: the gap must be zero
-                        self.lanes[a + m : a + m1 * 16].zero_()
+                    m1 = -(-m // fanin)
+                    a = row1 * fanin
+                    mm(core.bytes_view(t).view(m, _K), 0, out=self.lanes[a : a + m])
+                    if m != m1 * fanin:  # level 1 reads whole fan-in groups: the gap must be zero
+                        self.lanes[a + m : a + m1 * fanin].zero_()
                     d_slot.append(slot)
                     d_dtype.append(dt)
                     d_shape.append(shape)
@@ -176,16 +186,17 @@ class Staging:
         self.items, self.used = ([], [], [], [], []), 0
         self.direct, self.l1_used = ([], [], [], [], []), 0
         dev = self.dev
+        sch = self.scheme
         with torch.no_grad():
             # Results in new lanes tensors, never views of the (reused) buffers.
             parts = []
             if used:
-                parts.append(finish(core.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev))
+                parts.append(finish(sch.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev, sch))
             if used1:
-                lanes1 = core.mm(self.lanes[: used1 * 16].view(torch.int8).view(-1, _K), 1)
-                parts.append(finish(lanes1, direct[4], dev, level=2))
+                lanes1 = sch.mm(self.lanes[: used1 * self._fanin].view(torch.int8).view(-1, _K), 1)
+                parts.append(finish(lanes1, direct[4], dev, sch, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
-            held = BatchLanes(final)
+            held = BatchLanes(final, sch)
             if _INT64 in items[1]:
                 self._pointer_flags(held, items)
             self.clean = 0  # the rows are taken again from the start: put_many zeroes them again
@@ -206,7 +217,7 @@ class Staging:
                 rows_at.append(i)
             row += m
         x = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        bad = (~core.looks_like_pointer(x)).to(torch.int64).cumsum(0)
+        bad = (~_moments.looks_like_pointer(x)).to(torch.int64).cumsum(0)
         ends = torch.tensor(numels, dtype=torch.int64, device=x.device).cumsum(0)
         upto = bad.index_select(0, ends - 1)
         counts = torch.cat([upto[:1], upto[1:] - upto[:-1]])

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from detfp_capture._digest import core
+from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.stable import stable_text
 
 __all__ = ["Flat", "combined", "flatten"]
@@ -57,15 +58,17 @@ def flatten(t: torch.Tensor, meta: bool = True) -> Flat:
 
 
 def combined(
+    sch: Scheme,
     type_name: str,
     dtype: str,
     shape: Sequence[int],
     parts: Sequence[tuple[str, str, str | None]],
     meta: Sequence[tuple[str, str]],
 ) -> tuple[str, str | None]:
-    """(digest, None) of a whole from its ``parts`` (name, digest, error), or ("", why) when a
-    part has no digest: a whole is never equal to anything when one of its parts failed."""
+    """(digest, None) of a whole from its ``parts`` (name, digest, error) under the digest version
+    ``sch`` (its parts'), or ("", why) when a part has no digest: a whole is never equal to
+    anything when one of its parts failed."""
     for name, _, error in parts:
         if error is not None:
             return "", f"component {name!r}: {error}"
-    return core.combine(type_name, dtype, shape, [*((n, d) for n, d, _ in parts), *meta]), None
+    return core.combine(sch, type_name, dtype, shape, [*((n, d) for n, d, _ in parts), *meta]), None

@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 import torch
 
 from detfp_capture import contract, digest
+from detfp_capture._digest import versions
+from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import Resolved
 from detfp_capture._digest.subclass import combined, flatten
 from detfp_capture._recorder.call import Call, TensorArg
@@ -49,6 +51,8 @@ class Combo(NamedTuple):
     meta: tuple[tuple[str, str], ...]
     #: (name, Slot of the part's record), in ``__tensor_flatten__`` order.
     parts: tuple[tuple[str, Slot], ...]
+    #: The digest version its parts were started with (the session holds one for its lifetime).
+    scheme: Scheme
 
 
 def _learn(tp: type) -> bool:
@@ -134,7 +138,7 @@ def _append_whole(
         if digest_it and all(s is not None for _, s in parts):
             whole = Slot(COMBINE)
             shape = shape_tuple(t.shape)
-            whole.source = Combo(flat.type_name, dtype_str(t.dtype), shape, flat.meta, tuple(parts))
+            whole.source = Combo(flat.type_name, dtype_str(t.dtype), shape, flat.meta, tuple(parts), versions.active())
     rec.records.add(
         call, rec.next_seq(), role, arg, dtype_str(t.dtype), shape_tuple(t.shape), t.numel(), whole, hz or _NO_HAZARDS
     )
@@ -154,7 +158,7 @@ def resolve_combined(slots: list[Slot]) -> None:
             else:
                 why = p.extra.error if p.extra is not None and p.extra.error else "no digest"
                 parts.append((name, "", why))
-        hexd, error = combined(c.type_name, c.dtype, c.shape, parts, c.meta)
+        hexd, error = combined(c.scheme, c.type_name, c.dtype, c.shape, parts, c.meta)
         if error is None:
             s.hi, s.lo = int(hexd[:16], 16), int(hexd[16:], 16)
         else:

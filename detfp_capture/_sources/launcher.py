@@ -23,6 +23,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from detfp_capture._config import LEVELS
+from detfp_capture.contract import DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_capture.errors import CaptureError
 
 if TYPE_CHECKING:  # the launcher's parser must not import torch
@@ -121,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     # Set by the launcher on a re-execution of the script it follows (children.py): the process's
     # rank is its process group's, whatever its environment says.
     p.add_argument("--followed", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--digest-version",
+        type=int,
+        default=None,
+        choices=sorted(DIGEST_VERSIONS),
+        help=f"digest version (default {DIGEST_VERSION}; 1 to compare with runs captured with version 1)",
+    )
     return p
 
 
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             flush_records=ns.flush_records,
             views=ns.views,
             start_step=ns.start_step,
+            digest_version=ns.digest_version,
         )
     except CaptureError as exc:
         print(f"detfp_capture: error: {exc}", file=sys.stderr)

@@ -111,6 +111,7 @@ def _launch_many(runs: dict[str, list[str]], root: Path, tag: str, nproc: int = 
 
 
 NONDET = "nondet_op,uninit,async_early"
+V1 = ["--digest-version", "1"]
 # name -> (example arguments, ranks, launch). The jobs of one launch share one process per rank
 # (``_launch_many``), in this order; "torchrun" runs the example script itself under torchrun.
 # The two runs of every compared pair (a/b, nondet_a/nondet_b) are in different launches, so
@@ -128,8 +129,10 @@ JOBS = {
     "four": (["--level", "boundaries", "--steps", "2"], 4, "torchrun"),
     # The ops-level pair also carries the hazard plants: they change no numbers, and the
     # uninitialized read comes before the planted combine, so bisect must look past it.
-    "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET], 2, "p1"),
-    "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET], 2, "p2"),
+    # Digest version 1 (the other jobs: version 2, the default): the planted pair must name the
+    # same causes on either version, and a run of each version must never be compared.
+    "nondet_a": (["--level", "ops", "--steps", "2", "--kernels", "1", "--plant", NONDET, *V1], 2, "p1"),
+    "nondet_b": (["--level", "ops", "--steps", "2", "--plant", NONDET, *V1], 2, "p2"),
     "moe_permute": (["--level", "boundaries", "--steps", "3", "--rows", "--plant", "moe_permute"], 2, "p2"),
 }
 
@@ -404,5 +407,12 @@ def test_cli_exit_codes(jobs):
     assert json.loads(out)["diagnosis"]["pattern"] == "all_ranks_same_op"
     code, _, err = _cli("bisect", jobs["a"][0], jobs["a"][0].parent / "nope")
     assert code == 2 and "nope" in err
+    # A run of digest version 2 against one of version 1: refused in one line naming both
+    # versions and how to recapture, whatever is forced.
+    a, v1 = jobs["a"][0], jobs["nondet_a"][0]
+    assert [open_run(p).manifest(0)["digest_version"] for p in (a, v1)] == [2, 1]
+    code, out, err = _cli("bisect", "--force", a, v1)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert "digest version 2 (detfp-tlh128) vs 1 (detfp-tlh128)" in err and "--digest-version 1" in err, err
     code, _, err = _cli("summary", jobs["a"][0])
     assert code == 0, err

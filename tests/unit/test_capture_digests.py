@@ -466,10 +466,11 @@ def test_digests_waiting_at_step_end_keep_the_values_of_the_step(tmp_path):
 
 def _clone_program(tmp_path, name: str) -> tuple[pl.DataFrame, int, dict]:
     """Copies at level ops: their op records, the level-0 rows capture hashed, and the values."""
-    from detfp_capture._digest import core
+    from detfp_capture._digest import versions
 
     rows = []
-    mm = core.mm
+    sch = versions.active()
+    mm = sch.mm
 
     def counting(x, level, out=None):
         if level == 0:
@@ -481,7 +482,7 @@ def _clone_program(tmp_path, name: str) -> tuple[pl.DataFrame, int, dict]:
     img = torch.randn(2, 3, 16, 16, generator=g)
     want = {"a": x.t().contiguous(), "c": img.clone(), "d": x * 2.0}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(core, "mm", counting)
+        mp.setattr(sch, "mm", counting)
         with Session(tmp_path / name, "ops") as s, s.step(0):
             a = x.t().clone()  # a non-contiguous input, a contiguous copy
             b = a.clone()  # a copy of a copy

@@ -17,7 +17,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from detfp_capture._digest import core
+from detfp_capture._digest import core, gemm, versions
+from detfp_capture._digest import moments as M
 from detfp_capture._digest import pending as D
 from detfp_capture._digest import results as T
 from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint, resolve, start
@@ -167,56 +168,74 @@ def test_fingerprint_equals_resolve_of_start_in_any_batch():
     assert resolve(ps * 40) == single * 40  # > 32: the device finalizer
 
 
-def test_arena_path_equals_direct_path():
+SCHEMES = [versions.SCHEMES[v] for v in sorted(versions.SCHEMES)]
+
+
+@pytest.mark.parametrize("sch", SCHEMES, ids=repr)
+def test_arena_path_equals_direct_path(sch):
     for n in (0, 1, 3, 255, 256):
         t = torch.randn(n)
         direct = D.Pending(t.dtype, t.shape, t.numel(), t.device)
-        direct.lanes = core.lanes_of(t)
-        assert resolve([direct]) == [fp(t)]
-        assert start(t).arena is not None  # the fast path really was taken
+        direct.scheme = sch
+        direct.lanes = core.lanes_of(t, sch)
+        assert resolve([direct]) == [fp(t, version=sch.version)]
+        assert start(t, version=sch.version).arena is not None  # the fast path really was taken
 
 
-def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch):
+@pytest.mark.parametrize("sch", SCHEMES, ids=repr)
+def test_int_mm_and_float_fallback_are_bit_identical(monkeypatch, sch):
     g = torch.Generator().manual_seed(0)
     extreme = torch.full((1024 * 40,), -128, dtype=torch.int8)  # largest |partial sum|
     ts = [torch.randn(70000, generator=g), extreme, torch.randint(-128, 128, (5000,), dtype=torch.int8, generator=g)]
-    x = torch.randint(-128, 128, (600, 1024), dtype=torch.int8, generator=g)  # blocks of 256 rows and a rest
-    monkeypatch.setitem(core._NATIVE, "cpu", False)  # torch's routes (the native one: test_native_lanes.py)
-    monkeypatch.setitem(core._INT_MM, "cpu", True)  # whichever path the speed test picked here
-    exact = core.mm(x, 0)
-    want = [fp(t) for t in ts]
-    monkeypatch.setitem(core._INT_MM, "cpu", False)
-    assert torch.equal(core.mm(x, 0), exact) and torch.equal(core.mm(x[:64], 0), exact[:64])
-    into = torch.full((600, 16), 7, dtype=torch.int32)
-    assert core.mm(x, 0, out=into) is into and torch.equal(into, exact)
-    assert torch.equal(
-        core.mm(extreme[:2048].view(2, 1024), 0),
-        -128 * core.weights(x.device, 0, False).sum(0, dtype=torch.int32).expand(2, 16),
-    )
-    assert [fp(t) for t in ts] == want
+    # blocks of 256 rows (float32 GEMM) and of 1024 rows (int8 GEMM on CPU), each with a rest
+    x = torch.randint(-128, 128, (2600, 1024), dtype=torch.int8, generator=g)
+    x[0] = -128
+    x[1] = 127
+    monkeypatch.setattr(sch, "native_cpu", False)  # torch's routes (the native one: test_native_lanes.py)
+    monkeypatch.setitem(gemm._INT_MM, "cpu", True)  # whichever path the speed test picked here
+    exact = sch.mm(x, 0)
+    want = [fp(t, version=sch.version) for t in ts]
+    monkeypatch.setitem(gemm._INT_MM, "cpu", False)
+    assert torch.equal(sch.mm(x, 0), exact) and torch.equal(sch.mm(x[:64], 0), exact[:64])
+    monkeypatch.setitem(gemm._INT_MM, "cpu", True)
+    assert torch.equal(sch.mm(x[:1024], 0), exact[:1024])  # one block of the int8 GEMM: no loop
+    monkeypatch.setitem(gemm._INT_MM, "cpu", False)
+    into = torch.full((2600, sch.lanes), 7, dtype=torch.int32)
+    assert sch.mm(x, 0, out=into) is into and torch.equal(into, exact)
+    if sch.version == 1:
+        assert torch.equal(
+            sch.mm(extreme[:2048].view(2, 1024), 0),
+            -128 * sch.weights.get(x.device, 0).sum(0, dtype=torch.int32).expand(2, 16),
+        )
+    assert [fp(t, version=sch.version) for t in ts] == want
 
 
 def test_the_faster_exact_gemm_is_chosen_without_touching_the_rng(monkeypatch):
     # The real timing runs both GEMMs on fixed rows, never on torch's RNG (the job owns it).
+    cpu = torch.device("cpu")
+    w = versions.SCHEMES[1].weights
+    monkeypatch.delitem(gemm._INT_MM, "cpu", raising=False)
     rng = torch.get_rng_state()
-    assert isinstance(core._int_mm_is_faster(torch.device("cpu")), bool)
+    assert isinstance(gemm.use_int_mm(cpu, w), bool)
     assert torch.equal(torch.get_rng_state(), rng)
     # The decision follows the timings: the int8 GEMM when it is at least as fast, else float32.
     for int_s, float_s, want in ((1.0, 2.0, True), (2.0, 1.0, False), (1.0, 1.0, True)):
-        monkeypatch.setattr(core, "_best_seconds", lambda device, fns, t=(int_s, float_s): {True: t[0], False: t[1]})
-        assert core._int_mm_is_faster(torch.device("cpu")) is want
+        monkeypatch.setattr(gemm, "best_seconds", lambda device, fns, t=(int_s, float_s): {True: t[0], False: t[1]})
+        monkeypatch.delitem(gemm._INT_MM, "cpu")
+        assert gemm.use_int_mm(cpu, w) is want
 
 
-def test_row_padding_for_accelerator_kernels_is_exact(monkeypatch):
+@pytest.mark.parametrize("sch", SCHEMES, ids=repr)
+def test_row_padding_for_accelerator_kernels_is_exact(monkeypatch, sch):
     x = torch.randint(-128, 128, (40, 1024), dtype=torch.int8)
     ts = [torch.randn(5000), torch.ones(3)]
-    want = [core.mm(x[:m], 2) for m in (1, 16, 17, 32, 33, 40)]
-    want_fps = [fp(t) for t in ts]
-    monkeypatch.setattr(core, "ANY_M_DEVICES", frozenset())  # take the CUDA path's zero-row padding
-    monkeypatch.setitem(core._NATIVE, "cpu", False)  # ... through torch's int8 GEMM, which pads
-    monkeypatch.setitem(core._INT_MM, "cpu", True)
-    assert all(torch.equal(core.mm(x[:m], 2), w) for m, w in zip((1, 16, 17, 32, 33, 40), want, strict=True))
-    assert [fp(t) for t in ts] == want_fps
+    want = [sch.mm(x[:m], 2) for m in (1, 16, 17, 32, 33, 40)]
+    want_fps = [fp(t, version=sch.version) for t in ts]
+    monkeypatch.setattr(gemm, "ANY_M_DEVICES", frozenset())  # take the CUDA path's zero-row padding
+    monkeypatch.setattr(sch, "native_cpu", False)  # ... through torch's int8 GEMM, which pads
+    monkeypatch.setitem(gemm._INT_MM, "cpu", True)
+    assert all(torch.equal(sch.mm(x[:m], 2), w) for m, w in zip((1, 16, 17, 32, 33, 40), want, strict=True))
+    assert [fp(t, version=sch.version) for t in ts] == want_fps
 
 
 def test_no_autograd_and_inference_mode():
@@ -468,11 +487,11 @@ def test_arena_moments_and_pointer_flags_equal_the_per_tensor_path(dtype):
     ps = [start(t, moments=True, pointer_check=True) for t in ts]
     assert all(p.arena is not None and p.moments is None for p in ps)  # the arena path
     for t, f in zip(ts, resolve(ps), strict=True):
-        want = core.moments_of(t).tolist()
+        want = M.moments_of(t).tolist()
         got = [f.moments.sum, f.moments.absmax, f.moments.nan, f.moments.inf]
         assert got[1:] == pytest.approx(want[1:], nan_ok=True) and got[2:] == want[2:]
         assert got[0] == pytest.approx(want[0], rel=1e-12, nan_ok=True)
-        assert f.pointer_like == (dtype is torch.int64 and bool(core.pointer_like(t)))
+        assert f.pointer_like == (dtype is torch.int64 and bool(M.pointer_like(t)))
     if dtype is torch.int64:
         assert [f.pointer_like for f in resolve(ps)][-2:] == [True, False]
 
@@ -529,7 +548,7 @@ def test_cpu_and_cuda_digests_are_identical(monkeypatch):
         x, y = a.moments.absmax, b.moments.absmax
         assert x == y or (math.isnan(x) and math.isnan(y))
     assert [fp(t.cuda(), rows=7).rows for t in ts[:5]] == [fp(t, rows=7).rows for t in ts[:5]]
-    monkeypatch.setitem(core._INT_MM, "cuda", False)  # the exact float32 fallback on the GPU
+    monkeypatch.setitem(gemm._INT_MM, "cuda", False)  # the exact float32 fallback on the GPU
     assert resolve([start(t.cuda()) for t in ts]) == [fingerprint(t) for t in ts]
 
 
@@ -554,7 +573,7 @@ def test_fetched_words_are_unsigned_and_hex_renders_them():
 
     words = torch.tensor([0, -1, 1, -(2**63), 2**63 - 1, 0x0123456789ABCDEF], dtype=torch.int64)
     want = [w & (2**64 - 1) for w in words.tolist()]
-    assert _words(words, [(0, 0)] * 3, on_host=False) == want
+    assert _words(words, [(0, 0)] * 3, False, versions.active()) == want
     assert [_hex(hi, lo) for hi, lo in zip(want[0::2], want[1::2], strict=True)] == [
         f"{hi:016x}{lo:016x}" for hi, lo in zip(want[0::2], want[1::2], strict=True)
     ]

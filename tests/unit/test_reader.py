@@ -121,7 +121,7 @@ def test_unknown_digest_version(run):
     _edit_manifest(run, 1, digest_version=7)
     assert _err(SchemaVersionError, run) == (
         f"{run}/manifest/rank=1/segment-00000.json: digest_version 7 is not supported (this detfp reads "
-        "digest_version 1); analyze it with the detfp release that wrote it, or re-run the capture with this one"
+        "digest_version 1 or 2); analyze it with the detfp release that wrote it, or re-run the capture with this one"
     )
 
 
