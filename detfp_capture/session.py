@@ -524,9 +524,8 @@ class Session:
                     versions.hold(self, resumed.digest_version)
                 except CaptureError as exc:
                     raise ConfigError(str(exc)) from None
+                # The version is all that changes: digests read the held one (versions.active()).
                 self._cfg = self._rec.cfg = resumed
-                if getattr(self, "_ctx", None) is not None:
-                    self._ctx.cfg = resumed
         return self._cfg.digest_version
 
     def _release_digest_version(self) -> None:
