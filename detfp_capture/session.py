@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import hashlib
 import os
 import warnings
 import weakref
@@ -45,7 +44,7 @@ import torch
 
 from detfp_capture._config import check_mapping, make_config
 from detfp_capture._placement import RankPart, env_place
-from detfp_capture._recorder.hazards import HazardTracker
+from detfp_capture._recorder.hazards import HazardTracker, poison_pattern
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._recorder.recorder import Recorder
 from detfp_capture._sources import pipelining
@@ -193,12 +192,9 @@ class Session:
         caps = cfg.caps
         hazards = None
         if caps.hazards or cfg.poison:
-            poison_byte = None
-            if cfg.poison:
-                # Per run (the directory differs between the two runs), never zero.
-                d = hashlib.blake2b(str(self.out_dir.resolve()).encode(), digest_size=1).digest()[0]
-                poison_byte = d or 0xA5
-            hazards = HazardTracker(rec, poison_byte)
+            # Per run (the directory differs between the two runs): docs/capture.md, poison.
+            poison = poison_pattern(str(self.out_dir.resolve())) if cfg.poison else None
+            hazards = HazardTracker(rec, poison)
         self._ctx = ctx = CaptureContext(
             cfg=cfg,
             caps=caps,

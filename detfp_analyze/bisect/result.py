@@ -4,7 +4,8 @@ Everything a report needs is here, computed once by the pipeline; the text rende
 (``report.py``) and ``--json`` both read these objects and nothing else. ``to_json_dict``
 returns plain JSON values with a fixed key set (documented in docs/report.md), so two
 invocations on the same inputs print the same bytes. Bump ``REPORT_VERSION`` whenever a
-field is added, renamed, removed or changes meaning (the vocabularies below are part of it).
+field is added, renamed, removed or changes meaning (the vocabularies of ``vocab`` are part of
+it; they are also importable from here, where the report names them).
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from detfp_analyze.bisect.vocab import (
+    CAUSES,
+    DIFF_KINDS,
+    LEVELS,
+    PATTERNS,
+    STATUSES,
+    VERDICTS,
+    check_cause,
+    check_diff_kind,
+    check_pattern,
+    check_status,
+    check_verdict,
+)
 from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = [
@@ -25,43 +39,6 @@ __all__ = [
 #: the resume's ``step_offset``, the pattern ``all_ranks_same_source``; a divergence names the parts
 #: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
 REPORT_VERSION = 2
-#: Outcomes of a comparison: ``rng_only`` when an RNG state differs and no value or metric does
-#: (nothing drew from the generator in the compared steps).
-STATUSES = ("identical", "diverged", "rng_only")
-#: Verdicts for a rank's first divergent record (docs/report.md explains each).
-VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural", "metric_only")
-#: Cross-rank patterns.
-PATTERNS = (
-    "identical",
-    "single_process",
-    "all_ranks_same_op",
-    "all_ranks_same_source",
-    "all_ranks_different_ops",
-    "rank_subset",
-    "single_rank",
-    "no_origin",
-    "undetermined",
-)
-#: What the diagnosis names as the most likely cause (``cause.py`` weighs the evidence; docs/report.md).
-CAUSES = (
-    "none", "ended_early", "step_offset", "rng_state_only", "setting", "uninitialized", "argument", "data", "rng",
-    "restore", "op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined",
-)  # fmt: skip
-#: Kinds of difference.
-DIFF_KINDS = ("values", "permutation", "arguments", "structure", "error")
-#: How deep the narrowing goes (each level includes the ones before).
-LEVELS = ("step", "phase", "module", "op", "kernel")
-
-
-def _check(value: str, known: tuple[str, ...], what: str, name: str) -> str:
-    if value not in known:
-        raise ValueError(
-            f"{what} {value!r} is not one of {', '.join(known)} (detfp_analyze.bisect.result.{name}); "
-            f"a new {what} is added there first, then to every consumer the tests name"
-        )
-    return value
-
-
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
 
@@ -82,26 +59,6 @@ def _json(x: Any) -> Any:
 def _fields_json(obj: Any) -> dict[str, Any]:
     """Every field of a result dataclass as JSON, under its own name."""
     return {f.name: _json(getattr(obj, f.name)) for f in fields(obj)}
-
-
-def check_verdict(verdict: str) -> str:
-    """``verdict`` when it is one of VERDICTS; ValueError naming the known verdicts otherwise."""
-    return _check(verdict, VERDICTS, "verdict", "VERDICTS")
-
-
-def check_status(status: str) -> str:
-    """``status`` when it is one of STATUSES; ValueError naming the known statuses otherwise."""
-    return _check(status, STATUSES, "status", "STATUSES")
-
-
-def check_cause(cause: str) -> str:
-    """``cause`` when it is one of CAUSES; ValueError naming the known causes otherwise."""
-    return _check(cause, CAUSES, "cause", "CAUSES")
-
-
-def check_pattern(pattern: str) -> str:
-    """``pattern`` when it is one of PATTERNS; ValueError naming the known patterns otherwise."""
-    return _check(pattern, PATTERNS, "pattern", "PATTERNS")
 
 
 @dataclass(frozen=True)
@@ -236,7 +193,7 @@ class Divergence:
 
     def __post_init__(self) -> None:
         check_verdict(self.verdict)
-        _check(self.diff_kind, DIFF_KINDS, "difference kind", "DIFF_KINDS")
+        check_diff_kind(self.diff_kind)
 
     @property
     def where(self) -> str:

@@ -4,7 +4,8 @@
   of byte intervals not yet written; an op that reads an unwritten byte (through any view) is
   flagged, an op that overwrites (copy_, fill_, zero_, random fills, ``out=``) removes the
   interval it covers, and the storage is forgotten once fully written. With ``poison`` the
-  fresh storage is filled with a per-run byte so any read shows up as a divergence.
+  fresh storage is filled with a per-run 8-byte pattern (``poison_pattern``) so any read shows up
+  as a divergence.
 * ``async_pending``: tensors an async collective writes, between launch and ``wait()``.
 * ``nonblocking_pending``: destinations of ``non_blocking=True`` copies until the next explicit
   synchronization (``torch.cuda.synchronize``, ``Stream``/``Event.synchronize``) or step end.
@@ -26,7 +27,18 @@ import torch
 from detfp_capture._digest.subclass import flatten
 from detfp_capture._recorder.subclass import flattens
 
-__all__ = ["HazardTracker"]
+__all__ = ["HazardTracker", "poison_pattern"]
+
+
+def poison_pattern(run: str) -> bytes:
+    """The 8 bytes ``poison`` fills fresh storage with in the run at ``run`` (its directory):
+    different in any two runs (a 64-bit hash, each byte kept in 0x40..0x7E), and garbage that
+    cannot vanish: read as float32, bfloat16 or float16 every word is a large number (2 to 3e38)
+    or a NaN, never a value too small to survive being added to real data (a byte pattern like
+    0x0A0A0A0A, 6.6e-33 as float32, is absorbed by any sum, and two runs would then agree)."""
+    import hashlib
+
+    return bytes(0x40 + b % 0x3F for b in hashlib.blake2b(run.encode(), digest_size=8).digest())
 
 UNINIT = "uninitialized"
 ASYNC = "async_pending"
@@ -87,9 +99,11 @@ class _Uninit:
 class HazardTracker:
     """Per-storage hazard state of one rank (training thread only)."""
 
-    def __init__(self, rec: Any, poison_byte: int | None) -> None:
+    def __init__(self, rec: Any, poison: bytes | None) -> None:
         self.rec = rec
-        self.poison_byte = poison_byte
+        #: ``poison_pattern`` of the run, or None (no poison); as an int64 for the aligned bulk.
+        self.poison = poison
+        self._poison64 = int.from_bytes(poison, "little", signed=True) if poison else None
         self.uninit: dict[int, _Uninit] = {}
         self.async_pending: dict[int, tuple[Any, str]] = {}
         self.nb_pending: dict[int, tuple[Any, str]] = {}
@@ -105,11 +119,15 @@ class HazardTracker:
         if key is None:
             return
         nbytes = t.untyped_storage().nbytes()
-        if self.poison_byte is not None and nbytes:
+        if self.poison is not None and nbytes:
             u = torch.empty(0, dtype=torch.uint8, device=t.device)
             u.set_(t.untyped_storage(), 0, (nbytes,), (1,))
+            n8 = nbytes // 8
             with torch.no_grad():
-                u.fill_(self.poison_byte)
+                if n8:  # the pattern repeats every 8 bytes from the storage's start
+                    u[: n8 * 8].view(torch.int64).fill_(self._poison64)
+                for i in range(n8 * 8, nbytes):  # a storage of fewer or not a multiple of 8 bytes
+                    u[i] = self.poison[i % 8]
         self.uninit[key] = _Uninit(weakref.ref(t), nbytes)
 
     def wrote(self, t: torch.Tensor) -> None:

@@ -137,6 +137,8 @@ def followed_options(ns: argparse.Namespace) -> list[str]:
     framework may start it elsewhere), and ``--followed``."""
     out = ["--out", os.path.abspath(ns.out), "--level", ns.level, "--start-step", str(ns.start_step)]
     out += ["--flush-records", str(ns.flush_records)]
+    if ns.digest_version is not None:
+        out += ["--digest-version", str(ns.digest_version)]
     for flag, value in (
         ("--steps", ns.steps),
         ("--ranks", ns.ranks),

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from detfp_capture import Session
+from detfp_capture._recorder.hazards import poison_pattern
 from tests.fixtures.models import read
 
 
@@ -110,8 +111,9 @@ def test_poison_fills_fresh_allocations_per_run(tmp_path):
         with Session(tmp_path / name, "ops", poison=True) as s, s.step(0):
             x = torch.empty(64, dtype=torch.uint8)
             got[name] = x.clone()
-    for v in got.values():
-        assert len(set(v.tolist())) == 1 and v[0].item() != 0
+    for name, v in got.items():  # the run's 8-byte pattern, repeated
+        pat = poison_pattern(str((tmp_path / name).resolve()))
+        assert bytes(v.tolist()) == pat * 8
     # Two runs get two patterns, so reading such memory shows up as a divergence.
     assert not torch.equal(got["a"], got["b"])
 
@@ -206,7 +208,7 @@ def test_an_address_reused_after_a_storage_is_freed_inherits_no_hazard():
     gathered parameters uninitialized in one run of an identical pair)."""
     from detfp_capture._recorder.hazards import HazardTracker, storage_key
 
-    hz = HazardTracker(rec=None, poison_byte=None)
+    hz = HazardTracker(rec=None, poison=None)
     fresh = torch.empty(16)
     hz.born_empty(fresh)
     assert hz.flags(fresh) == ("uninitialized",)
@@ -215,3 +217,28 @@ def test_an_address_reused_after_a_storage_is_freed_inherits_no_hazard():
     hz.uninit[storage_key(other)] = hz.uninit.pop(storage_key(fresh))
     assert hz.flags(other) == ()
     assert not hz.uninit
+
+
+def test_poison_pattern_differs_per_run_and_is_never_absorbed():
+    """The poison garbage: distinct for distinct run directories, and in every float format a
+    large number or a NaN (a one-byte fill such as 0x0A0A0A0A, 6.6e-33 as float32, vanished into
+    any sum, so two poisoned runs of a real uninitialized read could agree bit for bit)."""
+    pats = {poison_pattern(f"/tmp/runs/r{i}") for i in range(2000)}
+    assert len(pats) == 2000
+    for p in list(pats)[:200]:
+        assert len(p) == 8 and all(0x40 <= b <= 0x7E for b in p)
+        raw = torch.frombuffer(bytearray(p), dtype=torch.uint8)
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
+            v = raw.view(dt).float()
+            assert bool(((v.abs() >= 2) | v.isnan()).all()), (p.hex(), dt)
+
+
+def test_poison_fills_the_whole_storage_with_the_repeating_pattern():
+    from detfp_capture._recorder.hazards import HazardTracker
+
+    pat = bytes(range(0x41, 0x49))
+    hz = HazardTracker(rec=None, poison=pat)
+    for n in (3, 8, 13, 64):
+        t = torch.empty(n, dtype=torch.uint8)
+        hz.born_empty(t)
+        assert bytes(t.tolist()) == (pat * 9)[:n]
