@@ -92,7 +92,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
-    from detfp_capture import repeat_check
+    from detfp_guards import repeat_check
 
     dev = torch.device(args.device)
     torch.manual_seed(0)

@@ -15,11 +15,7 @@ Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for t
 from __future__ import annotations
 
 import importlib
-import sys as _sys
-import types as _types
 from typing import TYPE_CHECKING, Any
-
-from detfp_analyze import _moved
 
 __all__ = [
     "REPORT_VERSION",
@@ -39,6 +35,7 @@ __all__ = [
     "divergence_heatmap",
     "env_diff",
     "open_run",
+    "render_text",
     "summarize",
 ]
 
@@ -48,7 +45,6 @@ _LAZY = {
     "Diagnosis": "detfp_analyze.bisect.result",
     "Divergence": "detfp_analyze.bisect.result",
     "RankResult": "detfp_analyze.bisect.result",
-    "bisect": "detfp_analyze.bisect",
     "CertifyResult": "detfp_analyze.single.certify",
     "Problem": "detfp_analyze.single.certify",
     "certify": "detfp_analyze.single.certify",
@@ -59,40 +55,27 @@ _LAZY = {
     "DetfpError": "detfp_analyze.errors",
     "Run": "detfp_analyze.io.reader",
     "open_run": "detfp_analyze.io.reader",
+    "render_text": "detfp_analyze.render.report",
     "RunSummary": "detfp_analyze.single.summary",
     "summarize": "detfp_analyze.single.summary",
 }
 
+# ``bisect`` is the function, imported now rather than lazily: the subpackage of the same name is
+# bound as this package's attribute when it is first imported, so a lazy function would lose to
+# the module once anything ran ``import detfp_analyze.bisect`` (the CLI does). Imported first, the
+# subpackage is already loaded and the name stays the function. It costs ~10 ms (no polars yet).
+from detfp_analyze.bisect import bisect  # noqa: E402
+
 if TYPE_CHECKING:  # pragma: no cover
-    from detfp_analyze.bisect import bisect
     from detfp_analyze.bisect.result import REPORT_VERSION, BisectResult, Diagnosis, Divergence, RankResult
     from detfp_analyze.errors import DetfpError
     from detfp_analyze.io.envdiff import EnvDiff, env_diff
     from detfp_analyze.io.reader import Run, open_run
     from detfp_analyze.render.plot import divergence_heatmap
+    from detfp_analyze.render.report import render_text
     from detfp_analyze.single.certify import CertifyResult, Problem, certify
     from detfp_analyze.single.summary import RunSummary, summarize
     from detfp_analyze.sql import connect
-
-
-class _Package(_types.ModuleType):
-    """This package's module type: ``bisect`` and ``certify`` stay the functions of ``__all__``.
-
-    Importing a submodule binds it as an attribute of its package, so once anything had run
-    ``import detfp_analyze.bisect`` (the CLI does), ``detfp_analyze.bisect`` was the module and
-    ``detfp_analyze.bisect(a, b)`` failed. A submodule arriving over a public function's name is
-    not bound; the function is (lazily, by ``__getattr__``). The submodules stay in ``sys.modules``
-    and ``from detfp_analyze.bisect import ...`` works as before.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, _types.ModuleType) and name in _LAZY:
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package
-_moved.install()
 
 
 def __getattr__(name: str) -> Any:

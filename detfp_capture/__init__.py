@@ -1,8 +1,8 @@
 """detfp_capture: per-rank, ordered tensor fingerprint streams from a PyTorch training job.
 
-Public names are loaded lazily (PEP 562) so that ``detfp_capture.contract`` -- the
-standard-library-only trace contract -- can be imported by ``detfp_analyze`` without
-importing torch.
+Public names are loaded lazily (PEP 562): ``import detfp_capture`` does not import torch until a
+name needs it. The trace format it writes is ``detfp_format``'s; the reproducibility guards built
+on capture and analysis (``repeat_check``, the pytest plugin) are ``detfp_guards``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ __all__ = [
     "DigestError",
     "Fingerprint",
     "Moments",
-    "NotReproducibleError",
-    "RepeatResult",
     "Session",
-    "assert_bitwise_reproducible",
     "fingerprint",
-    "repeat_check",
 ]
 
 _LAZY = {
@@ -30,16 +26,11 @@ _LAZY = {
     "Moments": "detfp_capture.digest",
     "DigestError": "detfp_capture.digest",
     "CaptureError": "detfp_capture.errors",
-    "repeat_check": "detfp_capture.repeat",
-    "RepeatResult": "detfp_capture.repeat",
-    "assert_bitwise_reproducible": "detfp_capture.repeat",
-    "NotReproducibleError": "detfp_capture.repeat",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from detfp_capture.digest import DigestError, Fingerprint, Moments, fingerprint
     from detfp_capture.errors import CaptureError
-    from detfp_capture.repeat import NotReproducibleError, RepeatResult, assert_bitwise_reproducible, repeat_check
     from detfp_capture.session import Session
 
 

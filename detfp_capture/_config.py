@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from detfp_capture.contract import DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_capture.errors import ConfigError
+from detfp_format.contract import CAPTURE_LEVELS, DIGEST_VERSION, DIGEST_VERSIONS
+from detfp_format.errors import SelectorError
+from detfp_format.selectors import Selector
+from detfp_format.selectors import parse_selector as _parse_selector
 
 __all__ = [
     "DIGEST_VERSION_ENV",
@@ -94,59 +97,17 @@ LEVEL_CAPABILITIES: Mapping[str, Capabilities] = MappingProxyType(
         "ops": Capabilities(module_boundaries=True, collectives=True, optimizer=True, hazards=True, ops=True),
     }
 )
-#: The level names, cheapest first.
+#: The level names, cheapest first (the contract's names: the manifest and the analysis use them).
 LEVELS = tuple(LEVEL_CAPABILITIES)
-
-
-@dataclass(frozen=True)
-class Selector:
-    """A set of non-negative integers written as ``"3-5,9"`` or ``"10-"`` (open-ended)."""
-
-    #: The text the user gave (kept for the manifest).
-    text: str
-    #: Closed ranges (lo, hi); hi is None for an open-ended range.
-    ranges: tuple[tuple[int, int | None], ...]
-
-    def __contains__(self, n: object) -> bool:
-        if not isinstance(n, int):
-            return False
-        return any(lo <= n and (hi is None or n <= hi) for lo, hi in self.ranges)
+assert LEVELS == CAPTURE_LEVELS, "a capture level is named in detfp_format.contract.CAPTURE_LEVELS first"
 
 
 def parse_selector(value: Any, option: str) -> Selector | None:
-    """Parse a step or rank selector; None (or "all") selects everything."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ConfigError(f"{option}={value!r}: expected a selector such as '3-5,9' or None for all")
-    if isinstance(value, int):
-        value = str(value)
-    elif isinstance(value, (list, tuple, range, set, frozenset)):
-        value = ",".join(str(int(v)) for v in sorted(value))
-    if not isinstance(value, str):
-        raise ConfigError(f"{option}={value!r}: expected a selector string such as '3-5,9'")
-    text = value.strip()
-    if text.lower() in ("", "all", "*"):
-        return None
-    ranges: list[tuple[int, int | None]] = []
-    for part in text.split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d*))?", part)
-        if not m:
-            raise ConfigError(
-                f"{option}={value!r}: cannot parse {part!r}; use comma-separated numbers and ranges like '3-5,9' or '10-'"
-            )
-        lo = int(m.group(1))
-        if m.group(2) is None:
-            hi: int | None = lo
-        elif m.group(2) == "":
-            hi = None
-        else:
-            hi = int(m.group(2))
-            if hi < lo:
-                raise ConfigError(f"{option}={value!r}: range {part!r} is empty; write the lower bound first")
-        ranges.append((lo, hi))
-    return Selector(text, tuple(ranges))
+    """Parse a step or rank selector (``detfp_format.selectors``' grammar); ConfigError if malformed."""
+    try:
+        return _parse_selector(value, option)
+    except SelectorError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _regex(value: Any, option: str) -> re.Pattern[str] | None:

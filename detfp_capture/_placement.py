@@ -109,15 +109,21 @@ class RankPart:
     def open(self) -> None:
         """Open the part for ``place``: segment (RunExistsError if this rank already wrote here),
         shard writer and commit log, manifest. An OSError leaves nothing open and is re-raised."""
-        from detfp_capture import writer as _writer
+        from detfp_capture.errors import RunExistsError
         from detfp_capture.manifest import collect_manifest
+        from detfp_format import errors as _format_errors
+        from detfp_format import writer as _writer
 
         rank, world = self.place.rank, self.place.world_size
-        segment = _writer.prepare_run_dir(
-            self.out_dir, rank, append=self._append, overwrite=self._overwrite, world_size=world
-        )
-        version = self._digest_version(segment)
-        w = _writer.ShardWriter(self.out_dir, rank, segment, rollups=True)
+        try:
+            segment = _writer.prepare_run_dir(
+                self.out_dir, rank, append=self._append, overwrite=self._overwrite, world_size=world
+            )
+            version = self._digest_version(segment)
+            w = _writer.ShardWriter(self.out_dir, rank, segment, rollups=True)
+        except _format_errors.RunExistsError as exc:
+            # The capture's own error type (a CaptureError too), with the format's message.
+            raise RunExistsError(str(exc)) from None
         data = collect_manifest(
             rank=rank, world_size=world, segment=segment, groups={}, digest_version=version, **self._fields
         )

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from detfp_capture import commitlog, contract
+from detfp_format import commitlog, contract
 
 __all__ = [
     "ENV_NAMES",

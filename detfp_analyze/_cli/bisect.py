@@ -19,6 +19,7 @@ import typer
 
 from detfp_analyze._cli import engine as _engine
 from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
+from detfp_analyze._cli.selection import parse_ranks, parse_steps, rank_values
 from detfp_analyze.bisect import ReadPaths, bisect
 from detfp_analyze.bisect.result import LEVELS
 from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
@@ -26,33 +27,7 @@ from detfp_analyze.io.reader import open_run
 from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 
-__all__ = ["command", "parse_ranks", "parse_steps"]
-
-
-def parse_ranks(text: str) -> list[int]:
-    """``0,4-7`` -> [0, 4, 5, 6, 7]; ValueError with the offending part."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        a, b = int(lo), int(hi) if sep else int(lo)
-        if a < 0 or b < a:
-            raise ValueError(part)
-        out.update(range(a, b + 1))
-    if not out:
-        raise ValueError(text)
-    return sorted(out)
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``3-5`` -> (3, 5); ``4`` -> (4, 4)."""
-    lo, sep, hi = text.strip().partition("-")
-    a, b = int(lo), int(hi) if sep else int(lo)
-    if a < 0 or b < a:
-        raise ValueError(text)
-    return a, b
+__all__ = ["command"]
 
 
 class _Bar:
@@ -141,14 +116,8 @@ def command(
     ] = False,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
-    try:
-        rank_list = None if ranks is None else parse_ranks(ranks)
-    except ValueError:
-        fail(f"--ranks {ranks!r}: not a rank list; use e.g. --ranks 0,4-7")
-    try:
-        step_range = None if steps is None else parse_steps(steps)
-    except ValueError:
-        fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
+    rank_sel = parse_ranks(ranks)
+    step_range = parse_steps(steps)
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
     problem = _engine.check(engine, master, conf)
@@ -157,6 +126,7 @@ def command(
     expectations = None if expect is None else load_expectations(expect)
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    rank_list = rank_values(rank_sel, max(a.world_size, b.world_size))
     # Spark starts only now: bad input has failed already, without a JVM.
     heavy = _engine.bisect_engine(master, conf) if engine == "spark" else None
     bar = _Bar() if sys.stderr.isatty() else None

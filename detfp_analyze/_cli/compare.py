@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.bisect import parse_ranks, parse_steps
 from detfp_analyze._cli.common import fail
+from detfp_analyze._cli.selection import parse_ranks, parse_steps, rank_values
 from detfp_analyze.bisect import bisect
 from detfp_analyze.bisect.result import LEVELS, BisectResult
 from detfp_analyze.io.reader import Run, open_run
@@ -39,17 +39,12 @@ def compare(
     allow_missing_ranks: bool,
 ) -> tuple[Run, Run, BisectResult]:
     """Open both runs and bisect them as ``detfp-analyze bisect`` would (bad options: exit 2)."""
-    try:
-        rank_list = None if ranks is None else parse_ranks(ranks)
-    except ValueError:
-        fail(f"--ranks {ranks!r}: not a rank list; use e.g. --ranks 0,4-7")
-    try:
-        step_range = None if steps is None else parse_steps(steps)
-    except ValueError:
-        fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
+    rank_sel = parse_ranks(ranks)
+    step_range = parse_steps(steps)
     if level not in LEVELS:
         fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
     a = open_run(run_a, allow_missing_ranks=allow_missing_ranks)
     b = open_run(run_b, allow_missing_ranks=allow_missing_ranks)
+    rank_list = rank_values(rank_sel, max(a.world_size, b.world_size))
     result = bisect(a, b, ranks=rank_list, steps=step_range, level=level, force=force)
     return a, b, result

@@ -15,9 +15,9 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.bisect import parse_ranks, parse_steps
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, RunA, RunB, compare
+from detfp_analyze._cli.selection import OPEN_END, parse_ranks, parse_steps, rank_values
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.perfetto import count_records, dumps_trace, trace
 
@@ -50,15 +50,10 @@ def command(
     allow_missing_ranks: MissingRanks = False,
 ) -> None:
     """Export where A and B diverge as a timeline: a track per rank, records as nested slices."""
-    try:
-        sel_ranks = None if ranks is None else parse_ranks(ranks)
-    except ValueError:
-        fail(f"--ranks {ranks!r}: not a rank list; use e.g. --ranks 0,4-7")
-    try:
-        sel_steps = None if steps is None else parse_steps(steps)
-    except ValueError:
-        fail(f"--steps {steps!r}: not a step range; use e.g. --steps 3-5 or --steps 4")
+    rank_sel = parse_ranks(ranks)
+    sel_steps = parse_steps(steps)
     a, b, result = compare(run_a, run_b, None, None, level, force, allow_missing_ranks)
+    sel_ranks = rank_values(rank_sel, max(a.world_size, b.world_size))
     compared = set(result.window.ranks)
     if sel_ranks is not None and not set(sel_ranks) <= compared:
         fail(
@@ -66,6 +61,10 @@ def command(
             f"(compared: {format_ranks(sorted(compared)) or 'none'})"
         )
     window = sel_steps or result.window.steps
+    if sel_steps is not None and sel_steps[1] == OPEN_END:
+        # An open-ended --steps (10-) ends where the compared steps end.
+        last = result.window.steps[1] if result.window.steps is not None else sel_steps[0]
+        window = (sel_steps[0], max(last, sel_steps[0]))
     if window is None:
         fail(f"{result.label_a} and {result.label_b} share no step: nothing to export")
     chosen = sorted(compared) if sel_ranks is None else sel_ranks

@@ -24,11 +24,9 @@ from dataclasses import dataclass
 
 from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
 from detfp_analyze.ranks import format_ranks
+from detfp_format.contract import CAPTURE_LEVELS
 
 __all__ = ["Advice", "at", "deeper", "from_divergence", "recapture", "who"]
-
-#: Capture levels, cheapest first.
-_CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
 
 
 @dataclass(frozen=True)
@@ -70,10 +68,10 @@ def at(d: Divergence) -> str:
 
 def deeper(c: Capture | None) -> str | None:
     """The capture level after ``c``'s (None at ops, the deepest)."""
-    if c is None or c.level not in _CAPTURE_LEVELS:
+    if c is None or c.level not in CAPTURE_LEVELS:
         return "ops"
-    i = _CAPTURE_LEVELS.index(c.level)
-    return _CAPTURE_LEVELS[i + 1] if i + 1 < len(_CAPTURE_LEVELS) else None
+    i = CAPTURE_LEVELS.index(c.level)
+    return CAPTURE_LEVELS[i + 1] if i + 1 < len(CAPTURE_LEVELS) else None
 
 
 def recapture(c: Capture | None, level: str, step: int, kernels: bool = False) -> str:

@@ -20,7 +20,7 @@ from detfp_analyze.bisect.result import LEVELS, Divergence, Kernels, RankResult,
 from detfp_analyze.bisect.search import MetricSplit
 from detfp_analyze.bisect.verdict import RankVerdicts, Verdict
 from detfp_analyze.io.reader import Run
-from detfp_capture.contract import INPUTLESS_KINDS, split_component
+from detfp_format.contract import INPUTLESS_KINDS, split_component
 
 __all__ = ["divergence", "rank_results", "representative"]
 

@@ -1,7 +1,7 @@
 """The stored rollups: step candidates and divergent block slices without reading records.
 
 A run written with the rollups table (``contract.ROLLUP_VERSION``, manifest key ``rollups``) holds
-per (rank, step, block) fingerprints computed by the capture (``detfp_capture.rollups``). When
+per (rank, step, block) fingerprints computed by the capture (``detfp_format.rollups``). When
 both runs have them for every compared rank:
 
 1. ``step_rollup``: the blocks folded into the same per (rank, step) rollup ``narrow.step_rollup``
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from detfp_analyze.io.reader import Run
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["Slice", "available", "block_rollup", "slices", "step_rollup"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from detfp_analyze import rule
 from detfp_analyze.bisect.records import Extract
 from detfp_analyze.bisect.result import Component, Divergence
-from detfp_capture.contract import COMPONENT_SEP, split_component
+from detfp_format.contract import COMPONENT_SEP, split_component
 
 __all__ = ["note", "parts_of"]
 

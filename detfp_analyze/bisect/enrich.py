@@ -20,7 +20,7 @@ from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import collect_pair
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, RecordKey
 from detfp_analyze.io.reader import Run
-from detfp_capture.contract import call_key, key_hash
+from detfp_format.contract import call_key, key_hash
 
 __all__ = ["DETAIL_COLUMNS", "Details", "Enriched", "enrich", "hazard_names", "with_twins"]
 

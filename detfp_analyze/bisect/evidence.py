@@ -21,7 +21,7 @@ from detfp_analyze.bisect.records import CallKey, Found, RecordKey
 from detfp_analyze.bisect.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import names_for, to_polars
-from detfp_capture.contract import INPUTLESS_KINDS
+from detfp_format.contract import INPUTLESS_KINDS
 
 __all__ = [
     "PEER_COLUMNS",

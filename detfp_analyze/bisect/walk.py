@@ -34,7 +34,7 @@ from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, Recor
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import to_polars
-from detfp_capture.contract import STATUSES
+from detfp_format.contract import STATUSES
 
 __all__ = ["FIRST_PASS_COLUMNS", "Progress", "walk"]
 

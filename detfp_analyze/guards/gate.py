@@ -30,7 +30,7 @@ from typing import Any
 from detfp_analyze.bisect.result import STATUSES, VERDICTS, BisectResult, Divergence, RankResult
 from detfp_analyze.errors import ExpectationError
 from detfp_analyze.ranks import format_ranks
-from detfp_capture.contract import KINDS, PHASES
+from detfp_format.contract import KINDS, PHASES
 
 __all__ = ["Expectation", "ExpectationMatch", "GateResult", "evaluate", "load_expectations", "render_gate"]
 

@@ -2,7 +2,7 @@
 
 Pipeline of ``check`` (called by ``reader.open_run``): for each (rank, segment) with a manifest,
 read its commit log (``manifest/rank=R/segment-S.commits``, size-limited; the format is in
-``detfp_capture.commitlog``) -> compare the committed windows with the shard files seen in
+``detfp_format.commitlog``) -> compare the committed windows with the shard files seen in
 the footers (table, window, row count) -> ``Gap``s -> the steps each gap makes untrustworthy,
 clipped to the steps no later segment supersedes -> a frozen ``Completeness``: the gaps that
 matter, the shard files that must not be read (never committed, or not what was committed),
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from detfp_analyze.errors import ManifestError, SchemaVersionError
 from detfp_analyze.io.footers import Committed, ShardInfo
 from detfp_analyze.io.store import Location, Store, name_of
-from detfp_capture import commitlog
+from detfp_format import commitlog
 
 if TYPE_CHECKING:  # the reader imports this module
     from detfp_analyze.io.reader import Run

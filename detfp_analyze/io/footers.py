@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from detfp_analyze.errors import SchemaVersionError, ShardError
 from detfp_analyze.io.footer_read import MAX_FOOTER_BYTES, read_footer
 from detfp_analyze.io.store import Location, Store, name_of
-from detfp_capture import contract
-from detfp_capture.commitlog import ShardFact
+from detfp_format import contract
+from detfp_format.commitlog import ShardFact
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -173,7 +173,7 @@ _RANGE_COLUMNS = frozenset(("rank", "segment", "step"))
 
 
 def _check_schema(table: str, md: pq.FileMetaData) -> _SchemaCheck:
-    from detfp_capture.arrowschema import arrow_schema
+    from detfp_format.arrowschema import arrow_schema
 
     try:
         actual = md.schema.to_arrow_schema()
@@ -340,7 +340,7 @@ class _Validator:
         """The ShardInfo of a parsed footer (``read_footer``'s result), or its one-line error."""
         if isinstance(md, str):
             raise ShardError(f"{shown}: not a Parquet file ({md}); {FIX_SHARD}")
-        from detfp_capture.arrowschema import SCHEMA_VERSION_KEY
+        from detfp_format.arrowschema import SCHEMA_VERSION_KEY
 
         version = (md.metadata or {}).get(SCHEMA_VERSION_KEY)
         if version is not None and version != str(contract.SCHEMA_VERSION).encode():

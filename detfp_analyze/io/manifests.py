@@ -14,7 +14,7 @@ from typing import Any
 from detfp_analyze.errors import DuplicateRankError, ManifestError, NotARunError, SchemaVersionError
 from detfp_analyze.io.footers import partitions, shown_name, visible
 from detfp_analyze.io.store import Location, Store, name_of
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["FIX_RUN", "MAX_MANIFEST_BYTES", "read_manifests"]
 

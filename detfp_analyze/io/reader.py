@@ -45,29 +45,17 @@ from detfp_analyze.io.footers import ShardInfo, scan_shards, shown_name
 from detfp_analyze.io.manifests import FIX_RUN, MAX_MANIFEST_BYTES, read_manifests
 from detfp_analyze.io.store import Location, Store, store
 from detfp_analyze.ranks import rank_list
-from detfp_capture import contract
+from detfp_format import contract
+from detfp_format.types import polars_type
 
 __all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
 #: A step selection: one step, a ``range`` (``range(3, 7)`` is steps 3..6), or any collection of steps.
 Steps = int | range | Iterable[int]
 
-_POLARS_TYPES: dict[str, pl.DataType] = {
-    "int32": pl.Int32(),
-    "int64": pl.Int64(),
-    "uint64": pl.UInt64(),
-    "float64": pl.Float64(),
-    "bool": pl.Boolean(),
-    "string": pl.String(),
-    "large_binary": pl.Binary(),
-    "list<int64>": pl.List(pl.Int64()),
-    "list<string>": pl.List(pl.String()),
-}
-
-
 def polars_schema(table: str) -> pl.Schema:
     """The polars schema of a contract table (column order as in the contract)."""
-    return pl.Schema({c.name: _POLARS_TYPES[c.type] for c in contract.columns(table)})
+    return pl.Schema({c.name: polars_type(c.type) for c in contract.columns(table)})
 
 
 # eq=False: identity equality and hashing, so a Run can key caches (its mappings are unhashable).
@@ -227,7 +215,7 @@ class Run:
         else:
             # Through pyarrow's file system: polars pushes the projection and the predicates below
             # into the dataset scan (columns and row groups pruned at the source, as scan_parquet does).
-            from detfp_capture.arrowschema import arrow_schema  # pyarrow: remote runs only
+            from detfp_format.arrowschema import arrow_schema  # pyarrow: remote runs only
 
             dataset = self.store.dataset(arrow_schema(table), [str(s.path) for s in shards])
             lf = pl.scan_pyarrow_dataset(dataset).select(list(schema)).cast(dict(schema))

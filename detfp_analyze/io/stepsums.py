@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from detfp_capture import commitlog
+from detfp_format import commitlog
 
 __all__ = ["Sums", "from_logs", "held", "metric_reads", "mismatches", "pair", "record_reads", "shard_folds"]
 

@@ -166,7 +166,7 @@ def _rank_events(rows: pl.DataFrame, pid: int, tid: int, first: dict[str, Any] |
 
 
 def _firsts(result: BisectResult) -> dict[int, dict[str, Any]]:
-    from detfp_capture.contract import call_key, key_hash, record_key
+    from detfp_format.contract import call_key, key_hash, record_key
 
     out = {}
     for r in result.ranks:

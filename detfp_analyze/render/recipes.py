@@ -25,11 +25,10 @@ from typing import Any
 
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.ranks import format_ranks
+from detfp_format.contract import CAPTURE_LEVELS
 
 __all__ = ["Recipe", "recipes"]
 
-#: Capture levels of detfp_capture, cheapest first (the rung after a run's level is the next one).
-_CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
 #: Causes whose next look is deeper in the computation (the kernel, a deeper capture level).
 _DEEPER = frozenset({"op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined"})
 
@@ -92,8 +91,8 @@ def _torchrun(manifests: Mapping[int, Mapping[str, Any]]) -> list[str]:
 
 
 def _deeper(level: str | None) -> str:
-    if level in _CAPTURE_LEVELS:
-        return _CAPTURE_LEVELS[min(_CAPTURE_LEVELS.index(level) + 1, len(_CAPTURE_LEVELS) - 1)]
+    if level in CAPTURE_LEVELS:
+        return CAPTURE_LEVELS[min(CAPTURE_LEVELS.index(level) + 1, len(CAPTURE_LEVELS) - 1)]
     return "ops"
 
 

@@ -51,7 +51,7 @@ from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.single.replicas import replica_splits, replicated
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["NOTE_KINDS", "CertifyResult", "Problem", "certify"]
 

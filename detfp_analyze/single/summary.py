@@ -25,7 +25,7 @@ import polars as pl
 
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.ranks import rank_list
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["RunSummary", "SegmentSummary", "format_summary", "summarize", "summary_dict"]
 

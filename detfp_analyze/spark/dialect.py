@@ -3,7 +3,7 @@
 The ``.sql`` files of ``detfp_analyze.sql`` are the one source of the views; their comparison
 fragments are rendered from ``detfp_analyze.rule`` for Spark directly (``to_sql`` dialect
 ``spark``). What is left is DuckDB syntax in the files themselves, rewritten here one construct
-at a time (``TRANSLATIONS``, each with its reason and a test in tests/test_spark_dialect.py).
+at a time (``TRANSLATIONS``, each with its reason and a test in tests/unit/test_spark_dialect.py).
 ``translate`` applies them all and refuses a text that still holds a DuckDB-only construct, so
 a new view that needs a new translation fails loudly instead of silently differing.
 """

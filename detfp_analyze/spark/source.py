@@ -24,23 +24,12 @@ import pyarrow as pa
 
 from detfp_analyze.io.uri import spark_uri
 from detfp_analyze.sql.views import _excluded, _superseded
-from detfp_capture import contract
-from detfp_capture.arrowschema import arrow_schema
+from detfp_format import contract
+from detfp_format.arrowschema import arrow_schema
+from detfp_format.types import spark_type
 
-__all__ = ["FILE_COLUMN", "ROW_COLUMN", "SPARK_TYPES", "in_list", "spark_schema_ddl", "table", "to_contract"]
+__all__ = ["FILE_COLUMN", "ROW_COLUMN", "in_list", "spark_schema_ddl", "table", "to_contract"]
 
-#: Contract type -> Spark SQL type.
-SPARK_TYPES = {
-    "int32": "INT",
-    "int64": "BIGINT",
-    "uint64": "DECIMAL(20,0)",
-    "float64": "DOUBLE",
-    "bool": "BOOLEAN",
-    "string": "STRING",
-    "large_binary": "BINARY",
-    "list<int64>": "ARRAY<BIGINT>",
-    "list<string>": "ARRAY<STRING>",
-}
 #: Provenance columns ``table(..., provenance=True)`` adds: the shard's path and the row's index in
 #: it (together: the file order ``Run.scan`` returns rows in).
 FILE_COLUMN = "shard"
@@ -56,7 +45,7 @@ def in_list(column: str, values: Iterable[int]) -> str:
 
 def spark_schema_ddl(name: str) -> str:
     """The Spark DDL schema of contract table ``name`` (``rank INT, ...``)."""
-    return ", ".join(f"`{c.name}` {SPARK_TYPES[c.type]}" for c in contract.columns(name))
+    return ", ".join(f"`{c.name}` {spark_type(c.type)}" for c in contract.columns(name))
 
 
 def table(
@@ -70,7 +59,8 @@ def table(
     where: str | None = None,
 ) -> Any:
     """DataFrame of table ``name`` of ``run`` (only the shards of ``ranks``, default all): the
-    contract's columns (as SPARK_TYPES; only ``columns``, in the contract's order, when given),
+    contract's columns (typed by ``detfp_format.types``; only ``columns``, in the contract's order,
+    when given),
     rows as ``run.scan`` gives them (superseded and excluded rows dropped) that match the Spark
     SQL predicate ``where`` (default all); with ``provenance`` also ``shard`` (the file's path, as
     a local path where it is one) and ``_row`` (the row's index in it).

@@ -28,7 +28,7 @@ from detfp_analyze.spark import source as _source
 from detfp_analyze.spark.dialect import translate
 from detfp_analyze.spark.runtime import spark_errors
 from detfp_analyze.sql.views import view_docs
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["connect", "query", "view_names"]
 

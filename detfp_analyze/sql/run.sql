@@ -3,7 +3,7 @@
 -- run's validated shard list (read_parquet over exactly those files, without the rows a later
 -- segment of the same rank captured again: the reader's supersession rule). Columns not listed
 -- under @column are the trace contract's (docs/trace-format.md); their comments are filled in
--- from detfp_capture.contract.
+-- from detfp_format.contract.
 
 -- Every fingerprint record of run ${run}, one row per tensor, with a hex digest.
 -- @column digest   The 128-bit digest as 32 lowercase hex (digest_hi then digest_lo), null unless status = 'ok'.

@@ -23,7 +23,7 @@ DuckDB would let ``COPY`` overwrite one of the allowed shard files themselves.
 
 The SQL files are the API. Each view has a header comment and an ``-- @column name doc`` line
 per column it adds; connect() copies them into DuckDB (``COMMENT ON``), filling contract
-columns from ``detfp_capture.contract``, so ``duckdb_views()`` and ``duckdb_columns()``
+columns from ``detfp_format.contract``, so ``duckdb_views()`` and ``duckdb_columns()``
 document every view and column. Views prefixed ``_`` are private helpers.
 """
 
@@ -46,22 +46,12 @@ from detfp_analyze.errors import QueryError
 from detfp_analyze.io.completeness import restrict_pair
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.rule.to_sql import qualified, suffixed, to_sql
-from detfp_capture import contract
-from detfp_capture.arrowschema import arrow_schema
+from detfp_format import contract
+from detfp_format.arrowschema import arrow_schema
+from detfp_format.types import duckdb_type
 
 __all__ = ["ViewDoc", "connect", "query", "two_run_views", "view_docs"]
 
-_DUCKDB_TYPES = {
-    "int32": "INTEGER",
-    "int64": "BIGINT",
-    "uint64": "UBIGINT",
-    "float64": "DOUBLE",
-    "bool": "BOOLEAN",
-    "string": "VARCHAR",
-    "large_binary": "BLOB",
-    "list<int64>": "BIGINT[]",
-    "list<string>": "VARCHAR[]",
-}
 _SHARD_DOC = "Path of the Parquet shard the row was read from (provenance)."
 _VIEW_RE = re.compile(r"CREATE\s+VIEW\s+(\w+)", re.IGNORECASE)
 
@@ -161,7 +151,7 @@ def _source_sql(run: Run, table: str, arrow: str | None = None) -> str:
     cols = contract.columns(table)
     files = run.files(table)
     if not files:
-        typed = ", ".join(f"CAST(NULL AS {_DUCKDB_TYPES[c.type]}) AS {c.name}" for c in cols)
+        typed = ", ".join(f"CAST(NULL AS {duckdb_type(c.type)}) AS {c.name}" for c in cols)
         return f"SELECT {typed}, CAST(NULL AS VARCHAR) AS shard WHERE false"
     names = ", ".join(c.name for c in cols)
     if arrow is not None:

@@ -12,7 +12,7 @@ Used by the scale benchmark, the tests and the notebook. Design:
    the records the plant reaches (``plants``: where and how run B departs, and what a correct
    bisect must answer).
 3. Shards, manifests and commit logs are written by the capture's own writer
-   (``detfp_capture.writer.ShardWriter`` and ``write_manifest``), one flush window per step
+   (``detfp_format.writer.ShardWriter`` and ``write_manifest``), one flush window per step
    (``windows="step"``) or one per rank (``windows="run"``), rank by rank, so memory stays
    bounded by one rank's rows.
 
@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 
 from detfp_analyze.testing.plants import HOWS, STABLE_KINDS, Expected, Plant, RankPlan, origin_ranks, plan, snap
 from detfp_analyze.testing.template import _template
-from detfp_capture import contract
-from detfp_capture.commitlog import COMMIT_LOG_VERSION, SHARD_FACTS_VERSION, STEP_SUMS_VERSION
-from detfp_capture.writer import ShardWriter, write_manifest
+from detfp_format import contract
+from detfp_format.commitlog import COMMIT_LOG_VERSION, SHARD_FACTS_VERSION, STEP_SUMS_VERSION
+from detfp_format.writer import ShardWriter, write_manifest
 
 __all__ = ["DETERMINISTIC_SETTINGS", "HOWS", "Expected", "Plant", "Planted", "SynthSpec", "write_pair", "write_run"]
 

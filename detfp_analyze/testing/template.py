@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from detfp_capture import contract
-from detfp_capture.arrowschema import arrow_schema
+from detfp_format import contract
+from detfp_format.arrowschema import arrow_schema
 
 if TYPE_CHECKING:
     from detfp_analyze.testing.synth import SynthSpec

@@ -22,8 +22,8 @@ from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.results import DigestError
 from detfp_capture._digest.tlh1 import SCHEME as _V1
 from detfp_capture._digest.tlh2 import SCHEME as _V2
-from detfp_capture.contract import DIGEST_VERSION
 from detfp_capture.errors import ConfigError
+from detfp_format.contract import DIGEST_VERSION
 
 __all__ = ["SCHEMES", "active", "get", "hold", "release", "use"]
 

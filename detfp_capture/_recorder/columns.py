@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from detfp_capture import contract
 from detfp_capture._recorder.call import OCCURRENCE, STEP, DumpRow, EventRow, KernelRow, MetricRow
+from detfp_format import contract
 
 __all__ = ["dump_columns", "event_columns", "kernel_columns", "metric_columns"]
 

@@ -37,7 +37,7 @@ class RunManifest:
         self._settings: dict[str, Any] | None = None
 
     def write(self) -> None:
-        from detfp_capture import writer
+        from detfp_format import writer
 
         if self.data is None:
             return

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from detfp_capture import contract, digest
+from detfp_capture import digest
 from detfp_capture._config import CaptureConfig
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.staging import Staging
@@ -44,6 +44,7 @@ from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
 from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 from detfp_capture._recorder.subclass import append_flattened, flattens, has_subclass
 from detfp_capture._recorder.vcache import VersionCache
+from detfp_format import contract
 
 __all__ = ["Recorder"]
 

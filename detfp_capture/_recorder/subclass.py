@@ -24,13 +24,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from detfp_capture import contract, digest
+from detfp_capture import digest
 from detfp_capture._digest import versions
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import Resolved
 from detfp_capture._digest.subclass import combined, flatten
 from detfp_capture._recorder.call import Call, TensorArg
 from detfp_capture._recorder.slot import COMBINE, Slot, dtype_str, shape_tuple
+from detfp_format import contract
 
 __all__ = ["Combo", "append_flattened", "flattens", "has_subclass", "resolve_combined"]
 

@@ -23,8 +23,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from detfp_capture._config import LEVELS
-from detfp_capture.contract import DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_capture.errors import CaptureError
+from detfp_format.contract import DIGEST_VERSION, DIGEST_VERSIONS
 
 if TYPE_CHECKING:  # the launcher's parser must not import torch
     from detfp_capture._sources.context import CaptureContext
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     # re-executions of the script are followed (children.py). Before anything starts, a run
     # directory another launch wrote into is refused here, as prepare_run_dir refuses a rank's.
     top = "RANK" not in os.environ and not ns.followed
-    from detfp_capture.rundir import held_ranks
+    from detfp_format.rundir import held_ranks
 
     if top and not (ns.append or ns.overwrite) and held_ranks(ns.out):
         print(

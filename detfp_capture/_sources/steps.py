@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from detfp_capture import contract
 from detfp_capture._recorder.args import flat_args
 from detfp_capture._recorder.call import RecordSpec, make_call
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.pipelining import StageInference
+from detfp_format import contract
 
 if TYPE_CHECKING:  # imported by the Session only at the levels that use them
     from detfp_capture._sources.collectives import CollectiveTracer

@@ -28,8 +28,8 @@ from detfp_analyze.errors import DetfpError, IncompleteRunError
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from detfp_capture import contract
-from detfp_capture.rollups import Positions, _python_rollups, window_rollups
+from detfp_format import contract
+from detfp_format.rollups import Positions, _python_rollups, window_rollups
 from tests.fixtures.pairs import write_planted
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"

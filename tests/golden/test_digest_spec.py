@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detfp_capture._digest import core, versions
-from detfp_capture.contract import DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_capture.digest import fingerprint, resolve, start
+from detfp_format.contract import DIGEST_VERSION, DIGEST_VERSIONS
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 

@@ -27,7 +27,7 @@ from detfp_analyze.bisect.result import BisectResult, Divergence
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.rule.expr import Case, Lit
 from detfp_analyze.sql import connect
-from detfp_capture.contract import call_key, key_hash, record_key
+from detfp_format.contract import call_key, key_hash, record_key
 from tests.fixtures.pairs import PLANTS, SAMPLE_PAIRS, SAMPLES, build_pair, template
 
 

@@ -169,7 +169,7 @@ def test_repeat_check_heads_with_the_uninitialized_read(runs):
         from user_train import BucketPool
     finally:
         sys.path.remove(str(ZOO))
-    from detfp_capture import repeat_check
+    from detfp_guards import repeat_check
 
     x = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(0))
     res = repeat_check(BucketPool(), x, runs=3, backward=False)

@@ -26,7 +26,7 @@ from detfp_analyze.errors import QueryError
 from detfp_analyze.spark.dialect import translate
 from detfp_analyze.sql import connect as duck_connect
 from detfp_analyze.sql import query as duck_query
-from detfp_capture import contract
+from detfp_format import contract
 
 pytestmark = pytest.mark.timeout(600)
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
@@ -111,7 +111,7 @@ def _canon(v):
 @pytest.mark.parametrize("table", ["records", "metrics"])
 def test_spark_duckdb_polars_read_a_run_alike(spark, table):
     """The contract's read rule, as a user writes it for each engine, on a run directory."""
-    from detfp_analyze.spark.source import SPARK_TYPES
+    from detfp_format.types import spark_type
 
     root = SAMPLES / "ops/a" / table
     cols = [c.name for c in contract.columns(table)]
@@ -121,7 +121,7 @@ def test_spark_duckdb_polars_read_a_run_alike(spark, table):
     # No inferred partition column: the files' own rank is the only one (no COLUMN_ALREADY_EXISTS).
     assert sp.columns == cols
     assert {f.name: f.dataType.simpleString() for f in sp.schema.fields} == {
-        c.name: _SPARK_NAMES[SPARK_TYPES[c.type]] for c in contract.columns(table)
+        c.name: _SPARK_NAMES[spark_type(c.type)] for c in contract.columns(table)
     }
     pf = pl.scan_parquet(glob, hive_partitioning=False).collect()
     assert pf.columns == cols

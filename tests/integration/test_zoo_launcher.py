@@ -28,10 +28,10 @@ import torch
 from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.certify import certify
 from detfp_analyze.cli import app
-from detfp_analyze.envdiff import env_diff
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.envdiff import env_diff
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.certify import certify
 from detfp_capture._sources.launcher import main as launcher_main
 from tests.fixtures.zoo.harness import free_ports
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from tests.fixtures.zoo.harness import ROOT, ZOO, check_identical, check_onoff, expect, free_ports, pair
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]

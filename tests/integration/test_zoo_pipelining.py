@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from detfp_analyze.certify import certify
+from detfp_analyze.single.certify import certify
 from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair, run_checks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detfp_capture import repeat_check
+from detfp_guards import repeat_check
 
 pytest.importorskip("transformers")
 

@@ -1,5 +1,7 @@
-"""docs/architecture.md keeps up with the analysis package: every module is on the map, and every
-module keeps the shape the map promises (a docstring saying its one job, under ~500 lines)."""
+"""The architecture maps keep up with the packages: every module of every package is on its map
+(docs/architecture.md for the analysis, the format and the guards; docs/architecture-capture.md
+for the capture), and every module keeps the shape the maps promise (a docstring saying its one
+job, under ~500 lines)."""
 
 from __future__ import annotations
 
@@ -10,29 +12,80 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "detfp_analyze"
-DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
-MODULES = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py"))
+DOCS = {
+    name: (ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("architecture.md", "architecture-capture.md")
+}
+#: Package -> (its map, whether the map names modules with the package prefix).
+MAPS = {
+    "detfp_analyze": ("architecture.md", False),
+    "detfp_capture": ("architecture-capture.md", False),
+    "detfp_format": ("architecture.md", True),
+    "detfp_guards": ("architecture.md", True),
+}
+MODULES = sorted((pkg, p.relative_to(ROOT / pkg).as_posix()) for pkg in MAPS for p in (ROOT / pkg).rglob("*.py"))
 #: Ceiling on a module's length (the house rule says ~500 lines).
 MAX_LINES = 500
+#: Over a ceiling today and being split (temporary: the capture's hot path is being reworked in
+#: the same files); nothing may join this list, and each entry fails once it is fixed.
+PENDING = {
+    "detfp_capture/_recorder/recorder.py",
+    "detfp_capture/session.py",
+    "detfp_capture/session.py:__init__",
+    "detfp_capture/_sources/dispatch.py:_pre",
+    "detfp_analyze/render/figdata.py:module_frame",
+}
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if not m.endswith(("__init__.py", "__main__.py"))])
-def test_every_module_is_on_the_map(module):
+def _shown(package: str, module: str) -> str:
+    prefixed = MAPS[package][1]
     # The CLI's command modules are one line of the map ("cli.py, _cli/"), one module per command.
-    shown = "_cli/" if module.startswith("_cli/") else module
-    assert shown in DOC, f"docs/architecture.md does not mention detfp_analyze/{module}: add it to the module map"
+    if package == "detfp_analyze" and module.startswith("_cli/"):
+        return "_cli/"
+    return f"{package}/{module}" if prefixed else module
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_every_module_has_its_one_job_and_stays_small(module):
-    text = (PACKAGE / module).read_text(encoding="utf-8")
-    assert ast.get_docstring(ast.parse(text)), f"detfp_analyze/{module} has no module docstring"
-    assert len(text.splitlines()) <= MAX_LINES, f"detfp_analyze/{module} is over {MAX_LINES} lines: split it by job"
+@pytest.mark.parametrize(
+    "package,module", [m for m in MODULES if not m[1].endswith(("__init__.py", "__main__.py"))], ids="/".join
+)
+def test_every_module_is_on_its_map(package, module):
+    doc = MAPS[package][0]
+    shown = re.escape(_shown(package, module))
+    # In the map's table (`_recorder/slot.py`) or its tree (``errors.py   typed errors ...``), not
+    # as the tail of a longer path (`bisect/records.py` does not put `records.py` on the map).
+    assert re.search(rf"(?<![\w/.]){shown}", DOCS[doc]), (
+        f"docs/{doc} does not mention {package}/{module}: add it to the module map"
+    )
 
 
-def test_the_links_resolve():
-    for target in sorted(set(re.findall(r"\]\(([\w.-]+\.md)\)", DOC))):
-        if target == "architecture-capture.md":  # written with the capture half of the restructuring
-            continue
+@pytest.mark.parametrize("package,module", MODULES, ids="/".join)
+def test_every_module_has_its_one_job_and_stays_small(package, module):
+    text = (ROOT / package / module).read_text(encoding="utf-8")
+    assert ast.get_docstring(ast.parse(text)), f"{package}/{module} has no module docstring"
+    over = len(text.splitlines()) > MAX_LINES
+    assert over == (f"{package}/{module}" in PENDING), (
+        f"{package}/{module}: over {MAX_LINES} lines is {over}: split it by job"
+    )
+
+
+def test_functions_stay_readable():
+    # A function a reader cannot hold in view is a job that wants splitting (Session.__init__ was 127 lines).
+    long = []
+    for package, module in MODULES:
+        tree = ast.parse((ROOT / package / module).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.end_lineno - node.lineno + 1 > MAX_FUNCTION
+            ):
+                long.append(f"{package}/{module}:{node.name}")
+    assert sorted(long) == sorted(p for p in PENDING if ":" in p), long
+
+
+#: Ceiling on a function's length, docstring included.
+MAX_FUNCTION = 120
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS))
+def test_the_links_resolve(doc):
+    for target in sorted(set(re.findall(r"\]\(([\w.-]+\.md)(?:#[\w-]+)?\)", DOCS[doc]))):
         assert (ROOT / "docs" / target).is_file(), target

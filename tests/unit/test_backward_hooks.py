@@ -17,7 +17,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from tests.fixtures.models import read
 

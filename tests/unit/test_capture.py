@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from detfp_analyze.errors import IncompleteRunError
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from detfp_capture.errors import ConfigError, RunExistsError
 from tests.fixtures.models import Net, digest_hi, read, train

@@ -8,11 +8,11 @@ import polars as pl
 import pytest
 import torch
 
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from detfp_capture._sources.launcher import main as launcher_main
 from detfp_capture.errors import ConfigError, RunExistsError
-from detfp_capture.writer import clear_rank
+from detfp_format.writer import clear_rank
 
 
 def _caught(fn) -> list[str]:

@@ -136,6 +136,6 @@ def test_close_waits_for_a_slow_writer(tmp_path, monkeypatch):
 
 
 def read_metrics(path) -> list[float]:
-    from detfp_analyze.reader import open_run
+    from detfp_analyze.io.reader import open_run
 
     return open_run(path).scan("metrics").collect()["value"].to_list()

@@ -15,7 +15,7 @@ import polars as pl
 import torch
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session, digest
 from tests.fixtures.models import read
 
@@ -143,8 +143,8 @@ def test_optimizer_hyperparameters_are_named_by_value(tmp_path):
 def test_a_setting_changed_mid_run_is_an_event_env_and_certify_report(tmp_path):
     from typer.testing import CliRunner
 
-    from detfp_analyze.certify import certify
     from detfp_analyze.cli import app
+    from detfp_analyze.single.certify import certify
 
     threads = torch.get_num_threads()
     try:

@@ -15,7 +15,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from tests.fixtures.models import read
 

@@ -24,8 +24,8 @@ from detfp_analyze.errors import IncomparableError, IncompleteRunError, Manifest
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.single.certify import certify
 from detfp_analyze.single.summary import summarize, summary_dict
-from detfp_capture import commitlog
-from detfp_capture.writer import ShardWriter, write_manifest
+from detfp_format import commitlog
+from detfp_format.writer import ShardWriter, write_manifest
 from tests.fixtures.shards import default_manifest, hexdigest, write_run
 
 STEPS = range(4)
@@ -109,7 +109,7 @@ def test_a_clean_run_is_complete_and_its_log_says_why(tmp_path, runs):
 
 
 def test_a_second_launch_of_the_same_segment_is_refused_atomically(tmp_path):
-    from detfp_capture.errors import RunExistsError
+    from detfp_format.errors import RunExistsError
 
     w = ShardWriter(tmp_path, 0, 0)
     with pytest.raises(RunExistsError, match="rank 0 segment 0 is already being written by another launch"):

@@ -21,11 +21,12 @@ import torch
 from detfp_analyze import bisect
 from detfp_analyze.errors import IncomparableError
 from detfp_analyze.io.reader import open_run
-from detfp_capture import Session, contract
+from detfp_capture import Session
 from detfp_capture._digest import versions
 from detfp_capture._sources.launcher import build_parser
 from detfp_capture.digest import DigestError, fingerprint
 from detfp_capture.errors import ConfigError
+from detfp_format import contract
 from tests.fixtures.shards import hexdigest, write_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"

@@ -19,7 +19,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.errors import IncompleteRunError, ShardError
 from detfp_analyze.io import committed, footers
 from detfp_analyze.io.reader import open_run
-from detfp_capture import commitlog, contract
+from detfp_format import commitlog, contract
 from tests.fixtures.shards import flip_in_footer, hexdigest, write_run
 
 SHARD = "records/rank=1/part-s00000-w0000001.parquet"

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.certify import certify
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
+from detfp_analyze.single.certify import certify
 from detfp_analyze.sql import connect
 from detfp_capture import Session
 from tests.fixtures.models import read

@@ -19,7 +19,7 @@ import detfp_analyze.render.html, detfp_analyze.render.recipes, detfp_analyze.re
 import detfp_analyze._cli.reference
 import detfp_analyze.bisect.pipeline, detfp_analyze.spark
 from detfp_analyze._cli import bisect, sql, engine
-import detfp_capture.contract, detfp_capture.arrowschema, detfp_capture.writer
+import detfp_format.contract, detfp_format.arrowschema, detfp_format.writer
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib", "pyspark", "py4j"))
 print(",".join(heavy))
 """

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from detfp_analyze.cli import app
-from detfp_capture import commitlog
-from detfp_capture.arrowschema import SCHEMA_VERSION_KEY
+from detfp_format import commitlog
+from detfp_format.arrowschema import SCHEMA_VERSION_KEY
 from tests.fixtures.shards import hexdigest, write_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,8 +171,8 @@ CASES = [
     Case("missing_directory", lambda a, b: ["bisect", a, b / "nope"], "nope: no such directory"),
     Case("run_is_a_file", lambda a, b: ["bisect", a, _shard(b)], "part-s00000-w0000001.parquet: not a directory"),
     Case("unknown_option", lambda a, b: ["bisect", a, b, "--stpes", "3"], "No such option: --stpes (Possible options: --master, --steps); see: detfp-analyze bisect --help"),
-    Case("mistyped_ranks", lambda a, b: ["bisect", a, b, "--ranks", "one"], "--ranks 'one': not a rank list"),
-    Case("mistyped_steps", lambda a, b: ["bisect", a, b, "--steps", "5-3"], "--steps '5-3': not a step range"),
+    Case("mistyped_ranks", lambda a, b: ["bisect", a, b, "--ranks", "one"], "--ranks 'one': cannot parse 'one'; use comma-separated numbers and ranges like '3-5,9' or '10-'"),
+    Case("mistyped_steps", lambda a, b: ["bisect", a, b, "--steps", "5-3"], "--steps '5-3': range '5-3' is empty; write the lower bound first"),
     Case("mistyped_level", lambda a, b: ["bisect", a, b, "--level", "opz"], "--level 'opz': not a level"),
     Case("missing_argument", lambda a, b: ["bisect", a], "Missing argument 'B'; see: detfp-analyze bisect --help"),
     Case("sql_without_query", lambda a, b: ["sql", a], "sql takes RUN_A [RUN_B] \"QUERY\""),

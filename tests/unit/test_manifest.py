@@ -8,9 +8,9 @@ import subprocess
 import pytest
 import torch
 
-from detfp_capture import contract
 from detfp_capture.manifest import collect_manifest, determinism_settings, git_info, numerics_env
-from detfp_capture.writer import write_manifest
+from detfp_format import contract
+from detfp_format.writer import write_manifest
 
 
 def test_manifest_has_exactly_the_contract_keys_and_is_json(tmp_path):

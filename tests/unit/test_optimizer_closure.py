@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.reader import open_run
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from detfp_capture._sources.launcher import main as launcher_main
 from tests.fixtures.models import read

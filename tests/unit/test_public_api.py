@@ -26,6 +26,7 @@ FUNCTIONS = {
     "divergence_heatmap": "frame, *value=None, *max_rows=128, *title=None, *width=8.0, *height=5.0",
     "env_diff": "run_a, run_b, *ranks=None",
     "open_run": "path, *allow_missing_ranks=False, *allow_incomplete=False, *filesystem=None",
+    "render_text": "result",
     "summarize": "run",
 }
 #: result type -> its fields, in order.
@@ -115,55 +116,28 @@ def test_analyze_exports_pull_in_no_torch():
     assert out.split() == ["False", "False"]
 
 
-def test_every_old_module_path_still_imports_as_its_new_home():
-    """Every module of the flat layout before the package was grouped by role (``_moved.MOVED``;
-    the ones that kept their path, such as ``detfp_analyze.bisect`` or ``errors``, import as before)."""
-    old = [
-        "_deps",
-        "_footers",
-        "_synth_template",
-        "align",
-        "bisect",
-        "certify",
-        "cli",
-        "completeness",
-        "diagnose",
-        "diffkind",
-        "envdiff",
-        "errors",
-        "evidence",
-        "figdata",
-        "figures",
-        "gate",
-        "golden",
-        "html",
-        "integrity",
-        "layout",
-        "narrow",
-        "perfetto",
-        "pictures",
-        "plot",
-        "reader",
-        "recipes",
-        "replicas",
-        "report",
-        "result",
-        "resume",
-        "sql",
-        "summary",
-        "synth",
-        "verdict",
-        "walk",
-    ]
+def test_bisect_stays_the_function_after_its_subpackage_is_imported():
+    # The subpackage ``detfp_analyze.bisect`` and the function share a name: importing a submodule
+    # binds it on its package, so the function must win however the package was first imported.
     code = (
-        "import importlib, sys, detfp_analyze; from detfp_analyze._moved import MOVED\n"
-        f"for name in {old!r}:\n"
-        "    path = 'detfp_analyze.' + name\n"
-        "    mod = importlib.import_module(path)\n"
-        "    assert mod is importlib.import_module(MOVED.get(path, path)), path\n"
-        "from detfp_analyze.reader import open_run\n"
-        "assert callable(detfp_analyze.bisect) and 'torch' not in sys.modules\n"
-        "print('ok')"
+        "import detfp_analyze.bisect.walk, detfp_analyze.single.certify, detfp_analyze, inspect\n"
+        "print(inspect.isfunction(detfp_analyze.bisect), inspect.isfunction(detfp_analyze.certify))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.split() == ["ok"], out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
+
+
+def test_the_other_packages_public_names():
+    import detfp_format
+    import detfp_guards
+
+    assert detfp_format.__all__ == ["FormatError", "RunExistsError", "SchemaError", "SelectorError"]
+    assert all(issubclass(getattr(detfp_format, n), detfp_format.FormatError) for n in detfp_format.__all__)
+    assert detfp_guards.__all__ == ["NotReproducibleError", "RepeatResult", "assert_bitwise_reproducible", "repeat_check"]
+    code = "import detfp_capture as d; print(sorted(d.__all__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['CaptureError', 'DigestError', 'Fingerprint', 'Moments', 'Session', 'fingerprint']"
+    from detfp_capture.errors import CaptureError, RunExistsError
+
+    # The capture's RunExistsError is both a CaptureError and the format's error.
+    assert issubclass(RunExistsError, CaptureError) and issubclass(RunExistsError, detfp_format.RunExistsError)

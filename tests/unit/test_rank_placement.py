@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from detfp_capture import Session, commitlog
+from detfp_capture import Session
 from detfp_capture import _placement as placement
 from detfp_capture._sources.children import Children
 from detfp_capture._sources.launcher import build_parser, followed_options
 from detfp_capture._sources.launcher import main as launcher_main
+from detfp_format import commitlog
 
 STEP = """
 import torch

@@ -24,8 +24,8 @@ from detfp_analyze.errors import (
     ShardError,
 )
 from detfp_analyze.io.reader import open_run, polars_schema
-from detfp_capture import contract
-from detfp_capture.arrowschema import arrow_schema
+from detfp_format import contract
+from detfp_format.arrowschema import arrow_schema
 from tests.fixtures.shards import write_run
 
 FIX_RUN = "pass the directory given to detfp_capture.Session(...) or --out"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from detfp_capture import contract
+from detfp_format import contract
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 
@@ -74,7 +74,7 @@ def test_doc_hash_example_is_right():
 def test_doc_lists_optional_manifest_keys_and_a_valid_commit_log_example():
     import re
 
-    from detfp_capture import commitlog
+    from detfp_format import commitlog
 
     text = DOC.read_text(encoding="utf-8")
     for key, meaning in contract.MANIFEST_OPTIONAL_KEYS.items():

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.testing._internal.two_tensor import TwoTensor
 
-from detfp_capture import NotReproducibleError, assert_bitwise_reproducible, repeat_check
 from detfp_capture.errors import ConfigError
+from detfp_guards import NotReproducibleError, assert_bitwise_reproducible, repeat_check
 from tests.fixtures.planted import PermutedSum, ShuffledEmbedding, shuffled_index_add, shuffled_rows
 
 
@@ -318,7 +318,7 @@ def test_a_training_step_with_backward_left_on_says_so():
 def test_watch_all_names_later_modules_and_never_records_a_watched_one_twice(tmp_path):
     import polars as pl
 
-    from detfp_analyze.reader import open_run
+    from detfp_analyze.io.reader import open_run
     from detfp_capture import Session
 
     watched = torch.nn.Linear(2, 2)
@@ -350,6 +350,6 @@ def test_loading_the_pytest_plugin_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, detfp_capture.pytest_plugin; print('torch' in sys.modules)"
+    code = "import sys, detfp_guards.pytest_plugin; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"

@@ -23,8 +23,8 @@ from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
-from detfp_capture import commitlog
-from detfp_capture.writer import ShardWriter
+from detfp_format import commitlog
+from detfp_format.writer import ShardWriter
 from tests.fixtures.pairs import build_pair
 from tests.fixtures.shards import fold_shards
 from tests.fixtures.stages import spy

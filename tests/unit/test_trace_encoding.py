@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from detfp_capture import contract
-from detfp_capture.arrowschema import parquet_options
-from detfp_capture.writer import ShardWriter, build_table
+from detfp_format import contract
+from detfp_format.arrowschema import parquet_options
+from detfp_format.writer import ShardWriter, build_table
 from tests.unit.test_writer import _records
 
 

@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detfp_analyze.errors import IncompleteRunError
-from detfp_analyze.reader import open_run
-from detfp_capture import contract
-from detfp_capture.arrowschema import SCHEMA_VERSION_KEY, TABLE_KEY, arrow_schema
-from detfp_capture.errors import RunExistsError, SchemaError
-from detfp_capture.writer import ShardWriter, build_table, prepare_run_dir, write_manifest
+from detfp_analyze.io.reader import open_run
+from detfp_format import contract
+from detfp_format.arrowschema import SCHEMA_VERSION_KEY, TABLE_KEY, arrow_schema
+from detfp_format.errors import RunExistsError, SchemaError
+from detfp_format.writer import ShardWriter, build_table, prepare_run_dir, write_manifest
 from tests.fixtures.shards import default_manifest, split_digest, write_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,7 +225,7 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {repo!r})
-    from detfp_capture.writer import ShardWriter, write_manifest
+    from detfp_format.writer import ShardWriter, write_manifest
     from tests.fixtures.shards import default_manifest
     from tests.unit.test_writer import _records
     root = sys.argv[1]
@@ -309,7 +309,7 @@ def test_write_manifest_is_atomic_sorted_and_checks_keys(tmp_path):
 
 
 def test_writer_module_does_not_import_torch():
-    code = "import sys, detfp_capture.writer, detfp_capture.arrowschema; print('torch' in sys.modules)"
+    code = "import sys, detfp_format.writer, detfp_format.arrowschema; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
 
@@ -325,7 +325,7 @@ def test_scan_schema_matches_contract(tmp_path):
 def test_key_hashes_from_memo_equal_the_contract_definition(monkeypatch, limit):
     # The writer memoizes key hashes across windows (call sites recur every step); a hit, a
     # miss and a cleared memo must all give contract.key_hash of the canonical key.
-    from detfp_capture import writer
+    from detfp_format import writer
 
     monkeypatch.setattr(writer, "_MEMO_LIMIT", limit)
     monkeypatch.setattr(writer, "_CALL_MEMO", {})

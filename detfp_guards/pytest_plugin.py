@@ -91,7 +91,7 @@ def _test_dir_name(nodeid: str) -> str:
 
 def _repeat_module() -> Any:
     try:
-        from detfp_capture import repeat
+        from detfp_guards import repeat
     except ImportError as exc:  # torch missing: an analysis-only install
         pytest.fail(f"detfp_repeat needs the capture side ({exc}); install it with: pip install 'detfp[capture]'")
     return repeat

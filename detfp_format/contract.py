@@ -10,8 +10,9 @@ Everything a compatible producer needs is here or in ``docs/trace-format.md``:
 * the canonical call-site key and its stable 64-bit hash.
 
 Column types are spelled as short strings (``"int64"``, ``"list<string>"``) so
-this module stays importable without pyarrow; ``arrow_schema`` in the writer
-and reader turns them into ``pyarrow`` types.
+this module stays importable without pyarrow; ``detfp_format.types`` renders each spelling for
+pyarrow, polars, DuckDB and Spark, and ``arrowschema`` builds the schemas the writer and the
+reader share.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CALL_KEY_COLUMNS",
+    "CAPTURE_LEVELS",
     "COMPONENT_SEP",
     "DIGEST_ALGORITHM",
     "DIGEST_VERSION",
@@ -304,6 +306,11 @@ INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "ba
 ROLES = ("input", "output", "value", "dest")
 #: ``step``: outside forward/backward/optimizer (step-start RNG, step-end parameters).
 PHASES = ("forward", "backward", "recompute", "optimizer", "step")
+
+#: Capture levels (the manifest's ``capture.level``), cheapest first: each records everything the
+#: one before it does. The capture gives each its capabilities; the analysis and its advice name
+#: the next rung up from this tuple.
+CAPTURE_LEVELS = ("metrics", "boundaries", "ops")
 STATUSES = ("ok", "skipped", "error")
 #: Hazard flags: records carrying one are likely false roots.
 HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")

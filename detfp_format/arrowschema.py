@@ -1,4 +1,4 @@
-"""The trace contract as pyarrow schemas (pyarrow only: no torch, importable by both packages).
+"""The trace contract as pyarrow schemas (pyarrow only: no torch, imported by both packages).
 
 ``contract.py`` spells column types as short strings so that it stays standard-library
 only; this module turns them into ``pyarrow`` types once. Every field carries its
@@ -13,7 +13,8 @@ import functools
 
 import pyarrow as pa
 
-from detfp_capture import contract
+from detfp_format import contract
+from detfp_format.types import arrow_type as _arrow_type
 
 __all__ = ["SCHEMA_VERSION_KEY", "TABLE_KEY", "arrow_schema", "arrow_type", "parquet_options"]
 
@@ -22,25 +23,10 @@ SCHEMA_VERSION_KEY = b"detfp.schema_version"
 #: Schema-metadata key holding the table name.
 TABLE_KEY = b"detfp.table"
 
-_TYPES: dict[str, pa.DataType] = {
-    "int32": pa.int32(),
-    "int64": pa.int64(),
-    "uint64": pa.uint64(),
-    "float64": pa.float64(),
-    "bool": pa.bool_(),
-    "string": pa.string(),
-    "large_binary": pa.large_binary(),
-    "list<int64>": pa.list_(pa.int64()),
-    "list<string>": pa.list_(pa.string()),
-}
-
-
 def arrow_type(type_: str) -> pa.DataType:
-    """The pyarrow type of a contract type string; ValueError names the known spellings."""
-    try:
-        return _TYPES[type_]
-    except KeyError:
-        raise ValueError(f"unknown contract type {type_!r}; known: {', '.join(_TYPES)}") from None
+    """The pyarrow type of a contract type string (``detfp_format.types``); ValueError names the
+    known spellings."""
+    return _arrow_type(type_)
 
 
 @functools.cache

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from detfp_capture._config import LEVELS
-from detfp_capture._repeat_state import Found, Snapshot, discover, leafify
 from detfp_capture.errors import CaptureError, ConfigError
+from detfp_format.contract import CAPTURE_LEVELS as LEVELS
+from detfp_guards._repeat_state import Found, Snapshot, discover, leafify
 
 __all__ = ["NotReproducibleError", "RepeatResult", "assert_bitwise_reproducible", "repeat_check"]
 
@@ -277,7 +277,7 @@ class _Runner:
 
     def _capture(self, run_dir: Path, options: dict[str, Any]) -> Any:
         """One repeat into ``run_dir``; returns the opened run."""
-        from detfp_capture.session import Session
+        from detfp_capture import Session
 
         if not self.fresh:
             self.snap.restore()
@@ -297,7 +297,7 @@ class _Runner:
 
     def run(self, prefix: str, runs: int, options: dict[str, Any]) -> tuple[int, Any]:
         """Repeats until one differs from the first or ``runs`` ran: (k, BisectResult of 0 vs k)."""
-        from detfp_analyze.bisect import bisect
+        from detfp_analyze import bisect
 
         bisect_level = "kernel" if "kernels" in options and self.level == "ops" else "op"
         run_a = self._capture(self.base / f"{prefix}-0", options)
@@ -314,7 +314,7 @@ def _opened(run_dir: Path) -> Any:
     """The repeat's run, opened; a repeat whose capture switched itself off cannot prove anything."""
     import polars as pl
 
-    from detfp_analyze.reader import open_run
+    from detfp_analyze import open_run
 
     run = open_run(str(run_dir))
     ev = run.scan("events").filter(pl.col("type") == "capture_error").collect()
@@ -444,7 +444,7 @@ def repeat_check(
     if keep == "none" or (keep == "failed" and ok):
         _remove(base, temp)
         kept = None
-    from detfp_analyze.report import render_text
+    from detfp_analyze import render_text
 
     report = _header(ok, k + 1, k, level, kept, res, note) + "\n" + render_text(res)
     return RepeatResult(

@@ -11,8 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
-from detfp_capture import contract
-from detfp_capture.errors import RunExistsError
+from detfp_format import contract
+from detfp_format.errors import RunExistsError
 
 __all__ = ["clear_rank", "existing_segments", "held_ranks", "prepare_run_dir"]
 

@@ -20,7 +20,7 @@ import operator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from detfp_capture import contract
+from detfp_format import contract
 
 __all__ = ["Positions", "window_rollups"]
 

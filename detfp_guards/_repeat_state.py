@@ -63,6 +63,8 @@ _OPAQUE_MODULES = (
     "pluggy",
     "detfp_capture",
     "detfp_analyze",
+    "detfp_format",
+    "detfp_guards",
 )
 
 

@@ -35,11 +35,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from detfp_capture import _faults, commitlog, contract
-from detfp_capture import rollups as _rollups
-from detfp_capture.arrowschema import arrow_schema, parquet_options
-from detfp_capture.errors import RunExistsError, SchemaError
-from detfp_capture.rundir import clear_rank, existing_segments, prepare_run_dir
+from detfp_format import _faults, commitlog, contract
+from detfp_format import rollups as _rollups
+from detfp_format.arrowschema import arrow_schema, parquet_options
+from detfp_format.errors import RunExistsError, SchemaError
+from detfp_format.rundir import clear_rank, existing_segments, prepare_run_dir
 
 __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", "write_manifest"]
 
