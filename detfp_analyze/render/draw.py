@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import polars as pl
 
@@ -286,7 +286,7 @@ def metric_figure(
         per_step = (
             m.group_by("step").agg(pl.col("abs_diff").max().alias("d"), pl.col("equal").all().alias("eq")).sort("step")
         )
-        first = per_step.filter(~pl.col("eq"))["step"].min()
+        first = cast("int | None", per_step.filter(~pl.col("eq"))["step"].min())  # an Int64 column
         for ax in (left, right):
             if first is not None:
                 ax.axvline(

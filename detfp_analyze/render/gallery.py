@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -129,7 +129,7 @@ def _one_step_metrics(m: pl.DataFrame) -> str:
         if rows["equal"].all():
             parts.append(f"{name} bitwise equal on every rank")
         else:
-            worst = rows["abs_diff"].max()
+            worst = cast("float | None", rows["abs_diff"].max())  # a Float64 column
             parts.append(f"{name} differs (largest |A - B| {worst:.3g})" if worst is not None else f"{name} differs")
     return f"one step compared (step {int(m['step'][0])}): " + "; ".join(parts)
 
