@@ -49,7 +49,7 @@ _LAZY = {
     "Problem": "detfp_analyze.single.certify",
     "certify": "detfp_analyze.single.certify",
     "connect": "detfp_analyze.sql",
-    "divergence_heatmap": "detfp_analyze.render.plot",
+    "divergence_heatmap": "detfp_analyze.render.heatmap",
     "EnvDiff": "detfp_analyze.io.envdiff",
     "env_diff": "detfp_analyze.io.envdiff",
     "DetfpError": "detfp_analyze.errors",
@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from detfp_analyze.errors import DetfpError
     from detfp_analyze.io.envdiff import EnvDiff, env_diff
     from detfp_analyze.io.reader import Run, open_run
-    from detfp_analyze.render.plot import divergence_heatmap
+    from detfp_analyze.render.heatmap import divergence_heatmap
     from detfp_analyze.render.report import render_text
     from detfp_analyze.single.certify import CertifyResult, Problem, certify
     from detfp_analyze.single.summary import RunSummary, summarize

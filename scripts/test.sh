@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: set up .venv if needed (and Java for the Spark tests), lint, then run the
+# The test command: set up .venv if needed (and Java for the Spark tests), lint and type-check, then run the
 # default (CPU, not slow) suite. `--fast` is the edit loop's tier: lint and the unit, golden and
 # property tests (no JVM, no multi-rank launches, no notebooks); CI runs the whole suite.
 set -euo pipefail
@@ -8,10 +8,13 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   bash scripts/bootstrap.sh
   .venv/bin/ruff check .
+  .venv/bin/python -m mypy
   exec .venv/bin/python -m pytest -q -n 2 --dist loadfile tests/unit tests/golden tests/property "$@"
 fi
 bash scripts/bootstrap.sh --java
 .venv/bin/ruff check .
+# The type checker over the four packages ([tool.mypy] in pyproject.toml; its cache makes a rerun fast).
+.venv/bin/python -m mypy
 # Two workers, one test file each at a time (--dist loadfile): a file's module-scoped launches
 # (the zoo, the example's multi-rank jobs) run once; the Spark files are one unit, so one worker
 # starts the one Spark JVM while the other runs Python, and the longest units go out first

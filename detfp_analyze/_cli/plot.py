@@ -1,6 +1,6 @@
 """`detfp-analyze plot A B --out DIR [--format png|svg]`: the pictures of one bisect, as files.
 
-Writes ``ranks_steps``, ``ranks_modules``, ``metrics`` and ``discriminator`` (``pictures``),
+Writes ``ranks_steps``, ``ranks_modules``, ``metrics`` and ``discriminator`` (``gallery``),
 one line per file written or left out (with the reason). Byte-stable files for the same inputs.
 Exit 0 when the pictures were written, 2 for bad input or without matplotlib (the line names
 the install command). Whether the runs diverged is ``bisect``'s answer, not this command's.
@@ -16,8 +16,8 @@ import typer
 from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, Ranks, RunA, RunB, Steps, compare
 from detfp_analyze._deps import require
-from detfp_analyze.render.figures import figure_bytes
-from detfp_analyze.render.pictures import bisect_pictures
+from detfp_analyze.render.draw import figure_bytes
+from detfp_analyze.render.gallery import bisect_pictures
 
 __all__ = ["command", "write_pictures"]
 

@@ -1,12 +1,16 @@
 """The report's vocabularies: statuses, verdicts, patterns, causes, kinds of difference, levels.
 
-Each is one tuple, the single definition every consumer checks against (``check_*`` raise a
-ValueError naming the known values and where a new one is added first); the tests name every
-consumer of a vocabulary that lacks a value (``tests/unit/test_verdicts.py``). They are part of
-the JSON report: a new value bumps ``result.REPORT_VERSION``.
+Each is one ``StrEnum``, the single definition every consumer uses (a member is its value: JSON
+and text reports print the value), with the tuple of its values beside it for membership tests
+and messages (``check_*`` raise a ValueError naming the known values and where a new one is
+added first); the tests name every consumer of a vocabulary that lacks a value
+(``tests/unit/test_verdicts.py``). They are part of the JSON report: a new value bumps
+``result.REPORT_VERSION``.
 """
 
 from __future__ import annotations
+
+from detfp_analyze._strenum import StrEnum
 
 __all__ = [
     "CAUSES",
@@ -15,6 +19,12 @@ __all__ = [
     "PATTERNS",
     "STATUSES",
     "VERDICTS",
+    "Cause",
+    "DiffKind",
+    "Level",
+    "Pattern",
+    "Status",
+    "Verdict",
     "check_cause",
     "check_diff_kind",
     "check_pattern",
@@ -22,32 +32,90 @@ __all__ = [
     "check_verdict",
 ]
 
-#: Outcomes of a comparison: ``rng_only`` when an RNG state differs and no value or metric does
-#: (nothing drew from the generator in the compared steps).
-STATUSES = ("identical", "diverged", "rng_only")
-#: Verdicts for a rank's first divergent record (docs/report.md explains each).
-VERDICTS = ("origin", "unobserved_producer", "source", "receiver", "structural", "metric_only")
-#: Cross-rank patterns.
-PATTERNS = (
-    "identical",
-    "single_process",
-    "all_ranks_same_op",
-    "all_ranks_same_source",
-    "all_ranks_different_ops",
-    "rank_subset",
-    "single_rank",
-    "no_origin",
-    "undetermined",
-)
-#: What the diagnosis names as the most likely cause (``cause.py`` weighs the evidence; docs/report.md).
-CAUSES = (
-    "none", "ended_early", "step_offset", "rng_state_only", "setting", "uninitialized", "argument", "data", "rng",
-    "restore", "op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined",
-)  # fmt: skip
-#: Kinds of difference.
-DIFF_KINDS = ("values", "permutation", "arguments", "structure", "error")
-#: How deep the narrowing goes (each level includes the ones before).
-LEVELS = ("step", "phase", "module", "op", "kernel")
+
+class Status(StrEnum):
+    """Outcome of a comparison."""
+
+    IDENTICAL = "identical"
+    DIVERGED = "diverged"
+    #: An RNG state differs and no value or metric does (nothing drew from the generator in the
+    #: compared steps).
+    RNG_ONLY = "rng_only"
+
+
+class Verdict(StrEnum):
+    """Verdict for a rank's first divergent record (docs/report.md explains each)."""
+
+    ORIGIN = "origin"
+    UNOBSERVED_PRODUCER = "unobserved_producer"
+    SOURCE = "source"
+    RECEIVER = "receiver"
+    STRUCTURAL = "structural"
+    METRIC_ONLY = "metric_only"
+
+
+class Pattern(StrEnum):
+    """Cross-rank pattern of the first divergences."""
+
+    IDENTICAL = "identical"
+    SINGLE_PROCESS = "single_process"
+    ALL_RANKS_SAME_OP = "all_ranks_same_op"
+    ALL_RANKS_SAME_SOURCE = "all_ranks_same_source"
+    ALL_RANKS_DIFFERENT_OPS = "all_ranks_different_ops"
+    RANK_SUBSET = "rank_subset"
+    SINGLE_RANK = "single_rank"
+    NO_ORIGIN = "no_origin"
+    UNDETERMINED = "undetermined"
+
+
+class Cause(StrEnum):
+    """What the diagnosis names as the most likely cause (``cause.py`` weighs the evidence; docs/report.md)."""
+
+    NONE = "none"
+    ENDED_EARLY = "ended_early"
+    STEP_OFFSET = "step_offset"
+    RNG_STATE_ONLY = "rng_state_only"
+    SETTING = "setting"
+    UNINITIALIZED = "uninitialized"
+    ARGUMENT = "argument"
+    DATA = "data"
+    RNG = "rng"
+    RESTORE = "restore"
+    OP = "op"
+    COLLECTIVE = "collective"
+    RANK_LOCAL = "rank_local"
+    CONTROL_FLOW = "control_flow"
+    UNCAPTURED = "uncaptured"
+    UNDETERMINED = "undetermined"
+
+
+class DiffKind(StrEnum):
+    """Kind of difference of a first divergent record."""
+
+    VALUES = "values"
+    PERMUTATION = "permutation"
+    ARGUMENTS = "arguments"
+    STRUCTURE = "structure"
+    ERROR = "error"
+
+
+class Level(StrEnum):
+    """How deep the narrowing goes (each level includes the ones before)."""
+
+    STEP = "step"
+    PHASE = "phase"
+    MODULE = "module"
+    OP = "op"
+    KERNEL = "kernel"
+
+
+#: The values of each vocabulary, in definition order (plain strings).
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+VERDICTS: tuple[str, ...] = tuple(v.value for v in Verdict)
+PATTERNS: tuple[str, ...] = tuple(p.value for p in Pattern)
+CAUSES: tuple[str, ...] = tuple(c.value for c in Cause)
+DIFF_KINDS: tuple[str, ...] = tuple(k.value for k in DiffKind)
+LEVELS: tuple[str, ...] = tuple(lv.value for lv in Level)
 
 
 def _check(value: str, known: tuple[str, ...], what: str, name: str) -> str:

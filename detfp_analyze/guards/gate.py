@@ -248,7 +248,8 @@ def _matches_metric(e: Expectation, r: RankResult) -> bool:
 def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: str = "") -> GateResult:
     """Which expectations match which diverged ranks; the gate passes when none is left unmatched."""
     hits: dict[int, list[int]] = {e.index: [] for e in expectations}
-    expected, unexpected = [], []
+    expected: list[int] = []
+    unexpected: list[int] = []
     for r in result.ranks:
         if r.status != "diverged":
             continue

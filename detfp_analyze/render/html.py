@@ -2,7 +2,7 @@
 
 ``render_html(result, ...)`` is a pure function returning the page as a string: the status and
 diagnosis, the commands to reproduce and to recapture the divergent step deeper (``recipes``),
-the pictures inline as SVG (``pictures``, optional), the per-rank table (sortable by clicking a
+the pictures inline as SVG (``gallery``, optional), the per-rank table (sortable by clicking a
 column, filterable by text), the environment diff, the discriminator, the window, and the JSON
 report itself (``<script type="application/json" id="detfp-report">``, the ``--json`` object).
 
@@ -271,7 +271,7 @@ def render_html(
     layout: pl.DataFrame | None = None,
     recipes: Sequence[Recipe] = (),
 ) -> str:
-    """The whole page. ``figures``: pictures as SVG (``svg_for_html`` is applied here);
+    """The whole page. ``draw``: pictures as SVG (``svg_for_html`` is applied here);
     ``figures_note``: shown when pictures are missing (e.g. matplotlib not installed);
     ``layout``: ``layout.rank_layout`` (adds the parallel coordinates to the rank table);
     ``recipes``: ``recipes.recipes(result, ...)``."""
@@ -376,9 +376,9 @@ def html_report(
     and the commands from the runs' manifests."""
     from detfp_analyze.errors import OptionalDependencyError
     from detfp_analyze.io.reader import as_run
-    from detfp_analyze.render.figures import figure_bytes
+    from detfp_analyze.render.draw import figure_bytes
+    from detfp_analyze.render.gallery import bisect_pictures
     from detfp_analyze.render.layout import rank_layout
-    from detfp_analyze.render.pictures import bisect_pictures
     from detfp_analyze.render.recipes import recipes
 
     ra, rb = as_run(a), as_run(b)

@@ -16,7 +16,7 @@
   the verdict as the name, the explanation and the location in the args.
 
 Records are read for the selected ranks and steps only, 64 ranks at a time; record equality is
-``rule.MATCH`` (``figdata.match_expr``, as the ``pairs`` SQL view). ``count_records`` sizes a selection first,
+``rule.MATCH`` (``frames.match_expr``, as the ``pairs`` SQL view). ``count_records`` sizes a selection first,
 so the caller can refuse a trace too large to open.
 """
 
@@ -32,7 +32,7 @@ import polars as pl
 from detfp_analyze import rule
 from detfp_analyze.bisect.result import BisectResult, check_verdict
 from detfp_analyze.io.reader import Run, as_run
-from detfp_analyze.render.figdata import match_expr
+from detfp_analyze.render.frames import match_expr
 from detfp_analyze.render.layout import rank_layout
 
 __all__ = ["count_records", "dumps_trace", "trace"]

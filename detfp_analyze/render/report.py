@@ -144,9 +144,9 @@ def render_text(result: BisectResult) -> str:
     lines = [f"A = {r.label_a}", f"B = {r.label_b}", status_line(r)]
     if r.env_diff:
         lines.append(f"environment: {len(r.env_diff)} difference(s)")
-        for d in r.env_diff:
-            where = "" if d.rank is None else f" [rank {d.rank}]"
-            lines.append(f"  {d.key}{where}: {_v(d.a)} -> {_v(d.b)}{' (blocking, forced)' if d.blocking else ''}")
+        for e in r.env_diff:
+            where = "" if e.rank is None else f" [rank {e.rank}]"
+            lines.append(f"  {e.key}{where}: {_v(e.a)} -> {_v(e.b)}{' (blocking, forced)' if e.blocking else ''}")
     else:
         lines.append("environment: no difference")
     w = r.window

@@ -51,6 +51,7 @@ ranks and common steps:
 
 from __future__ import annotations
 
+from detfp_analyze._strenum import StrEnum
 from detfp_analyze.rule.expr import All, Any, Case, Col, Eq, Expr, IsNull, IsTrue, Lit, NonEmpty, Not, Same, one_of
 
 __all__ = [
@@ -78,25 +79,51 @@ __all__ = [
     "TENSORS_EQUAL",
     "UNKNOWN",
     "VALUE",
+    "RecordState",
     "check_state",
     "evidence",
     "present",
 ]
 
-SAME, DIFFERS, ONLY_A, ONLY_B, UNKNOWN = "same", "differs", "only_a", "only_b", "unknown"
-REORDERED, SHIFTED = "reordered", "shifted"
+
+
+class RecordState(StrEnum):
+    """State of a pair of twin records: a match (``MATCH``), or its refinement in the alignment."""
+
+    SAME = "same"
+    DIFFERS = "differs"
+    ONLY_A = "only_a"
+    ONLY_B = "only_b"
+    UNKNOWN = "unknown"
+    REORDERED = "reordered"
+    SHIFTED = "shifted"
+
+
+SAME, DIFFERS, ONLY_A, ONLY_B, UNKNOWN = (
+    RecordState.SAME, RecordState.DIFFERS, RecordState.ONLY_A, RecordState.ONLY_B, RecordState.UNKNOWN,
+)  # fmt: skip
+REORDERED, SHIFTED = RecordState.REORDERED, RecordState.SHIFTED
+
+# The groups hold plain values: they become polars ``is_in`` lists and SQL text, where a value
+# must stay a String (polars makes an Enum column of enum members).
+
+
+def _values(*states: RecordState) -> tuple[str, ...]:
+    return tuple(s.value for s in states)
+
+
 #: Match of a pair of twin records (``MATCH``).
-MATCHES = (SAME, DIFFERS, ONLY_A, ONLY_B, UNKNOWN)
+MATCHES = _values(SAME, DIFFERS, ONLY_A, ONLY_B, UNKNOWN)
 #: State of a pair in its rank-step's alignment: a match, or reordered / shifted.
-STATES = (*MATCHES, REORDERED, SHIFTED)
+STATES = _values(*RecordState)
 #: The record exists in one run only.
-ONE_SIDED = (ONLY_A, ONLY_B)
+ONE_SIDED = _values(ONLY_A, ONLY_B)
 #: Control flow differed.
-STRUCTURAL = (ONLY_A, ONLY_B, REORDERED, SHIFTED)
+STRUCTURAL = _values(ONLY_A, ONLY_B, REORDERED, SHIFTED)
 #: A divergence (``unknown`` and ``same`` are not).
-DIVERGENT = (DIFFERS, ONLY_A, ONLY_B, REORDERED, SHIFTED)
+DIVERGENT = _values(DIFFERS, ONLY_A, ONLY_B, REORDERED, SHIFTED)
 #: Matches a shifted call-site family turns into ``shifted``.
-SHIFTABLE = (DIFFERS, ONLY_A, ONLY_B)
+SHIFTABLE = _values(DIFFERS, ONLY_A, ONLY_B)
 #: A call-site family: a call's key without its occurrence number.
 FAMILY = ("microbatch", "phase", "module", "kind", "name")
 #: Kinds holding the state a resume restores: compared first at a resume boundary step.

@@ -102,7 +102,7 @@ FULL OUTER JOIN b_metrics AS b
   AND a.name = b.name AND a.occurrence = b.occurrence;
 
 -- Per rank and step, how many record pairs match, differ or exist on one side only: the input
--- of the divergence heatmap (detfp_analyze.render.plot).
+-- of the divergence heatmap (detfp_analyze.render.heatmap).
 -- @column rank        Global rank.
 -- @column step        Absolute training step.
 -- @column records     Number of pairs (records of A and B matched by key).

@@ -23,13 +23,18 @@ from detfp_capture._digest import core, levels, versions
 from detfp_capture._digest import pending as digest
 from detfp_capture._digest.core import Scheme
 
-__all__ = ["BATCHED", "BatchLanes", "fill", "start_many"]
+__all__ = ["BATCHED", "INT64", "PLAIN", "SPECIAL", "STRIDED", "BatchLanes", "K", "fill", "in_place", "start_many"]
 
-_K = core.K
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_SPECIAL = digest._BYTE_DTYPES
-_INT64 = torch.int64
-_STRIDED = torch.strided
+# Shared with staging.py, which stages the same tensors into its own arena.
+#: Bytes per hashed row.
+K = core.K
+#: Tensor types batched as they are (subclasses take their own path).
+PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: Dtypes hashed through a byte view, never batched.
+SPECIAL = digest._BYTE_DTYPES
+# Module-level aliases: the checks run per tensor at every step boundary.
+INT64 = torch.int64
+STRIDED = torch.strided
 
 
 def _batchable(t: torch.Tensor) -> bool:
@@ -37,10 +42,10 @@ def _batchable(t: torch.Tensor) -> bool:
     # Cheapest tests first: this runs for every parameter, gradient and state at a step boundary.
     dt = t.dtype
     return (
-        type(t) in _PLAIN
-        and dt is not _INT64
-        and t.layout is _STRIDED
-        and dt not in _SPECIAL
+        type(t) in PLAIN
+        and dt is not INT64
+        and t.layout is STRIDED
+        and dt not in SPECIAL
         and t.numel() > 0
         and not t.is_nested
         and not t.is_meta
@@ -244,12 +249,12 @@ def _layout(ts: list[torch.Tensor], dev: torch.device, sch: Scheme) -> _Layout:
     groups: dict[tuple, list[int]] = {}
     for i, t in enumerate(ts):
         dt = t.dtype
-        groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // _K) or 1), []).append(i)
+        groups.setdefault((dt, -(-(t.numel() * dt.itemsize) // K) or 1), []).append(i)
         lay.dtypes.append(dt)
         lay.shapes.append(tuple(t.shape))
         lay.numels.append(t.numel())
     keys = sorted(groups, key=lambda k: (str(k[0]), k[1]))
-    direct = [_direct(t) for t in ts]
+    direct = [in_place(t) for t in ts]
     rows_of = {i: k[1] for k in keys for i in groups[k]}
     for dt in dict.fromkeys(k[0] for k in keys):
         idx: list[int] = []
@@ -260,13 +265,13 @@ def _layout(ts: list[torch.Tensor], dev: torch.device, sch: Scheme) -> _Layout:
         for i in idx:
             if direct[i]:
                 if run:
-                    lay.segments.append((dt, run, sum(rows_of[j] for j in run) * _K))
+                    lay.segments.append((dt, run, sum(rows_of[j] for j in run) * K))
                     run = []
                 lay.segments.append((None, i))
             else:
                 run.append(i)
         if run:
-            lay.segments.append((dt, run, sum(rows_of[j] for j in run) * _K))
+            lay.segments.append((dt, run, sum(rows_of[j] for j in run) * K))
     lay.need = sum(seg[2] for seg in lay.segments if seg[0] is not None)
     lay.pos = [0] * len(ts)
     for k in keys:
@@ -297,19 +302,19 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         def hash_region() -> None:
             a, b = region
             if b > a:
-                hash_rows(buf[a:b].view(-1, _K))
+                hash_rows(buf[a:b].view(-1, K))
             region[0] = b
 
         for seg in lay.segments:
             if seg[0] is None:  # hashed in place: no copy (at a step boundary, most bytes)
                 hash_region()
-                hash_rows(core.bytes_view(ts[seg[1]]).view(-1, _K))
+                hash_rows(core.bytes_view(ts[seg[1]]).view(-1, K))
                 continue
             dt, run, nb = seg
             pieces = [ts[i] for i in run]
             if buf is None or nb > buf.numel():
                 hash_region()
-                hash_rows(_flat_rows(pieces, dev)[0].view(-1, _K))
+                hash_rows(_flat_rows(pieces, dev)[0].view(-1, K))
                 continue
             if region[1] + nb > buf.numel():
                 hash_region()
@@ -348,8 +353,8 @@ def _own(lay: _Layout) -> None:
         def close() -> None:  # the copied rows so far become one stretch (one GEMM)
             nonlocal row, start
             if off > start:
-                stretches.append((own[start:off].view(-1, _K), row))
-                row += (off - start) // _K
+                stretches.append((own[start:off].view(-1, K), row))
+                row += (off - start) // K
             start = off
 
         for seg in lay.segments:
@@ -363,7 +368,7 @@ def _own(lay: _Layout) -> None:
                 nb = lay.numels[i] * dt.itemsize
                 dst.append(own[off : off + nb].view(dt).view(lay.shapes[i]))
                 src.append(i)
-                off += (-(-nb // _K) or 1) * _K
+                off += (-(-nb // K) or 1) * K
         close()
     if off != lay.need or row != lay.rows:  # never a layout that would leave bytes or rows out
         raise RuntimeError(f"own buffer of {off} bytes, {row} rows for a layout of {lay.need} bytes, {lay.rows} rows")
@@ -380,7 +385,7 @@ def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
         mm = sch.mm
         for x, r in lay.stretches:
             if x.__class__ is int:
-                x = core.bytes_view(ts[x]).view(-1, _K)
+                x = core.bytes_view(ts[x]).view(-1, K)
             mm(x, 0, out=lanes[r : r + x.shape[0]])
         return _finish_layout(lanes, lay)
 
@@ -390,9 +395,10 @@ def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
 _DIRECT = 256 << 10
 
 
-def _direct(t: torch.Tensor) -> bool:
+def in_place(t: torch.Tensor) -> bool:
+    """Whether ``t`` is hashed where it lies: contiguous, whole rows, at least the direct size."""
     nb = t.numel() * t.dtype.itemsize
-    return nb >= _DIRECT and nb % _K == 0 and t.is_contiguous()
+    return nb >= _DIRECT and nb % K == 0 and t.is_contiguous()
 
 
 def _pieces(ts: list[torch.Tensor], dev: torch.device) -> tuple[list[torch.Tensor], list[int]]:
@@ -402,9 +408,9 @@ def _pieces(ts: list[torch.Tensor], dev: torch.device) -> tuple[list[torch.Tenso
     item = ts[0].dtype.itemsize
     for t in ts:
         nb = t.numel() * item
-        m = -(-nb // _K) or 1
+        m = -(-nb // K) or 1
         pieces.append(t)
-        pad = m * _K - nb  # a multiple of the item size: 1024 is
+        pad = m * K - nb  # a multiple of the item size: 1024 is
         if pad:
             key = (t.dtype, dev, pad)
             z = _PADS.get(key)

@@ -13,7 +13,7 @@ import torch
 from detfp_capture._digest import core, versions
 from detfp_capture._digest import moments as _moments
 from detfp_capture._digest import pending as digest
-from detfp_capture._digest.batched import _INT64, _K, _PLAIN, _SPECIAL, _STRIDED, BatchLanes, _direct, fill
+from detfp_capture._digest.batched import INT64, PLAIN, SPECIAL, STRIDED, BatchLanes, K, fill, in_place
 from detfp_capture._digest.gemm import ANY_M_DEVICES
 from detfp_capture._digest.levels import finish
 
@@ -28,7 +28,7 @@ class Staging:
     Two ways in, chosen per tensor when it is put:
 
     - **hashed where it is**: a tensor that a step-boundary batch would hash in place too
-      (``batched._direct``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
+      (``batched.in_place``: contiguous, whole 1024-byte rows, at least 256 KiB; not int64,
       whose pointer check reads the snapshot) gets its level-0 GEMM now, reading it in place, written into a second
       buffer of level-0 lanes at a fan-in boundary (16 rows in version 1, 64 in version 2; the
       gap zeroed): that buffer is level 1's
@@ -52,7 +52,7 @@ class Staging:
         #: The digest version of everything staged here (the active one when the staging began).
         self.scheme = sch = versions.active()
         self._fanin = fanin = sch.fanin
-        self.cap_rows = cap_bytes // _K
+        self.cap_rows = cap_bytes // K
         self.used = 0
         #: Rows [used, clean) of ``buf`` are known to be zero (see ``put_many``).
         self.clean = 0
@@ -74,10 +74,10 @@ class Staging:
         # Cheapest tests first: this runs for every boundary tensor.
         dt = t.dtype
         return (
-            type(t) in _PLAIN
+            type(t) in PLAIN
             and 0 < t.numel() * dt.itemsize <= Staging.MAX_TENSOR
-            and t.layout is _STRIDED
-            and dt not in _SPECIAL
+            and t.layout is STRIDED
+            and dt not in SPECIAL
             and not t.is_nested
             and not t.is_meta
             and not t.is_conj()
@@ -93,7 +93,7 @@ class Staging:
                     # Not zeroed: put_many zeroes rows as it first takes them (the buffer is
                     # reused), and filling 64 MiB up front cost ~60 ms per session, most of a small
                     # step's capture (a repeat check opens one session per call).
-                    self.buf = torch.empty(self.cap_rows * _K, dtype=torch.int8, device=self.dev)
+                    self.buf = torch.empty(self.cap_rows * K, dtype=torch.int8, device=self.dev)
                     self.typed[torch.int8] = self.buf
                 v = self.typed[dt] = self.buf.view(dt)
         return v
@@ -104,8 +104,8 @@ class Staging:
         rows: list[int] = []  # level-0 rows of each tensor; negative: hashed in place
         any_m = self._any_m
         for t in ts:
-            m = -(-(t.numel() * t.dtype.itemsize) // _K)
-            if _direct(t) and t.dtype is not _INT64 and (any_m or (m >= 32 and m % 8 == 0)):
+            m = -(-(t.numel() * t.dtype.itemsize) // K)
+            if in_place(t) and t.dtype is not INT64 and (any_m or (m >= 32 and m % 8 == 0)):
                 rows.append(-m)
                 need1 += -(-m // self._fanin)
             else:
@@ -120,7 +120,7 @@ class Staging:
             # (1 MiB) from the start of each batch, instead of a slice and a zero_ per tensor
             # (two dispatcher calls, several microseconds, for every small tensor of a window).
             clean = min(self.cap_rows, max(end, self.clean + self.ZERO_ROWS))
-            self._typed(torch.int8)[self.clean * _K : clean * _K].zero_()
+            self._typed(torch.int8)[self.clean * K : clean * K].zero_()
             self.clean = clean
         if need1 and self.lanes is None:
             with torch.inference_mode(False):  # reused in and out of inference mode
@@ -145,7 +145,7 @@ class Staging:
                     m = -m
                     m1 = -(-m // fanin)
                     a = row1 * fanin
-                    mm(core.bytes_view(t).view(m, _K), 0, out=self.lanes[a : a + m])
+                    mm(core.bytes_view(t).view(m, K), 0, out=self.lanes[a : a + m])
                     if m != m1 * fanin:  # level 1 reads whole fan-in groups: the gap must be zero
                         self.lanes[a + m : a + m1 * fanin].zero_()
                     d_slot.append(slot)
@@ -158,7 +158,7 @@ class Staging:
                 typed = self.typed.get(dt)
                 if typed is None:
                     typed = self._typed(dt)
-                typed.as_strided(shape, digest._contiguous_strides(shape), row * _K // dt.itemsize).copy_(t)
+                typed.as_strided(shape, digest._contiguous_strides(shape), row * K // dt.itemsize).copy_(t)
                 i_slot.append(slot)
                 i_dtype.append(dt)
                 i_shape.append(shape)
@@ -191,13 +191,13 @@ class Staging:
             # Results in new lanes tensors, never views of the (reused) buffers.
             parts = []
             if used:
-                parts.append(finish(sch.mm(self.buf[: used * _K].view(-1, _K), 0), items[4], dev, sch))
+                parts.append(finish(sch.mm(self.buf[: used * K].view(-1, K), 0), items[4], dev, sch))
             if used1:
-                lanes1 = sch.mm(self.lanes[: used1 * self._fanin].view(torch.int8).view(-1, _K), 1)
+                lanes1 = sch.mm(self.lanes[: used1 * self._fanin].view(torch.int8).view(-1, K), 1)
                 parts.append(finish(lanes1, direct[4], dev, sch, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
             held = BatchLanes(final, sch)
-            if _INT64 in items[1]:
+            if INT64 in items[1]:
                 self._pointer_flags(held, items)
             self.clean = 0  # the rows are taken again from the start: put_many zeroes them again
             return held, tuple(a + b for a, b in zip(items, direct, strict=True))
@@ -206,12 +206,12 @@ class Staging:
         """``pointer_like`` of every staged int64 tensor, read from its snapshot, for the whole
         batch at once (a handful of ops, instead of ~6 per tensor): per tensor, the number of
         values that do not look like a device pointer, from one cumulative sum."""
-        typed = self.typed[_INT64]
+        typed = self.typed[INT64]
         pieces, numels, rows_at = [], [], []
         row = 0
         for i, (dt, numel, m) in enumerate(zip(items[1], items[3], items[4], strict=True)):
-            if dt is _INT64:
-                start = row * (_K // 8)
+            if dt is INT64:
+                start = row * (K // 8)
                 pieces.append(typed[start : start + numel])
                 numels.append(numel)
                 rows_at.append(i)
@@ -230,4 +230,4 @@ class Staging:
         held, (slots, dtypes, shapes, numels, _) = self._run_rows()
         dev = self.dev
         for row, slot in enumerate(slots):
-            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev, dtypes[row] is _INT64)
+            fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev, dtypes[row] is INT64)

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
-from detfp_analyze.render.figdata import STATES, rank_step_frame
-from detfp_analyze.render.pictures import bisect_pictures
+from detfp_analyze.render.frames import STATES, rank_step_frame
+from detfp_analyze.render.gallery import bisect_pictures
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 from tests.unit.test_perfetto import validate_trace
 

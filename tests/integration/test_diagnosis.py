@@ -229,7 +229,7 @@ def test_an_rng_state_nothing_draws_from_is_rng_only(runs, tmp_path):
     assert out.exit_code == 0 and "gate: pass (every divergence expected: ranks 0)" in out.output, out.output
     other = cli.invoke(app, ["bisect", str(a), str(runs["single"] / "lr"), "--expect", str(gate)])
     assert other.exit_code == 1 and "gate: FAIL" in other.output  # a value that differs is not expected
-    from detfp_analyze.render.figdata import rank_step_frame
+    from detfp_analyze.render.frames import rank_step_frame
     from detfp_analyze.render.html import html_report
 
     states = rank_step_frame(res).sort("step")["state"].to_list()
@@ -255,7 +255,7 @@ def test_an_argument_change_is_named_without_the_one_process_caveat(runs, a, b, 
     ("b", "cause", "record"), [("gpt_data", "data", "batch CharGPT"), ("gpt_rng", "rng", "rng_state cpu")]
 )
 def test_a_source_on_every_rank_is_not_an_op(runs, b, cause, record):
-    from detfp_analyze.render.pictures import bisect_pictures
+    from detfp_analyze.render.gallery import bisect_pictures
 
     res = _pair(runs, "ddp", "gpt_a", b)
     dg = res.diagnosis
@@ -286,8 +286,8 @@ def test_recapture_hints_are_written_for_a_session_script(runs):
 # ----------------------------------------------------------------------------- 8. pictures
 def test_module_columns_follow_execution_with_the_backward_after_the_forward(runs):
     pytest.importorskip("matplotlib")
-    from detfp_analyze.render.figdata import module_frame
-    from detfp_analyze.render.figures import rank_module_figure
+    from detfp_analyze.render.draw import rank_module_figure
+    from detfp_analyze.render.frames import module_frame
 
     res = _pair(runs, "single", "a", "threads")
     eff = res.rank(0).effective
@@ -308,7 +308,7 @@ def test_module_columns_follow_execution_with_the_backward_after_the_forward(run
 
 def test_a_one_step_window_is_said_not_drawn(runs):
     pytest.importorskip("matplotlib")
-    from detfp_analyze.render.pictures import bisect_pictures
+    from detfp_analyze.render.gallery import bisect_pictures
 
     res = _pair(runs, "single", "a", "lr", steps=(1, 1))
     pics = bisect_pictures(res, runs["single"] / "a", runs["single"] / "lr")

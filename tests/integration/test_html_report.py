@@ -49,7 +49,7 @@ def test_page_is_byte_stable(report_page, layout_pair):
 
 
 def test_page_without_matplotlib_says_how_to_get_pictures(layout_pair, monkeypatch):
-    import detfp_analyze.render.pictures as pictures
+    import detfp_analyze.render.gallery as pictures
     from detfp_analyze.errors import OptionalDependencyError
 
     def missing(*a, **k):

@@ -73,7 +73,7 @@ def test_group_verdict_per_rank_equals_a_pass_over_its_peers(group, states, comp
 )
 def test_cross_rank_per_rank_equals_a_pass_over_its_peers(group, starts, compared, reduction):
     members = tuple(sorted(group))
-    local = LocalVerdict("reduction" if reduction else "unobserved_producer", None, None, "local")
+    local = LocalVerdict(verdict="reduction" if reduction else "unobserved_producer", consumer=None, contradiction=None, explanation="local")
     shared = group_starts(members, STEP, starts, compared)
     for r in members:
         peers = [p for p in members if p != r]

@@ -32,7 +32,6 @@ PENDING = {
     "detfp_capture/session.py",
     "detfp_capture/session.py:__init__",
     "detfp_capture/_sources/dispatch.py:_pre",
-    "detfp_analyze/render/figdata.py:module_frame",
 }
 
 

@@ -30,7 +30,7 @@ def test_reference_covers_every_command_and_option():
 
 
 def test_pictures_doc_lists_every_state_in_order():
-    from detfp_analyze.render.figdata import STATE_HELP, STATES
+    from detfp_analyze.render.frames import STATE_HELP, STATES
 
     text = (DOC.parent / "pictures.md").read_text()
     rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `") and line.count("|") == 3]

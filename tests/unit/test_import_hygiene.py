@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 _CODE = """
 import sys
 import detfp_analyze, detfp_analyze.cli, detfp_analyze.io.reader, detfp_analyze.single.summary
-import detfp_analyze.render.figdata, detfp_analyze.render.figures, detfp_analyze.render.pictures, detfp_analyze.render.plot
+import detfp_analyze.render.frames, detfp_analyze.render.draw, detfp_analyze.render.gallery, detfp_analyze.render.heatmap
 import detfp_analyze.render.html, detfp_analyze.render.recipes, detfp_analyze.render.perfetto, detfp_analyze.render.layout
 import detfp_analyze._cli.reference
 import detfp_analyze.bisect.pipeline, detfp_analyze.spark

@@ -25,7 +25,8 @@ from detfp_analyze.bisect.result import (
 )
 from detfp_analyze.cli import app
 from detfp_analyze.errors import OptionalDependencyError
-from detfp_analyze.render.figdata import (
+from detfp_analyze.render.draw import figure_bytes, rank_module_figure, rank_step_figure
+from detfp_analyze.render.frames import (
     STATE_COLORS,
     STATE_HELP,
     STATES,
@@ -36,7 +37,6 @@ from detfp_analyze.render.figdata import (
     rank_step_frame,
     state_of,
 )
-from detfp_analyze.render.figures import figure_bytes, rank_module_figure, rank_step_figure
 from detfp_analyze.render.html import svg_for_html
 from detfp_analyze.render.layout import rank_layout
 
@@ -79,7 +79,7 @@ def _layout_2432() -> pl.DataFrame:
 
 
 def _expected(frame: pl.DataFrame, row: str, col: str, rper: int, cper: int, shape: tuple[int, int]) -> np.ndarray:
-    """The most severe state per bin, computed here independently of figures._grid."""
+    """The most severe state per bin, computed here independently of draw._grid."""
     want = np.full(shape, CODE["absent"])
     codes = np.array([CODE[s] for s in frame["state"].to_list()])
     np.maximum.at(want, (frame[row].to_numpy() // rper, frame[col].to_numpy() // cper), codes)

@@ -7,8 +7,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.render.figdata import STATE_COLORS
-from detfp_analyze.render.plot import STATES, bisect_frame, divergence_frame, divergence_heatmap
+from detfp_analyze.render.frames import STATE_COLORS
+from detfp_analyze.render.heatmap import STATES, bisect_frame, divergence_frame, divergence_heatmap
 from detfp_analyze.sql import connect
 from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
 

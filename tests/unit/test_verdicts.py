@@ -35,8 +35,8 @@ from detfp_analyze.bisect.result import (
 )
 from detfp_analyze.guards import gate
 from detfp_analyze.render import html, perfetto, report
-from detfp_analyze.render.figdata import STATE_COLORS, STATE_HELP, STATES, UnknownStateError, rank_step_frame, state_of
-from detfp_analyze.render.plot import bisect_frame, divergence_heatmap
+from detfp_analyze.render.frames import STATE_COLORS, STATE_HELP, STATES, UnknownStateError, rank_step_frame, state_of
+from detfp_analyze.render.heatmap import bisect_frame, divergence_heatmap
 
 REPORT_DOC = (Path(__file__).resolve().parents[2] / "docs" / "report.md").read_text()
 

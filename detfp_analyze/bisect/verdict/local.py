@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from detfp_analyze import rule
+from detfp_analyze._strenum import StrEnum
 from detfp_analyze.bisect.records import Aligned
+from detfp_analyze.bisect.vocab import Verdict
 
 __all__ = [
     "COLLECTIVE_KINDS",
@@ -22,6 +24,7 @@ __all__ = [
     "DERIVED_KINDS",
     "VIEW_OPS",
     "LocalVerdict",
+    "Pending",
     "StepFacts",
     "batch_unseen",
     "is_view_op",
@@ -74,13 +77,21 @@ def is_view_op(name: str) -> bool:
     return base in VIEW_OPS or base in COPY_OPS
 
 
-@dataclass(frozen=True)
+class Pending(StrEnum):
+    """A local verdict other ranks must decide (never in a report: ``resolve`` replaces it)."""
+
+    #: The group-wide test of a collective decides.
+    COLLECTIVE = "collective"
+    #: An uncaptured cross-rank reduction may have carried the difference (``cross_rank`` decides).
+    REDUCTION = "reduction"
+
+
+@dataclass(frozen=True, kw_only=True)
 class LocalVerdict:
     """What one rank's own records say about its first divergent record."""
 
-    #: A VERDICTS value, "collective" when the group-wide test must decide, or "reduction"
-    #: when an uncaptured cross-rank reduction may have carried it (``cross_rank`` decides).
-    verdict: str
+    #: The verdict, or what other ranks must decide first (``Pending``).
+    verdict: Verdict | Pending
     #: The consuming call for unobserved_producer.
     consumer: str | None
     #: Set when the op cannot have created the difference (view/copy op).
@@ -152,105 +163,105 @@ def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
     if kind == "param" and phase == "optimizer" and role == "input":
         if facts.entry:
             return LocalVerdict(
-                "source",
-                None,
-                None,
-                f"parameter {name} differs where the capture of this run begins (step {step}), before the optimizer "
+                verdict=Verdict.SOURCE,
+                consumer=None,
+                contradiction=None,
+                explanation=f"parameter {name} differs where the capture of this run begins (step {step}), before the optimizer "
                 "changed it: the restored or initialized parameters differ",
             )
         return LocalVerdict(
-            "unobserved_producer",
-            f"the optimizer step for {name}",
-            None,
-            f"parameter {name} differs when the optimizer reads it although its value after the previous step matched: "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=f"the optimizer step for {name}",
+            contradiction=None,
+            explanation=f"parameter {name} differs when the optimizer reads it although its value after the previous step matched: "
             "it was written outside the capture in between",
-            "a write outside the dispatcher or between steps (a callback, .data): capture the step before at level ops",
+            depends_on="a write outside the dispatcher or between steps (a callback, .data): capture the step before at level ops",
         )
     if facts.restored and (kind == "optimizer_state" or kind == "param"):
         # The optimizer's restored state is not recorded before the step that reads it, and a
         # step-end parameter is the first parameter record of a resumed run below level
         # boundaries: at a resume boundary both say what the restore brought in.
         return LocalVerdict(
-            "source",
-            None,
-            None,
-            f"{kind} record {name} differs at the resume boundary (step {step}) while the step's captured inputs "
+            verdict=Verdict.SOURCE,
+            consumer=None,
+            contradiction=None,
+            explanation=f"{kind} record {name} differs at the resume boundary (step {step}) while the step's captured inputs "
             "matched: the restored optimizer state or parameters differ (checkpoint save/load of the inner state)",
         )
     if (kind == "param" and phase == "optimizer") or kind == "optimizer_state":
         return LocalVerdict(
-            "origin",
-            None,
-            None,
-            f"the optimizer step for {name.split('.state[')[0]} had matching inputs (parameters and gradients) and its "
+            verdict=Verdict.ORIGIN,
+            consumer=None,
+            contradiction=None,
+            explanation=f"the optimizer step for {name.split('.state[')[0]} had matching inputs (parameters and gradients) and its "
             f"{'state ' + name if kind == 'optimizer_state' else 'updated parameter'} differs: the optimizer's "
             "hyperparameters or its kernel (foreach, fused) differ",
         )
     if kind == "param":  # the value at step end
         if optimizer_seen:
             return LocalVerdict(
-                "unobserved_producer",
-                f"the end of step {step}",
-                None,
-                f"parameter {name} changed after the optimizer step, outside the capture (weight clipping, an EMA or "
+                verdict=Verdict.UNOBSERVED_PRODUCER,
+                consumer=f"the end of step {step}",
+                contradiction=None,
+                explanation=f"parameter {name} changed after the optimizer step, outside the capture (weight clipping, an EMA or "
                 "a write through .data)",
-                "a write after optimizer.step(): capture it with session.probe or at level ops",
+                depends_on="a write after optimizer.step(): capture it with session.probe or at level ops",
             )
         if batch_unseen(facts):
             return LocalVerdict(
-                "unobserved_producer",
-                f"the forward of step {step}",
-                None,
-                f"parameter {name} after step {step} differs while everything captured before it matched, and the "
+                verdict=Verdict.UNOBSERVED_PRODUCER,
+                consumer=f"the forward of step {step}",
+                contradiction=None,
+                explanation=f"parameter {name} after step {step} differs while everything captured before it matched, and the "
                 "step's batch was not captured: the data fed to the step or its uncaptured computation introduced it",
-                _BATCH_UNSEEN,
+                depends_on=_BATCH_UNSEEN,
             )
         what = "forward, backward, gradient reduction and optimizer" if many else "forward, backward and optimizer"
         return LocalVerdict(
-            "reduction" if many else "origin",
-            None,
-            None,
-            f"parameter {name} after step {step} differs while everything captured before it matched: the step's "
+            verdict=Pending.REDUCTION if many else Verdict.ORIGIN,
+            consumer=None,
+            contradiction=None,
+            explanation=f"parameter {name} after step {step} differs while everything captured before it matched: the step's "
             f"computation ({what}), not captured at this level, introduced it",
-            f"level metrics records no op or module: {_recapture(step, 'boundaries')}",
+            depends_on=f"level metrics records no op or module: {_recapture(step, 'boundaries')}",
         )
     # A gradient read by the optimizer.
     owner = _owner(name)
     if "reduced_grad" in facts.kinds:
         return LocalVerdict(
-            "unobserved_producer",
-            f"the optimizer step for {name}",
-            None,
-            f"the gradient of {name} changed after its data-parallel reduction, outside the capture (gradient clipping "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=f"the optimizer step for {name}",
+            contradiction=None,
+            explanation=f"the gradient of {name} changed after its data-parallel reduction, outside the capture (gradient clipping "
             "or scaling)",
-            f"a write to .grad outside the dispatcher: {_recapture(step, 'ops')}",
+            depends_on=f"a write to .grad outside the dispatcher: {_recapture(step, 'ops')}",
         )
     if ops:
         return LocalVerdict(
-            "unobserved_producer",
-            f"the optimizer step for {name}",
-            None,
-            f"the gradient of {name} differs although every captured op before it matched: it was produced outside "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=f"the optimizer step for {name}",
+            contradiction=None,
+            explanation=f"the gradient of {name} differs although every captured op before it matched: it was produced outside "
             "the dispatcher",
-            "a producer outside the dispatcher (an extension kernel, a C++ gradient hook or reducer)",
+            depends_on="a producer outside the dispatcher (an extension kernel, a C++ gradient hook or reducer)",
         )
     region = f"the backward of {owner}"
     if many:
         return LocalVerdict(
-            "reduction",
-            None,
-            None,
-            f"the gradient of {name} differs while everything captured before it matched: {region} or the "
+            verdict=Pending.REDUCTION,
+            consumer=None,
+            contradiction=None,
+            explanation=f"the gradient of {name} differs while everything captured before it matched: {region} or the "
             "gradient reduction across ranks (neither captured at this level) introduced it",
-            f"the weight-gradient ops of {region} and the gradient reduction: {_recapture(step, 'ops')}",
+            depends_on=f"the weight-gradient ops of {region} and the gradient reduction: {_recapture(step, 'ops')}",
         )
     return LocalVerdict(
-        "origin",
-        None,
-        None,
-        f"{region} had matching inputs and produced a different gradient for {name}: an uncaptured op inside "
+        verdict=Verdict.ORIGIN,
+        consumer=None,
+        contradiction=None,
+        explanation=f"{region} had matching inputs and produced a different gradient for {name}: an uncaptured op inside "
         "that module's backward introduced it",
-        f"the weight-gradient ops of {region} are not captured at level boundaries: {_recapture(step, 'ops')}",
+        depends_on=f"the weight-gradient ops of {region} are not captured at level boundaries: {_recapture(step, 'ops')}",
     )
 
 
@@ -263,20 +274,20 @@ def _own_code(rec: Aligned, label: str, facts: StepFacts, module: str) -> LocalV
     """Verdict of an input made by ``module``'s own code, which levels below ops do not capture."""
     if batch_unseen(facts):
         return LocalVerdict(
-            "unobserved_producer",
-            label,
-            None,
-            f"the input of {label} differs while every captured record before it matched, and the step's batch "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=label,
+            contradiction=None,
+            explanation=f"the input of {label} differs while every captured record before it matched, and the step's batch "
             f"was not captured: the data or the code {module} runs between its submodules introduced it",
-            _BATCH_UNSEEN,
+            depends_on=_BATCH_UNSEEN,
         )
     return LocalVerdict(
-        "reduction" if facts.world > 1 else "origin",
-        None,
-        None,
-        f"the input of {label} differs while every captured record before it matched: the code {module} runs "
+        verdict=Pending.REDUCTION if facts.world > 1 else Verdict.ORIGIN,
+        consumer=None,
+        contradiction=None,
+        explanation=f"the input of {label} differs while every captured record before it matched: the code {module} runs "
         "between its submodules, not captured at this level, introduced it",
-        f"the ops of {module} outside its submodules: {_recapture(rec.step, 'ops')}",
+        depends_on=f"the ops of {module} outside its submodules: {_recapture(rec.step, 'ops')}",
     )
 
 
@@ -298,19 +309,19 @@ def local_verdict(
             rule.ONLY_B: "only in run B",
             rule.REORDERED: "in a different order",
             rule.SHIFTED: "in a call sequence whose number of calls differs (occurrence counters shifted)",
-        }[state]
+        }[rule.RecordState(state)]
         return LocalVerdict(
-            "structural",
-            None,
-            None,
-            f"{label} ({role} {rec.arg}) is {where}: control flow differed (config or data)",
+            verdict=Verdict.STRUCTURAL,
+            consumer=None,
+            contradiction=None,
+            explanation=f"{label} ({role} {rec.arg}) is {where}: control flow differed (config or data)",
         )
     if kind in _SOURCE_KINDS:
         return LocalVerdict(
-            "source",
-            None,
-            None,
-            f"{kind} record {rec.name} differs and has no inputs: the difference entered from outside the "
+            verdict=Verdict.SOURCE,
+            consumer=None,
+            contradiction=None,
+            explanation=f"{kind} record {rec.name} differs and has no inputs: the difference entered from outside the "
             "captured region (data pipeline, checkpoint restore, RNG state)",
         )
     same_tensor, args_differ = bool(rec.tensors_same), not rec.args_same
@@ -319,14 +330,14 @@ def local_verdict(
         # config or hyperparameter), a local start whichever of its records comes first.
         if kind in DERIVED_KINDS:
             return LocalVerdict(
-                "origin",
-                None,
-                None,
-                f"the optimizer step for {rec.name} ran with different hyperparameters (its param group's "
+                verdict=Verdict.ORIGIN,
+                consumer=None,
+                contradiction=None,
+                explanation=f"the optimizer step for {rec.name} ran with different hyperparameters (its param group's "
                 "lr, betas, eps, weight_decay, ...) on matching parameters",
             )
         return LocalVerdict(
-            "origin", None, None, f"{label} was called with different non-tensor arguments on matching tensors"
+            verdict=Verdict.ORIGIN, consumer=None, contradiction=None, explanation=f"{label} was called with different non-tensor arguments on matching tensors"
         )
     if kind in DERIVED_KINDS:
         return _derived(rec, facts)
@@ -347,30 +358,30 @@ def local_verdict(
     if role == "input" or differing:
         contradiction = f"{rec.name} only moves data;{hop}" if view else None
         return LocalVerdict(
-            "unobserved_producer",
-            label,
-            contradiction,
-            f"the input of {label} already differs although no earlier record differs: its producer was not "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=label,
+            contradiction=contradiction,
+            explanation=f"the input of {label} already differs although no earlier record differs: its producer was not "
             "captured (e.g. a kernel that bypasses the dispatcher, a fused or extension op"
             + (", or the data: the step's batch was not captured)" if batch_unseen(facts) else ")"),
-            _BATCH_UNSEEN
+            depends_on=_BATCH_UNSEEN
             if batch_unseen(facts)
             else "this input's producer (an extension or fused kernel, a write outside the dispatcher): probe it "
             "with session.probe, or capture the step at a deeper level",
         )
     if kind in COLLECTIVE_KINDS:
-        return LocalVerdict("collective", None, None, "")
+        return LocalVerdict(verdict=Pending.COLLECTIVE, consumer=None, contradiction=None, explanation="")
     if view:
         return LocalVerdict(
-            "unobserved_producer",
-            label,
-            f"{rec.name} is a view or copy and cannot create a difference;{hop}",
-            f"{label} appears to create the difference, which a view or copy cannot: something wrote its "
+            verdict=Verdict.UNOBSERVED_PRODUCER,
+            consumer=label,
+            contradiction=f"{rec.name} is a view or copy and cannot create a difference;{hop}",
+            explanation=f"{label} appears to create the difference, which a view or copy cannot: something wrote its "
             "input's memory after it was fingerprinted",
         )
     if args_differ:
         return LocalVerdict(
-            "origin", None, None, f"{label} was called with different non-tensor arguments and its {role} differs"
+            verdict=Verdict.ORIGIN, consumer=None, contradiction=None, explanation=f"{label} was called with different non-tensor arguments and its {role} differs"
         )
     n = len(inputs)
     depends = None
@@ -385,9 +396,9 @@ def local_verdict(
             "not write every element, the rest is uninitialized memory"
         )
     return LocalVerdict(
-        "origin",
-        None,
-        None,
-        f"all {n} input(s) of {label} matched and its {role} {rec.arg} differs: this call introduced the difference",
-        depends,
+        verdict=Verdict.ORIGIN,
+        consumer=None,
+        contradiction=None,
+        explanation=f"all {n} input(s) of {label} matched and its {role} {rec.arg} differs: this call introduced the difference",
+        depends_on=depends,
     )

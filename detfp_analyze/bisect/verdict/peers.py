@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.records import CallKey, Found
-from detfp_analyze.bisect.verdict.local import LocalVerdict
+from detfp_analyze.bisect.verdict.local import LocalVerdict, Pending
+from detfp_analyze.bisect.vocab import Verdict
 from detfp_analyze.ranks import format_ranks, without
 
 __all__ = [
@@ -48,11 +49,11 @@ def group_of(
     return gname, tuple(sorted(int(r) for r in ranks))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupTest:
     """Outcome of the group-wide test for one collective call."""
 
-    verdict: str
+    verdict: Verdict
     #: Peers whose inputs to the same call differed (or whose first difference came earlier).
     peers_differing: tuple[int, ...]
     #: Peers that could not be checked (not traced, or the call is missing there).
@@ -105,31 +106,31 @@ def group_verdict(
     n_peers = len(group) - (rank in group)
     if differing:
         return GroupTest(
-            "receiver",
-            differing,
-            unknown,
-            f"{label}: this rank's inputs matched but {len(differing)} of {n_peers} peer(s) in group {gname} "
+            verdict=Verdict.RECEIVER,
+            peers_differing=differing,
+            peers_unknown=unknown,
+            explanation=f"{label}: this rank's inputs matched but {len(differing)} of {n_peers} peer(s) in group {gname} "
             f"had differing inputs (ranks {format_ranks(differing)}): a carrier of a difference that started elsewhere",
         )
     if unknown:
         return GroupTest(
-            "receiver",
-            (),
-            unknown,
-            f"{label}: inputs matched here, but peers {format_ranks(unknown)} of group {gname} were not traced, so an "
+            verdict=Verdict.RECEIVER,
+            peers_differing=(),
+            peers_unknown=unknown,
+            explanation=f"{label}: inputs matched here, but peers {format_ranks(unknown)} of group {gname} were not traced, so an "
             "origin cannot be proven; treat it as received until they are",
         )
     return GroupTest(
-        "origin",
-        (),
-        (),
-        f"{label}: every rank of group {gname} ({len(group)} ranks) had matching inputs and the result differs: "
+        verdict=Verdict.ORIGIN,
+        peers_differing=(),
+        peers_unknown=(),
+        explanation=f"{label}: every rank of group {gname} ({len(group)} ranks) had matching inputs and the result differs: "
         "the collective itself is nondeterministic (reduction order, algorithm, topology)",
     )
 
 
 #: Verdicts that say a rank started the difference itself.
-_LOCAL_STARTS = ("origin", "source")
+_LOCAL_STARTS = (Verdict.ORIGIN, Verdict.SOURCE)
 
 
 def group_starts(
@@ -170,30 +171,30 @@ def cross_rank(
     started, unknown = (without(x, rank) for x in states)
     if started:
         return GroupTest(
-            "receiver",
-            started,
-            unknown,
-            f"{label}: ranks {format_ranks(started)} of group {gname} started a difference at or before step {step}, "
+            verdict=Verdict.RECEIVER,
+            peers_differing=started,
+            peers_unknown=unknown,
+            explanation=f"{label}: ranks {format_ranks(started)} of group {gname} started a difference at or before step {step}, "
             "and an uncaptured cross-rank reduction (data-parallel gradients) carries it here",
         )
-    if local.verdict != "reduction":
+    if local.verdict != Pending.REDUCTION:
         return None
     if unknown:
         return GroupTest(
-            "receiver",
-            (),
-            unknown,
-            f"{label}: no compared rank of group {gname} started a difference, but ranks {format_ranks(unknown)} were "
+            verdict=Verdict.RECEIVER,
+            peers_differing=(),
+            peers_unknown=unknown,
+            explanation=f"{label}: no compared rank of group {gname} started a difference, but ranks {format_ranks(unknown)} were "
             "not compared, so a local start cannot be proven; treat it as received until they are",
         )
-    return GroupTest("origin", (), (), local.explanation)
+    return GroupTest(verdict=Verdict.ORIGIN, peers_differing=(), peers_unknown=(), explanation=local.explanation)
 
 
 def p2p_receiver(label: str, group: str | None) -> GroupTest:
     """The verdict of a p2p receive whose output differs with matching local inputs."""
     where = "" if group is None else " in group " + group
     return GroupTest(
-        "receiver", (), (), f"{label}: received over p2p{where}; the difference started on the sending rank"
+        verdict=Verdict.RECEIVER, peers_differing=(), peers_unknown=(), explanation=f"{label}: received over p2p{where}; the difference started on the sending rank"
     )
 
 

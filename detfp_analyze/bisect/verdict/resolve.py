@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect import vocab
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found
 from detfp_analyze.bisect.result import check_verdict
 from detfp_analyze.bisect.scope import Scope
-from detfp_analyze.bisect.verdict.local import DERIVED_KINDS, LocalVerdict, StepFacts, local_verdict
+from detfp_analyze.bisect.verdict.local import DERIVED_KINDS, LocalVerdict, Pending, StepFacts, local_verdict
 from detfp_analyze.bisect.verdict.peers import (
     GroupTest,
     cross_rank,
@@ -60,7 +61,7 @@ def uncaptured_exchange(rec: Aligned, group: str) -> str:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """The verdict of one walked record."""
 
@@ -102,17 +103,17 @@ def _final(
     verdict, explanation, depends = lv.verdict, lv.explanation, lv.depends_on
     if test is not None:
         verdict, explanation = test.verdict, test.explanation
-        if lv.verdict in ("reduction", "unobserved_producer") and verdict == "receiver":
+        if lv.verdict in (Pending.REDUCTION, vocab.Verdict.UNOBSERVED_PRODUCER) and verdict == vocab.Verdict.RECEIVER:
             depends = uncaptured_exchange(rec, group[0] if group else "world")
     return Verdict(
-        check_verdict(verdict),
-        explanation,
-        depends,
-        lv.consumer,
-        lv.contradiction,
-        group[0] if group else None,
-        group[1] if group else (),
-        test.peers_differing if test else (),
+        verdict=check_verdict(verdict),
+        explanation=explanation,
+        depends_on=depends,
+        consumer=lv.consumer,
+        contradiction=lv.contradiction,
+        group=group[0] if group else None,
+        group_ranks=group[1] if group else (),
+        peers_differing=test.peers_differing if test else (),
     )
 
 
@@ -140,7 +141,7 @@ def resolve(
         rec = ex.record
         facts = StepFacts(ex.kinds, rec.step in entry, rec.step in restored, world)
         lv = local[(r, which)] = local_verdict(rec, ex.call, ex.upstream, facts)
-        if lv.verdict == "collective":
+        if lv.verdict == Pending.COLLECTIVE:
             g = groups[(r, which)] = group_of(rec.name, rec.kind, _evidence.groups_of(run_a, r, every), ranks_all)
             asks.append((r, rec.step, rec.call_hash, without(g[1], r)))
     # 2. The group-wide test of collectives.
@@ -155,9 +156,9 @@ def resolve(
         rec, r = ex.record, key[0]
         label = f"{rec.name} in {rec.module or '<root>'}"
         test = None
-        if lv.verdict == "collective" and rec.kind == "p2p":
+        if lv.verdict == Pending.COLLECTIVE and rec.kind == "p2p":
             test = p2p_receiver(label, None if group is None else group[0])
-        elif lv.verdict == "collective" and group is not None:
+        elif lv.verdict == Pending.COLLECTIVE and group is not None:
             own_inputs = any(c.role == "input" for c in ex.call)
             ak = (rec.step, rec.call_hash, group[1], own_inputs)
             if ak not in answers:
@@ -169,12 +170,12 @@ def resolve(
     # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
     starts: dict[int, tuple[int, str]] = {}
     for r, f in found.items():
-        key: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
-        test = tests[key]
-        starts[r] = (f.start.record.step, test.verdict if test is not None else local[key].verdict)
+        start: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
+        test = tests[start]
+        starts[r] = (f.start.record.step, test.verdict if test is not None else local[start].verdict)
     met: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for key, lv in local.items():
-        if lv.verdict != "reduction" and not (lv.verdict == "unobserved_producer" and world > 1):
+        if lv.verdict != Pending.REDUCTION and not (lv.verdict == vocab.Verdict.UNOBSERVED_PRODUCER and world > 1):
             continue
         rec = extracts[key].record
         if _gradient_like(rec):  # a data-parallel gradient reduction carries it: its group

@@ -1,4 +1,4 @@
-"""Every picture of one bisect, in one call: frames from ``figdata``, figures from ``figures``.
+"""Every picture of one bisect, in one call: frames from ``frames``, figures from ``draw``.
 
 ``bisect_pictures(result, a, b)`` is the facade the ``plot`` command, the HTML report and
 notebooks share: it lays the ranks out (``layout.rank_layout``), computes each frame once and
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
 from detfp_analyze._deps import require
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.io.reader import Run, as_run
-from detfp_analyze.render import figdata, figures
+from detfp_analyze.render import draw, frames
 from detfp_analyze.render.layout import rank_layout
 
 __all__ = ["NAMES", "Picture", "Pictures", "bisect_pictures"]
@@ -41,7 +41,7 @@ class Picture:
     caption: str
     #: The matplotlib Figure.
     figure: Any
-    #: The frame it was drawn from (``figdata``).
+    #: The frame it was drawn from (``frames``).
     frame: pl.DataFrame
 
 
@@ -90,31 +90,31 @@ def bisect_pictures(
             ("ranks_steps", f"one step compared (step {w[0]}): ranks_modules shows where each rank differs in it")
         )
     else:
-        f = figdata.rank_step_frame(result, layout=layout)
-        fig = figures.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows)
+        f = frames.rank_step_frame(result, layout=layout)
+        fig = draw.rank_step_figure(f, layout=layout, origin_ranks=origin, max_rows=max_rows)
         done.append(Picture("ranks_steps", "each rank's state per step, origin ranks marked", fig, f))
-    step = figdata.first_record_step(result)
+    step = frames.first_record_step(result)
     if step is None:
         skipped.append(("ranks_modules", "no record differs, so there is no divergent step to open"))
     else:
-        f = figdata.module_frame(ra, rb, result, step=step, layout=layout)
-        fig = figures.rank_module_figure(f, layout=layout, step=step, max_rows=max_rows)
+        f = frames.module_frame(ra, rb, result, step=step, layout=layout)
+        fig = draw.rank_module_figure(f, layout=layout, step=step, max_rows=max_rows)
         done.append(Picture("ranks_modules", f"where each rank's first difference appeared in step {step}", fig, f))
-    m = figdata.metric_frame(ra, rb, ranks=result.window.ranks, steps=result.window.steps)
+    m = frames.metric_frame(ra, rb, ranks=result.window.ranks, steps=result.window.steps)
     if m.is_empty():
         skipped.append(("metrics", "neither run recorded a metric in the compared window"))
     elif one:
         skipped.append(("metrics", _one_step_metrics(m)))
     else:
         rank = result.diff_rank if result.diff_rank is not None else None
-        fig = figures.metric_figure(m, rank=rank if rank in set(m["rank"].to_list()) else None, first_record_step=step)
+        fig = draw.metric_figure(m, rank=rank if rank in set(m["rank"].to_list()) else None, first_record_step=step)
         done.append(Picture("metrics", "metrics of A and B per step, and |A - B| on a log scale", fig, m))
-    d = figdata.discriminator_frame(result)
+    d = frames.discriminator_frame(result)
     if d.is_empty() or result.discriminator is None:
         skipped.append(("discriminator", _no_discriminator(result)))
     else:
         disc = result.discriminator
-        fig = figures.discriminator_figure(d, op=disc.op, ranks=disc.ranks, steps=disc.steps)
+        fig = draw.discriminator_figure(d, op=disc.op, ranks=disc.ranks, steps=disc.steps)
         done.append(
             Picture("discriminator", f"calls of {disc.op} that differ vs match, by module, dtype, shape", fig, d)
         )
@@ -129,7 +129,7 @@ def _one_step_metrics(m: pl.DataFrame) -> str:
         if rows["equal"].all():
             parts.append(f"{name} bitwise equal on every rank")
         else:
-            worst = rows["abs_diff"].max()
+            worst = cast("float | None", rows["abs_diff"].max())  # a Float64 column
             parts.append(f"{name} differs (largest |A - B| {worst:.3g})" if worst is not None else f"{name} differs")
     return f"one step compared (step {int(m['step'][0])}): " + "; ".join(parts)
 

@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import polars as pl
 
+from detfp_analyze import rule
 from detfp_analyze._deps import require
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.io.reader import Run, as_run
-from detfp_analyze.render.figdata import MATCH_COLUMNS, STATE_COLORS, STATES, check_state, match_expr, rank_step_frame
+from detfp_analyze.render.draw import binned_grid
+from detfp_analyze.render.frames import MATCH_COLUMNS, STATE_COLORS, STATES, match_expr, rank_step_frame
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
 
@@ -65,49 +68,39 @@ def divergence_frame(
     return pl.concat(out).cast(schema).sort("rank", "step")  # type: ignore[arg-type]
 
 
+#: (match, its count column), as the ``step_summary`` SQL view names them.
 _MATCH_COLUMNS = (
-    ("same", "same"),
-    ("differs", "differing"),
-    ("only_a", "only_a"),
-    ("only_b", "only_b"),
-    ("unknown", "unknown"),
+    (rule.SAME, "same"),
+    (rule.DIFFERS, "differing"),
+    (rule.ONLY_A, "only_a"),
+    (rule.ONLY_B, "only_b"),
+    (rule.UNKNOWN, "unknown"),
 )
 
 
 def bisect_frame(result: BisectResult, steps: Iterable[int] | None = None) -> pl.DataFrame:
     """Per (rank, step), the state a BisectResult implies, without reading the runs again.
 
-    Columns: ``rank``, ``step``, ``state`` (one of STATES; ``figdata.rank_step_frame`` explains
+    Columns: ``rank``, ``step``, ``state`` (one of STATES; ``frames.rank_step_frame`` explains
     each). ``steps``: the steps to lay out (default: the compared window).
     """
     return rank_step_frame(result, steps=steps).select("rank", "step", "state")
 
 
-def _grid(frame: pl.DataFrame, value: str, max_rows: int) -> tuple[list[list[float]], list[int], int, list[str] | None]:
-    """(cells[rows][steps], steps, ranks per bin, state names or None) from a long frame."""
+def _grid(frame: pl.DataFrame, value: str, max_rows: int) -> tuple[Any, list[int], int, list[str] | None]:
+    """(cells[rows][steps], steps, ranks per bin, state names or None) from a long frame: ranks
+    binned into at most ``max_rows`` rows (``draw.binned_grid``, NaN where a bin has no cell)."""
     steps = sorted(frame["step"].unique().to_list())
     ranks = frame["rank"]
     lo, hi = int(ranks.min()), int(ranks.max())  # type: ignore[arg-type]
     per_bin = max(1, math.ceil((hi - lo + 1) / max_rows))
     nrows = (hi - lo) // per_bin + 1
-    names = None
-    if frame.schema[value] == pl.String:
-        # A state without a colour fails loudly (UnknownStateError), never drawn as another one.
-        for state in sorted(frame[value].drop_nulls().unique().to_list()):
-            check_state(state)
-        names = list(STATES)
-        val = pl.col(value).replace_strict(names, list(range(len(names))), return_dtype=pl.Float64)
-    else:
-        val = pl.col(value).cast(pl.Float64)
-    cells = (
-        frame.select(((pl.col("rank") - lo) // per_bin).alias("row"), pl.col("step"), val.alias("v"))
-        .group_by("row", "step")
-        .agg(pl.col("v").max())
+    at = frame.with_columns(
+        (pl.col("rank") - lo).alias("_row"),
+        pl.col("step").replace_strict(steps, list(range(len(steps))), return_dtype=pl.Int64).alias("_col"),
     )
-    grid = [[math.nan] * len(steps) for _ in range(nrows)]
-    col = {s: i for i, s in enumerate(steps)}
-    for row, step, v in cells.iter_rows():
-        grid[row][col[step]] = math.nan if v is None else v
+    grid = binned_grid(at, "_row", "_col", value, shape=(nrows, len(steps)), per=(per_bin, 1))
+    names = list(STATES) if frame.schema[value] == pl.String else None
     return grid, steps, per_bin, names
 
 
@@ -125,7 +118,7 @@ def divergence_heatmap(
     ``frame``: long format with ``rank``, ``step`` and a value column: numeric counts
     (``divergence_frame``/``step_summary``: default ``value`` is the fraction of pairs that differ
     or are one-sided) or a string ``state`` (``bisect_frame``: one color per state; a value that is not one of
-    STATES raises ``figdata.UnknownStateError``). Ranks beyond
+    STATES raises ``frames.UnknownStateError``). Ranks beyond
     ``max_rows`` are binned (each bin shows its worst cell). Returns a matplotlib Figure on the
     Agg canvas; the image's array has shape (rows, steps).
     """

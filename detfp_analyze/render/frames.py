@@ -1,7 +1,7 @@
-"""Frames behind the divergence pictures: one row per cell, computed once, drawn by ``figures``.
+"""Frames behind the divergence pictures: one row per cell, computed once, drawn by ``draw``.
 
 Compute and draw are separate (house rule): every function here returns a polars frame and
-draws nothing; ``figures`` takes these frames and never reads a run.
+draws nothing; ``draw`` takes these frames and never reads a run.
 
 * ``rank_step_frame(result)``: each rank's state per step, from a ``BisectResult`` alone;
 * ``module_frame(a, b, result)``: per rank and module at the first divergent step, how many
@@ -92,6 +92,8 @@ STATE_HELP = {
     "origin": "inputs matched, output differs",
 }
 _BATCH = 64
+#: Matches of a record pair that differs, on one side only or both (plain values for ``is_in``).
+_DIFFERING = (rule.DIFFERS.value, *rule.ONE_SIDED)
 #: The records columns ``match_expr`` reads from each side.
 MATCH_COLUMNS = ("role", "status", "digest_hi", "digest_lo", "args_digest")
 
@@ -111,7 +113,7 @@ def state_of(verdict: str | None, rank: int | None = None) -> str:
         where = "" if rank is None else f" (rank {rank})"
         raise UnknownStateError(
             f"verdict {verdict!r}{where} has no picture state; known verdicts: {', '.join(VERDICTS)}; a verdict is "
-            "added to detfp_analyze.bisect.result.VERDICTS, then to detfp_analyze.render.figdata.STATES, "
+            "added to detfp_analyze.bisect.result.VERDICTS, then to detfp_analyze.render.frames.STATES, "
             "STATE_COLORS and STATE_HELP"
         )
     return verdict
@@ -121,7 +123,7 @@ def check_state(state: str) -> str:
     """``state`` when it is one of STATES (a cell state); UnknownStateError otherwise."""
     if state not in STATES:
         raise UnknownStateError(
-            f"cell state {state!r} is not one of {', '.join(STATES)} (detfp_analyze.render.figdata.STATES)"
+            f"cell state {state!r} is not one of {', '.join(STATES)} (detfp_analyze.render.frames.STATES)"
         )
     return state
 
@@ -257,50 +259,18 @@ def module_frame(
             .group_by("rank", "module", "phase")
             .agg(
                 pl.len().cast(pl.Int64).alias("records"),
-                (pl.col("m") == "differs").sum().cast(pl.Int64).alias("differing"),
-                pl.col("m").is_in(["only_a", "only_b"]).sum().cast(pl.Int64).alias("one_sided"),
+                (pl.col("m") == rule.DIFFERS).sum().cast(pl.Int64).alias("differing"),
+                pl.col("m").is_in(rule.ONE_SIDED).sum().cast(pl.Int64).alias("one_sided"),
                 pl.col("at").min().alias("first_seq"),
-                pl.col("at").filter(pl.col("m").is_in(["differs", "only_a", "only_b"])).min().alias("first_bad"),
+                pl.col("at").filter(pl.col("m").is_in(_DIFFERING)).min().alias("first_bad"),
             )
             .collect()
         )
     if not parts:
         return _positioned(pl.DataFrame(schema=schema), layout)
     cells = pl.concat(parts)
-    order = (
-        cells.with_columns((pl.col("first_seq").rank("ordinal").over("rank") / pl.len().over("rank")).alias("frac"))
-        .group_by("module", "phase")
-        .agg(pl.col("frac").mean())
-        .sort("frac", "module", "phase")
-        .with_row_index("module_index")
-        .select(
-            "module",
-            "phase",
-            pl.col("module_index").cast(pl.Int64),
-            pl.when(pl.col("phase") == "forward")
-            .then(pl.col("module").replace("", "<root>"))
-            .otherwise(pl.format("{} ({})", pl.col("module").replace("", "<root>"), pl.col("phase")))
-            .alias("column"),
-        )
-    )
-    marks_rows = []
-    for r in result.ranks:
-        d = r.effective
-        if d is not None and d.step == step:
-            seq = d.seq_a if d.seq_a is not None else d.seq_b
-            part = d.phase if d.phase != "step" else "step start" if d.kind == "rng_state" else "step end"
-            marks_rows.append((r.rank, d.module, part, state_of(d.verdict, r.rank), seq))
-    marks = pl.DataFrame(
-        marks_rows,
-        schema={
-            "rank": pl.Int32,
-            "first_module": pl.String,
-            "first_phase": pl.String,
-            "first_state": pl.String,
-            "first_at": pl.Int64,
-        },
-        orient="row",
-    )
+    order = _column_order(cells)
+    marks = _first_marks(result, step)
     here = (pl.col("module") == pl.col("first_module")) & (pl.col("phase") == pl.col("first_phase"))
     frame = (
         cells.join(order, on=["module", "phase"])
@@ -319,6 +289,50 @@ def module_frame(
         .cast(schema)  # type: ignore[arg-type]
     )
     return _positioned(frame, layout)
+
+
+def _column_order(cells: pl.DataFrame) -> pl.DataFrame:
+    """The (module, phase) columns in execution order (each one's mean relative first position
+    over the ranks) with their labels: module, module_index, phase, column."""
+    return (
+        cells.with_columns((pl.col("first_seq").rank("ordinal").over("rank") / pl.len().over("rank")).alias("frac"))
+        .group_by("module", "phase")
+        .agg(pl.col("frac").mean())
+        .sort("frac", "module", "phase")
+        .with_row_index("module_index")
+        .select(
+            "module",
+            "phase",
+            pl.col("module_index").cast(pl.Int64),
+            pl.when(pl.col("phase") == "forward")
+            .then(pl.col("module").replace("", "<root>"))
+            .otherwise(pl.format("{} ({})", pl.col("module").replace("", "<root>"), pl.col("phase")))
+            .alias("column"),
+        )
+    )
+
+
+def _first_marks(result: BisectResult, step: int) -> pl.DataFrame:
+    """Per rank whose first difference (past a likely false root) is at ``step``: its module
+    column, phase part, state and sequence number (first_module, first_phase, first_state, first_at)."""
+    rows = []
+    for r in result.ranks:
+        d = r.effective
+        if d is not None and d.step == step:
+            seq = d.seq_a if d.seq_a is not None else d.seq_b
+            part = d.phase if d.phase != "step" else "step start" if d.kind == "rng_state" else "step end"
+            rows.append((r.rank, d.module, part, state_of(d.verdict, r.rank), seq))
+    return pl.DataFrame(
+        rows,
+        schema={
+            "rank": pl.Int32,
+            "first_module": pl.String,
+            "first_phase": pl.String,
+            "first_state": pl.String,
+            "first_at": pl.Int64,
+        },
+        orient="row",
+    )
 
 
 def _phase_part(phase: pl.Expr, kind: pl.Expr) -> pl.Expr:

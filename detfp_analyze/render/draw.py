@@ -1,4 +1,4 @@
-"""The divergence pictures: frames from ``figdata`` in, matplotlib Figures out, nothing read.
+"""The divergence pictures: frames from ``frames`` in, matplotlib Figures out, nothing read.
 
 * ``rank_step_figure``: ranks (rows, in layout order, grouped by parallel coordinate) x steps;
 * ``rank_module_figure``: ranks x modules (a module's forward and backward apart, in execution
@@ -7,7 +7,7 @@
 * ``discriminator_figure``: clean vs divergent calls of the origin op per (module, dtype, shape).
 
 Heatmaps bin rows (and columns) beyond ``max_rows``/``max_cols``; a bin shows its most severe
-cell (``figdata.STATES`` order), so one divergent rank among thousands stays visible, and the
+cell (``frames.STATES`` order), so one divergent rank among thousands stays visible, and the
 axis label says how many ranks a row holds. Every state drawn has a legend entry; colours are
 fixed per state, the same in every figure. ``figure_bytes`` renders PNG or SVG byte-stably (no
 dates, fixed SVG ids). matplotlib is optional (``_deps.require``); figures use the Agg canvas
@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from typing import Any, Literal, cast
 
 import polars as pl
 
 from detfp_analyze._deps import require
-from detfp_analyze.render.figdata import STATE_COLORS, STATE_HELP, STATES, check_state
+from detfp_analyze.render.frames import STATE_COLORS, STATE_HELP, STATES, check_state
 
-__all__ = ["discriminator_figure", "figure_bytes", "metric_figure", "rank_module_figure", "rank_step_figure"]
+__all__ = [
+    "binned_grid",
+    "discriminator_figure", "figure_bytes", "metric_figure", "rank_module_figure", "rank_step_figure"]
 
 _CODE = {s: i for i, s in enumerate(STATES)}
 
 
-def _new_figure(width: float, height: float, layout: str | None = "constrained") -> Any:
+def _new_figure(
+    width: float, height: float, layout: Literal["constrained", "compressed", "tight"] | None = "constrained"
+) -> Any:
     require("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -46,24 +50,43 @@ def _bins(n: int, most: int) -> tuple[int, int]:
     return per, max(1, math.ceil(n / per))
 
 
-def _grid(frame: pl.DataFrame, row: str, col: str, nrows: int, ncols: int, rper: int, cper: int, fill: str) -> Any:
-    """The binned state-code matrix (rows x cols), each bin holding its most severe state."""
+def binned_grid(
+    frame: pl.DataFrame,
+    row: str,
+    col: str,
+    value: str,
+    *,
+    shape: tuple[int, int],
+    per: tuple[int, int] = (1, 1),
+    fill: float = math.nan,
+) -> Any:
+    """The one heatmap grid of every picture: a float matrix of ``shape`` (rows x cols) whose cell
+    (i, j) holds the largest ``value`` over the frame's rows with ``row // per[0] == i`` and
+    ``col // per[1] == j`` (``fill`` where none is). A String ``value`` is a cell state, drawn as
+    its code (``frames.STATES`` order, most severe last), so a bin shows its most severe member;
+    a state without a colour raises ``frames.UnknownStateError``, never drawn as another one."""
     import numpy as np
 
-    for s in frame["state"].unique().to_list():
-        check_state(s)  # fail loudly on a state this module cannot colour
-    codes = (
-        frame.select(
-            (pl.col(row) // rper).alias("r"),
-            (pl.col(col) // cper).alias("c"),
-            pl.col("state").replace_strict(_CODE, return_dtype=pl.Int64).alias("v"),
-        )
+    if frame.schema[value] == pl.String:
+        for s in sorted(frame[value].drop_nulls().unique().to_list()):
+            check_state(s)
+        v = pl.col(value).replace_strict(_CODE, return_dtype=pl.Float64)
+    else:
+        v = pl.col(value).cast(pl.Float64)
+    cells = (
+        frame.select((pl.col(row) // per[0]).alias("r"), (pl.col(col) // per[1]).alias("c"), v.alias("v"))
         .group_by("r", "c")
         .agg(pl.col("v").max())
     )
-    grid = np.full((nrows, ncols), _CODE[fill], dtype=np.int64)
-    grid[codes["r"].to_numpy(), codes["c"].to_numpy()] = codes["v"].to_numpy()
+    grid = np.full(shape, fill, dtype=np.float64)
+    grid[cells["r"].to_numpy(), cells["c"].to_numpy()] = cells["v"].fill_null(math.nan).to_numpy()
     return grid
+
+
+def _state_grid(frame: pl.DataFrame, row: str, col: str, nrows: int, ncols: int, rper: int, cper: int) -> Any:
+    """The binned state codes (rows x cols) of a state frame; ``absent`` where no row is."""
+    grid = binned_grid(frame, row, col, "state", shape=(nrows, ncols), per=(rper, cper), fill=_CODE["absent"])
+    return grid.astype("int64")
 
 
 def _draw_states(fig: Any, ax: Any, grid: Any) -> None:
@@ -130,7 +153,7 @@ def rank_step_figure(
     max_cols: int = 400,
     title: str | None = None,
 ) -> Any:
-    """Ranks x steps, one colour per state (``figdata.rank_step_frame``). ``layout``
+    """Ranks x steps, one colour per state (``frames.rank_step_frame``). ``layout``
     (``layout.rank_layout``) adds group separators and labels; ``origin_ranks`` are marked with
     a triangle at the right edge of their row (named when there are at most eight)."""
     if frame.is_empty():
@@ -142,7 +165,7 @@ def rank_step_figure(
     rper, nrows = _bins(npos, max_rows)
     cper, ncols = _bins(len(steps), max_cols)
     cells = frame.with_columns(pl.col("step").replace_strict(col_of, return_dtype=pl.Int64).alias("col"))
-    grid = _grid(cells, "position", "col", nrows, ncols, rper, cper, "absent")
+    grid = _state_grid(cells, "position", "col", nrows, ncols, rper, cper)
     rows = _layout_rows(frame)
     fig = _new_figure(9.0, min(9.0, 3.2 + 0.05 * nrows))
     ax = fig.add_subplot()
@@ -185,7 +208,7 @@ def rank_module_figure(
     max_cols: int = 80,
     title: str | None = None,
 ) -> Any:
-    """Ranks x modules in execution order at one step (``figdata.module_frame``: a module's forward
+    """Ranks x modules in execution order at one step (``frames.module_frame``: a module's forward
     and backward are columns of their own): where on each rank the first difference appeared (its
     verdict colour), which modules differ, which match. Every column is named: beyond
     ``max_cols`` columns are binned, and the axis says how many modules a column holds."""
@@ -197,7 +220,7 @@ def rank_module_figure(
     npos = int(frame["position"].max()) + 1  # type: ignore[arg-type]
     rper, nrows = _bins(npos, max_rows)
     cper, ncols = _bins(len(cols), max_cols)
-    grid = _grid(frame, "position", "module_index", nrows, ncols, rper, cper, "absent")
+    grid = _state_grid(frame, "position", "module_index", nrows, ncols, rper, cper)
     # Every column is named: wide enough for one 7-point label per column.
     fig = _new_figure(max(10.0, 2.0 + 0.14 * ncols), min(10.0, 4.2 + 0.05 * nrows))
     ax = fig.add_subplot()
@@ -237,7 +260,7 @@ def metric_figure(
 ) -> Any:
     """Per metric: A and B on ``rank`` (default: the lowest rank) per step, the first bitwise
     difference marked, and the largest ``|A - B|`` over ranks on a log scale (steps where A and B
-    are bitwise equal sit on the axis as open circles). ``frame``: ``figdata.metric_frame``.
+    are bitwise equal sit on the axis as open circles). ``frame``: ``frames.metric_frame``.
     With several microbatches or occurrences per step, the values are the step's last one."""
     if frame.is_empty():
         raise ValueError("metric_figure: the frame has no rows; neither run recorded a metric in the window")
@@ -263,7 +286,7 @@ def metric_figure(
         per_step = (
             m.group_by("step").agg(pl.col("abs_diff").max().alias("d"), pl.col("equal").all().alias("eq")).sort("step")
         )
-        first = per_step.filter(~pl.col("eq"))["step"].min()
+        first = cast("int | None", per_step.filter(~pl.col("eq"))["step"].min())  # an Int64 column
         for ax in (left, right):
             if first is not None:
                 ax.axvline(
