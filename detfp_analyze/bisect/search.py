@@ -80,11 +80,17 @@ def rollup_candidates(
     out: dict[int, list[int]] = {}
     if sums is not None:
         ra, rb = (_stepsums.rollup_rows(s, ranks, lo, hi) for s in sums)
+        # Only the (rank, step)s whose folds differ can be candidates: the rest of the job's
+        # rank-steps leave the comparison here, their digest errors counted first.
+        errors[0] += int(ra["n_err"].sum() or 0)
+        errors[1] += int(rb["n_err"].sum() or 0)
+        keep = _stepsums.differing(ra, rb)
+        ra, rb = (r.join(keep, on=["rank", "step"], how="semi", maintain_order="left") for r in (ra, rb))
+        _narrow.add_candidates(ra, rb, out, [0, 0])
     else:
         assert stored is not None
         ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
-        ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
-    _narrow.add_candidates(ra, rb, out, errors)
+        _narrow.add_candidates(_blocks.step_rollup(ba), _blocks.step_rollup(bb), out, errors)
     if progress:
         progress(stage, 1, 1)
     return out

@@ -102,17 +102,20 @@ def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], A
     from detfp_analyze.io import completeness, stepsums
     from detfp_analyze.io.manifests import read_manifests
 
+    found = read_manifests(st, root, label)  # first: its errors name what is wrong with the run
     files_before = _files(st, root, label)
-    found = read_manifests(st, root, label)
+    rels = sorted(files_before)
+    sums = _digests([files_before[r] for r in rels])
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
     logs = completeness.read_logs(st, root, label, manifests)
     if any(isinstance(v, Exception) for v in logs.values()):
         return None
     folds = stepsums.from_logs(manifests, logs)
-    rels = sorted(files_before)
-    sums = _digests([files_before[r] for r in rels])
+    # A commit log appended to while it was read (a capture still running): no index of a moving target.
     if any(s is None for s in sums) or _files(st, root, label) != files_before:
-        return None  # changing while it was read: no index of a moving target
+        return None
+    if _digests([files_before[r] for r in rels]) != sums:
+        return None
     values: dict[str, int] = {}
     doc_manifests = []
     for r in sorted(found):
@@ -176,8 +179,11 @@ def cache_dir(root: Path) -> Path:
 def locate(root: Path) -> Path | None:
     """The directory holding the run's index (beside the run, else in the cache); None: none."""
     for d in (root / INDEX_DIR, cache_dir(root)):
-        if (d / _MAIN).is_file():
-            return d
+        try:
+            if (d / _MAIN).is_file():
+                return d
+        except OSError:  # an unreadable run: no index there, its own error comes from the reader
+            continue
     return None
 
 
@@ -206,11 +212,9 @@ def load(st: Store, root: Location, label: str) -> Indexed | None:
     """The run's index when there is one and it matches the run's files exactly; else None."""
     if os.environ.get("DETFP_INDEX", "").lower() in ("off", "0", "no") or not isinstance(root, Path) or not st.local:
         return None
-    d = locate(root)
-    if d is None:
-        return None
     try:
-        return _load(st, root, label, d)
+        d = locate(root)
+        return None if d is None else _load(st, root, label, d)
     except (OSError, ValueError, KeyError, TypeError, IndexError, DetfpError):
         return None  # damaged or foreign: not trusted, the files are parsed instead
 

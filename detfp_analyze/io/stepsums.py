@@ -29,7 +29,7 @@ import polars as pl
 from detfp_format import commitlog
 
 __all__ = [
-    "FOLD_SCHEMA", "Folds", "Sums", "as_dict", "from_logs", "held", "metric_reads", "mismatches", "pair",
+    "FOLD_SCHEMA", "Folds", "Sums", "as_dict", "differing", "from_logs", "held", "metric_reads", "mismatches", "pair",
     "record_reads", "rollup_rows", "shard_folds",
 ]  # fmt: skip
 
@@ -157,11 +157,21 @@ def as_dict(sums: Sums) -> dict[tuple[int, int], tuple[int, ...]]:
 
 def _differ(a: Sums, b: Sums, fields: Sequence[str]) -> pl.DataFrame:
     """(rank, step)s whose ``fields`` differ (a step on one side only: against zeros), sorted."""
+    if a.height == b.height and a.select("rank", "step").equals(b.select("rank", "step")):
+        # The same (rank, step)s in the same order (runs of one job, the usual case): a row-wise
+        # comparison, no join. Both frames are sorted by (rank, step).
+        differs = pl.any_horizontal([a[c] != b[c] for c in fields])
+        return a.select("rank", "step").filter(differs) if a.height else a.select("rank", "step")
     j = a.select("rank", "step", *fields).join(
         b.select("rank", "step", *fields), on=["rank", "step"], how="full", coalesce=True, suffix="_b"
     )
     zero = [pl.col(c).fill_null(0) != pl.col(f"{c}_b").fill_null(0) for c in fields]
     return j.filter(pl.any_horizontal(zero)).select("rank", "step").sort("rank", "step")
+
+
+def differing(a: Sums, b: Sums) -> pl.DataFrame:
+    """(rank, step)s whose records' rollup folds differ (a step on one side only included)."""
+    return _differ(a, b, _FIELDS[:4])
 
 
 def _reads(pairs: pl.DataFrame) -> tuple[list[int], int, int] | None:
