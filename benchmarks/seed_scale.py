@@ -30,8 +30,6 @@ printed first. Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -100,9 +98,98 @@ def pair(work: Path, ranks: int, steps: int, case: str, records: int, step_time:
     return a, b, [list(e) for e in expected_seqs(spec, plant)], spent
 
 
+#: The comparator of Megatron-LM PR 6610 (``--comparator``): where it is read from.
+MEGATRON = ("NVIDIA/Megatron-LM", "refs/pull/6610/head", ("tools/determinism/compare_traces.py",
+                                                          "tools/determinism/trace_comparison.py"))  # fmt: skip
+#: The 2M pair of ``bisect_scale.py --run-sizes 2M``: 128 ranks x 4 steps x 4,000 records.
+PAIR_2M = (128, 4, 4000)
+
+
+def _comparator(mirror: Path, into: Path) -> Path | str:
+    """Copy the comparator's two files out of a Git mirror of Megatron-LM into ``into`` (never
+    into this repository); its script, or why it is unavailable."""
+    _, ref, files = MEGATRON
+    for f in files:
+        got = subprocess.run(["git", "-C", str(mirror), "show", f"{ref}:{f}"], capture_output=True)
+        if got.returncode != 0:
+            return f"{ref}:{f} not in {mirror} ({got.stderr.decode(errors='replace').strip()[:80]})"
+        (into / Path(f).name).write_bytes(got.stdout)
+    return into / Path(files[0]).name
+
+
+def _jsonl(run: Path, out: Path) -> int:
+    """The comparator's rank_<R>.jsonl files of ``run``'s records (one tensor event per record: its
+    call-site key as the event key, its 128-bit digest as the evidence); records written."""
+    import polars as pl
+
+    out.mkdir(parents=True, exist_ok=True)
+    cols = ("rank", "step", "seq", "microbatch", "phase", "module", "kind", "name", "role", "arg", "occurrence",
+            "shape", "digest_hi", "digest_lo")  # fmt: skip
+    df = pl.scan_parquet(str(run / "records" / "**" / "*.parquet"), hive_partitioning=False).select(cols).collect()
+    digit = [pl.col(c).fill_null(0).cast(pl.Utf8).str.zfill(20) for c in ("digest_hi", "digest_lo")]
+    mb = pl.when(pl.col("microbatch") < 0).then(pl.lit("null")).otherwise(pl.col("microbatch").cast(pl.Utf8))
+    parts = ['{"event":"tensor","iteration":', "step", ',"microbatch":', mb, ',"name":"', "module", "|", "kind", "|",
+             "name", "|", "role", "|", "arg", '","occurrence":', "occurrence", ',"phase":"', "phase", '","rank":', "rank",
+             ',"schema_version":1,"sequence":', "seq", ',"tensor":{"mode":"sampled","shape":[',
+             pl.col("shape").cast(pl.List(pl.Utf8)).list.join(","), '],"sha256":"', *digit, "0" * 24 + '"}}']  # fmt: skip
+    named = set(cols)
+    line = pl.concat_str([pl.col(x).cast(pl.Utf8) if isinstance(x, str) and x in named else
+                          (pl.lit(x) if isinstance(x, str) else x) for x in parts]).alias("line")  # fmt: skip
+    for (rank,), part in df.sort("rank", "seq").partition_by("rank", as_dict=True, maintain_order=True).items():
+        (out / f"rank_{rank}.jsonl").write_text("\n".join(part.select(line)["line"].to_list()) + "\n")
+    return df.height
+
+
+def comparator_rows(work: Path, mirror: Path | None) -> None:
+    """The 2M pair, identical and late, with this bisect and with the comparator of PR 6610."""
+    from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair
+
+    ranks, steps, records = PAIR_2M
+    print(f"\n2M pair ({ranks} ranks x {steps} steps x {records} records) against Megatron-LM PR 6610's "
+          f"comparator ({MEGATRON[1]}:{MEGATRON[2][0]}), whole processes")  # fmt: skip
+    spec = SynthSpec(ranks=ranks, steps=steps, records=records)
+    a = work / "2M-a"
+    if not (a / ".done").exists():
+        shutil.rmtree(a, ignore_errors=True)
+        shutil.rmtree(work / "2M-late", ignore_errors=True)
+        write_pair(a, work / "2M-late", spec, Plant(rank=5, step=steps - 1, index=records * 3 // 4))
+        (a / ".done").write_text("")
+    b_same = work / "2M-a-copy"
+    if not b_same.exists():
+        subprocess.run(["cp", "-al", str(a), str(b_same)], check=True)
+    with tempfile.TemporaryDirectory(prefix="detfp-megatron-") as tmp:
+        script = _comparator(mirror, Path(tmp)) if mirror is not None else "no --megatron-mirror given"
+        if isinstance(script, str):
+            print(f"  comparator row skipped: {script}")
+            return
+        jsonl = {}
+        for run in (a, work / "2M-late"):
+            jsonl[run] = Path(tmp) / run.name
+            _jsonl(run, jsonl[run])
+        jsonl[b_same] = jsonl[a]
+        for case, b in (("identical", b_same), ("late", work / "2M-late")):
+            ours = benchlib.bisect_cli(a, b)
+            theirs = benchlib.run_measured([sys.executable, str(script), str(jsonl[a]), str(jsonl[b])])
+            verdict = "match" if theirs.code == 0 else "diverged" if theirs.code == 1 else f"exit {theirs.code}"
+            print(f"  {case:<10} detfp {ours['wall']:7.2f} s {ours['peak_mib']:7.0f} MiB | comparator "
+                  f"{theirs.wall:7.2f} s {theirs.peak_mib:7.0f} MiB ({verdict}) | detfp {theirs.wall / ours['wall']:5.1f}x "
+                  f"faster, {theirs.peak_mib / ours['peak_mib']:5.1f}x less memory (goal 100x, 40x)")  # fmt: skip
+
+
 def _du(path: Path) -> str:
     out = subprocess.run(["du", "-sh", "--apparent-size", str(path)], capture_output=True, text=True).stdout
     return out.split()[0] if out else "?"
+
+
+def build_index(run: Path) -> str:
+    """Build ``run``'s index once (``detfp-analyze index``, measured); '' when it was current."""
+    exe = str(Path(sys.executable).with_name("detfp-analyze"))
+    if benchlib.run_measured([exe, "index", "--check", str(run)]).code == 0:
+        return ""
+    m = benchlib.run_measured([exe, "index", str(run)])
+    if m.code != 0:
+        raise SystemExit(f"detfp-analyze index {run} failed (exit {m.code})")
+    return f"{m.wall:.1f} s, {m.peak_mib:.0f} MiB"
 
 
 def measure(a: Path, b: Path, expected: list, index: bool, flags: tuple[str, ...] = ()) -> dict:
@@ -129,11 +216,17 @@ def main() -> None:
     ap.add_argument("--no-old-path", action="store_true", help="skip the rows without the run index")
     ap.add_argument("--spark", action="store_true", help="also the identical and late rows on --engine spark")
     ap.add_argument("--generate-only", action="store_true", help="write the pairs, measure nothing")
+    ap.add_argument("--megatron-mirror", type=Path, default=None,
+                    help="a Git mirror of NVIDIA/Megatron-LM holding refs/pull/6610/head: the comparator row")
+    ap.add_argument("--comparator-only", action="store_true", help="only the 2M pair against the comparator")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-seed-"))
     work.mkdir(parents=True, exist_ok=True)
     print(benchlib.machine_line())
     benchlib.byte_compile(Path(__file__).resolve().parents[1])
+    if args.comparator_only:
+        comparator_rows(work, args.megatron_mirror)
+        return
     spec = _spec(args.ranks, args.steps, args.records, args.step_time)
     print(f"seed pair: {args.ranks} ranks ({' x '.join(f'{n} {s}' for n, s in spec.layout)}) x {args.steps} steps x "
           f"{args.records} records per rank-step; step time {args.step_time:g} s: {spec.window_steps()} steps per "
@@ -157,6 +250,10 @@ def main() -> None:
                     grid.append((r, s, case, a, b, exp))
     if args.generate_only:
         return
+    for run in sorted({p for c in cases.values() for p in c[:2]} | {p for g in grid for p in g[3:5]}):
+        took = build_index(run)
+        if took:
+            print(f"  detfp-analyze index {run.name}: {took}")
     print(f"\n{'row':<34} {'ranks':>6} {'steps':>5} {'wall':>10} {'peak RSS':>12} {'per rank-step':>20}  planted")
     reports = {}
     for case, target in (("identical", "< 5 s, < 2 GiB"), ("late", "< 10 s"), ("early", "< 15 s")):
@@ -179,9 +276,7 @@ def main() -> None:
             res = measure(a, b, exp, True, ("--engine", "spark"))
             same = "same report as local" if res.get("report") == reports[case] else "REPORT DIFFERS from local"
             print(row(f"spark {case}", args.ranks, args.steps, res) + f"  {same}")
-    sys.stdout.flush()
-    os.environ.pop("DETFP_INDEX", None)
-    _ = json  # reports are compared as the CLI's bytes
+    comparator_rows(work, args.megatron_mirror)
 
 
 if __name__ == "__main__":
