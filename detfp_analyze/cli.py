@@ -13,6 +13,7 @@ from detfp_analyze._cli import certify as _certify
 from detfp_analyze._cli import env as _env
 from detfp_analyze._cli import export as _export
 from detfp_analyze._cli import golden as _golden
+from detfp_analyze._cli import index as _index
 from detfp_analyze._cli import plot as _plot
 from detfp_analyze._cli import sql as _sql
 from detfp_analyze._cli import summary as _summary
@@ -40,6 +41,7 @@ _COMMANDS = (
     ("sql", _sql.command, "One SQL query over one or two runs' views."),
     ("plot", _plot.command, "Pictures of where two runs diverge (PNG or SVG files)."),
     ("export", _export.command, "Where two runs diverge as a Perfetto timeline."),
+    ("index", _index.command, "Index a run's manifests and commit logs, so it opens in bulk."),
 )
 for _name, _fn, _short in _COMMANDS:
     app.command(_name, cls=Command, short_help=_short)(_fn)

@@ -39,8 +39,9 @@ def _last_steps(run: Run, ranks: Sequence[int]) -> dict[int, int]:
     """Each rank's last step with records (shard footers; a scan when they carry no statistics)."""
     out: dict[int, int] = {}
     shards = getattr(run, "shards", {}).get("records", ())
+    wanted = set(ranks)  # a set: every shard of every rank asks
     for s in shards:
-        if s.rank in ranks and s.step_max is not None:
+        if s.rank in wanted and s.step_max is not None:
             out[s.rank] = max(out.get(s.rank, s.step_max), s.step_max)
     missing = [r for r in ranks if r not in out]
     if missing:

@@ -79,27 +79,21 @@ def rollup_candidates(
         return stages.rollup_candidates(ranks, lo, hi, progress, stage, errors)
     out: dict[int, list[int]] = {}
     if sums is not None:
-        ra, rb = (_sum_rollup(s, ranks, lo, hi) for s in sums)
+        ra, rb = (_stepsums.rollup_rows(s, ranks, lo, hi) for s in sums)
+        # Only the (rank, step)s whose folds differ can be candidates: the rest of the job's
+        # rank-steps leave the comparison here, their digest errors counted first.
+        errors[0] += int(ra["n_err"].sum() or 0)
+        errors[1] += int(rb["n_err"].sum() or 0)
+        keep = _stepsums.differing(ra, rb)
+        ra, rb = (r.join(keep, on=["rank", "step"], how="semi", maintain_order="left") for r in (ra, rb))
+        _narrow.add_candidates(ra, rb, out, [0, 0])
     else:
         assert stored is not None
         ba, bb = (b.filter(pl.col("rank").is_in(list(ranks)) & pl.col("step").is_between(lo, hi)) for b in stored)
-        ra, rb = _blocks.step_rollup(ba), _blocks.step_rollup(bb)
-    _narrow.add_candidates(ra, rb, out, errors)
+        _narrow.add_candidates(_blocks.step_rollup(ba), _blocks.step_rollup(bb), out, errors)
     if progress:
         progress(stage, 1, 1)
     return out
-
-
-_SUM_SCHEMA = {"rank": pl.Int32, "step": pl.Int64, "n": pl.Int64, "kx": pl.UInt64, "vx": pl.UInt64, "n_err": pl.Int64}
-
-
-def _sum_rollup(sums: _stepsums.Sums, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
-    """``blocks.step_rollup``'s rows from committed step folds: the same values, as the folds are
-    of the same rollups rows (a step with metrics only has no rollup row, as in the shards)."""
-    want = set(ranks)
-    rows = [(r, s, n, kx, vx, e) for (r, s), (n, e, kx, vx, _, _) in sorted(sums.items())
-            if r in want and lo <= s <= hi and n]  # fmt: skip
-    return pl.DataFrame(rows, schema=_SUM_SCHEMA, orient="row")
 
 
 def _stored_blocks(

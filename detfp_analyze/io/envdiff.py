@@ -164,9 +164,24 @@ def manifest_diff(
         return ()
     keys = sorted(set().union(*(flat_a[r].keys() | flat_b[r].keys() for r in ranks)))
     out: list[EnvDiff] = []
+    # A list value shared by many ranks' manifests (a run index parses each distinct value once,
+    # io.runindex) is keyed once, and equal keys of both runs become one object, so comparing
+    # thousands of ranks' group lists is an identity test. ``seen`` holds the lists, so ids stay theirs.
+    seen: dict[int, tuple[Any, Any]] = {}
+    same: dict[Any, Any] = {}
+
+    def keyed(v: Any) -> Any:
+        if type(v) is not list:
+            return _same_key(v)
+        got = seen.get(id(v))
+        if got is None:
+            k = _same_key(v)
+            got = seen[id(v)] = (v, same.setdefault(k, k))
+        return got[1]
+
     for key in keys:
-        va = [_same_key(flat_a[r].get(key)) for r in ranks]
-        vb = [_same_key(flat_b[r].get(key)) for r in ranks]
+        va = [keyed(flat_a[r].get(key)) for r in ranks]
+        vb = [keyed(flat_b[r].get(key)) for r in ranks]
         if va == vb:
             continue
         if len(set(va)) == 1 and len(set(vb)) == 1:

@@ -277,6 +277,31 @@ def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
 
 
+def _entries(st: Store, path: Location, shown: str) -> list[tuple[Location, str, int | None]]:
+    """(entry, name, size) of a directory's entries by name: locally one ``scandir`` whose entries
+    give their ``stat`` (links followed; thousands of shards per rank, each a Path built once);
+    size -2 where ``_size`` must ask (a remote store)."""
+    if not isinstance(path, Path):
+        return [(f, name_of(f), -2) for f in _listdir(st, path, shown)]
+    try:
+        with os.scandir(path) as it:
+            found = sorted(it, key=lambda e: e.name)
+    except OSError as exc:
+        raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
+    out: list[tuple[Location, str, int | None]] = []
+    # A child path from a name known to be one (a directory entry): pathlib's own fast route
+    # (what iterdir uses), 10x cheaper than ``path / name``'s parse on hundreds of thousands of shards.
+    child = getattr(path, "_make_child_relpath", path.joinpath)
+    for e in found:
+        try:
+            info = e.stat()
+            size = info.st_size if stat.S_ISREG(info.st_mode) else None
+        except (OSError, ValueError):
+            size = None
+        out.append((child(e.name), e.name, size))
+    return out
+
+
 def _size(st: Store, loc: Location) -> int | None:
     """The size of a regular file (links followed), None for anything else (as ``Path.is_file``);
     a remote file's from the run's one listing (-1 when the listing does not say: its footer is
@@ -314,13 +339,12 @@ def _candidates(
                 )
             if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
                 continue
-            files = _listdir(st, rdir, f"{label}/{table}/{rname}")
-            for f in files:
-                fname = name_of(f)
+            for f, fname, size in _entries(st, rdir, f"{label}/{table}/{rname}"):
                 if not (visible(fname) and fname.endswith(".parquet")):
                     continue
                 shown = f"{label}/{table}/{rname}/{shown_name(fname)}"
-                size = _size(st, f)
+                if size == -2:
+                    size = _size(st, f)
                 if size is None:  # silently skipping it would hide a shard
                     raise ShardError(
                         f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
@@ -362,23 +386,6 @@ class _Validator:
         return _shard_info(table, rank, path, shown, md, check, self.nullables[table])
 
 
-def _committed_info(table: str, rank: int, path: Location, shown: str, rows: int, fact: ShardFact) -> ShardInfo:
-    m = _SHARD_NAME.fullmatch(name_of(path))
-    assert m is not None  # committed facts are only looked up by a shard name's segment and window
-    return ShardInfo(
-        path=path,
-        table=table,
-        rank=rank,
-        segment=int(m.group(1)),
-        num_rows=rows,
-        step_min=fact.step_min if rows else None,
-        step_max=fact.step_max if rows else None,
-        window=int(m.group(2)),
-        footer_crc32=fact.footer_crc32,
-        shown=shown,
-    )
-
-
 def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> tuple[int, ShardFact] | None:
     if not committed:
         return None
@@ -402,10 +409,14 @@ def scan_shards(
     candidates = _candidates(st, root, label, ranks, world_size)
     infos: list[ShardInfo | None] = [None] * len(candidates)
     parse: list[int] = []  # candidates whose footers are read now
+    match = _SHARD_NAME.fullmatch
     for i, (table, rank, path, shown, size) in enumerate(candidates):
-        got = _fact(committed, table, rank, path)
+        m = match(name_of(path)) if committed else None
+        got = None if m is None else committed.get((table, rank, int(m.group(1)), int(m.group(2))))  # type: ignore[union-attr]
         if got is not None and got[1].size == size:
-            infos[i] = _committed_info(table, rank, path, shown, got[0], got[1])
+            rows, fact = got
+            infos[i] = ShardInfo(path, table, rank, int(m.group(1)), rows, fact.step_min if rows else None,  # type: ignore[union-attr]
+                                 fact.step_max if rows else None, int(m.group(2)), fact.footer_crc32, shown)  # type: ignore[union-attr]  # fmt: skip
         else:
             parse.append(i)
     # Footers in chunks: one pool task per file costs more in task overhead than the

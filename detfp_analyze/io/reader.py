@@ -39,6 +39,7 @@ from detfp_analyze.errors import (
     NotARunError,
 )
 from detfp_analyze.io import completeness as _completeness
+from detfp_analyze.io import runindex as _runindex
 from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.committed import FooterChecks
 from detfp_analyze.io.footers import ShardInfo, scan_shards, shown_name
@@ -90,10 +91,10 @@ class Run:
     store: Store | None = field(default=None, repr=False)
     #: Footers of shards taken from their commit lines, checked on first read (``committed.FooterChecks``).
     footer_checks: FooterChecks = field(default_factory=FooterChecks, repr=False)
-    #: (rank, segment) -> step -> the folds its commit lines state (``stepsums``; None: none).
-    step_sums: Mapping[tuple[int, int], Mapping[int, tuple[int, ...]] | None] = field(
-        default_factory=lambda: MappingProxyType({}), repr=False
-    )
+    #: The step folds its commit lines state, per (rank, segment, step) (``stepsums.Folds``).
+    step_sums: _stepsums.Folds = field(default_factory=lambda: _stepsums.from_logs({}, {}), repr=False)
+    #: The manifests and commit logs were taken from a verified run index (``io.runindex``).
+    indexed: bool = field(default=False, repr=False)
 
     def __repr__(self) -> str:
         # Short on purpose: the manifests of thousands of ranks are one attribute away.
@@ -348,7 +349,9 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
         raise NotARunError(f"{label}: {'no such directory' if kind == 'missing' else 'not a directory'}; {FIX_RUN}")
     else:
         resolved = root
-    found = read_manifests(st, root, label)
+    # A verified run index holds what the lines below parse (io.runindex): same values, read in bulk.
+    index = _runindex.load(st, resolved, label)
+    found = index.manifests if index is not None else read_manifests(st, root, label)
     sizes: dict[int, list[int]] = {}
     for rank, per_rank in found.items():
         for m in per_rank.values():
@@ -375,7 +378,7 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
     ranks = tuple(sorted(found))
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
     # Commit logs first: shards whose commit line states them are not parsed now (footers).
-    logs = _completeness.read_logs(st, resolved, label, manifests)
+    logs = index.logs if index is not None else _completeness.read_logs(st, resolved, label, manifests)
     committed = _completeness.committed_shards(manifests, logs)
     shards = scan_shards(resolved, label, set(ranks), world_size, st, committed)
     comp = _completeness.check(resolved, label, manifests, shards, st, logs)
@@ -396,7 +399,8 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
         excluded=MappingProxyType(dict(comp.excluded) if allow_incomplete else {}),
         store=None if st.local else st,
         footer_checks=FooterChecks(st),
-        step_sums=MappingProxyType(_stepsums.from_logs(manifests, logs)),
+        step_sums=index.folds if index is not None else _stepsums.from_logs(manifests, logs),
+        indexed=index is not None,
     )
 
 

@@ -8,79 +8,131 @@ differ between two runs from the commit logs ``open_run`` has already read, and 
 rollups and metrics shards of those (rank, step)s only: an identical pair reads neither, and a
 diverged rank's metrics are read at its first differing step only.
 
-``from_logs`` keeps, at open, each (rank, segment)'s folds (None for a launch without them or with
-a committed window whose line lacks them); ``pair`` answers for two runs only when both hold
-them for every launch of the compared ranks, with nothing excluded and no completeness gap;
-anything else is None and the bisect reads the shards as for older runs (same answer, slower).
+``from_logs`` keeps, at open, the folds of each (rank, segment) that holds them (``Folds``: one
+polars frame of every (rank, segment, step), or the run index's copy of it, ``io.runindex``;
+a launch without them, or with a committed window whose line lacks them, is not ``usable``);
+``pair`` answers for two runs only when both hold them for every launch of the compared ranks,
+with nothing excluded and no completeness gap; anything else is None and the bisect reads the
+shards as for older runs (same answer, slower). What the search asks of the folds (which
+(rank, step)s differ, and in which fields) is one join of the two runs' frames.
 Whether the bisect uses them at all is its caller's choice (``bisect.reads.ReadPaths``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import polars as pl
 
 from detfp_format import commitlog
 
-__all__ = ["Sums", "from_logs", "held", "metric_reads", "mismatches", "pair", "record_reads", "shard_folds"]
+__all__ = [
+    "FOLD_SCHEMA", "Folds", "Sums", "as_dict", "differing", "from_logs", "held", "metric_reads", "mismatches", "pair",
+    "record_reads", "rollup_rows", "shard_folds",
+]  # fmt: skip
 
-#: (rank, step) -> commitlog.SUM_FIELDS values folded over the step's windows and launches.
-Sums = dict[tuple[int, int], tuple[int, ...]]
+#: One row per (rank, segment, step) of a launch's folds: commitlog.SUM_FIELDS folded over its windows.
+FOLD_SCHEMA = {"rank": pl.Int32, "segment": pl.Int32, "step": pl.Int64, "n": pl.Int64, "n_err": pl.Int64,
+               "kx": pl.UInt64, "vx": pl.UInt64, "m_n": pl.Int64, "m_h": pl.UInt64}  # fmt: skip
+_FIELDS = list(commitlog.SUM_FIELDS)
+#: (rank, step) -> commitlog.SUM_FIELDS folded over the step's windows and launches: a frame of
+#: the columns rank, step and SUM_FIELDS, sorted by (rank, step).
+Sums = pl.DataFrame
 _U64 = 1 << 64
 
 
-def from_logs(
-    manifests: Mapping[int, Sequence[Mapping[str, Any]]], logs: Mapping[tuple[int, int], Any]
-) -> dict[tuple[int, int], dict[int, tuple[int, ...]] | None]:
-    """(rank, segment) -> step -> folds over the segment's committed windows, or None when the
-    launch did not write them (older writer) or a committed window's line lacks them."""
-    out: dict[tuple[int, int], dict[int, tuple[int, ...]] | None] = {}
-    for rank, ms in manifests.items():
+@dataclass(frozen=True, eq=False)
+class Folds:
+    """A run's committed step folds: the frame of every usable launch, and which launches are."""
+
+    #: FOLD_SCHEMA rows of the usable launches, sorted by (rank, segment, step).
+    frame: pl.DataFrame
+    #: (rank, segment)s whose every committed window states its folds.
+    usable: frozenset[tuple[int, int]]
+
+    def get(self, key: tuple[int, int], default: Any = None) -> dict[int, tuple[int, ...]] | None:
+        """step -> folds of one launch (None: not usable); for tests and tools, not the search."""
+        if key not in self.usable:
+            return default
+        part = self.frame.filter((pl.col("rank") == key[0]) & (pl.col("segment") == key[1]))
+        return {s: tuple(v) for s, *v in part.select("step", *_FIELDS).iter_rows()}
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[int, tuple[int, ...]] | None:
+        return self.get(key)
+
+
+def from_logs(manifests: Mapping[int, Sequence[Mapping[str, Any]]], logs: Mapping[tuple[int, int], Any]) -> Folds:
+    """The folds over each launch's committed windows, of the launches that wrote them for every
+    committed window (the manifest says ``step_sums``; older writers did not)."""
+    cols: dict[str, list] = {c: [] for c in FOLD_SCHEMA}
+    usable = set()
+    for rank, ms in sorted(manifests.items()):
         for m in ms:
             seg = m["segment"]
             log = logs.get((rank, seg))
-            usable = (
+            if not (
                 m.get("step_sums") == commitlog.STEP_SUMS_VERSION
                 and isinstance(log, commitlog.LogState)
                 and set(log.sums) == set(log.windows)
-            )
-            out[(rank, seg)] = _fold((log.sums[w] for w in sorted(log.sums)), {}) if usable else None
-    return out
+            ):
+                continue
+            usable.add((rank, seg))
+            folded = _fold((log.sums[w] for w in sorted(log.sums)), {})
+            steps = sorted(folded)
+            cols["rank"] += [rank] * len(steps)
+            cols["segment"] += [seg] * len(steps)
+            cols["step"] += steps
+            for i, c in enumerate(_FIELDS):
+                cols[c] += [folded[s][i] for s in steps]
+    return Folds(pl.DataFrame(cols, schema=FOLD_SCHEMA), frozenset(usable))
 
 
 def _fold(parts: Any, into: dict[Any, tuple[int, ...]]) -> dict:
-    """Fold step -> SUM_FIELDS mappings into ``into`` (by step)."""
+    """Fold step -> SUM_FIELDS mappings into ``into`` (by step): the definition of a fold."""
     for part in parts:
         for step, v in part.items():
-            _add(into, step, v)
+            held = into.get(step)
+            if held is None:
+                into[step] = v
+            else:
+                n, e, kx, vx, mn, mh = v
+                into[step] = (held[0] + n, held[1] + e, held[2] ^ kx, held[3] ^ vx, held[4] + mn, (held[5] + mh) % _U64)
     return into
 
 
-def _add(into: dict[Any, tuple[int, ...]], k: Any, v: tuple[int, ...]) -> None:
-    held = into.get(k)
-    if held is None:
-        into[k] = v
-    else:
-        n, e, kx, vx, mn, mh = v
-        into[k] = (held[0] + n, held[1] + e, held[2] ^ kx, held[3] ^ vx, held[4] + mn, (held[5] + mh) % _U64)
+#: ``_fold`` as a polars aggregation (UInt64 sums wrap: mod 2^64, as the definition).
+_AGG = [pl.col("n").sum(), pl.col("n_err").sum(), pl.col("kx").bitwise_xor(), pl.col("vx").bitwise_xor(),
+        pl.col("m_n").sum(), pl.col("m_h").sum()]  # fmt: skip
 
 
-def _folded(run: Any, ranks: Sequence[int], lo: int | None = None, hi: int | None = None) -> Sums | None:
-    """(rank, step) -> folds of ``ranks`` over steps ``lo``..``hi`` (None: all), each launch's steps
-    superseded by a later launch left out (as ``Run.scan`` leaves their rows out); None when a
-    launch of those ranks holds no folds."""
-    cut = {(r, s): c for r, s, c in run.supersession()}
-    out: Sums = {}
-    for r in ranks:
-        for m in run.manifests.get(r, ()):
-            part = run.step_sums.get((r, m["segment"]))
-            if part is None:
-                return None
-            stop = cut.get((r, m["segment"]))
-            for step, v in part.items():
-                if (stop is None or step < stop) and (lo is None or lo <= step) and (hi is None or step <= hi):
-                    _add(out, (r, step), v)
-    return out
+def _folded(run: Any, ranks: Sequence[int] | None, lo: int | None = None, hi: int | None = None) -> Sums | None:
+    """(rank, step) folds of ``ranks`` (None: all) over steps ``lo``..``hi`` (None: all), each
+    launch's steps superseded by a later launch left out (as ``Run.scan`` leaves their rows out);
+    None when a launch of those ranks holds no folds."""
+    folds: Folds = run.step_sums
+    wanted = run.ranks if ranks is None else ranks
+    if any((r, m["segment"]) not in folds.usable for r in wanted for m in run.manifests.get(r, ())):
+        return None
+    lf = folds.frame.lazy()
+    if ranks is not None and set(ranks) != set(run.ranks):
+        lf = lf.filter(pl.col("rank").is_in(sorted(set(ranks))))
+    if lo is not None:
+        lf = lf.filter(pl.col("step") >= lo)
+    if hi is not None:
+        lf = lf.filter(pl.col("step") <= hi)
+    cut = run.supersession()
+    if cut:
+        cuts = pl.LazyFrame(list(cut), schema={"rank": pl.Int32, "segment": pl.Int32, "_cut": pl.Int64}, orient="row")
+        lf = (
+            lf.join(cuts, on=["rank", "segment"], how="left")
+            .filter(pl.col("_cut").is_null() | (pl.col("step") < pl.col("_cut")))
+            .drop("_cut")
+        )
+    if any(len(run.manifests.get(r, ())) > 1 for r in wanted):
+        lf = lf.group_by("rank", "step").agg(_AGG)
+    return lf.select("rank", "step", *_FIELDS).sort("rank", "step").collect()
 
 
 def _of(run: Any, ranks: Sequence[int], lo: int, hi: int) -> Sums | None:
@@ -98,18 +150,35 @@ def pair(run_a: Any, run_b: Any, ranks: Sequence[int], lo: int, hi: int) -> tupl
     return None if a is None or b is None else (a, b)
 
 
-def _differ(a: Sums, b: Sums, fields: slice) -> list[tuple[int, int]]:
+def as_dict(sums: Sums) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(rank, step) -> SUM_FIELDS of a folds frame (tests and tools)."""
+    return {(r, s): tuple(v) for r, s, *v in sums.select("rank", "step", *_FIELDS).iter_rows()}
+
+
+def _differ(a: Sums, b: Sums, fields: Sequence[str]) -> pl.DataFrame:
     """(rank, step)s whose ``fields`` differ (a step on one side only: against zeros), sorted."""
-    zero = (0,) * len(commitlog.SUM_FIELDS)
-    return sorted(k for k in a.keys() | b.keys() if a.get(k, zero)[fields] != b.get(k, zero)[fields])
+    if a.height == b.height and a.select("rank", "step").equals(b.select("rank", "step")):
+        # The same (rank, step)s in the same order (runs of one job, the usual case): a row-wise
+        # comparison, no join. Both frames are sorted by (rank, step).
+        differs = pl.any_horizontal([a[c] != b[c] for c in fields])
+        return a.select("rank", "step").filter(differs) if a.height else a.select("rank", "step")
+    j = a.select("rank", "step", *fields).join(
+        b.select("rank", "step", *fields), on=["rank", "step"], how="full", coalesce=True, suffix="_b"
+    )
+    zero = [pl.col(c).fill_null(0) != pl.col(f"{c}_b").fill_null(0) for c in fields]
+    return j.filter(pl.any_horizontal(zero)).select("rank", "step").sort("rank", "step")
 
 
-def _reads(pairs: list[tuple[int, int]]) -> tuple[list[int], int, int] | None:
+def differing(a: Sums, b: Sums) -> pl.DataFrame:
+    """(rank, step)s whose records' rollup folds differ (a step on one side only included)."""
+    return _differ(a, b, _FIELDS[:4])
+
+
+def _reads(pairs: pl.DataFrame) -> tuple[list[int], int, int] | None:
     """The ranks of ``pairs`` and the step range covering them: what a read of those needs."""
-    if not pairs:
+    if pairs.height == 0:
         return None
-    steps = [s for _, s in pairs]
-    return sorted({r for r, _ in pairs}), min(steps), max(steps)
+    return pairs["rank"].unique().sort().to_list(), int(pairs["step"].min()), int(pairs["step"].max())  # type: ignore[arg-type]
 
 
 def record_reads(
@@ -118,12 +187,13 @@ def record_reads(
     """(ranks, first step, last step) of the (rank, step)s whose records' rollup differs, among
     ``ranks`` and steps ``lo``..``hi`` when given: the only rollups read (the candidate steps are
     among them); None when none differs."""
-    want = None if ranks is None else set(ranks)
-    pairs = [
-        (r, s)
-        for r, s in _differ(a, b, slice(0, 4))
-        if (want is None or r in want) and (lo is None or s >= lo) and (hi is None or s <= hi)
-    ]
+    pairs = _differ(a, b, _FIELDS[:4])
+    if ranks is not None:
+        pairs = pairs.filter(pl.col("rank").is_in(sorted(set(ranks))))
+    if lo is not None:
+        pairs = pairs.filter(pl.col("step") >= lo)
+    if hi is not None:
+        pairs = pairs.filter(pl.col("step") <= hi)
     return _reads(pairs)
 
 
@@ -131,10 +201,18 @@ def metric_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
     """(ranks, first step, last step) covering each rank's first step whose metrics differ: the
     only metrics read (a rank's first split is its first such step, the folds of the steps before
     it being equal); None when none differs."""
-    firsts: dict[int, int] = {}
-    for r, s in _differ(a, b, slice(4, 6)):  # sorted: a rank's first pair is its first step
-        firsts.setdefault(r, s)
-    return _reads(sorted(firsts.items()))
+    pairs = _differ(a, b, _FIELDS[4:])
+    return _reads(pairs.group_by("rank").agg(pl.col("step").min()))
+
+
+def rollup_rows(sums: Sums, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
+    """``blocks.step_rollup``'s rows (rank, step, n, kx, vx, n_err) from folds: the same values, as
+    the folds are of the same rollups rows (a step with metrics only has no rollup row)."""
+    return (
+        sums.filter(pl.col("rank").is_in(sorted(set(ranks))) & pl.col("step").is_between(lo, hi) & (pl.col("n") != 0))
+        .select("rank", "step", "n", "kx", "vx", "n_err")
+        .sort("rank", "step")
+    )
 
 
 def held(run: Any) -> tuple[list[int], Sums]:
@@ -142,18 +220,15 @@ def held(run: Any) -> tuple[list[int], Sums]:
     folds over every step (superseded steps left out)."""
     gaps = {g.rank for g in run.completeness.gaps} if run.completeness is not None else set()
     ranks = [
-        r
-        for r in run.ranks
-        if r not in gaps and all(run.step_sums.get((r, m["segment"])) is not None for m in run.manifests[r])
+        r for r in run.ranks if r not in gaps and all((r, m["segment"]) in run.step_sums.usable for m in run.manifests[r])
     ]
-    return ranks, _folded(run, ranks) or {}
+    got = _folded(run, ranks) if ranks else None
+    return ranks, got if got is not None else pl.DataFrame(schema={k: v for k, v in FOLD_SCHEMA.items() if k != "segment"})
 
 
-def shard_folds(run: Any, ranks: Sequence[int]) -> Sums:
+def shard_folds(run: Any, ranks: Sequence[int]) -> dict[tuple[int, int], tuple[int, ...]]:
     """The same folds computed from the rollups and metrics shards of ``ranks`` (what ``held``
     must equal): one pass over the rollups table, and one hash per metric row."""
-    import polars as pl
-
     out: dict[tuple[int, int], list[int]] = {}
     roll = (
         run.scan("rollups", ranks=ranks)
@@ -175,9 +250,10 @@ def mismatches(run: Any) -> list[tuple[int, int, str]]:
     """(rank, step, table) wherever a rank's committed folds differ from its shards' (``held``
     against ``shard_folds``), sorted: shards rewritten after their commit, or a faulty writer.
     The bisect trusts the folds; ``certify`` checks them with this."""
-    ranks, committed = held(run)
+    ranks, committed_frame = held(run)
     if not ranks:
         return []
+    committed = as_dict(committed_frame)
     shards = shard_folds(run, ranks)
     zero = (0,) * len(commitlog.SUM_FIELDS)
     out = []

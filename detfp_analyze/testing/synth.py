@@ -65,6 +65,11 @@ class SynthSpec:
     bucket_layers: int = 4
     #: Write moments (m_sum, m_absmax, m_nan, m_inf) on every digested record.
     moments: bool = False
+    #: One small step (a forward op, the loss, a backward op, the gradient all-reduce, an optimizer
+    #: op, a parameter; 18 records, padded with probes) instead of transformer-like layers: a
+    #: pair of a few records per rank-step (``records`` >= 18) whose difference still reaches
+    #: every rank through the all-reduce (the seed-shaped pairs of ``testing.seedpair``).
+    compact: bool = False
     #: Parquet compression of the shards (the capture writer's default).
     compression: str = "zstd"
     #: "step": one flush window (shard per table) per (rank, step), as a capture flushing every

@@ -125,7 +125,7 @@ def _build_calls(spec: SynthSpec) -> list[tuple]:
         + 3
     )
     layers = max(1, (spec.records - 8) // per_layer)
-    while True:
+    while not spec.compact:
         calls = [
             ("step", "", "rng_state", "cpu", [], ["value"], [5056]),
             ("forward", "", "batch", "input_ids", [], ["value"], [8, 512]),
@@ -148,9 +148,28 @@ def _build_calls(spec: SynthSpec) -> list[tuple]:
         if n <= spec.records or layers == 1:
             break
         layers -= 1
+    if spec.compact:
+        calls = _compact_calls(h)
+        n = count(calls)
     # Pad with single-record probes so every rank-step holds exactly spec.records records.
     calls += [("step", "", "probe", f"probe.{k}", [], ["value"], [1]) for k in range(max(0, spec.records - n))]
     return calls
+
+
+def _compact_calls(h: int) -> list[tuple]:
+    """One small step (``SynthSpec.compact``): a forward op, the loss, a backward op, the gradient
+    all-reduce, an optimizer op and a parameter (18 records): a rank-step of a few records still
+    carries an origin's difference through the all-reduce to every rank."""
+    return [
+        ("step", "", "rng_state", "cpu", [], ["value"], [5056]),
+        ("forward", "", "batch", "input_ids", [], ["value"], [8, 512]),
+        ("forward", *_linear("layers.0.mlp.fc1", h, False)[0]),
+        ("forward", "", "op", "aten::nll_loss_forward.default", ["args[0]", "args[1]"], ["out[0]", "out[1]"], []),
+        ("backward", *_linear("layers.0.mlp.fc1", h, True)[0]),
+        ("backward", "", "collective", "all_reduce", ["args[0]"], ["out[0]"], [h * h]),
+        ("optimizer", *_layer_optimizer(h)[0]),
+        ("step", "", "param", "layers.0.mlp.fc1.weight", [], ["value"], [h, h]),
+    ]
 
 
 def _flat(calls: list[tuple]) -> list[tuple]:

@@ -239,7 +239,7 @@ def test_every_level_writes_valid_two_rank_traces(jobs):
             assert struct.unpack("<Q", struct.pack("<d", value))[0] == bits
         # The commit lines' step folds are those of the shards written (the bisect trusts them).
         held = stepsums.pair(run, run, run.ranks, 0, steps)
-        assert held is not None and held[0] == fold_shards(jobs[name][0]), level
+        assert held is not None and stepsums.as_dict(held[0]) == fold_shards(jobs[name][0]), level
     assert {"param", "rng_state"} <= kinds["metrics"]
     assert not kinds["metrics"] & {"op", "module_input", "module_output", "collective"}
     assert kinds["boundaries"] >= BOUNDARY_KINDS, BOUNDARY_KINDS - kinds["boundaries"]

@@ -1,0 +1,308 @@
+"""The run index: what ``open_run`` reads from manifests and commit logs, stored once, verified on use.
+
+Opening a run parses every manifest (JSON holding every group's members) and every commit log
+(a JSON line per window, the step folds of each step): per rank, in Python, tens of
+microseconds per rank-step. The index keeps the outcome of exactly that parse
+(``manifests.read_manifests``, ``completeness.read_logs``, ``stepsums.from_logs``): ``build``
+runs them, ``write`` stores the result, ``load`` hands the same values back. Layout
+(``INDEX_VERSION``; docs/trace-format.md §5b), in ``<run>/_detfp_index/`` (ignored by readers
+like every underscore name) or, for a run that cannot be written, in the user cache directory:
+
+* ``index.json``: the version, every manifest and commit log by path, size and BLAKE2b-128
+  digest of its bytes; each manifest as its key order and, per key, the id of a distinct value
+  (values deduplicated by their JSON text: thousands of ranks share their groups, versions,
+  settings, so each distinct value is parsed once); each commit log's facts but the folds;
+* ``folds.arrow``: the step folds as one Arrow IPC table (rank, segment, step, SUM_FIELDS), the
+  frame ``stepsums`` searches with polars.
+
+``load`` trusts an index only when the run's manifest directory lists exactly the indexed files
+and every one of them has the indexed size and digest (a damaged, stale, partial or foreign
+index, or one of another version, is None: the caller parses the files as without one). The
+bytes are read and hashed, never parsed, so an index is as good as the files it was built from;
+what the files then mean is judged exactly as without an index. ``DETFP_INDEX=off`` ignores
+every index (benchmarks, tests of the path without one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detfp_analyze.errors import DetfpError
+from detfp_analyze.io.footers import partitions, visible
+from detfp_analyze.io.store import Location, Store
+from detfp_format import commitlog, contract
+
+__all__ = ["INDEX_DIR", "INDEX_VERSION", "Indexed", "Written", "build", "cache_dir", "index_run", "load", "locate", "write"]
+
+#: Version of the index layout; an index of another version is rebuilt, never read.
+INDEX_VERSION = 1
+#: The index's directory inside a run (underscore: every reader of the run skips it).
+INDEX_DIR = "_detfp_index"
+_MAIN, _FOLDS = "index.json", "folds.arrow"
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """What an index holds: the values ``open_run`` would parse from the files."""
+
+    #: rank -> segment -> manifest (``manifests.read_manifests``).
+    manifests: dict[int, dict[int, dict]]
+    #: (rank, segment) -> its commit log's facts without the folds, or None (``completeness.read_logs``).
+    logs: dict[tuple[int, int], commitlog.LogState | None]
+    #: The step folds (``stepsums.Folds``).
+    folds: Any
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _files(st: Store, root: Path, label: str) -> dict[str, Path]:
+    """Relative path -> file of every manifest and commit log of the run (a listing, no read)."""
+    from detfp_analyze.io.manifests import _listdir
+
+    out: dict[str, Path] = {}
+    mroot = root / contract.MANIFEST_DIR
+    shown = f"{label}/{contract.MANIFEST_DIR}"
+    for _, rdir, rname in partitions(_listdir(st, mroot, shown), shown):
+        if not isinstance(rdir, Path) or not rdir.is_dir():
+            continue
+        for f in os.scandir(rdir):
+            if visible(f.name) and f.name.startswith("segment-") and f.name.endswith((".json", ".commits")):
+                out[f"{contract.MANIFEST_DIR}/{rname}/{f.name}"] = Path(f.path)
+    return out
+
+
+def _digests(paths: list[Path]) -> list[tuple[int, str] | None]:
+    """(size, digest) of each file (None: unreadable): read and hashed in threads (both release the GIL)."""
+
+    def one(p: Path) -> tuple[int, str] | None:
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        return len(data), _digest(data)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(one, paths, chunksize=64))
+
+
+def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], Any] | None:
+    """Parse the run's manifests and commit logs as ``open_run`` does, and the index of them:
+    (the values, ``index.json``'s document, the folds frame); None when a commit log cannot be
+    read (its error is ``open_run``'s to raise). Raises the manifests' typed errors."""
+    from detfp_analyze.io import completeness, stepsums
+    from detfp_analyze.io.manifests import read_manifests
+
+    found = read_manifests(st, root, label)  # first: its errors name what is wrong with the run
+    files_before = _files(st, root, label)
+    rels = sorted(files_before)
+    sums = _digests([files_before[r] for r in rels])
+    manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
+    logs = completeness.read_logs(st, root, label, manifests)
+    if any(isinstance(v, Exception) for v in logs.values()):
+        return None
+    folds = stepsums.from_logs(manifests, logs)
+    # A commit log appended to while it was read (a capture still running): no index of a moving target.
+    if any(s is None for s in sums) or _files(st, root, label) != files_before:
+        return None
+    if _digests([files_before[r] for r in rels]) != sums:
+        return None
+    values: dict[str, int] = {}
+    doc_manifests = []
+    for r in sorted(found):
+        for s in sorted(found[r]):
+            m = found[r][s]
+            keys = []
+            for k, v in m.items():
+                text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+                keys.append([k, values.setdefault(text, len(values))])
+            doc_manifests.append([r, s, keys])
+    doc_logs = [[r, s, None if log is None else _log_doc(log)] for (r, s), log in sorted(logs.items())]
+    doc = {
+        "version": INDEX_VERSION,
+        "files": [[rel, size, digest] for rel, (size, digest) in zip(rels, sums, strict=True)],  # type: ignore[misc]
+        "values": list(values),
+        "manifests": doc_manifests,
+        "logs": doc_logs,
+        "folds_usable": sorted(folds.usable),
+    }
+    stripped = {k: (None if v is None else _strip(v)) for k, v in logs.items()}  # type: ignore[arg-type]
+    return Indexed(found, stripped, folds), doc, folds.frame
+
+
+def _strip(log: commitlog.LogState) -> commitlog.LogState:
+    return commitlog.LogState(log.opened, log.version, log.windows, log.failure, log.close, log.bad_lines,
+                              log.torn_tail, log.shards, {})  # fmt: skip
+
+
+def _log_doc(log: commitlog.LogState) -> list:
+    return [
+        log.opened, log.version,
+        [[w, rows, span] for w, (rows, span) in sorted(log.windows.items())],
+        log.failure, log.close, log.bad_lines, log.torn_tail,
+        [[w, {t: list(f) for t, f in facts.items()}] for w, facts in sorted(log.shards.items())],
+    ]  # fmt: skip
+
+
+def _log_state(d: list) -> commitlog.LogState:
+    opened, version, windows, failure, close, bad, torn, shards = d
+    return commitlog.LogState(
+        opened=opened,
+        version=version,
+        windows={w: (rows, None if span is None else (span[0], span[1])) for w, rows, span in windows},
+        failure=None if failure is None else (failure[0], failure[1]),
+        close=None if close is None else (close[0], close[1], close[2]),
+        bad_lines=bad,
+        torn_tail=torn,
+        shards={w: {t: commitlog.ShardFact(*f) for t, f in facts.items()} for w, facts in shards},
+        sums={},
+    )
+
+
+def cache_dir(root: Path) -> Path:
+    """Where the index of a run that cannot be written lives: the user cache directory, by the
+    run's resolved path (``$XDG_CACHE_HOME``, default ``~/.cache``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    key = hashlib.blake2b(os.fsencode(str(root.resolve())), digest_size=12).hexdigest()
+    return Path(base) / "detfp" / "index" / key
+
+
+def locate(root: Path) -> Path | None:
+    """The directory holding the run's index (beside the run, else in the cache); None: none."""
+    for d in (root / INDEX_DIR, cache_dir(root)):
+        try:
+            if (d / _MAIN).is_file():
+                return d
+        except OSError:  # an unreadable run: no index there, its own error comes from the reader
+            continue
+    return None
+
+
+def write(root: Path, doc: Mapping[str, Any], folds: Any) -> Path:
+    """Store an index beside the run, or in the cache directory when the run cannot be written;
+    atomically (temporary names, then renames: the folds first, the document that names them
+    last). Returns the directory. OSError when neither place can be written."""
+    last: OSError | None = None
+    for d in (root / INDEX_DIR, cache_dir(root)):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / f".{_FOLDS}.{os.getpid()}.tmp"
+            folds.write_ipc(tmp)
+            os.replace(tmp, d / _FOLDS)
+            tmp = d / f".{_MAIN}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+            os.replace(tmp, d / _MAIN)
+            return d
+        except OSError as exc:
+            last = exc
+    assert last is not None
+    raise last
+
+
+def load(st: Store, root: Location, label: str) -> Indexed | None:
+    """The run's index when there is one and it matches the run's files exactly; else None."""
+    if os.environ.get("DETFP_INDEX", "").lower() in ("off", "0", "no") or not isinstance(root, Path) or not st.local:
+        return None
+    try:
+        d = locate(root)
+        return None if d is None else _load(st, root, label, d)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, DetfpError):
+        return None  # damaged or foreign: not trusted, the files are parsed instead
+
+
+def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
+    import polars as pl
+
+    from detfp_analyze.io import stepsums
+
+    doc = json.loads((d / _MAIN).read_bytes())
+    if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
+        return None
+    indexed = {rel: (size, digest) for rel, size, digest in doc["files"]}
+    on_disk = _files(st, root, label)
+    if set(on_disk) != set(indexed):
+        return None
+    rels = sorted(on_disk)
+    if any(os.stat(on_disk[r]).st_size != indexed[r][0] for r in rels):
+        return None
+    if any(got is None or got != tuple(indexed[r]) for r, got in zip(rels, _digests([on_disk[r] for r in rels]), strict=True)):
+        return None
+    parsed = [json.loads(v) for v in doc["values"]]
+    found: dict[int, dict[int, dict]] = {}
+    for r, s, keys in doc["manifests"]:
+        # Values are shared between ranks (one parse each): no reader of a manifest mutates it.
+        found.setdefault(r, {})[s] = {k: parsed[i] for k, i in keys}
+    logs = {(r, s): (None if v is None else _log_state(v)) for r, s, v in doc["logs"]}
+    frame = pl.read_ipc(d / _FOLDS)
+    if dict(frame.schema) != stepsums.FOLD_SCHEMA:
+        return None
+    folds = stepsums.Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))
+    return Indexed(found, logs, folds)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What ``index_run`` did."""
+
+    #: The directory the index was written to (beside the run, or in the user cache).
+    path: Path
+    #: Manifests and commit logs indexed.
+    files: int
+    #: Distinct manifest values stored (each parsed once when the index is read).
+    values: int
+    #: Rows of step folds.
+    folds: int
+
+
+def index_run(path: str | os.PathLike[str], *, check: bool = False) -> Written | None:
+    """Build the run index of a local run and store it (``write``); with ``check``, only say
+    whether a current one exists (None: none, or a stale or damaged one). Raises the typed
+    errors ``open_run`` raises for the run's manifests and commit logs (NotARunError,
+    ManifestError, SchemaVersionError, ...), and NotARunError for a remote run or one whose
+    index can be written nowhere."""
+    from detfp_analyze.errors import NotARunError
+    from detfp_analyze.io.footers import shown_name
+    from detfp_analyze.io.manifests import FIX_RUN
+    from detfp_analyze.io.store import store
+
+    label = shown_name(os.fspath(path))
+    st = store(path, label, None)
+    root = st.root
+    if not st.local or not isinstance(root, Path):
+        raise NotARunError(f"{label}: a run index is built for local runs only; copy the run to a local directory")
+    if not root.is_dir():
+        raise NotARunError(f"{label}: no such directory; {FIX_RUN}")
+    root = root.resolve()
+    if check:
+        d = locate(root)
+        got = load(st, root, label) if d is not None else None
+        return None if got is None or d is None else Written(d, 0, 0, got.folds.frame.height)
+    built = build(st, root, label)
+    if built is None:
+        from detfp_analyze.io import completeness
+        from detfp_analyze.io.manifests import read_manifests
+
+        found = read_manifests(st, root, label)
+        manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
+        for err in completeness.read_logs(st, root, label, manifests).values():
+            if isinstance(err, Exception):
+                raise err
+        raise NotARunError(f"{label}: the run changed while it was indexed; run detfp-analyze index again once it is written")
+    _, doc, frame = built
+    try:
+        where = write(root, doc, frame)
+    except OSError as exc:
+        raise NotARunError(
+            f"{label}: the index can be written neither beside the run nor in {cache_dir(root)} "
+            f"({type(exc).__name__}); set XDG_CACHE_HOME to a writable directory"
+        ) from None
+    return Written(where, len(doc["files"]), len(doc["values"]), frame.height)

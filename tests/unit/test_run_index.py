@@ -1,0 +1,174 @@
+"""The run index (``io.runindex``, ``detfp-analyze index``): the same reports, never trusted stale.
+
+* with an index and without (``DETFP_INDEX=off``), ``bisect`` prints the same bytes (text and
+  ``--json``) on every sample pair of ``sample_traces/`` and every golden plant;
+* an index opened run holds the same manifests, commit-log facts and step folds as a parsed one;
+* a damaged, truncated, stale (a commit log, a manifest changed, added or removed) or foreign
+  (another version) index is not used: the run is opened from its files, with the same answer;
+* a run that cannot be written is indexed in the user cache directory;
+* the command's errors are one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from detfp_analyze.cli import app
+from detfp_analyze.io import runindex, stepsums
+from detfp_analyze.io.reader import open_run
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+SAMPLE_PAIRS = [("data_rank", "a", "b"), ("moe_permute", "a", "b"), ("nondet", "a", "b"), ("ops", "a", "b"),
+                ("resume", "full", "resumed"), ("resume", "full", "restored")]  # fmt: skip
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, list(args))
+    return res.exit_code, res.output
+
+
+def _reports(monkeypatch, a: Path, b: Path) -> tuple[str, str]:
+    out = []
+    for flags in ((), ("--json",)):
+        code, text = _cli("bisect", str(a), str(b), "--allow-missing-ranks", *flags)
+        assert code in (0, 1), text
+        out.append(text)
+    return out[0], out[1]
+
+
+def _same_with_and_without(monkeypatch, a: Path, b: Path) -> None:
+    monkeypatch.setenv("DETFP_INDEX", "off")
+    without = _reports(monkeypatch, a, b)
+    for run in (a, b):
+        assert _cli("index", str(run))[0] == 0
+    monkeypatch.delenv("DETFP_INDEX")
+    assert all(open_run(r, allow_incomplete=True, allow_missing_ranks=True).indexed for r in (a, b))
+    assert _reports(monkeypatch, a, b) == without
+
+
+@pytest.mark.parametrize(("pair", "x", "y"), SAMPLE_PAIRS)
+def test_sample_pairs_give_the_same_reports_with_an_index(tmp_path, monkeypatch, pair, x, y):
+    shutil.copytree(SAMPLES / pair, tmp_path / pair)  # the index is written beside the copy
+    _same_with_and_without(monkeypatch, tmp_path / pair / x, tmp_path / pair / y)
+
+
+def test_golden_plants_give_the_same_reports_with_an_index(planted_pairs, tmp_path, monkeypatch):
+    for name, p in sorted(planted_pairs.items()):
+        a, b = tmp_path / f"{name}-a", tmp_path / f"{name}-b"
+        shutil.copytree(p.a, a)
+        shutil.copytree(p.b, b)
+        _same_with_and_without(monkeypatch, a, b)
+
+
+@pytest.fixture
+def run(tmp_path):
+    from detfp_analyze.testing.seedpair import SeedSpec, write_seed_run
+    from detfp_analyze.testing.synth import Plant
+
+    spec = SeedSpec(ranks=8, steps=12, records=20, layout=(("tp", 2), ("dp", 2), ("pp", 2)), step_time=5.0)
+    write_seed_run(tmp_path / "a", spec, workers=1)
+    write_seed_run(tmp_path / "b", spec, Plant(rank=3, step=9, index=5), link_from=tmp_path / "a", workers=1)
+    return tmp_path / "a", tmp_path / "b"
+
+
+def test_an_indexed_run_holds_what_the_files_say(run, monkeypatch):
+    a, _ = run
+    monkeypatch.setenv("DETFP_INDEX", "off")
+    parsed = open_run(a)
+    monkeypatch.delenv("DETFP_INDEX")
+    assert runindex.index_run(a) is not None
+    got = open_run(a)
+    assert got.indexed and not parsed.indexed
+    assert dict(got.manifests) == dict(parsed.manifests)
+    assert got.completeness == parsed.completeness and got.shards == parsed.shards
+    assert got.step_sums.usable == parsed.step_sums.usable
+    assert got.step_sums.frame.equals(parsed.step_sums.frame)
+    held = stepsums.pair(got, got, got.ranks, 0, 11)
+    assert held is not None and stepsums.as_dict(held[0]) == stepsums.as_dict(stepsums.pair(parsed, parsed, parsed.ranks, 0, 11)[0])  # type: ignore[index]
+
+
+def _damage_truncate(a: Path) -> None:
+    f = a / runindex.INDEX_DIR / "index.json"
+    f.write_bytes(f.read_bytes()[:100])
+
+
+def _damage_folds(a: Path) -> None:
+    (a / runindex.INDEX_DIR / "folds.arrow").write_bytes(b"not arrow")
+
+
+def _damage_version(a: Path) -> None:
+    f = a / runindex.INDEX_DIR / "index.json"
+    doc = json.loads(f.read_bytes())
+    f.write_text(json.dumps({**doc, "version": runindex.INDEX_VERSION + 1}))
+
+
+def _stale_log(a: Path) -> None:
+    log = a / "manifest" / "rank=2" / "segment-00000.commits"
+    log.write_bytes(log.read_bytes() + b"00000000 {}\n")
+
+
+def _stale_manifest(a: Path) -> None:
+    m = a / "manifest" / "rank=5" / "segment-00000.json"
+    m.write_text(m.read_text().replace('"command": [', '"command": ["x", '))
+
+
+def _stale_removed(a: Path) -> None:
+    (a / "manifest" / "rank=7" / "segment-00000.commits").unlink()
+
+
+def _stale_added(a: Path) -> None:
+    shutil.copy(a / "manifest" / "rank=1" / "segment-00000.json", a / "manifest" / "rank=1" / "segment-00001.json")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_damage_truncate, _damage_folds, _damage_version, _stale_log, _stale_manifest, _stale_removed, _stale_added],
+)
+def test_a_damaged_or_stale_index_is_not_trusted(run, monkeypatch, damage):
+    a, b = run
+    assert runindex.index_run(a) is not None and open_run(a).indexed
+    damage(a)
+    monkeypatch.setenv("DETFP_INDEX", "off")
+    expect = _cli("bisect", str(a), str(b), "--json", "--allow-incomplete")
+    monkeypatch.delenv("DETFP_INDEX")
+    assert _cli("index", "--check", str(a))[0] == 2
+    assert _cli("bisect", str(a), str(b), "--json", "--allow-incomplete") == expect
+    if damage is _stale_added:  # the new manifest is judged as without an index: refused
+        assert expect[0] == 2 and "says rank 1 segment 0" in expect[1]
+        return
+    opened = open_run(a, allow_incomplete=True)
+    assert not opened.indexed
+    if damage is _stale_manifest:  # what the file says now, not what the index held
+        assert opened.manifest(5)["command"][0] == "x"
+    if damage is _stale_log:
+        assert not opened.completeness.complete
+
+
+def test_a_read_only_run_is_indexed_in_the_cache(run, monkeypatch, tmp_path):
+    a, _ = run
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    blocker = a / runindex.INDEX_DIR
+    blocker.write_text("a file where the index directory would go")  # beside the run: cannot be written
+    got = runindex.index_run(a)
+    assert got is not None and got.path == runindex.cache_dir(a.resolve()) and got.path.is_relative_to(tmp_path / "cache")
+    assert open_run(a).indexed
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["index", "/no/such/run"], "no such directory"),
+        (["index", "--check", "{a}"], "no current run index"),
+        (["index", "{empty}"], "not a detfp run"),
+    ],
+)
+def test_index_errors_are_one_line_and_exit_2(run, tmp_path, args, expect):
+    (tmp_path / "empty").mkdir()
+    code, out = _cli(*[x.format(a=run[0], empty=tmp_path / "empty") for x in args])
+    lines = out.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("detfp-analyze: ") and expect in lines[0], out
