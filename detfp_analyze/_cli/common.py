@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -75,7 +75,7 @@ def echo(text: str) -> None:
     typer.echo(_CONTROL.sub(_escape, text), nl=False)
 
 
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print ``detfp-analyze: <message>`` on stderr and exit with ``code``."""
     print(f"detfp-analyze: {one_line(message)}", file=sys.stderr)
     raise typer.Exit(code)

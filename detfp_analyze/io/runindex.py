@@ -32,14 +32,25 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.footers import partitions, visible
 from detfp_analyze.io.store import Location, Store
 from detfp_format import commitlog, contract
 
-__all__ = ["INDEX_DIR", "INDEX_VERSION", "Indexed", "Written", "build", "cache_dir", "index_run", "load", "locate", "write"]
+__all__ = [
+    "INDEX_DIR",
+    "INDEX_VERSION",
+    "Indexed",
+    "Written",
+    "build",
+    "cache_dir",
+    "index_run",
+    "load",
+    "locate",
+    "write",
+]
 
 #: Version of the index layout; an index of another version is rebuilt, never read.
 INDEX_VERSION = 1
@@ -126,7 +137,10 @@ def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], A
                 text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
                 keys.append([k, values.setdefault(text, len(values))])
             doc_manifests.append([r, s, keys])
-    doc_logs = [[r, s, None if log is None else _log_doc(log)] for (r, s), log in sorted(logs.items())]
+    # No Exception is left among the logs: a failed read returned above.
+    doc_logs = [
+        [r, s, None if log is None else _log_doc(cast(commitlog.LogState, log))] for (r, s), log in sorted(logs.items())
+    ]
     doc = {
         "version": INDEX_VERSION,
         "files": [[rel, size, digest] for rel, (size, digest) in zip(rels, sums, strict=True)],  # type: ignore[misc]
@@ -234,7 +248,10 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
     rels = sorted(on_disk)
     if any(os.stat(on_disk[r]).st_size != indexed[r][0] for r in rels):
         return None
-    if any(got is None or got != tuple(indexed[r]) for r, got in zip(rels, _digests([on_disk[r] for r in rels]), strict=True)):
+    if any(
+        got is None or got != tuple(indexed[r])
+        for r, got in zip(rels, _digests([on_disk[r] for r in rels]), strict=True)
+    ):
         return None
     parsed = [json.loads(v) for v in doc["values"]]
     found: dict[int, dict[int, dict]] = {}
@@ -296,7 +313,9 @@ def index_run(path: str | os.PathLike[str], *, check: bool = False) -> Written |
         for err in completeness.read_logs(st, root, label, manifests).values():
             if isinstance(err, Exception):
                 raise err
-        raise NotARunError(f"{label}: the run changed while it was indexed; run detfp-analyze index again once it is written")
+        raise NotARunError(
+            f"{label}: the run changed while it was indexed; run detfp-analyze index again once it is written"
+        )
     _, doc, frame = built
     try:
         where = write(root, doc, frame)
