@@ -23,7 +23,19 @@ from detfp_capture._digest import core, levels, versions
 from detfp_capture._digest import pending as digest
 from detfp_capture._digest.core import Scheme
 
-__all__ = ["BATCHED", "INT64", "PLAIN", "SPECIAL", "STRIDED", "BatchLanes", "K", "fill", "in_place", "start_many"]
+__all__ = [
+    "BATCHED",
+    "DIRECT",
+    "INT64",
+    "PLAIN",
+    "SPECIAL",
+    "STRIDED",
+    "BatchLanes",
+    "K",
+    "fill",
+    "in_place",
+    "start_many",
+]
 
 # Shared with staging.py, which stages the same tensors into its own arena.
 #: Bytes per hashed row.
@@ -392,13 +404,13 @@ def _run_owned(ts: Sequence[torch.Tensor], lay: _Layout) -> torch.Tensor:
 
 #: Tensors of at least this many bytes (whole 1024-byte rows, contiguous) are hashed where they
 #: are, without a copy: in batches here and when staged (_staging).
-_DIRECT = 256 << 10
+DIRECT = 256 << 10
 
 
 def in_place(t: torch.Tensor) -> bool:
     """Whether ``t`` is hashed where it lies: contiguous, whole rows, at least the direct size."""
     nb = t.numel() * t.dtype.itemsize
-    return nb >= _DIRECT and nb % K == 0 and t.is_contiguous()
+    return nb >= DIRECT and nb % K == 0 and t.is_contiguous()
 
 
 def _pieces(ts: list[torch.Tensor], dev: torch.device) -> tuple[list[torch.Tensor], list[int]]:

@@ -13,11 +13,23 @@ import torch
 from detfp_capture._digest import core, versions
 from detfp_capture._digest import moments as _moments
 from detfp_capture._digest import pending as digest
-from detfp_capture._digest.batched import INT64, PLAIN, SPECIAL, STRIDED, BatchLanes, K, fill, in_place
+from detfp_capture._digest.batched import DIRECT, INT64, PLAIN, SPECIAL, STRIDED, BatchLanes, K, fill, in_place
 from detfp_capture._digest.gemm import ANY_M_DEVICES
 from detfp_capture._digest.levels import finish
 
 __all__ = ["Staging"]
+
+try:  # the record path's byte copy (``_recorder/_hostpath.c``; None without it or with DETFP_NATIVE=0)
+    from detfp_capture._recorder.slot import copy_bytes as _copy_bytes
+except ImportError:  # the digest used without the recorder package
+    _copy_bytes = None
+
+#: Dtypes whose snapshot ``put_one`` takes as a byte copy on CPU: ``copy_`` between two
+#: contiguous tensors of one of these dtypes moves the bytes unchanged, so the copy is the same.
+_BYTE_COPY = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+     torch.uint8}
+)  # fmt: skip
 
 
 class Staging:
@@ -68,6 +80,9 @@ class Staging:
         self.l1_used = 0
         # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (gemm.product pads otherwise: a copy).
         self._any_m = dev.type in ANY_M_DEVICES
+        #: Snapshots on CPU may be byte copies into ``buf`` (``put_one``), at this address.
+        self._byte_copy = dev.type == "cpu" and _copy_bytes is not None
+        self._addr = 0
 
     @staticmethod
     def fits(t: torch.Tensor) -> bool:
@@ -97,6 +112,50 @@ class Staging:
                     self.typed[torch.int8] = self.buf
                 v = self.typed[dt] = self.buf.view(dt)
         return v
+
+    def put_one(self, t: torch.Tensor, slot: object) -> bool:
+        """``put_many([t], [slot])``, the common case of one small tensor, with less work per
+        call (most boundary and backward records stage one tensor): a contiguous CPU tensor of
+        a ``_BYTE_COPY`` dtype is taken as a byte copy (``_hostpath.copy_bytes``, no dispatcher
+        call), anything else as ``put_many`` takes it. The same rows, bytes and columns."""
+        dt = t.dtype
+        numel = t.numel()
+        nb = numel * dt.itemsize
+        if nb >= DIRECT:  # may be hashed in place
+            return self.put_many([t], [slot])
+        m = -(-nb // K)
+        row = self.used
+        end = row + m
+        if end > self.cap_rows:
+            return False
+        if end > self.clean:  # as put_many: rows zeroed ahead, in stretches
+            clean = min(self.cap_rows, max(end, self.clean + self.ZERO_ROWS))
+            self._typed(torch.int8)[self.clean * K : clean * K].zero_()
+            self.clean = clean
+        shape = tuple(t.shape)
+        try:
+            src = t.data_ptr() if self._byte_copy and dt in _BYTE_COPY and t.is_contiguous() else 0
+            if src:  # (0: no storage to read, a zero tensor's: copy_ makes its zeros)
+                if not self._addr:
+                    self._addr = self._typed(torch.int8).data_ptr()
+                _copy_bytes(self._addr + row * K, src, nb)
+            else:
+                typed = self.typed.get(dt)
+                if typed is None:
+                    typed = self._typed(dt)
+                with torch.no_grad():
+                    typed.as_strided(shape, digest._contiguous_strides(shape), row * K // dt.itemsize).copy_(t)
+        except BaseException:
+            self.clean = self.used  # rows past it may hold part of a copy now
+            raise
+        i_slot, i_dtype, i_shape, i_numel, i_rows = self.items
+        i_slot.append(slot)
+        i_dtype.append(dt)
+        i_shape.append(shape)
+        i_numel.append(numel)
+        i_rows.append(m)
+        self.used = end
+        return True
 
     def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
@@ -206,7 +265,7 @@ class Staging:
         """``pointer_like`` of every staged int64 tensor, read from its snapshot, for the whole
         batch at once (a handful of ops, instead of ~6 per tensor): per tensor, the number of
         values that do not look like a device pointer, from one cumulative sum."""
-        typed = self.typed[INT64]
+        typed = self._typed(INT64)  # (a byte copy in put_one does not make the view)
         pieces, numels, rows_at = [], [], []
         row = 0
         for i, (dt, numel, m) in enumerate(zip(items[1], items[3], items[4], strict=True)):

@@ -128,12 +128,21 @@ class Waiting:
         st = self.staging.get(dev)
         if st is None:
             st = self.staging[dev] = Staging(dev)
+        put = st.put_many if len(ts) > 1 else None
         try:
-            if st.put_many(ts, slots):
-                return
-            self.run_staging()
-            if st.put_many(ts, slots):
-                return
+            if put is None:  # one tensor (most calls): the lighter path
+                t, s = ts[0], slots[0]
+                if st.put_one(t, s):
+                    return
+                self.run_staging()
+                if st.put_one(t, s):
+                    return
+            else:
+                if put(ts, slots):
+                    return
+                self.run_staging()
+                if put(ts, slots):
+                    return
         except Exception:
             pass
         for t, s in zip(ts, slots, strict=True):

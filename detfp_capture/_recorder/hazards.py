@@ -40,6 +40,7 @@ def poison_pattern(run: str) -> bytes:
 
     return bytes(0x40 + b % 0x3F for b in hashlib.blake2b(run.encode(), digest_size=8).digest())
 
+
 UNINIT = "uninitialized"
 ASYNC = "async_pending"
 NONBLOCKING = "nonblocking_pending"

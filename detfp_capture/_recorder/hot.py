@@ -7,7 +7,10 @@ mode sees every write, so the digest can wait), staged as a snapshot (the bounda
 writes are unseen) or started now (tensors too big to stage), then one row of the column buffer.
 ``append_batch`` is the same for a step boundary's hundreds of single-tensor records, whose
 missing digests are started together (``_digest.batched.start_many``); ``append_copy`` the
-record of an exact copy (``aten::clone``), which shares its input's digest.
+record of an exact copy (``aten::clone``), which shares its input's digest. ``record_op`` and
+``append_fast`` are the dispatch mode's entries (``Recorder.record_call``/``append_records``
+for the case of every plain op, with positional arguments: on this path a keyword call and
+its argument binding cost more than the work).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from detfp_capture._digest.awaited import PLAIN
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
+from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX
 from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
+from detfp_capture._recorder.subclass import has_subclass
 
-__all__ = ["append_batch", "append_copy", "append_plain"]
+__all__ = ["append_batch", "append_copy", "append_fast", "append_plain", "record_op"]
 
 _NO_HAZARDS: tuple[str, ...] = ()
 _INT64 = torch.int64
@@ -116,6 +121,38 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
     rec.seq = seq
     if stage_t is not None:
         waiting.stage(stage_t, stage_s)
+
+
+def record_op(
+    rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
+    defer: bool,
+) -> Call:  # fmt: skip
+    """``rec.record_call("op", name, module, phase, tensors, args_src=..., digest_it=..., defer=...)``
+    (``rec``: a ``Recorder``), the occurrence inlined."""
+    mb = rec.microbatch
+    key = (mb, phase, module, "op", name)
+    occ = rec.occ
+    n = occ.get(key, 0)
+    occ[key] = n + 1
+    call = (rec.step, mb, phase, module, "op", name, n, args_src, False)
+    if tensors:
+        append_fast(rec, call, tensors, digest_it, False, defer)
+    return call
+
+
+def append_fast(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:
+    """``rec.append_records(call, tensors, digest_it=..., fresh=..., defer=...)`` without hazards
+    or per-call rows; the hot path's case (``append_plain``) tested first, the rest handed on."""
+    if digest_it and not rec._tensor_opts and not has_subclass(tensors):
+        append_plain(rec, call, tensors, fresh, defer)
+        waiting = rec.waiting
+        if len(waiting.tensors) >= DEFER_MAX or waiting.nbytes >= DEFER_BYTES:
+            waiting.run(staging=False)
+        rec.records_in_step += len(tensors)
+        if len(rec.records.rows) >= rec._flush_rows:
+            rec.need_flush = True
+    else:
+        rec.append_records(call, tensors, digest_it=digest_it, fresh=fresh, defer=defer)
 
 
 def _late(rec: Any, t: torch.Tensor, s: Slot) -> Any:

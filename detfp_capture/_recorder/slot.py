@@ -18,14 +18,28 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detfp_capture._digest.batched import BATCHED
 
-__all__ = ["COMBINE", "COPY", "DTYPE_STR", "SHAPES", "Slot", "dtype_str", "gc_paused", "shape_tuple", "storage_ptrs"]
+__all__ = [
+    "COMBINE", "COPY", "DTYPE_STR", "NATIVE", "SHAPES", "Slot", "copy_bytes", "dtype_str", "gc_paused", "shape_tuple",
+    "storage_ptrs",
+]  # fmt: skip
+
+try:  # the record path's native helpers (setup.py; optional)
+    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
+except ImportError:  # not built: the Python class below and torch's copies, the same trace
+    _hostpath = None
+#: Whether the native Slot and byte copy are used: built, and not switched off by
+#: ``DETFP_NATIVE=0`` (the same switch as the digest's kernel: the pure-Python record path).
+NATIVE = _hostpath is not None and os.environ.get("DETFP_NATIVE", "") != "0"
+#: ``copy_bytes(dst, src, n)``: memcpy between two addresses (None without the native helpers).
+copy_bytes = _hostpath.copy_bytes if NATIVE else None
 
 #: ``Slot.pending`` of a slot whose tensor is an exact copy of another slot's (``Slot.source``).
 COPY = object()
@@ -79,7 +93,7 @@ def dtype_str(dt: torch.dtype) -> str:
     return s
 
 
-class Slot:
+class PySlot:
     """One digest: device-side state until the flush resolves it into ``hi``/``lo``.
 
     ``pending`` is a ``digest.Pending``, or ``BATCHED`` when the digest is a row of a batch
@@ -138,6 +152,27 @@ class Slot:
     def started(self) -> Any:
         """What to hand to ``digest.resolve``."""
         return self if self.pending is BATCHED else self.pending
+
+
+def _native_slot() -> type:
+    """``_hostpath.Slot`` (the same fields, not tracked by the cyclic collector) with what the
+    Python class adds on top of its fields: class attributes, ``resolved`` and ``started``."""
+    tp = _hostpath.Slot
+    for name in ("lanes", "rows_lanes", "moments", "pointer", "components", "error", "rows_meta", "arena_moments",
+                 "type_name", "resolved", "started"):  # fmt: skip
+        setattr(tp, name, PySlot.__dict__[name])
+    tp.__doc__ = PySlot.__doc__
+    return tp
+
+
+#: The Slot class the recorder uses. The Python class is tracked by the cyclic collector: a
+#: window's thousands of live Slots survived its young collections and were promoted, which
+#: triggered full collections of the whole heap (``_hostpath.c``); the native one is not. Both
+#: have the same fields and write the same trace (tests/golden/test_capture_records.py runs both).
+if TYPE_CHECKING:  # the checker reads the Python class: the native one has its fields
+    Slot = PySlot
+else:
+    Slot = _native_slot() if NATIVE else PySlot
 
 
 def storage_ptrs(t: torch.Tensor) -> list[int] | None:

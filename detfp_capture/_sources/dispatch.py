@@ -25,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
+from detfp_capture._recorder.hot import append_fast, record_op
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.ops import OpInfo, gather, op_outputs, track_hazard_state, unread_input, written_storages
 from detfp_capture._sources.patches import Patches, watch_autocast, watch_storage_resizes, watch_syncs
@@ -265,18 +266,9 @@ class CaptureMode(TorchDispatchMode):
                     defer=defer,
                 )
         else:
-            call = rec.record_call(
-                "op",
-                info.name,
-                module,
-                phase,
-                tensors,
-                args_src=other,
-                digest_it=info.reads,
-                # A writing op runs the batch right below, before the write: worth it for the many
-                # tensors of a _foreach_ op, not for a single in-place tensor.
-                defer=defer,
-            )
+            # (A writing op runs the batch right below, before the write: worth it for the many
+            # tensors of a _foreach_ op, not for a single in-place tensor.)
+            call = record_op(rec, info.name, module, phase, tensors, other, info.reads, defer)
             if info.copies_input and len(tensors) == 1:
                 source = (tensors[0][2], rec.last_slot())
         if info.writing:
@@ -335,14 +327,13 @@ class CaptureMode(TorchDispatchMode):
         elif source is not None and flags is None and len(outs) == 1 and rec.append_copy(call, outs[0], *source):
             pass  # the copy's record shares its input's digest: the same bytes are not hashed twice
         elif outs:
-            rec.append_records(
-                call,
-                outs,
-                hazards=flags,
-                digest_it=not (info.skip or info.empty or info.async_out),
-                fresh=fresh,
-                defer=phase != "backward",
-            )
+            digest_it = not (info.skip or info.empty or info.async_out)
+            if flags is None:
+                append_fast(rec, call, outs, digest_it, fresh, phase != "backward")
+            else:
+                rec.append_records(
+                    call, outs, hazards=flags, digest_it=digest_it, fresh=fresh, defer=phase != "backward"
+                )
             if fresh:
                 rec.vcache.note_written([t for _, _, t in outs])
         rec.busy = False

@@ -22,6 +22,9 @@ answer:
   without / with the RNG state -> ``source`` at ``rng_state`` at step 1 on every rank /
   ``identical`` over the overlap.
 
+Member ``gpt2_ddp_v1`` is ``gpt2_ddp`` at level boundaries with digest version 1 (the others use
+the default, version 2): every answer must be the same on either version.
+
 One launch (one process group) runs every job, the compiled member's last; the bisects then run here.
 """
 
@@ -54,6 +57,9 @@ MEMBERS: dict[str, tuple[dict[str, Any], tuple[str, ...], str]] = {
         "model.layers.0.self_attn.q_proj",
     ),
     "llama_fsdp2": ({"model": "llama", "wrap": "fsdp2"}, LEVELS, "model.layers.0.mlp.up_proj"),
+    # Digest version 1 (every other member: version 2, the default): the identical pair and the
+    # planted faults must give the same answers on either version (issue 31). One level: cheap.
+    "gpt2_ddp_v1": ({"model": "gpt2", "wrap": "ddp", "digest_version": 1}, ("boundaries",), "transformer.h.0.mlp.c_fc"),
     "gpt2_ddp_compile": ({"model": "gpt2", "wrap": "ddp", "compile": True}, ("boundaries",), ""),
 }
 SCENARIOS = ("identical", "onoff", "nondet", "data", "resume_norng", "resume_rng")
@@ -176,3 +182,13 @@ def test_zoo_identical_pair_exits_0_through_the_cli(zoo):
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert r.exit_code == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert json.loads(r.stdout)["status"] == "identical"
+
+
+def test_zoo_v1_member_ran_digest_version_1(zoo):
+    """The version-1 member's runs are version 1 and the others version 2: its answers above are
+    the same questions asked of the other digest."""
+    from detfp_analyze.io.reader import open_run
+
+    v1, v2 = zoo / "gpt2_ddp_v1" / "boundaries", zoo / "gpt2_ddp" / "boundaries"
+    got = [open_run(d / n).manifest(0)["digest_version"] for d in (v1, v2) for n in ("a", "nondet")]
+    assert got == [1, 1, 2, 2]

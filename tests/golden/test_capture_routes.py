@@ -1,0 +1,44 @@
+"""The native record path and the pure-Python one write the same trace, record for record.
+
+``tests/golden/test_capture_records.py``'s fixed capture runs here in this process (the native
+Slot and byte copies where ``_recorder/_hostpath`` is built) and in a child process with
+``DETFP_NATIVE=0`` (the Python Slot and torch's copies, and torch's digest route), on the same
+machine: every column of every table, the content digests included, must be equal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from detfp_capture._recorder import slot
+from tests.golden.test_capture_records import LEVELS, capture
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python_route(level: str, tmp: Path) -> dict:
+    code = (
+        "import json, sys; from pathlib import Path; "
+        "from detfp_capture._recorder import slot; assert not slot.NATIVE; "
+        "from tests.golden.test_capture_records import capture; "
+        "print(json.dumps(capture(sys.argv[1], Path(sys.argv[2]))))"
+    )
+    env = {**os.environ, "DETFP_NATIVE": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, level, str(tmp)], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not slot.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+@pytest.mark.parametrize("level", LEVELS)
+def test_native_and_python_record_paths_write_the_same_trace(level, tmp_path):
+    native = capture(level, tmp_path / "native")
+    python = _python_route(level, tmp_path / "python")
+    assert native == python
