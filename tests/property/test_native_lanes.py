@@ -138,10 +138,23 @@ def test_every_route_gives_the_same_fingerprints(monkeypatch, route, version):
 
 def test_route_choice_is_timed_once_without_touching_the_rng(monkeypatch):
     monkeypatch.setattr(V1, "native_cpu", None)
+    timed = []
+    real = gemm.best_seconds
+
+    def best_seconds(*args, **kwargs):
+        timed.append(real(*args, **kwargs))
+        return timed[-1]
+
+    monkeypatch.setitem(gemm._INT_MM, "cpu", True)  # gemm's own route choice, timed once too: made
+    monkeypatch.setattr(gemm, "best_seconds", best_seconds)
     rng = torch.get_rng_state()
-    assert V1.use_native(CPU) in (True, False)
+    chosen = V1.use_native(CPU)
     assert torch.equal(torch.get_rng_state(), rng)
-    assert V1.native_cpu is V1.use_native(CPU)
+    assert V1.use_native(CPU) is chosen and V1.native_cpu is chosen  # remembered: not timed again
+    if native.AVAILABLE and not native.FORCED:  # timed once, and the faster route taken
+        assert len(timed) == 1 and chosen is (timed[0][True] <= timed[0][False])
+    else:
+        assert timed == [] and chosen is native.AVAILABLE
     assert not V1.use_native(torch.device("meta"))  # never off the CPU
     assert not V2.use_native(torch.device("meta"))
 
