@@ -54,6 +54,7 @@ __all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_ru
 #: A step selection: one step, a ``range`` (``range(3, 7)`` is steps 3..6), or any collection of steps.
 Steps = int | range | Iterable[int]
 
+
 def polars_schema(table: str) -> pl.Schema:
     """The polars schema of a contract table (column order as in the contract)."""
     return pl.Schema({c.name: polars_type(c.type) for c in contract.columns(table)})
@@ -117,15 +118,19 @@ class Run:
         """Segments (process launches) of ``rank``, sorted."""
         return tuple(m["segment"] for m in self.manifests.get(rank, ()))
 
-    def files(self, table: str, ranks: Iterable[int] | None = None) -> list[Location]:
+    def files(self, table: str, ranks: Iterable[int] | None = None, steps: Steps | None = None) -> list[Location]:
         """Every shard path of ``table`` for ``ranks`` (default all), sorted by rank then file name:
         ``Path``s of a local run, URIs (``s3a://b/run/records/rank=0/...``) of a remote one.
+        ``steps``: only the shards whose flush window holds one of them (as ``scan`` prunes; the
+        rows of other steps in those files are still there).
 
         Raw files: rows superseded by a later segment are still in them (see ``supersession``).
         """
         contract.columns(table)  # KeyError naming the known tables
         wanted = _rank_set(ranks)
         shards = [s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        if steps is not None:
+            shards = _in_steps(shards, steps)
         self.footer_checks.verify(shards)
         return [s.path for s in shards]
 
@@ -238,10 +243,7 @@ class Run:
         if wanted is not None:
             shards = tuple(s for s in shards if s.rank in wanted)
         if steps is not None:
-            lo, hi = _step_bounds(steps)
-            shards = tuple(
-                s for s in shards if s.step_min is None or s.step_max is None or (s.step_max >= lo and s.step_min <= hi)
-            )
+            shards = _in_steps(shards, steps)
         cutoffs = self._cutoffs
         # A shard entirely past the start of a later segment holds only superseded rows.
         return [s for s in shards if s.step_min is None or s.step_min < cutoffs.get((s.rank, s.segment), _INF)]
@@ -297,6 +299,14 @@ def _step_bounds(steps: Steps) -> tuple[float, float]:
         return (steps.start, steps.stop - 1) if steps.step == 1 else (min(steps, default=0), max(steps, default=-1))
     values = [int(s) for s in steps]
     return (min(values), max(values)) if values else (0, -1)
+
+
+def _in_steps(shards: Sequence[ShardInfo], steps: Steps) -> tuple[ShardInfo, ...]:
+    """The shards whose window's step range meets ``steps``' bounds (a shard without one: kept)."""
+    lo, hi = _step_bounds(steps)
+    return tuple(
+        s for s in shards if s.step_min is None or s.step_max is None or (s.step_max >= lo and s.step_min <= hi)
+    )
 
 
 def _step_predicate(steps: Steps) -> pl.Expr:

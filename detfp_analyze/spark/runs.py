@@ -94,10 +94,13 @@ class SparkRun:
     def _pair(self) -> list[SparkRun]:
         return [self] if self._twin is None else [self, self._twin]
 
-    def _read(self, run: Run, table: str, ranks: Sequence[int], cols: Columns, where: str) -> Any:
-        """Spark DataFrame of ``run``'s ``table`` rows of ``ranks`` matching the Spark SQL predicate
-        ``where``: ``cols`` (None: all) with the provenance columns (only the columns asked for are decoded)."""
-        return _source.table(self._spark, run, table, ranks, provenance=True, columns=cols, where=where)
+    def _read(
+        self, run: Run, table: str, ranks: Sequence[int], cols: Columns, where: str, steps: Sequence[int] | None = None
+    ) -> Any:
+        """Spark DataFrame of ``run``'s ``table`` rows of ``ranks`` (and ``steps``, when given)
+        matching the Spark SQL predicate ``where``: ``cols`` (None: all) with the provenance
+        columns (only the columns asked for are decoded)."""
+        return _source.table(self._spark, run, table, ranks, provenance=True, columns=cols, where=where, steps=steps)
 
     def _frame(self, got: pa.Table, table: str, cols: Columns, extra: tuple[str, ...]) -> pl.DataFrame:
         frame = pl.from_arrow(_source.to_contract(got, table, (*_EXTRA, *extra), cols))
@@ -134,8 +137,10 @@ class SparkRun:
         # Pushed into the Parquet scan: row groups outside these steps (and spans) are skipped.
         where = _source.in_list("rank", ranks) if keys is None else _keys_predicate(keys, spans)
         df = None
+        # The (rank, step)s asked for: only the files of windows holding one of their steps.
+        steps = None if keys is None else sorted({k[1] for k in (*keys, *spans)})
         for i, run in enumerate(self._pair()):
-            side = self._read(run._run, table, ranks, cols, where).withColumn("_side", F.lit(i))
+            side = self._read(run._run, table, ranks, cols, where, steps).withColumn("_side", F.lit(i))
             df = side if df is None else df.unionByName(side)
         with spark_errors(f"reading {table} of {self._run.label}"):
             got = df.toArrow()  # type: ignore[union-attr]
@@ -234,7 +239,8 @@ class SparkRun:
         if parts is not None:  # already in (rank, step) order
             return self._lazy(table, [p for p in parts if p.height], columns, ordered=True)
         with self._lock, spark_errors(f"reading {table} of {self._run.label}"):
-            got = self._read(self._run, table, ranks, cols, _keys_predicate((), spans)).toArrow()
+            steps = sorted({s for _, s in spans})
+            got = self._read(self._run, table, ranks, cols, _keys_predicate((), spans), steps).toArrow()
             self.jobs[table] = self.jobs.get(table, 0) + 1
         # Run.scan_spans' order: by (rank, step), then file order.
         frame = self._frame(got, table, cols, ()).sort("rank", "step", *_EXTRA).cast(_schema(table, cols))  # type: ignore[arg-type]

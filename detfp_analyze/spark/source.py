@@ -57,18 +57,21 @@ def table(
     provenance: bool = False,
     columns: Sequence[str] | None = None,
     where: str | None = None,
+    steps: Any = None,
 ) -> Any:
     """DataFrame of table ``name`` of ``run`` (only the shards of ``ranks``, default all): the
     contract's columns (typed by ``detfp_format.types``; only ``columns``, in the contract's order,
     when given),
     rows as ``run.scan`` gives them (superseded and excluded rows dropped) that match the Spark
-    SQL predicate ``where`` (default all); with ``provenance`` also ``shard`` (the file's path, as
+    SQL predicate ``where`` (default all; ``steps``, the steps ``where`` keeps, when known: only
+    the shards whose window holds one are handed to Spark, which pays for every file it
+    opens, a few tens of milliseconds each in local mode); with ``provenance`` also ``shard`` (the file's path, as
     a local path where it is one) and ``_row`` (the row's index in it).
 
     Built from SQL text, in a fixed handful of calls to the JVM: each Column made in Python is a
     py4j round trip of its own (and each list element another), which a bisect of many ranks paid
     thousands of times."""
-    files = run.files(name, ranks)
+    files = run.files(name, ranks, steps)
     if not files:
         df = spark.createDataFrame([], spark_schema_ddl(name))
     else:

@@ -86,7 +86,7 @@ class SparkStages:
     ) -> Any:
         """``table`` of ``run``: ``columns`` (default all) of the rows of ``ranks`` and steps ``lo..hi``."""
         where = f"{_source.in_list('rank', ranks)} AND step BETWEEN {int(lo)} AND {int(hi)}"
-        return _source.table(self.spark, run.run, table, ranks, columns=columns, where=where)
+        return _source.table(self.spark, run.run, table, ranks, columns=columns, where=where, steps=range(lo, hi + 1))
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         from pyspark.sql import functions as F

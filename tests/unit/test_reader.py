@@ -405,3 +405,22 @@ def test_footer_parse_matches_pyarrow_reader(run):
         md = footer_read.read_footer(None, p)
         assert not isinstance(md, str), md
         assert md.equals(pq.read_metadata(p))
+
+
+def test_files_pruned_by_steps_are_the_windows_holding_them(tmp_path):
+    # Engines that hand files to another reader (Spark pays per file opened) ask for the windows
+    # of the steps they read: exactly the shards whose rows hold one of those steps.
+    from detfp_analyze.testing.seedpair import SeedSpec, write_seed_run
+
+    spec = SeedSpec(ranks=2, steps=12, records=4, layout=(("dp", 2),), step_time=5.0)  # 4 steps a window
+    write_seed_run(tmp_path / "a", spec, workers=1)
+    r = open_run(tmp_path / "a")
+    every = r.files("records")
+    steps_of = {p: set(pq.read_table(p, columns=["step"]).column("step").to_pylist()) for p in every}
+    assert len(every) == 2 * 3 and all(len(s) == 4 for s in steps_of.values())
+    for steps in (5, range(3, 9), [11], range(0, 12), [0, 11]):
+        want = set([steps] if isinstance(steps, int) else steps)
+        lo, hi = min(want), max(want)
+        got = r.files("records", [1], steps)
+        assert got == [p for p in every if "rank=1" in str(p) and any(lo <= s <= hi for s in steps_of[p])]
+    assert r.files("records", None, range(20, 30)) == []
