@@ -139,6 +139,27 @@ class RankPart:
         self.writer, self.segment = w, segment
         self.rec.writer, self.rec.rank = w, rank
 
+    def close_writer(self, timeout_s: float) -> None:
+        """Wait for the writer to write every flushed window: a slow disk under load only delays
+        close (data the user flushed is never dropped for time); a writer that makes no progress
+        for ``timeout_s`` (a hung filesystem) must not hang the end of training: give up, saying
+        how many windows are missing (the writer thread, a daemon, dies with the process)."""
+        w = self.writer
+        last = None
+        while not w.close(timeout=timeout_s):
+            progress = (w.windows_written, w.dropped_windows, w.files_written)
+            if progress == last:
+                missing = w.windows_queued - w.windows_written - w.dropped_windows
+                warnings.warn(
+                    f"detfp: trace writer of rank {self.place.rank} made no progress for {timeout_s:.0f} s; "
+                    f"gave up with {missing} flushed window(s) not written: the trace of this rank is "
+                    "truncated (check the file system of the trace directory)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return
+            last = progress
+
     def learn(self, closing: bool = False) -> str | None:
         """Read the process group if it has appeared (at a step begin, and at close); open the
         part if it waits and its rank is now known. Returns None to go on, or why capture stops

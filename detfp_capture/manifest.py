@@ -36,6 +36,7 @@ __all__ = [
     "looks_secret",
     "numerics_env",
     "redact_command",
+    "resumed_config",
 ]
 
 #: Environment-variable prefixes whose variables can change numerics (kernels, algorithms, threads).
@@ -320,3 +321,22 @@ def collect_manifest(
         "step_sums": commitlog.STEP_SUMS_VERSION,
     }
     return manifest
+
+
+def resumed_config(cfg: Any, asked: int | None, out_dir: Path, rank: int, segment: int) -> Any:
+    """``cfg`` for a launch appended to a run: the run's digest version (one version per trace),
+    taken from its earlier launch when none was asked for; ConfigError when another was."""
+    import dataclasses
+
+    from detfp_capture._config import DIGEST_VERSION_ENV
+    from detfp_capture.errors import ConfigError
+
+    earlier = earlier_digest_version(out_dir, rank, segment)
+    if earlier is None or earlier == cfg.digest_version:
+        return cfg
+    if asked is None and not os.environ.get(DIGEST_VERSION_ENV, "").strip():
+        return dataclasses.replace(cfg, digest_version=earlier)
+    raise ConfigError(
+        f"digest_version={cfg.digest_version}: {out_dir} (rank {rank}) was captured with digest version {earlier}, "
+        f"and a resumed run keeps its version; pass digest_version={earlier} or capture into a new directory"
+    )

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import os
 import warnings
 import weakref
@@ -47,12 +46,12 @@ from detfp_capture._placement import RankPart, env_place
 from detfp_capture._recorder.hazards import HazardTracker, poison_pattern
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._recorder.recorder import Recorder
-from detfp_capture._sources import pipelining
 from detfp_capture._sources.context import CaptureContext, PendingStep, Place, Scope, WatchedModels
-from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.patches import Patches
 from detfp_capture._sources.steps import StepBoundaries
+from detfp_capture._sources.wiring import install_sources
 from detfp_capture.errors import CaptureError, ConfigError
+from detfp_capture.manifest import resumed_config
 
 __all__ = ["Session"]
 
@@ -207,42 +206,16 @@ class Session:
             patches=Patches(),
             group_names=self._group_names,
         )
-        self._hooks = ModuleHooks(ctx, on_root=self._on_root)
-        # A pipeline stage's shape inference is not recorded (wrapped once the job imports it).
-        self._stage_inference = pipelining.StageInference(ctx)
-        self._stage_inference.maybe_install()
-        self._tracer: Any = None
-        self._ddp: Any = None
-        mode = None
-        if caps.collectives:
-            from detfp_capture._sources.collectives import CollectiveTracer
-            from detfp_capture._sources.ddp import DDPReduction
-            from detfp_capture._sources.funcol import FunctionalCollectives
-
-            self._tracer = tracer = CollectiveTracer(ctx)
-            tracer.install()
-            FunctionalCollectives(ctx, tracer).install()  # restored with ctx.patches
-            self._ddp = DDPReduction(ctx, tracer)
-            self._ddp.install(ctx.patches, self._hooks.is_watched)
-            ctx.scope.on_backward_end = self._ddp.wait_buckets
-            self._manifest.groups = lambda: dict(tracer.groups)
-            for name in self._group_names:
-                tracer.name_of(self._group_names[name])
-        if caps.ops:
-            from detfp_capture._sources.dispatch import CaptureMode
-
-            mode = CaptureMode(ctx)
-            mode.install(ctx.patches)
-        self._steps = StepBoundaries(
+        src = install_sources(
             ctx,
-            hooks=self._hooks,
             manifest=self._manifest,
-            tracer=self._tracer,
-            ddp=self._ddp,
-            mode=mode,
-            stage_inference=self._stage_inference,
+            group_names=self._group_names,
+            on_root=self._on_root,
             learn_place=self._learn_place,
         )
+        self._hooks, self._stage_inference, self._steps = src.hooks, src.stage_inference, src.steps
+        self._tracer: Any = src.tracer
+        self._ddp: Any = src.ddp
         _OPEN.add(self)
 
     rank = property(lambda self: self._place.rank, doc="This process's rank (see ``_placement``).")
@@ -290,7 +263,8 @@ class Session:
         try:
             yield
         except BaseException as exc:
-            self._step_raised(n, exc)
+            if steps is not None and not self._closed:
+                steps.raised(n, exc)
             raise
         finally:
             if steps is not None:
@@ -370,17 +344,8 @@ class Session:
             return
         try:
             if rec.in_step:
-                if self._auto is not None and self._auto.trailing and rec.selected:
-                    # Launcher mode: forwards after the last optimizer step (an evaluation) form
-                    # a step no optimizer step ended; the analysis leaves it out.
-                    rec.event(
-                        "partial_step",
-                        "",
-                        "",
-                        None,
-                        f"step {rec.step} ended at close without an optimizer step (an evaluation or a "
-                        "trailing forward); it is not compared",
-                    )
+                if self._auto is not None:
+                    self._auto.close_trailing()
                 self._steps.end()
             rec.flush_safely()
         finally:
@@ -392,7 +357,7 @@ class Session:
             if rec.failed and rec.fail_reason:
                 # Records the writer never saw were dropped: the commit log's close line says so.
                 self._writer.mark_incomplete(rec.fail_reason)
-            self._close_writer()
+            self._part.close_writer(_CLOSE_TIMEOUT_S)
             if self._writer.error and not rec.warned_writer:
                 warnings.warn(f"detfp: trace writer failed: {self._writer.error}", RuntimeWarning, stacklevel=2)
 
@@ -403,27 +368,6 @@ class Session:
         self.close()
 
     # ================================================================== internals
-    def _close_writer(self) -> None:
-        """Wait for the writer to write every flushed window: a slow disk under load only delays
-        close (data the user flushed is never dropped for time); a writer that makes no progress
-        for ``_CLOSE_TIMEOUT_S`` (a hung filesystem) must not hang the end of training: give up,
-        saying how many windows are missing (the writer thread, a daemon, dies with the process)."""
-        w = self._writer
-        last = None
-        while not w.close(timeout=_CLOSE_TIMEOUT_S):
-            progress = (w.windows_written, w.dropped_windows, w.files_written)
-            if progress == last:
-                missing = w.windows_queued - w.windows_written - w.dropped_windows
-                warnings.warn(
-                    f"detfp: trace writer of rank {self.rank} made no progress for {_CLOSE_TIMEOUT_S:.0f} s; "
-                    f"gave up with {missing} flushed window(s) not written: the trace of this rank is "
-                    "truncated (check the file system of the trace directory)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return
-            last = progress
-
     def _awaits_rank(self) -> bool:
         """Open this rank's part only once the rank is known (``_placement``): not in user code."""
         return False
@@ -472,16 +416,6 @@ class Session:
             stacklevel=3,
         )
 
-    def _step_raised(self, n: int, exc: BaseException) -> None:
-        """Step ``n`` ends by an exception: say so (a ``partial_step`` event), so its missing rest
-        reads as where the run ended, not as control flow that differed."""
-        if self._inert or self._closed or not self._rec.in_step or not self._rec.selected:
-            return
-        rec = self._rec
-        with rec.guard("step {} raised", n):
-            what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            rec.event("partial_step", "", "", None, f"step {n} raised {what}; its records stop there")
-
     def _flush_safely(self) -> None:
         """Flush now (tests and benchmarks; capture flushes by itself at step ends)."""
         self._rec.flush_safely()
@@ -507,11 +441,11 @@ class Session:
 
     def _digest_version_for(self, segment: int, asked: int | None) -> int:
         """The digest version of this rank's part, now that its segment is known: a launch
-        appended to a run keeps the run's version (``_resumed_digest_version``; ConfigError when
+        appended to a run keeps the run's version (``manifest.resumed_config``; ConfigError when
         another was asked for), and this session then holds that one."""
         cfg = self._cfg
         if segment:
-            resumed = _resumed_digest_version(cfg, asked, self.out_dir, self.rank, segment)
+            resumed = resumed_config(cfg, asked, self.out_dir, self.rank, segment)
             if resumed is not cfg:
                 from detfp_capture._digest import versions
 
@@ -553,51 +487,3 @@ class Session:
         if self._auto is not None:
             self._auto.remove()
         self._ctx.patches.restore()
-
-
-class _LauncherSession(Session):
-    """The launcher's Session: it waits for its rank (``_placement``) when no ``RANK`` names it."""
-
-    def __init__(self, *, followed: bool, **options: Any) -> None:
-        self._followed = followed
-        super().__init__(**options)
-
-    def _awaits_rank(self) -> bool:
-        return self._followed or "RANK" not in os.environ
-
-    def started_ranks(self) -> None:
-        """This process started (or tried to start) the ranks: unless it becomes one itself (a
-        process group, a step), it writes nothing."""
-        if not self._inert:
-            self._part.started_ranks = True
-
-
-def _resumed_digest_version(cfg: Any, asked: int | None, out_dir: Path, rank: int, segment: int) -> Any:
-    """``cfg`` for a launch appended to a run: the run's digest version (one version per trace),
-    taken from its earlier launch when none was asked for; ConfigError when another was."""
-    from detfp_capture._config import DIGEST_VERSION_ENV
-    from detfp_capture.manifest import earlier_digest_version
-
-    earlier = earlier_digest_version(out_dir, rank, segment)
-    if earlier is None or earlier == cfg.digest_version:
-        return cfg
-    if asked is None and not os.environ.get(DIGEST_VERSION_ENV, "").strip():
-        return dataclasses.replace(cfg, digest_version=earlier)
-    raise ConfigError(
-        f"digest_version={cfg.digest_version}: {out_dir} (rank {rank}) was captured with digest version {earlier}, "
-        f"and a resumed run keeps its version; pass digest_version={earlier} or capture into a new directory"
-    )
-
-
-def launcher_session(*, followed: bool = False, **options: Any) -> Session:
-    """A Session in launcher mode (``python -m detfp_capture``): global module hooks, steps
-    counted by the script's optimizer steps (``launcher.AutoSteps``), the rank learned from the
-    process group when no ``RANK`` names it (``_placement``)."""
-    session = _LauncherSession(followed=followed, **options)
-    if not session._inert:
-        from detfp_capture._sources.launcher import AutoSteps
-
-        session._hooks.install_global()  # level metrics: roots only
-        session._auto = AutoSteps(session._ctx, session._steps)
-        session._auto.install()
-    return session

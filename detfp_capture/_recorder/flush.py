@@ -11,15 +11,17 @@ event) and recomputed module outputs that differ from their original forward (th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from detfp_capture._digest.batched import BATCHED
 from detfp_capture._digest.resolve import resolve_raw, resolve_rows
+from detfp_capture._recorder import columns
 from detfp_capture._recorder.call import KIND, MICROBATCH, MODULE, NAME, PHASE, STEP, EventRow
-from detfp_capture._recorder.records import RecordBuffer
+from detfp_capture._recorder.records import RecordBuffer, record_columns
 from detfp_capture._recorder.slot import COMBINE, COPY, Slot
 from detfp_capture._recorder.subclass import resolve_combined
 
-__all__ = ["DigestFindings", "resolve_slots"]
+__all__ = ["DigestFindings", "resolve_slots", "window_tables"]
 
 
 def resolve_slots(slots: list[Slot]) -> None:
@@ -130,3 +132,26 @@ class DigestFindings:
         # Forward outputs of the current step may still be recomputed after the next flush.
         self.forward_outputs = {k: v for k, v in fwd.items() if k[0] >= step}
         return hazards
+
+
+def window_tables(
+    rec: Any, records: RecordBuffer, metrics: list, events: list, kernels: list, dumps: list
+) -> dict[str, Any]:
+    """The tables of one flushed window (``rec``: the ``Recorder``, its digests resolved): the
+    records' columns with their hazards, the argument rows, metrics, kernels, dumps, and the
+    window's ``events`` then those the digests add (``rec.events``, emptied)."""
+    tables: dict[str, Any] = {}
+    cols, args_rows = record_columns(records, rec.args)
+    # The digests can add events (recompute mismatches, pointer-like tables): same window.
+    cols["hazards"] = rec.findings.hazards(records, rec.events, rec.next_seq, rec.step)
+    tables["records"] = cols
+    if args_rows is not None:
+        tables["args"] = args_rows
+    tables["metrics"] = columns.metric_columns(metrics)
+    if kernels:
+        tables["kernels"] = columns.kernel_columns(kernels, rec.next_seq)
+    tables["events"] = columns.event_columns(events + rec.events)
+    rec.events = []
+    if dumps:
+        tables["dumps"] = columns.dump_columns(dumps)
+    return tables

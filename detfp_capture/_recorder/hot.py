@@ -23,12 +23,20 @@ from detfp_capture import digest
 from detfp_capture._digest.awaited import PLAIN
 from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
-from detfp_capture._recorder.call import Call, RecordSpec, TensorArg, make_call
+from detfp_capture._recorder.call import NAME, Call, DumpRow, RecordSpec, TensorArg, make_call
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX
 from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
 from detfp_capture._recorder.subclass import has_subclass
 
-__all__ = ["append_batch", "append_copy", "append_fast", "append_plain", "record_op"]
+__all__ = [
+    "append_batch",
+    "append_copy",
+    "append_counted",
+    "append_fast",
+    "append_general",
+    "append_plain",
+    "record_op",
+]
 
 _NO_HAZARDS: tuple[str, ...] = ()
 _INT64 = torch.int64
@@ -153,6 +161,44 @@ def append_fast(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool,
             rec.need_flush = True
     else:
         rec.append_records(call, tensors, digest_it=digest_it, fresh=fresh, defer=defer)
+
+
+def append_counted(rec: Any, call: Call, tensors: list[TensorArg]) -> None:
+    """Records counted, not digested (views and metadata ops, write-only arguments; never dumped)."""
+    ext = rec.records.rows.extend
+    seq = rec.seq
+    for role, arg, t in tensors:
+        dt = t.dtype
+        ext((call, seq, role, arg, DTYPE_STR.get(dt) or dtype_str(dt), SHAPES.get(t.shape) or shape_tuple(t.shape),
+             t.numel(), None, _NO_HAZARDS))  # fmt: skip
+        seq += 1
+    rec.seq = seq
+
+
+def append_general(
+    rec: Any,
+    call: Call,
+    tensors: list[TensorArg],
+    hazards: dict[int, tuple[str, ...]] | None,
+    digest_it: bool,
+    rows: bool | int | None,
+    fresh: bool,
+) -> None:
+    """Records with hazards or per-record options (rows, moments, dumps): one slot and row each."""
+    cfg = rec.cfg
+    name, module = call[NAME], call[3]
+    if rows is None:
+        rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
+    mom = cfg.moments.enabled and cfg.moments.wants(name, module)
+    dump = cfg.dumps.enabled and cfg.dumps.wants(name, module)
+    out = rec.records
+    for i, (role, arg, t) in enumerate(tensors):
+        hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
+        s = rec.slot(t, rows, mom, fresh) if digest_it else None
+        seq = rec.next_seq()
+        out.add(call, seq, role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz)
+        if dump:
+            rec._dump(DumpRow(call, seq, role, arg, t))
 
 
 def _late(rec: Any, t: torch.Tensor, s: Slot) -> Any:

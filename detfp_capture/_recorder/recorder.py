@@ -31,18 +31,16 @@ from detfp_capture import digest
 from detfp_capture._config import CaptureConfig
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.staging import Staging
-from detfp_capture._digest.subclass import flatten
-from detfp_capture._recorder import columns
 from detfp_capture._recorder.args import ArgsColumn
-from detfp_capture._recorder.call import NAME, Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg
+from detfp_capture._recorder.call import Call, DumpRow, EventRow, MetricRow, RecordSpec, TensorArg
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
-from detfp_capture._recorder.flush import DigestFindings, resolve_slots
+from detfp_capture._recorder.flush import DigestFindings, resolve_slots, window_tables
 from detfp_capture._recorder.guard import Guard
-from detfp_capture._recorder.hot import append_batch, append_copy, append_plain
+from detfp_capture._recorder.hot import append_batch, append_copy, append_counted, append_general, append_plain
 from detfp_capture._recorder.inflight import InFlight
-from detfp_capture._recorder.records import WIDTH, RecordBuffer, record_columns
-from detfp_capture._recorder.slot import DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
-from detfp_capture._recorder.subclass import append_flattened, flattens, has_subclass
+from detfp_capture._recorder.records import WIDTH, RecordBuffer
+from detfp_capture._recorder.slot import Slot, dtype_str, gc_paused
+from detfp_capture._recorder.subclass import append_flattened, flattens, has_subclass, scalar_copy
 from detfp_capture._recorder.vcache import VersionCache
 from detfp_format import contract
 
@@ -314,48 +312,16 @@ class Recorder:
             if len(self.records.rows) >= self._flush_rows:
                 self.need_flush = True
             return
-        out = self.records
         if not digest_it and not hazards:
-            # Views and metadata ops: counted, not digested (and never dumped).
-            ext = out.rows.extend
-            seq = self.seq
-            for role, arg, t in tensors:
-                dt = t.dtype
-                ext(
-                    (
-                        call,
-                        seq,
-                        role,
-                        arg,
-                        DTYPE_STR.get(dt) or dtype_str(dt),
-                        SHAPES.get(t.shape) or shape_tuple(t.shape),
-                        t.numel(),
-                        None,
-                        _NO_HAZARDS,
-                    )
-                )
-                seq += 1
-            self.seq = seq
+            append_counted(self, call, tensors)  # views and metadata ops: counted, not digested
         elif rows is None and not hazards and not self._tensor_opts:
             append_plain(self, call, tensors, fresh, defer)
             if len(self.waiting.tensors) >= DEFER_MAX or self.waiting.nbytes >= DEFER_BYTES:
                 self.waiting.run(staging=False)
         else:
-            cfg = self.cfg
-            name, module = call[NAME], call[3]
-            if rows is None:
-                rows = cfg.rows.arg if cfg.rows.enabled and cfg.rows.wants(name, module) else False
-            mom = cfg.moments.enabled and cfg.moments.wants(name, module)
-            dump = cfg.dumps.enabled and cfg.dumps.wants(name, module)
-            for i, (role, arg, t) in enumerate(tensors):
-                hz = hazards.get(i, _NO_HAZARDS) if hazards else _NO_HAZARDS
-                s = self.slot(t, rows, mom, fresh) if digest_it else None
-                seq = self.next_seq()
-                out.add(call, seq, role, arg, dtype_str(t.dtype), tuple(t.shape), t.numel(), s, hz)
-                if dump:
-                    self._dump(DumpRow(call, seq, role, arg, t))
+            append_general(self, call, tensors, hazards, digest_it, rows, fresh)
         self.records_in_step += len(tensors)
-        if len(out.rows) >= self._flush_rows:
+        if len(self.records.rows) >= self._flush_rows:
             self.need_flush = True
 
     def _dump(self, row: DumpRow) -> None:
@@ -431,16 +397,8 @@ class Recorder:
             self.metrics.append(row)
             return
 
-        def copy() -> torch.Tensor:
-            # Once the collective writing it completed. A tensor subclass refuses to be read as a
-            # number (a DTensor's .tolist()): its first inner tensor holds the value (a DTensor's:
-            # this rank's local value, no communication).
-            t = collective_result(value).detach()
-            while flattens(t) and (parts := flatten(t, meta=False).tensors):
-                t = collective_result(parts[0][1])
-            return t.reshape(1).clone()  # 1-D: the flush concatenates them
-
-        self.inflight.when_complete(value, lambda: self.metrics.append(row._replace(value=copy())))
+        # Once the collective writing it completed; 1-D: the flush concatenates them.
+        self.inflight.when_complete(value, lambda: self.metrics.append(row._replace(value=scalar_copy(value))))
 
     def event(
         self, type_: str, name: str = "", module: str = "", count: int | None = None, detail: str | None = None
@@ -484,20 +442,7 @@ class Recorder:
                 slots = [s for s in dict.fromkeys(records.slot) if s is not None and s.hi is None and s.extra is None]
                 if slots:
                     resolve_slots(slots)
-                tables: dict[str, dict[str, list]] = {}
-                cols, args_rows = record_columns(records, self.args)
-                # The digests can add events (recompute mismatches, pointer-like tables): same window.
-                cols["hazards"] = self.findings.hazards(records, self.events, self.next_seq, self.step)
-                tables["records"] = cols
-                if args_rows is not None:
-                    tables["args"] = args_rows
-                tables["metrics"] = columns.metric_columns(metrics)
-                if kernels:
-                    tables["kernels"] = columns.kernel_columns(kernels, self.next_seq)
-                tables["events"] = columns.event_columns(events + self.events)
-                self.events = []
-                if dumps:
-                    tables["dumps"] = columns.dump_columns(dumps)
+                tables = window_tables(self, records, metrics, events, kernels, dumps)
         finally:
             self.leave()
         self.flushes += 1

@@ -26,6 +26,7 @@ import torch
 
 from detfp_capture import digest
 from detfp_capture._digest import versions
+from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import Resolved
 from detfp_capture._digest.subclass import combined, flatten
@@ -33,7 +34,7 @@ from detfp_capture._recorder.call import Call, TensorArg
 from detfp_capture._recorder.slot import COMBINE, Slot, dtype_str, shape_tuple
 from detfp_format import contract
 
-__all__ = ["Combo", "append_flattened", "flattens", "has_subclass", "resolve_combined"]
+__all__ = ["Combo", "append_flattened", "flattens", "has_subclass", "resolve_combined", "scalar_copy"]
 
 _TENSOR = torch.Tensor
 _PARAM = torch.nn.Parameter
@@ -165,3 +166,13 @@ def resolve_combined(slots: list[Slot]) -> None:
         else:
             s.extra = Resolved(None, None, error, None, None, False)
         s.pending = s.source = None
+
+
+def scalar_copy(value: torch.Tensor) -> torch.Tensor:
+    """A 1-D copy of a one-element tensor's value, read once its producer completed. A tensor
+    subclass refuses to be read as a number (a DTensor's ``.tolist()``): its first inner tensor
+    holds the value (a DTensor's: this rank's local value, no communication)."""
+    t = collective_result(value).detach()
+    while flattens(t) and (parts := flatten(t, meta=False).tensors):
+        t = collective_result(parts[0][1])
+    return t.reshape(1).clone()

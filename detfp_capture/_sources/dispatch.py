@@ -180,6 +180,46 @@ class CaptureMode(TorchDispatchMode):
         # holds it (new_empty_strided + copy_ instead of detach): capture would change the
         # program's own ops, and whether it does would depend on when the batch last ran.
         defer = info.batch_inputs and phase != "backward"
+        flags, blind, taint, redest = self._inputs(info, module, tensors, args, kwargs)
+        if flags is None and not blind and (info.dest_pos or info.dest_kw or redest):
+            # Write-only arguments are counted, never digested: inputs first, then destinations.
+            ins = [x for x in tensors if x[0] == "input"]
+            dests = [x for x in tensors if x[0] == "dest"]
+            call = rec.record_call(
+                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=defer
+            )
+            if dests:
+                rec.append_records(call, dests, digest_it=False)
+        elif flags is not None or blind:
+            call = rec.record_call("op", info.name, module, phase, [], args_src=other)
+            for i, item in enumerate(tensors):
+                f = flags.get(i) if flags else None
+                rec.append_records(
+                    call,
+                    [item],
+                    hazards={0: f} if f else None,
+                    digest_it=info.reads and item[0] != "dest" and i not in blind,
+                    defer=defer,
+                )
+        else:
+            # (A writing op runs the batch right below, before the write: worth it for the many
+            # tensors of a _foreach_ op, not for a single in-place tensor.)
+            call = record_op(rec, info.name, module, phase, tensors, other, info.reads, defer)
+            if info.copies_input and len(tensors) == 1:
+                source = (tensors[0][2], rec.last_slot())
+        if info.writing:
+            # Digests waiting for a batch over what it writes are taken now, cached ones dropped.
+            rec.before_write(written_storages(info, args, kwargs))
+        rec.busy = False
+        return call, info, phase, taint, source
+
+    def _inputs(
+        self, info: OpInfo, module: str, tensors: list, args: tuple, kwargs: dict
+    ) -> tuple[dict[int, tuple[str, ...]] | None, set[int], bool, bool]:
+        """What ``_pre`` records of each input: the hazard flags by position (None: none), the
+        positions recorded but not digested (``blind``: read while unwritten, workspaces, inputs
+        the op ignores), whether the output inherits an uninitialized read (``taint``), and
+        whether an input became a write-only destination (``redest``; ``tensors`` is updated)."""
         hz = self.hazards
         flags = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
@@ -245,37 +285,7 @@ class CaptureMode(TorchDispatchMode):
                     for h in f:
                         hz.event(h, module, f"{info.name} {arg} read while {h}")
             flags = flags or None
-        if flags is None and not blind and (info.dest_pos or info.dest_kw or redest):
-            # Write-only arguments are counted, never digested: inputs first, then destinations.
-            ins = [x for x in tensors if x[0] == "input"]
-            dests = [x for x in tensors if x[0] == "dest"]
-            call = rec.record_call(
-                "op", info.name, module, phase, ins, args_src=other, digest_it=info.reads, defer=defer
-            )
-            if dests:
-                rec.append_records(call, dests, digest_it=False)
-        elif flags is not None or blind:
-            call = rec.record_call("op", info.name, module, phase, [], args_src=other)
-            for i, item in enumerate(tensors):
-                f = flags.get(i) if flags else None
-                rec.append_records(
-                    call,
-                    [item],
-                    hazards={0: f} if f else None,
-                    digest_it=info.reads and item[0] != "dest" and i not in blind,
-                    defer=defer,
-                )
-        else:
-            # (A writing op runs the batch right below, before the write: worth it for the many
-            # tensors of a _foreach_ op, not for a single in-place tensor.)
-            call = record_op(rec, info.name, module, phase, tensors, other, info.reads, defer)
-            if info.copies_input and len(tensors) == 1:
-                source = (tensors[0][2], rec.last_slot())
-        if info.writing:
-            # Digests waiting for a batch over what it writes are taken now, cached ones dropped.
-            rec.before_write(written_storages(info, args, kwargs))
-        rec.busy = False
-        return call, info, phase, taint, source
+        return flags, blind, taint, redest
 
     def _post(self, pre: tuple, args: tuple, kwargs: dict, out: Any) -> None:
         call, info, phase, taint, source = pre

@@ -67,6 +67,20 @@ class AutoSteps:
         """The running step has seen no optimizer step (forwards after the last one)."""
         return self.primary is not None and not self.stepped
 
+    def close_trailing(self) -> None:
+        """At close inside a step: forwards after the last optimizer step (an evaluation) form a
+        step no optimizer step ended; say so (``partial_step``): the analysis leaves it out."""
+        rec = self.ctx.rec
+        if self.trailing and rec.selected:
+            rec.event(
+                "partial_step",
+                "",
+                "",
+                None,
+                f"step {rec.step} ended at close without an optimizer step (an evaluation or a "
+                "trailing forward); it is not compared",
+            )
+
     def _begin(self, n: int) -> None:
         if not self.ctx.rec.closed:
             self.stepped = False
@@ -198,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from detfp_capture._launched import launcher_session
     from detfp_capture._sources.children import Children
     from detfp_capture.errors import LaunchRefusedError
-    from detfp_capture.session import launcher_session
 
     moments = _opt(ns.moments)
     try:

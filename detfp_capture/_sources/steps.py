@@ -142,6 +142,16 @@ class StepBoundaries:
             self.mode_entered = True
             rec.mode = mode
 
+    def raised(self, n: int, exc: BaseException) -> None:
+        """Step ``n`` ends by an exception: say so (a ``partial_step`` event), so its missing rest
+        reads as where the run ended, not as control flow that differed."""
+        rec = self.rec
+        if not rec.in_step or not rec.selected:
+            return
+        with rec.guard("step {} raised", n):
+            what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            rec.event("partial_step", "", "", None, f"step {n} raised {what}; its records stop there")
+
     def end(self) -> None:
         rec = self.rec
         if not rec.in_step:
