@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TypedDict
 
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect.components import parts_of
@@ -87,6 +88,15 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
     )
 
 
+class _MetricFields(TypedDict, total=False):
+    """RankResult's metric fields, set together when a rank's metrics split."""
+
+    metric_step: int
+    metric_name: str
+    metric_a: float | None
+    metric_b: float | None
+
+
 def rank_results(
     run_a: Run,
     run_b: Run,
@@ -101,7 +111,11 @@ def rank_results(
     out, notes = [], []
     for r in sorted(compared):
         m = metrics.get(r)
-        mkw = {} if m is None else dict(metric_step=m.step, metric_name=m.name, metric_a=m.value_a, metric_b=m.value_b)
+        mkw: _MetricFields = (
+            {}
+            if m is None
+            else {"metric_step": m.step, "metric_name": m.name, "metric_a": m.value_a, "metric_b": m.value_b}
+        )
         f = found.get(r)
         if f is None:
             out.append(RankResult(r, "diverged", m.step, **mkw) if m is not None else RankResult(r, "identical", None))

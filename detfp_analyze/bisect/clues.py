@@ -155,7 +155,9 @@ def step_offset(run_a: Run, run_b: Run, ranks: Sequence[RankResult], range_a, ra
         return None
     b0 = range_b[0]
     rr = next((r for r in ranks if r.status == "diverged" and r.effective is not None), None)
-    d = rr.effective if rr is not None else None
+    if rr is None:
+        return None
+    d = rr.effective
     if d is None or d.verdict != "source" or d.step != b0 or range_a[1] <= b0:
         return None
     cols = _ENTRY_COLUMNS

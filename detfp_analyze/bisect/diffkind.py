@@ -175,11 +175,12 @@ def classify(
     ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``.
     """
     if state in rule.STRUCTURAL or a is None or b is None:
-        side = {
+        where: dict[str, str] = {  # a RecordState is its value: a plain state string looks it up
             rule.ONLY_A: "run A only",
             rule.ONLY_B: "run B only",
             rule.SHIFTED: "both runs, but its call sequence has a different number of calls",
-        }.get(state, "both runs, in a different order")
+        }
+        side = where.get(state, "both runs, in a different order")
         return ValueDiff("structure", detail=f"record present in {side}")
     sums = (_f(a.get("m_sum")), _f(b.get("m_sum")))
     maxs = (_f(a.get("m_absmax")), _f(b.get("m_absmax")))

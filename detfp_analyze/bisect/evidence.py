@@ -171,6 +171,7 @@ def gather(run_a: Run, run_b: Run, found: Mapping[int, Found], level: str) -> Ev
     both_kernels = "kernels" in run_a.tables and "kernels" in run_b.tables
     if level == "kernel" and both_kernels:
         calls = sorted({x.record.call for x in extracts})
+        kern: tuple[dict[CallKey, tuple[str, ...]] | None, dict[CallKey, tuple[str, ...]] | None]
         kern = (kernels(run_a, calls), kernels(run_b, calls))
         notes: tuple[str, ...] = ()
     else:

@@ -105,8 +105,8 @@ def bisect(
     ends = _clues.endings(run_a, run_b, scope.ranks, ordered)
     ordered, trimmed = _cause.trim_endings(ordered, ends)
     notes += trimmed
-    reads = _clues.hazard_reads(run_a, run_b, ordered)
-    ordered = _cause.confirm_hazards(ordered, reads)
+    hazard_reads = _clues.hazard_reads(run_a, run_b, ordered)
+    ordered = _cause.confirm_hazards(ordered, hazard_reads)
     parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in scope.ranks}
     diag = diagnose(ordered, parallel)
     if level == "step" and diag.pattern != "identical":
@@ -127,7 +127,7 @@ def bisect(
         capture_b=capture[1],
         resume_step=scope.resume.first_common_step if scope.resume.resumed else None,
     )
-    diag = _cause.weigh(diag, ordered, clues, status, reads)
+    diag = _cause.weigh(diag, ordered, clues, status, hazard_reads)
     disc = None
     if diag.origin_ranks and level in ("op", "kernel"):
         disc = _evidence.discriminator(run_a, run_b, ordered, diag)

@@ -331,7 +331,7 @@ class _Writer:
                         rec, met = self.records(run, rank, step), self.metrics(run, rank, step)
                         nrec, nmet = len(rec["status"]), len(met["name"])
                         self.seq0[(run, rank, step)] = seq + 1
-                        ev = {"type": ["step_begin", "step_end"], "name": ["", ""], "module": ["", ""],
+                        ev: dict[str, list] = {"type": ["step_begin", "step_end"], "name": ["", ""], "module": ["", ""],
                               "count": [None, nrec], "seq": [seq, seq + nrec + nmet + 1]}  # fmt: skip
                         rec["seq"] = list(range(seq + 1, seq + 1 + nrec))
                         met["seq"] = list(range(seq + 1 + nrec, seq + 1 + nrec + nmet))
