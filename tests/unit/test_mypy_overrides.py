@@ -26,11 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The most the ignore_errors list may hold. Only ever delete from it.
 PINNED = frozenset(
     {
-        "detfp_analyze.bisect.walk",
-        "detfp_analyze.io.completeness",
-        "detfp_analyze.io.envdiff",
-        "detfp_analyze.io.footers",
-        "detfp_analyze.io.store",
         "detfp_capture._digest.batched",
         "detfp_capture._digest.native",
         "detfp_capture._digest.pending",
