@@ -111,7 +111,6 @@ def _fill_hashes(table: str, cols: dict[str, list], n: int) -> None:
     if not (need_call or need_key):
         return
     mb, ph, mod, kind, name, occ = (cols[k] for k in ("microbatch", "phase", "module", "kind", "name", "occurrence"))
-    role, arg = (cols.get("role"), cols.get("arg")) if need_key else (None, None)
     cmemo, kmemo = _CALL_MEMO, _KEY_MEMO
     if len(cmemo) >= _MEMO_LIMIT:
         cmemo.clear()
@@ -127,6 +126,8 @@ def _fill_hashes(table: str, cols: dict[str, list], n: int) -> None:
             hit = cmemo[ct] = (ck, contract.key_hash(ck))
         call_hashes.append(hit[1])
     if need_key:
+        # A table with key_hash also has role and arg (the key's last two fields).
+        role, arg = cols["role"], cols["arg"]
         keys = zip(mb, ph, mod, kind, name, occ, strict=True)
         for ct, r, a, ch in zip(keys, role, arg, call_hashes, strict=True):
             h = kget((ch, r, a))

@@ -160,7 +160,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     fn = pyfuncitem.obj
     if inspect.iscoroutinefunction(fn):
         pytest.fail("@pytest.mark.detfp_repeat cannot repeat an async test body", pytrace=False)
-    checker: RepeatChecker = pyfuncitem.funcargs["detfp_repeat"]
+    checker = pyfuncitem.funcargs["detfp_repeat"]
+    if not isinstance(checker, RepeatChecker):  # a conftest may override the fixture by name
+        pytest.fail("@pytest.mark.detfp_repeat needs the plugin's detfp_repeat fixture, not an override", pytrace=False)
     funcargs = pyfuncitem.funcargs
     names = pyfuncitem._fixtureinfo.argnames  # what pytest itself passes to the test function
     body = functools.partial(fn, **{name: funcargs[name] for name in names})

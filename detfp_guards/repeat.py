@@ -297,7 +297,8 @@ class _Runner:
 
     def run(self, prefix: str, runs: int, options: dict[str, Any]) -> tuple[int, Any]:
         """Repeats until one differs from the first or ``runs`` ran: (k, BisectResult of 0 vs k)."""
-        from detfp_analyze import bisect
+        # The function by its home: mypy reads ``detfp_analyze.bisect`` as the subpackage.
+        from detfp_analyze.bisect import bisect
 
         bisect_level = "kernel" if "kernels" in options and self.level == "ops" else "op"
         run_a = self._capture(self.base / f"{prefix}-0", options)

@@ -11,7 +11,7 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -22,7 +22,7 @@ from detfp_analyze.errors import DetfpError
 try:  # typer >= 0.20 vendors click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - older typer on click
-    from click.exceptions import UsageError
+    from click.exceptions import UsageError  # type: ignore[assignment]  # the class typer vendors later
 
     NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
 
@@ -122,8 +122,10 @@ class OneLineGroup(TyperGroup):
     """The command group, with usage errors (a mistyped option, a missing argument, a bad value)
     printed as one line and exit 2, like every other error, instead of a boxed block."""
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:  # fmt: skip
+        if not windows_expand_args:  # passed on only when asked: the default is click's own
+            extra["windows_expand_args"] = False
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -155,7 +157,7 @@ class Command(TyperCommand):
         args, opts = [], []
         for param in self.get_params(ctx):
             if param.param_type_name == "argument":
-                args.append((param.metavar or param.name.upper(), getattr(param, "help", None) or ""))
+                args.append((param.metavar or (param.name or "").upper(), getattr(param, "help", None) or ""))
             else:
                 record = param.get_help_record(ctx)
                 if record is not None:

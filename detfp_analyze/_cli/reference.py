@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from typer.core import TyperGroup
 from typer.main import get_command
 
 __all__ = ["render"]
@@ -41,6 +42,8 @@ def render() -> str:
     from detfp_analyze.cli import app
 
     group = get_command(app)
+    if not isinstance(group, TyperGroup):  # a Typer app with several commands is a group
+        raise TypeError(f"the detfp-analyze app is a single command ({type(group).__name__}), not a group")
     parts = [_PREAMBLE, "```text", "$ detfp-analyze --help", _help(group, "detfp-analyze"), "```"]
     root = group.make_context(
         "detfp-analyze", [], resilient_parsing=True, terminal_width=_WIDTH, max_content_width=_WIDTH

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
+from detfp_analyze.bisect.vocab import Cause, DiffKind, Pattern, Verdict
 from detfp_analyze.ranks import format_ranks
 from detfp_format.contract import CAPTURE_LEVELS
 
@@ -100,7 +101,7 @@ def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
     resumed = d.step == resume_step
     if d.kind == "batch":
         return Advice(
-            "data",
+            Cause.DATA,
             f"The data differs: the batch fed to {d.op} differs at step {d.step} {where}, before any computation "
             "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
             (
@@ -116,7 +117,7 @@ def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
             else "the seeding differs, or the state was not restored on resume"
         )
         return Advice(
-            "rng",
+            Cause.RNG,
             f"The RNG state differs: rng_state {d.op} at step {d.step} {where} ({why}), and what draws from it "
             "differs with it.",
             (
@@ -128,13 +129,13 @@ def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
     if d.kind in ("param", "optimizer_state", "grad"):
         why = "the checkpoint save/load" if resumed else "the init seed, or the checkpoint save/load"
         return Advice(
-            "restore",
+            Cause.RESTORE,
             f"The state where the capture begins differs: {d.kind} {d.op} at step {d.step} {where} ({why}).",
             ("check the init seed and the checkpoint: parameters, the optimizer's inner state, the loss scaler",),
         )
-    how = " (the same rows in another order)" if d.diff_kind == "permutation" else ""
+    how = " (the same rows in another order)" if d.diff_kind == DiffKind.PERMUTATION else ""
     return Advice(
-        "uncaptured",
+        Cause.UNCAPTURED,
         f"A probed value differs{how}: {d.kind} {d.op} at step {d.step} {where}, and the code that feeds it was not "
         "captured.",
         ("capture the code that produces it: a level deeper, or probes further upstream",),
@@ -152,26 +153,26 @@ def from_divergence(
     """The cause the first divergence ``d`` names (``where``: ``who``'s phrase for the ranks;
     ``resume_step``: the step run B resumed at, when it was resumed)."""
     if d is None:
-        if diag.pattern == "undetermined":
+        if diag.pattern == Pattern.UNDETERMINED:
             return Advice(
-                "undetermined",
+                Cause.UNDETERMINED,
                 "bisect stopped at the step level, so no record names a cause yet.",
                 ("rerun bisect with --level op for verdicts, a pattern and a cause",),
             )
         nxt = deeper(capture)
         more = (f"recapture the first differing step at level {nxt}: {recapture(capture, nxt, 0)}",) if nxt else ()
         return Advice(
-            "uncaptured",
+            Cause.UNCAPTURED,
             f"Metrics differ {where} but no captured record does: the difference starts in code the capture did not "
             "record.",
             (*more, "or probe the suspect tensors with session.probe"),
         )
-    if d.diff_kind == "arguments" or (d.diff is not None and d.diff.kind == "arguments"):
+    if d.diff_kind == DiffKind.ARGUMENTS or (d.diff is not None and d.diff.kind == DiffKind.ARGUMENTS):
         changes = (
             ", ".join(d.diff.args_changes) if d.diff is not None and d.diff.args_changes else "a non-tensor argument"
         )
         return Advice(
-            "argument",
+            Cause.ARGUMENT,
             f"An argument differs: {changes} at {at(d)} {where}: the code or its configuration passes another value "
             "(a deliberate change, not nondeterminism).",
             (
@@ -179,19 +180,19 @@ def from_divergence(
                 "if the change is intended, expect it in a gate (--expect, with a reason)",
             ),
         )
-    if d.verdict == "source":
+    if d.verdict == Verdict.SOURCE:
         return _source(d, where, resume_step)
-    if d.verdict == "structural":
+    if d.verdict == Verdict.STRUCTURAL:
         side = "A" if d.presence == "a_only" else "B" if d.presence == "b_only" else "one run"
         return Advice(
-            "control_flow",
+            Cause.CONTROL_FLOW,
             f"Control flow differs: {at(d)} is in run {side} only (or in another order) {where}: a configuration or "
             "data-dependent branch ran differently.",
             ("compare the configurations, and any branch on data, on the rank or on the step",),
         )
-    if d.verdict == "origin" and d.kind in ("collective", "reduced_grad"):
+    if d.verdict == Verdict.ORIGIN and d.kind in ("collective", "reduced_grad"):
         return Advice(
-            "collective",
+            Cause.COLLECTIVE,
             f"The collective {at(d)} is the first difference, and every rank of its group had matching inputs: its "
             "reduction order or algorithm differs (NCCL_ALGO or NCCL_PROTO, ring or tree, topology).",
             (
@@ -199,10 +200,10 @@ def from_divergence(
                 "compare the process layout and hosts of the two launches",
             ),
         )
-    if d.verdict == "origin" and diag.pattern in ("single_rank", "rank_subset"):
+    if d.verdict == Verdict.ORIGIN and diag.pattern in (Pattern.SINGLE_RANK, Pattern.RANK_SUBSET):
         share = ", ".join(f"{k}={v}" for k, v in sorted(diag.shared_coordinates.items()))
         return Advice(
-            "rank_local",
+            Cause.RANK_LOCAL,
             f"Only {where.split(' ', 1)[1]} starts the difference, at {at(d)} with matching inputs"
             + (f" (they share {share})" if share else "")
             + ": look at what differs there (its input data, placement, topology, reduction order).",
@@ -211,17 +212,17 @@ def from_divergence(
                 *_deeper_steps(d, capture),
             ),
         )
-    if d.verdict == "origin" and compared <= 1:
+    if d.verdict == Verdict.ORIGIN and compared <= 1:
         return Advice(
-            "op",
+            Cause.OP,
             f"{at(d)} is the first call whose output differs although its inputs matched: a nondeterministic kernel "
             "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
             "tell which.",
             ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
         )
-    if d.verdict == "origin":
+    if d.verdict == Verdict.ORIGIN:
         return Advice(
-            "op",
+            Cause.OP,
             f"{at(d)} is the first difference {where}, with matching inputs everywhere: the op or its kernel is "
             "nondeterministic (float atomics, split-K, tile scheduling).",
             _deeper_steps(d, capture),
@@ -230,7 +231,7 @@ def from_divergence(
     nxt = deeper(capture)
     steps = (f"recapture step {d.step} at level {nxt}: {recapture(capture, nxt, d.step)}",) if nxt else ()
     return Advice(
-        "uncaptured",
+        Cause.UNCAPTURED,
         f"No captured record starts the difference: {d.verdict} at {at(d)} {where}; {diag.explanation}.",
         (*steps, "probe the uncaptured producer (session.probe) one hop upstream of the first differing input"),
     )

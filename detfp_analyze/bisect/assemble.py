@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TypedDict
 
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect.components import parts_of
@@ -19,6 +20,7 @@ from detfp_analyze.bisect.records import Extract, Found
 from detfp_analyze.bisect.result import LEVELS, Divergence, Kernels, RankResult, ValueDiff
 from detfp_analyze.bisect.search import MetricSplit
 from detfp_analyze.bisect.verdict import RankVerdicts, Verdict
+from detfp_analyze.bisect.vocab import Level, Status
 from detfp_analyze.io.reader import Run
 from detfp_format.contract import INPUTLESS_KINDS, split_component
 
@@ -60,7 +62,7 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
         module=rec.module if deep >= LEVELS.index("module") else None,  # type: ignore[arg-type]
         kind=rec.kind,
         # A parameter, batch or RNG state is named by its record, not by an op: keep that name at any level.
-        op=rec.name if deep >= LEVELS.index("op") or rec.kind in INPUTLESS_KINDS else None,  # type: ignore[arg-type]
+        op=rec.name if deep >= LEVELS.index(Level.OP) or rec.kind in INPUTLESS_KINDS else None,  # type: ignore[arg-type]
         occurrence=rec.occurrence,
         role=rec.role,
         arg=rec.arg,
@@ -87,6 +89,15 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
     )
 
 
+class _MetricFields(TypedDict, total=False):
+    """RankResult's metric fields, set together when a rank's metrics split."""
+
+    metric_step: int
+    metric_name: str
+    metric_a: float | None
+    metric_b: float | None
+
+
 def rank_results(
     run_a: Run,
     run_b: Run,
@@ -101,14 +112,22 @@ def rank_results(
     out, notes = [], []
     for r in sorted(compared):
         m = metrics.get(r)
-        mkw = {} if m is None else dict(metric_step=m.step, metric_name=m.name, metric_a=m.value_a, metric_b=m.value_b)
+        mkw: _MetricFields = (
+            {}
+            if m is None
+            else {"metric_step": m.step, "metric_name": m.name, "metric_a": m.value_a, "metric_b": m.value_b}
+        )
         f = found.get(r)
         if f is None:
-            out.append(RankResult(r, "diverged", m.step, **mkw) if m is not None else RankResult(r, "identical", None))
+            out.append(
+                RankResult(r, Status.DIVERGED, m.step, **mkw)
+                if m is not None
+                else RankResult(r, Status.IDENTICAL, None)
+            )
             continue
-        if level == "step":  # no verdicts: the step of the rank's first divergence (past a false root)
+        if level == Level.STEP:  # no verdicts: the step of the rank's first divergence (past a false root)
             s = (f.next_clean or f.first).record.step
-            out.append(RankResult(r, "diverged", min(s, m.step) if m else s, record_step=s, **mkw))
+            out.append(RankResult(r, Status.DIVERGED, min(s, m.step) if m else s, record_step=s, **mkw))
             continue
         v = verdicts[r]
         first = divergence(run_a, run_b, f.first, v.first, ev, level)
@@ -118,7 +137,7 @@ def rank_results(
         # A likely false root followed by a clean divergence: the rank diverges where the evidence
         # does (the false root stays in the report as ``first``).
         step = nxt.step if first.hazards and nxt is not None else first.step
-        out.append(RankResult(r, "diverged", step, record_step=step, first=first, next_clean=nxt, **mkw))
+        out.append(RankResult(r, Status.DIVERGED, step, record_step=step, first=first, next_clean=nxt, **mkw))
         if m is not None and m.step < step:
             notes.append(
                 f"rank {r}: metric {m.name} differs at step {m.step}, before any record (step {step}): widen the capture"

@@ -33,6 +33,7 @@ from detfp_analyze.bisect import advice as _advice
 from detfp_analyze.bisect.advice import Advice
 from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence, RankResult, check_cause
 from detfp_analyze.bisect.settings import SETTING_GROUPS, Setting, explains
+from detfp_analyze.bisect.vocab import Cause, Status, Verdict
 
 __all__ = ["Clues", "Ending", "HazardRead", "Offset", "confirm_hazards", "trim_endings", "weigh"]
 
@@ -111,7 +112,7 @@ def confirm_hazards(ranks: Sequence[RankResult], reads: Mapping[int, HazardRead]
         if f is not None and "uninitialized" in f.hazards and read is not None:
             nxt = rr.next_clean
             both = f.step in read.steps_a and f.step in read.steps_b
-            flows = (nxt is not None and nxt.step == f.step and nxt.verdict == "unobserved_producer") or (
+            flows = (nxt is not None and nxt.step == f.step and nxt.verdict == Verdict.UNOBSERVED_PRODUCER) or (
                 nxt is None and rr.metric_step == f.step
             )
             if both and flows:
@@ -135,7 +136,7 @@ def trim_endings(
         if (
             f is not None
             and e is not None
-            and f.verdict == "structural"
+            and f.verdict == Verdict.STRUCTURAL
             and f.step == e.step
             and rr.metric_step in (None, e.step)
         ):
@@ -143,7 +144,7 @@ def trim_endings(
                 f"rank {rr.rank}: run {e.side}'s records of step {e.step} stop before {f.op or f.kind} in "
                 f"{f.module or '<root>'} ({e.reason}); every record before that matched"
             )
-            rr = RankResult(rr.rank, "identical", None)
+            rr = RankResult(rr.rank, Status.IDENTICAL, None)
         out.append(rr)
     return tuple(out), tuple(notes)
 
@@ -153,7 +154,7 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
     if not clues.endings:
         return None
     e = min(clues.endings, key=lambda x: (x.step, x.side))
-    if status != "identical":
+    if status != Status.IDENTICAL:
         return None  # a value differs (a rank ended where the run did was trimmed already): that is the cause
     lo = window[0] if window else None
     held = (
@@ -162,7 +163,7 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
         else f"step {e.step} up to where it stopped"
     )
     return Advice(
-        "ended_early",
+        Cause.ENDED_EARLY,
         f"Run {e.side} ended at step {e.step}: {e.reason}; what both runs hold before that ({held}) is bitwise identical.",
         (
             f"look at why run {e.side} stopped at step {e.step} (its log: the exception, a kill, a full disk)",
@@ -179,7 +180,7 @@ def _offset(clues: Clues, d: Divergence | None) -> Advice | None:
     launcher = clues.capture_b is not None and clues.capture_b.form == "launcher"
     how = f"--start-step {a0}" if launcher else f"session.step({a0} + i), or Session(..., start_step={a0})"
     return Advice(
-        "step_offset",
+        Cause.STEP_OFFSET,
         f"Run B's steps are numbered from {b0} but continue run A's: B's step {b0} starts from A's state at step {a0} "
         f"({', '.join(o.matched)} match), so B was resumed without its step numbering and each of its steps is "
         "compared with the wrong step of A.",
@@ -193,12 +194,12 @@ def _offset(clues: Clues, d: Divergence | None) -> Advice | None:
 def _rng_only(clues: Clues, ranks: Sequence[RankResult], where: str) -> Advice | None:
     if not clues.rng_only:
         return None
-    firsts = [r.first for r in ranks if r.status == "diverged" and r.first is not None]
+    firsts = [r.first for r in ranks if r.status == Status.DIVERGED and r.first is not None]
     names = ", ".join(sorted({f"rng_state {f.op}" for f in firsts if f.op}))
     step = min(f.step for f in firsts)
     span = "" if clues.window is None else f" in steps {clues.window[0]}-{clues.window[1]}"
     return Advice(
-        "rng_state_only",
+        Cause.RNG_STATE_ONLY,
         f"Only the RNG state differs ({names} {where}, from step {step}): no value and no metric differs{span}, "
         "because nothing drew from that generator (dropout 0, no random op).",
         (
@@ -216,7 +217,7 @@ def _setting(clues: Clues, d: Divergence | None, pattern: str, origin: Sequence[
     s = fits[0]
     first = "" if d is None else f"; the first difference, {d.verdict} at {_advice.at(d)} {where}, is of that kind"
     return Advice(
-        "setting",
+        Cause.SETTING,
         f"{s.text} and most likely caused this: {SETTING_GROUPS[s.group][0]}{first}.",
         (
             f"rerun B with A's value ({s.key} = {s.text.rsplit('(', 1)[1].split(' -> ')[0]}) and bisect again: identical "
@@ -238,7 +239,7 @@ def _uninitialized(ranks: Sequence[RankResult], reads: Mapping[int, HazardRead],
     every = f"in both runs, at each of {n} steps" if n > 1 else "in both runs"
     where = _advice.who([r.rank for r in hit], compared)
     return Advice(
-        "uninitialized",
+        Cause.UNINITIALIZED,
         f"Uninitialized memory is read {where}: {d.op or d.kind} in {d.module or '<root>'} reads its input{arg} before "
         f"anything wrote it (a torch.empty* buffer), {every}, and its output is the first difference (step "
         f"{d.step}): the garbage differs between processes.",
@@ -260,14 +261,14 @@ def weigh(
     """``diag`` (the cross-rank pattern, ``diagnose``) with the most likely cause (the ranking of
     the module doc), its headline as the explanation's first sentence, and next steps fitting it."""
     compared = len(ranks)
-    diverged = [r.rank for r in ranks if r.status == "diverged"]
+    diverged = [r.rank for r in ranks if r.status == Status.DIVERGED]
     origin = list(diag.origin_ranks)
     rep = next((r for r in ranks if r.rank in origin and r.effective is not None), None)
-    rep = rep or next((r for r in ranks if r.status == "diverged" and r.effective is not None), None)
+    rep = rep or next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
     d = rep.effective if rep is not None else None
     where = _advice.who(origin or diverged, compared)
-    if status == "identical" and not clues.endings:
-        v = Advice("none", "A and B are bitwise identical: every compared record and metric matched.")
+    if status == Status.IDENTICAL and not clues.endings:
+        v = Advice(Cause.NONE, "A and B are bitwise identical: every compared record and metric matched.")
     else:
         v = (
             _ended(clues, status, clues.window)
@@ -281,9 +282,9 @@ def weigh(
     if v.headline.startswith(("the ", "an ", "a ")):  # a sentence, not an op name (aten::...), starts capitalized
         v = dataclasses.replace(v, headline=v.headline[0].upper() + v.headline[1:])
     also = list(v.also)
-    if v.cause != "setting":
+    if v.cause != Cause.SETTING:
         also += [f"also differs, without explaining this difference: {s.text}" for s in clues.settings]
-    if v.cause != "ended_early":
+    if v.cause != Cause.ENDED_EARLY:
         also += [f"run {e.side} ended at step {e.step} ({e.reason})" for e in clues.endings]
     text = " ".join([v.headline, *(f"{a[:1].upper()}{a[1:]}." for a in also)])
     return dataclasses.replace(diag, cause=v.cause, headline=v.headline, explanation=text, next_steps=v.steps)

@@ -26,6 +26,7 @@ from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect.cause import Ending, HazardRead, Offset
 from detfp_analyze.bisect.reads import collect, scan
 from detfp_analyze.bisect.result import Capture, RankResult, ResumeInfo
+from detfp_analyze.bisect.vocab import Status, Verdict
 from detfp_analyze.io.reader import Run
 
 __all__ = ["capture_of", "endings", "hazard_reads", "rng_only", "step_offset", "with_offset"]
@@ -58,11 +59,11 @@ def _ended_candidates(results: Sequence[RankResult], last: dict[str, dict[int, i
     for rr in results:
         r, f = rr.rank, rr.first
         a, b = last["A"].get(r), last["B"].get(r)
-        if f is not None and f.verdict == "structural":
+        if f is not None and f.verdict == Verdict.STRUCTURAL:
             side = {"a_only": "B", "b_only": "A"}.get(f.presence)
             if side is not None and f.step == last[side].get(r):
                 out[side].append(r)
-        elif rr.status == "identical" and a is not None and b is not None and a != b:
+        elif rr.status == Status.IDENTICAL and a is not None and b is not None and a != b:
             out["A" if a < b else "B"].append(r)
     return out
 
@@ -132,12 +133,12 @@ def hazard_reads(run_a: Run, run_b: Run, ranks: Sequence[RankResult]) -> dict[in
 def rng_only(run_a: Run, run_b: Run, ranks: Sequence[RankResult], window: tuple[int, int] | None) -> bool:
     """True when every diverged rank differs only in RNG states: its first divergence is an
     ``rng_state`` source, no metric split, and no other record differs anywhere in ``window``."""
-    diverged = [r for r in ranks if r.status == "diverged"]
+    diverged = [r for r in ranks if r.status == Status.DIVERGED]
     if not diverged or window is None:
         return False
     for r in diverged:
         f = r.effective
-        if r.metric_step is not None or f is None or f.kind != "rng_state" or f.verdict != "source":
+        if r.metric_step is not None or f is None or f.kind != "rng_state" or f.verdict != Verdict.SOURCE:
             return False
     wanted = [r.rank for r in diverged]
     rolls = []
@@ -154,9 +155,11 @@ def step_offset(run_a: Run, run_b: Run, ranks: Sequence[RankResult], range_a, ra
     if range_a is None or range_b is None:
         return None
     b0 = range_b[0]
-    rr = next((r for r in ranks if r.status == "diverged" and r.effective is not None), None)
-    d = rr.effective if rr is not None else None
-    if d is None or d.verdict != "source" or d.step != b0 or range_a[1] <= b0:
+    rr = next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
+    if rr is None:
+        return None
+    d = rr.effective
+    if d is None or d.verdict != Verdict.SOURCE or d.step != b0 or range_a[1] <= b0:
         return None
     cols = _ENTRY_COLUMNS
     kinds = pl.col("kind").is_in(_ENTRY_KINDS) & (pl.col("status") == "ok")

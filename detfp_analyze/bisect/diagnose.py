@@ -30,11 +30,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from detfp_analyze.bisect.result import Diagnosis, Divergence, RankResult
+from detfp_analyze.bisect.vocab import Pattern, Status, Verdict
 from detfp_analyze.ranks import format_ranks
 
 __all__ = ["diagnose", "shared_coordinates"]
 
-_LOCAL = ("origin", "source")
+_LOCAL = (Verdict.ORIGIN, Verdict.SOURCE)
 #: Where to look when a difference enters at a record without inputs, by its kind.
 _SOURCE_HINT = {
     "batch": "the data pipeline (sample order, augmentation, loader position, that rank's shard)",
@@ -77,28 +78,28 @@ def shared_coordinates(
 def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, Any]]) -> Diagnosis:
     """Classify the cross-rank pattern of ``results`` (one per compared rank)."""
     compared = sorted(r.rank for r in results)
-    diverged = [r for r in results if r.status == "diverged"]
+    diverged = [r for r in results if r.status == Status.DIVERGED]
     if not diverged:
-        return Diagnosis("identical", (), "every compared record and metric matched bit for bit")
+        return Diagnosis(Pattern.IDENTICAL, (), "every compared record and metric matched bit for bit")
     verdicts: Counter[str] = Counter()
     for r in diverged:
         eff = r.effective
-        verdicts[eff.verdict if eff else "metric_only"] += 1
+        verdicts[eff.verdict if eff else Verdict.METRIC_ONLY] += 1
     origin = sorted(r.rank for r in diverged if r.effective is not None and r.effective.verdict in _LOCAL)
     counts = dict(verdicts)
     if not origin:
         parts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
         hint = []
-        if verdicts.get("unobserved_producer"):
+        if verdicts.get(Verdict.UNOBSERVED_PRODUCER):
             hint.append("an uncaptured producer (capture probes around fused/extension ops)")
-        if verdicts.get("receiver"):
+        if verdicts.get(Verdict.RECEIVER):
             hint.append("an untraced rank or a step before the window")
-        if verdicts.get("structural"):
+        if verdicts.get(Verdict.STRUCTURAL):
             hint.append("control flow (config or data)")
-        if verdicts.get("metric_only"):
+        if verdicts.get(Verdict.METRIC_ONLY):
             hint.append("ops outside the capture (widen the capture level)")
         return Diagnosis(
-            "no_origin",
+            Pattern.NO_ORIGIN,
             (),
             f"no rank started the difference locally ({parts}); look at " + "; ".join(hint),
             None,
@@ -108,7 +109,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
     # Below --level op a record has no op name: compare and name the deepest site reported.
     ops = {r.rank: (r.effective.kind, _site(r.effective)) for r in diverged if r.rank in origin and r.effective}
     first_op = ops[origin[0]][1]
-    source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == "source"}
+    source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == Verdict.SOURCE}
     # A source's record (a batch, an RNG state) is not an op: the explanation names it.
     op_name = (
         None if origin[0] in source else next(r.effective.op for r in diverged if r.rank == origin[0] and r.effective)
@@ -123,7 +124,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             )
         else:
             why = f"the difference starts in this process at {first_kind} {first_op} with matching inputs"
-        return Diagnosis("single_process", (r0,), why, None if r0 in source else first_op, {}, counts)
+        return Diagnosis(Pattern.SINGLE_PROCESS, (r0,), why, None if r0 in source else first_op, {}, counts)
     if origin == compared:
         if len(set(ops.values())) == 1:
             if source == set(origin):
@@ -131,13 +132,13 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                     f"every compared rank ({len(compared)}) sees the difference enter from outside the captured "
                     f"region at {first_kind} {first_op}: {_SOURCE_HINT.get(first_kind, 'look at what feeds it')}"
                 )
-                return Diagnosis("all_ranks_same_source", tuple(origin), why, None, {}, counts)
+                return Diagnosis(Pattern.ALL_RANKS_SAME_SOURCE, tuple(origin), why, None, {}, counts)
             why = (
                 f"every compared rank ({len(compared)}) starts the difference at {first_op} with matching inputs: "
                 "the op or its kernel is nondeterministic (float atomics, split-K, tile scheduling)"
             )
             return Diagnosis(
-                "all_ranks_same_op",
+                Pattern.ALL_RANKS_SAME_OP,
                 tuple(origin),
                 why,
                 op_name,
@@ -145,7 +146,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                 counts,
             )
         return Diagnosis(
-            "all_ranks_different_ops",
+            Pattern.ALL_RANKS_DIFFERENT_OPS,
             tuple(origin),
             f"every compared rank starts a difference locally, at {len(set(ops.values()))} different ops: "
             "look for a shared setting (environment, versions, thread counts) rather than one op",
@@ -168,7 +169,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
                 "placement, topology or reduction order"
             )
         return Diagnosis(
-            "single_rank",
+            Pattern.SINGLE_RANK,
             tuple(origin),
             why,
             op_name,
@@ -176,7 +177,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             counts,
         )
     return Diagnosis(
-        "rank_subset",
+        Pattern.RANK_SUBSET,
         tuple(origin),
         f"{len(origin)} of {len(compared)} ranks ({format_ranks(origin)}) start the difference locally{share}: look at "
         "topology, placement, input distribution or reduction order along that coordinate",

@@ -25,6 +25,7 @@ import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.result import ValueDiff
+from detfp_analyze.bisect.vocab import DiffKind
 
 __all__ = ["args_changes", "classify", "compare_dumps"]
 
@@ -175,12 +176,13 @@ def classify(
     ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``.
     """
     if state in rule.STRUCTURAL or a is None or b is None:
-        side = {
+        where: dict[str, str] = {  # a RecordState is its value: a plain state string looks it up
             rule.ONLY_A: "run A only",
             rule.ONLY_B: "run B only",
             rule.SHIFTED: "both runs, but its call sequence has a different number of calls",
-        }.get(state, "both runs, in a different order")
-        return ValueDiff("structure", detail=f"record present in {side}")
+        }
+        side = where.get(state, "both runs, in a different order")
+        return ValueDiff(DiffKind.STRUCTURE, detail=f"record present in {side}")
     sums = (_f(a.get("m_sum")), _f(b.get("m_sum")))
     maxs = (_f(a.get("m_absmax")), _f(b.get("m_absmax")))
     moments: dict[str, Any] = {}
@@ -190,7 +192,7 @@ def classify(
         moments.update(absmax_a=maxs[0], absmax_b=maxs[1], d_absmax=maxs[1] - maxs[0])  # type: ignore[operator]
     if "error" in (a.get("status"), b.get("status")):
         why = a.get("error") or b.get("error") or "digest failed"
-        return ValueDiff("error", detail=f"digest error ({why}): no evidence either way", **moments)
+        return ValueDiff(DiffKind.ERROR, detail=f"digest error ({why}): no evidence either way", **moments)
     dump_fields: dict[str, Any] = {}
     confirmed = "fingerprint"
     if dumps is not None:
@@ -204,7 +206,7 @@ def classify(
         what = "; ".join(changes) if changes else "values not recorded (digests only)"
         tail = "same tensors" if tensors_same else "the tensors differ as a consequence"
         return ValueDiff(
-            "arguments",
+            DiffKind.ARGUMENTS,
             confirmed,
             args_a=a.get("args_digest"),
             args_b=b.get("args_digest"),
@@ -216,7 +218,7 @@ def classify(
     perm, rows_differing = _permutation(a.get("rows"), b.get("rows"))
     if perm:
         return ValueDiff(
-            "permutation",
+            DiffKind.PERMUTATION,
             confirmed,
             rows_differing=rows_differing,
             detail=f"same rows in a different order ({rows_differing} rows moved)",
@@ -243,5 +245,5 @@ def classify(
     if not parts:
         parts.append("magnitude unknown (capture moments or dumps to see it)")
     return ValueDiff(
-        "values", confirmed, rows_differing=rows_differing, detail=", ".join(parts), **moments, **dump_fields
+        DiffKind.VALUES, confirmed, rows_differing=rows_differing, detail=", ".join(parts), **moments, **dump_fields
     )

@@ -37,12 +37,23 @@ Asks = Sequence[tuple[int, int, int, tuple[int, ...]]]
 class Stages(Protocol):
     """The heavy stages of one bisect over runs ``a`` and ``b``."""
 
-    #: What the walk, verdicts and evidence read run A (B) through: ``scan(table, ranks, steps)``
-    #: and every other attribute of an opened ``Run``, with ``scan_spans``.
-    a: Any
-    b: Any
-    #: Rank-steps per walk batch; None: the walk's own (``reads.WALK_BATCH``, its memory bound).
-    walk_batch: int | None
+    # Read-only members (properties), so a frozen dataclass or a class attribute provides them.
+
+    @property
+    def a(self) -> Any:
+        """What the walk, verdicts and evidence read run A through: ``scan(table, ranks, steps)``
+        and every other attribute of an opened ``Run``, with ``scan_spans``."""
+        ...
+
+    @property
+    def b(self) -> Any:
+        """The same for run B."""
+        ...
+
+    @property
+    def walk_batch(self) -> int | None:
+        """Rank-steps per walk batch; None: the walk's own (``reads.WALK_BATCH``, its memory bound)."""
+        ...
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         """``narrow.metric_divergence`` of the two runs' metrics over ``ranks`` and steps [lo, hi]."""

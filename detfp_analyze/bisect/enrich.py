@@ -178,8 +178,8 @@ def with_twins(run_a: Run, run_b: Run, al: pl.DataFrame, extracts: Mapping[_K, E
         return out
     rich = enrich(run_a, run_b, al, list(twins))[0]
     parts = rich.partition_by("rank", "step", "call_hash", as_dict=True)
-    for ck, whiches in twins.items():
-        part = parts.get((ck.rank, ck.step, ck.call_hash))
+    for twin, whiches in twins.items():
+        part = parts.get((twin.rank, twin.step, twin.call_hash))
         rows = tuple(Aligned.from_row(r) for r in part.to_dicts()) if part is not None else ()
         for which in whiches:
             ex = out[which]

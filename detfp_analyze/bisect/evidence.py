@@ -19,6 +19,7 @@ from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect.reads import collect, collect_pair
 from detfp_analyze.bisect.records import CallKey, Found, RecordKey
 from detfp_analyze.bisect.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
+from detfp_analyze.bisect.vocab import Level
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import names_for, to_polars
 from detfp_format.contract import INPUTLESS_KINDS
@@ -169,8 +170,9 @@ def gather(run_a: Run, run_b: Run, found: Mapping[int, Found], level: str) -> Ev
     extracts = [x for f in found.values() for x in (f.first, f.next_clean) if x is not None]
     keys = sorted({x.record.key for x in extracts})
     both_kernels = "kernels" in run_a.tables and "kernels" in run_b.tables
-    if level == "kernel" and both_kernels:
+    if level == Level.KERNEL and both_kernels:
         calls = sorted({x.record.call for x in extracts})
+        kern: tuple[dict[CallKey, tuple[str, ...]] | None, dict[CallKey, tuple[str, ...]] | None]
         kern = (kernels(run_a, calls), kernels(run_b, calls))
         notes: tuple[str, ...] = ()
     else:

@@ -37,6 +37,7 @@ from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.bisect.result import LEVELS, BisectResult, Diagnosis, Window
 from detfp_analyze.bisect.search import search
 from detfp_analyze.bisect.verdict import resolve
+from detfp_analyze.bisect.vocab import Level, Pattern, Status
 from detfp_analyze.bisect.walk import Progress
 from detfp_analyze.errors import IncomparableError, SelectionError
 from detfp_analyze.io import completeness as _completeness
@@ -53,7 +54,7 @@ def bisect(
     *,
     ranks: Iterable[int] | None = None,
     steps: Any = None,
-    level: str = "op",
+    level: str = "op",  # a plain default: help() and the signature show the value
     force: bool = False,
     ignore_env: Sequence[str] = (),
     progress: Progress | None = None,
@@ -105,16 +106,16 @@ def bisect(
     ends = _clues.endings(run_a, run_b, scope.ranks, ordered)
     ordered, trimmed = _cause.trim_endings(ordered, ends)
     notes += trimmed
-    reads = _clues.hazard_reads(run_a, run_b, ordered)
-    ordered = _cause.confirm_hazards(ordered, reads)
+    hazard_reads = _clues.hazard_reads(run_a, run_b, ordered)
+    ordered = _cause.confirm_hazards(ordered, hazard_reads)
     parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in scope.ranks}
     diag = diagnose(ordered, parallel)
-    if level == "step" and diag.pattern != "identical":
+    if level == Level.STEP and diag.pattern != Pattern.IDENTICAL:
         why = "level step narrows to the step only, without verdicts; rerun with --level op for verdicts and a pattern"
-        diag = Diagnosis("undetermined", (), why)
-    diverged = [rr for rr in ordered if rr.status == "diverged"]
+        diag = Diagnosis(Pattern.UNDETERMINED, (), why)
+    diverged = [rr for rr in ordered if rr.status == Status.DIVERGED]
     rng_only = _clues.rng_only(run_a, run_b, ordered, scope.window)
-    status = "rng_only" if rng_only else "diverged" if diverged else "identical"
+    status = Status.RNG_ONLY if rng_only else Status.DIVERGED if diverged else Status.IDENTICAL
     capture = (_clues.capture_of(run_a, scope.ranks), _clues.capture_of(run_b, scope.ranks))
     offset = _clues.step_offset(run_a, run_b, ordered, scope.range_a, scope.range_b) if diverged else None
     clues = _cause.Clues(
@@ -127,9 +128,9 @@ def bisect(
         capture_b=capture[1],
         resume_step=scope.resume.first_common_step if scope.resume.resumed else None,
     )
-    diag = _cause.weigh(diag, ordered, clues, status, reads)
+    diag = _cause.weigh(diag, ordered, clues, status, hazard_reads)
     disc = None
-    if diag.origin_ranks and level in ("op", "kernel"):
+    if diag.origin_ranks and level in (Level.OP, Level.KERNEL):
         disc = _evidence.discriminator(run_a, run_b, ordered, diag)
     rep = _assemble.representative(ordered, diag.origin_ranks)
     first_step = min((min(x for x in (rr.step, rr.metric_step) if x is not None) for rr in diverged), default=None)

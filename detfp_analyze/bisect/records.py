@@ -77,7 +77,7 @@ class Aligned:
         """From a row of ``align.align`` enriched with the call-site columns (``walk``)."""
         shape = lambda s: None if s is None else tuple(int(x) for x in s)  # noqa: E731
         names = {f.name for f in fields(cls)}
-        vals = {k: row.get(k) for k in names}
+        vals: dict[str, Any] = {k: row.get(k) for k in names}  # a row's values, typed by the frame
         vals.update(
             rank=int(row["rank"]),
             step=int(row["step"]),

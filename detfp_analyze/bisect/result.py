@@ -20,6 +20,8 @@ from detfp_analyze.bisect.vocab import (
     PATTERNS,
     STATUSES,
     VERDICTS,
+    Status,
+    Verdict,
     check_cause,
     check_diff_kind,
     check_pattern,
@@ -234,7 +236,7 @@ class RankResult:
         if self.first is not None:
             return self.first.verdict
         # A differing record step without a walked record (level "step") has no verdict yet.
-        return "metric_only" if self.status == "diverged" and self.record_step is None else None
+        return Verdict.METRIC_ONLY if self.status == Status.DIVERGED and self.record_step is None else None
 
     @property
     def effective(self) -> Divergence | None:
@@ -445,7 +447,7 @@ class BisectResult:
     @property
     def diverged(self) -> bool:
         """Not bitwise identical: values differ (``diverged``) or only an RNG state does (``rng_only``)."""
-        return self.status != "identical"
+        return self.status != Status.IDENTICAL
 
     def rank(self, rank: int) -> RankResult:
         """The result of one rank (KeyError when it was not compared)."""

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from detfp_analyze.bisect.result import Divergence
+from detfp_analyze.bisect.vocab import DiffKind, Pattern, Verdict
 from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = ["SETTING_GROUPS", "Setting", "explains", "settings"]
 
 #: Verdicts of a first divergence that a changed number explains: a call that computed another
 #: value from the same inputs, or what carries it (a consumer, a peer, a metric).
-_VALUES = frozenset({"origin", "unobserved_producer", "receiver", "metric_only"})
+_VALUES = frozenset({Verdict.ORIGIN, Verdict.UNOBSERVED_PRODUCER, Verdict.RECEIVER, Verdict.METRIC_ONLY})
 #: ... and a setting that also selects other code (kernels, versions, layout) can change which calls run.
-_CODE = _VALUES | {"structural"}
+_CODE = _VALUES | {Verdict.STRUCTURAL}
 #: Groups of numerics-relevant settings: (why a difference there changes numbers, the verdicts
 #: of a first divergence it can explain). Kinds of setting, most specific first.
 SETTING_GROUPS: dict[str, tuple[str, frozenset[str]]] = {
@@ -133,7 +134,7 @@ def explains(s: Setting, d: Divergence | None, pattern: str) -> bool:
     restored state) or a changed argument is never a setting's doing."""
     verdicts = SETTING_GROUPS[s.group][1]
     if d is None:
-        return pattern in ("no_origin", "all_ranks_different_ops") or "metric_only" in verdicts
-    if d.diff_kind == "arguments" or d.verdict == "source":
+        return pattern in (Pattern.NO_ORIGIN, Pattern.ALL_RANKS_DIFFERENT_OPS) or Verdict.METRIC_ONLY in verdicts
+    if d.diff_kind == DiffKind.ARGUMENTS or d.verdict == Verdict.SOURCE:
         return False
     return d.verdict in verdicts

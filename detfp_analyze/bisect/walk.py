@@ -17,6 +17,7 @@ Memory: two batches of WALK_BATCH rank-steps per run.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -250,7 +251,7 @@ def _outside_slice(index: _calls.CallIndex, firsts: pl.DataFrame, cut: Mapping[i
     """Ranks read in part whose pick needs records outside the slice: its call or the call
     upstream of it may start before the slice, a module output needs its input twin (anywhere in
     the step), a first divergence under a hazard needs the next clean one and its call's hazards."""
-    out = []
+    out: list[int] = []
     rows = [row for row in firsts.to_dicts() if int(row["rank"]) in cut]
     if not rows:
         return out
@@ -357,7 +358,7 @@ def _walk_batch(
                 row = clean.row(0, named=True)
                 nxt_facts = index.facts([(r, int(row["call_hash"]))])
                 nxt = _pick(row, nxt_facts[(r, int(row["call_hash"]))], per_rank[r])
-        passed = _judge(per_rank[r].values, first, nxt, lambda r=r: r in same)
+        passed = _judge(per_rank[r].values, first, nxt, functools.partial(same.__contains__, r))
         held = found.get(r)
         # A false root (a step whose only divergences sit under hazards) stays the rank's first;
         # a step that changes no value otherwise is passed over, kept only for the note on a

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from detfp_analyze.bisect.result import STATUSES, VERDICTS, BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.errors import ExpectationError
 from detfp_analyze.ranks import format_ranks
 from detfp_format.contract import KINDS, PHASES
@@ -251,7 +252,7 @@ def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: 
     expected: list[int] = []
     unexpected: list[int] = []
     for r in result.ranks:
-        if r.status != "diverged":
+        if r.status != Status.DIVERGED:
             continue
         records = [d for d in (r.first, r.next_clean if r.first is not None and r.first.hazards else None) if d]
         matched = False

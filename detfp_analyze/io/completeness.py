@@ -315,15 +315,16 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
     n_windows = max(committed, default=-1) + 1
     if log.close is not None:
         n_windows = max(n_windows, log.close[0])
-    for w in sorted(k for k in seg.files if k is None or k not in committed):
-        files = seg.files[w]
+    # Window None (names without one) first: None and numbers do not compare.
+    for wn in sorted((k for k in seg.files if k is None or k not in committed), key=lambda k: -1 if k is None else k):
+        files = seg.files[wn]
         seg.dropped.extend(f.path for f in files)
         flo, fhi = _file_steps(files)
         if flo is None:  # no statistics: from the last committed step on
             flo, fhi = (last if last is not None else _start(seg, earlier_last)), None
         for f in files:
-            what = f"{f.table} window {w}" if w is not None else f"{f.table} shard {name_of(f.path)}"
-            seg.gaps.append(Gap("uncommitted_window", r, s, f.table, w, flo, fhi,
+            what = f"{f.table} window {wn}" if wn is not None else f"{f.table} shard {name_of(f.path)}"
+            seg.gaps.append(Gap("uncommitted_window", r, s, f.table, wn, flo, fhi,
                                 f"{what} was written but never committed"))  # fmt: skip
     # Windows below the count with neither a commit line nor a file: one gap per run of them
     # (walked over the windows present, never over the count, which a damaged log could inflate).
@@ -465,8 +466,7 @@ def restrict_pair(run_a: Run, run_b: Run) -> tuple[Run, Run, tuple[str, ...]]:
         return run_a, run_b, ()
     ranks = sorted(set(run_a.excluded) | set(run_b.excluded))
     union = {r: _merge([*run_a.excluded.get(r, ()), *run_b.excluded.get(r, ())]) for r in ranks}
-    for tag, run in (("A", run_a), ("B", run_b)):
-        comp = run.completeness
+    for tag, run, comp in (("A", run_a, run_a.completeness), ("B", run_b, run_b.completeness)):
         for g in comp.gaps:
             steps = g.steps()
             notes.append(

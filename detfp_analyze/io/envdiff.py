@@ -73,7 +73,7 @@ class EnvDiff:
         return {"key": self.key, "a": self.a, "b": self.b, "rank": self.rank, "blocking": self.blocking}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)  # sorted by rank, then step
 class SettingChange:
     """A determinism setting that changed between two steps of one run (a ``setting_changed`` event)."""
 

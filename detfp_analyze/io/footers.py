@@ -438,7 +438,7 @@ def scan_shards(
                     f"rewritten or replaced after its window was committed; {FIX_SHARD}"
                 )
     out: dict[str, list[ShardInfo]] = {}
-    for info in infos:
-        assert info is not None
-        out.setdefault(info.table, []).append(info)
+    for shard in infos:  # every candidate is filled in by now: from its commit line or its footer
+        assert shard is not None
+        out.setdefault(shard.table, []).append(shard)
     return {t: tuple(v) for t, v in out.items()}

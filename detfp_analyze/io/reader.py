@@ -224,7 +224,7 @@ class Run:
             from detfp_format.arrowschema import arrow_schema  # pyarrow: remote runs only
 
             dataset = self.store.dataset(arrow_schema(table), [str(s.path) for s in shards])
-            lf = pl.scan_pyarrow_dataset(dataset).select(list(schema)).cast(dict(schema))
+            lf = pl.scan_pyarrow_dataset(dataset).select(list(schema)).cast(schema)
         if steps is not None:
             lf = lf.filter(_step_predicate(steps))
         dropped = self._superseded({s.rank for s in shards})

@@ -20,6 +20,7 @@ credential failure naming the run.
 
 from __future__ import annotations
 
+import operator
 import os
 import posixpath
 from collections.abc import Sequence
@@ -81,7 +82,7 @@ class Store:
             return self._fs_root
         if not loc.startswith(f"{self.root}/"):
             raise ValueError(f"{loc} is not under {self.root}")
-        return self._fs_root + loc[len(self.root) :]
+        return self._fs_root + loc[len(str(self.root)) :]
 
     # ------------------------------------------------------------------ remote listing
     def _listing(self) -> dict[str, dict[str, Entry]]:
@@ -111,7 +112,7 @@ class Store:
         return self._tree
 
     def _rel(self, loc: str) -> str:
-        return "" if loc == self.root else loc[len(self.root) + 1 :]
+        return "" if loc == self.root else loc[len(str(self.root)) + 1 :]
 
     def kind(self, loc: Location) -> str:
         """ "dir", "file", "missing" (nothing there, or a dangling link) or "other"."""
@@ -144,7 +145,7 @@ class Store:
     def listdir(self, loc: Location) -> list[Location]:
         """The entries of a directory, sorted by name. OSError when it cannot be listed."""
         if isinstance(loc, Path):
-            return sorted(loc.iterdir(), key=lambda p: p.name)
+            return sorted(loc.iterdir(), key=operator.attrgetter("name"))
         return [self.join(loc, name) for name in sorted(self._listing().get(self._rel(loc), {}))]
 
     def size(self, loc: str) -> int | None:

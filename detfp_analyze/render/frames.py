@@ -26,6 +26,7 @@ import polars as pl
 from detfp_analyze import rule
 from detfp_analyze.bisect.narrow import METRIC_KEY
 from detfp_analyze.bisect.result import VERDICTS, BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.rule.to_polars import names_for, to_polars
@@ -143,7 +144,7 @@ def _cells(r: RankResult) -> dict[int, str]:
         out[r.first.step] = "differs"  # a likely false root: the diagnosis looks past it
     if eff is not None:
         out[eff.step] = state_of(eff.verdict, r.rank)
-    elif r.status == "diverged" and r.step is not None:
+    elif r.status == Status.DIVERGED and r.step is not None:
         out[r.step] = state_of(r.verdict, r.rank)
     return out
 
@@ -164,7 +165,7 @@ def rank_step_frame(
     if steps is None:
         steps = range(window[0], window[1] + 1) if window else ()
     steps = sorted(set(steps))
-    later = "state_only" if result.status == "rng_only" else "after"
+    later = "state_only" if result.status == Status.RNG_ONLY else "after"
     rows: list[tuple[int, int, str]] = []
     for r in result.ranks:
         cells = _cells(r)

@@ -21,6 +21,7 @@ import polars as pl
 
 from detfp_analyze._deps import require
 from detfp_analyze.bisect.result import BisectResult
+from detfp_analyze.bisect.vocab import Status, Verdict
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.render import draw, frames
 from detfp_analyze.render.layout import rank_layout
@@ -138,10 +139,10 @@ def _no_discriminator(result: BisectResult) -> str:
     """Why there is no origin op to discriminate, in the result's own terms."""
     if not result.diverged:
         return "no origin op to discriminate (the runs are identical)"
-    if result.status == "rng_only":
+    if result.status == Status.RNG_ONLY:
         return "no origin op to discriminate: only an RNG state differs, no value"
     rep = next((r.effective for r in result.ranks if r.rank in result.diagnosis.origin_ranks and r.effective), None)
-    if rep is not None and rep.verdict == "source":
+    if rep is not None and rep.verdict == Verdict.SOURCE:
         return f"no origin op to discriminate: the difference enters at a source ({rep.kind} {rep.op}), not at an op"
     if rep is not None and rep.kind != "op":
         return f"no origin op to discriminate: the first difference is a {rep.kind} record (capture level ops names the op)"

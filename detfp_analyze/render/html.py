@@ -25,6 +25,7 @@ import polars as pl
 
 from detfp_analyze.bisect import components
 from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult, check_verdict
+from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.recipes import Recipe
 from detfp_analyze.render.report import capture_text, status_line
@@ -218,7 +219,7 @@ def _folded(ranks: Sequence[RankResult]) -> list[tuple[str, RankResult]]:
         key = (r.status, d.step if d else r.step, r.verdict if d is None else d.verdict, _where(d))
         groups.setdefault(key, []).append(r)
     out = [(format_ranks([x.rank for x in rs]), rs[0]) for rs in groups.values()]
-    return sorted(out, key=lambda g: (g[1].status == "identical", g[1].rank))
+    return sorted(out, key=lambda g: (g[1].status == Status.IDENTICAL, g[1].rank))
 
 
 def _diagnosis(result: BisectResult) -> str:

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from detfp_analyze.bisect.result import BisectResult
+from detfp_analyze.bisect.vocab import Cause, Level, Status
 from detfp_analyze.ranks import format_ranks
 from detfp_format.contract import CAPTURE_LEVELS
 
 __all__ = ["Recipe", "recipes"]
 
 #: Causes whose next look is deeper in the computation (the kernel, a deeper capture level).
-_DEEPER = frozenset({"op", "collective", "rank_local", "control_flow", "uncaptured", "undetermined"})
+_DEEPER = frozenset(
+    {Cause.OP, Cause.COLLECTIVE, Cause.RANK_LOCAL, Cause.CONTROL_FLOW, Cause.UNCAPTURED, Cause.UNDETERMINED}
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def _focus(result: BisectResult) -> tuple[int | None, tuple[int, ...]]:
     """The divergent step to open and the ranks worth opening (origin ranks, else diverged ones)."""
     steps = [r.first.step for r in result.ranks if r.first is not None]
     step = min(steps) if steps else result.first_step
-    ranks = result.diagnosis.origin_ranks or tuple(r.rank for r in result.ranks if r.status == "diverged")
+    ranks = result.diagnosis.origin_ranks or tuple(r.rank for r in result.ranks if r.status == Status.DIVERGED)
     return step, tuple(ranks[:8])
 
 
@@ -175,13 +178,13 @@ def recipes(
     out = [
         Recipe("reproduce this comparison", _q(["detfp-analyze", "bisect", a, b, *_window_args(result), *incomplete]))
     ]
-    if cause == "setting":
+    if cause == Cause.SETTING:
         out.append(
             Recipe("compare the environments", _q(["detfp-analyze", "env", a, b]), "every manifest fact that differs")
         )
-    elif cause == "uninitialized":
+    elif cause == Cause.UNINITIALIZED:
         out.append(Recipe("list every uninitialized read of run B", _q(["detfp-analyze", "certify", b])))
-    elif cause == "step_offset" and result.resume.step_offset is not None and result.resume.start_b is not None:
+    elif cause == Cause.STEP_OFFSET and result.resume.step_offset is not None and result.resume.start_b is not None:
         start = result.resume.start_b + result.resume.step_offset
         r = _recapture("B", b, manifests_b or {}, 0, start=start)
         if r is not None:
@@ -191,7 +194,7 @@ def recipes(
         sel = ["--steps", str(step)] + (["--ranks", format_ranks(ranks)] if ranks else [])
         level = result.window.level
         deeper = cause in _DEEPER
-        if level != "kernel" and deeper:
+        if level != Level.KERNEL and deeper:
             out.append(
                 Recipe(
                     f"narrow step {step} down to the kernel",

@@ -17,6 +17,7 @@ from typing import Any
 
 from detfp_analyze.bisect import components
 from detfp_analyze.bisect.result import BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.vocab import Cause, Status, Verdict
 from detfp_analyze.io.envdiff import EnvDiff, SettingChange
 from detfp_analyze.ranks import format_ranks
 
@@ -113,16 +114,16 @@ def _rank_groups(ranks: Sequence[RankResult]) -> list[tuple[list[int], RankResul
                r.hazard_confirmed)  # fmt: skip
         groups.setdefault(key, []).append(r)
     out = [([x.rank for x in rs], rs[0]) for rs in groups.values()]
-    out.sort(key=lambda g: (g[1].status == "identical", g[0][0]))
+    out.sort(key=lambda g: (g[1].status == Status.IDENTICAL, g[0][0]))
     return out
 
 
 def status_line(r: BisectResult) -> str:
     """``status: ...``: the outcome, the first step, the pattern and the cause."""
     dg = r.diagnosis
-    if r.status == "identical":
-        return "status: identical" + ("" if dg.cause == "none" else f"; cause {dg.cause}")
-    if r.status == "rng_only":
+    if r.status == Status.IDENTICAL:
+        return "status: identical" + ("" if dg.cause == Cause.NONE else f"; cause {dg.cause}")
+    if r.status == Status.RNG_ONLY:
         return f"status: rng_only (an RNG state differs, no value or metric does), from step {r.first_step}; cause {dg.cause}"
     return f"status: diverged, first at step {r.first_step}; pattern {dg.pattern}; cause {dg.cause}"
 
@@ -165,7 +166,7 @@ def render_text(result: BisectResult) -> str:
     lines.append("ranks:")
     for ranks, rr in _rank_groups(r.ranks):
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-        if rr.status == "identical":
+        if rr.status == Status.IDENTICAL:
             lines.append(f"  {who}: identical")
             continue
         metric = ""
@@ -175,7 +176,7 @@ def render_text(result: BisectResult) -> str:
             step = rr.record_step if rr.record_step is not None else rr.step
             verdict = rr.verdict or "records differ"
             lines.append(f"  {who}: step {step} {verdict}{metric}")
-            if rr.verdict == "metric_only":
+            if rr.verdict == Verdict.METRIC_ONLY:
                 lines.append("    metrics differ but no captured record does: widen the capture")
             continue
         d = rr.first

@@ -8,10 +8,14 @@ A columns carry no suffix and run B's ``_b`` (a polars full join with ``suffix="
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from detfp_analyze.rule.expr import All, Any, Case, Col, Eq, Expr, IsNull, IsTrue, Lit, NonEmpty, Not, Same
+
+if TYPE_CHECKING:  # polars exports the when/then builder types only from this module
+    from polars.expr.whenthen import ChainedThen, Then
 
 __all__ = ["Names", "names_for", "suffixed", "to_polars"]
 
@@ -62,7 +66,8 @@ def to_polars(e: Expr, names: Names = suffixed) -> pl.Expr:
             out = out | r(p)
         return out
     if isinstance(e, Case):
-        chain = pl.when(r(e.whens[0][0])).then(r(e.whens[0][1]))
+        # The first when/then is a Then, every later one a ChainedThen; both end in otherwise().
+        chain: Then | ChainedThen = pl.when(r(e.whens[0][0])).then(r(e.whens[0][1]))
         for cond, value in e.whens[1:]:
             chain = chain.when(r(cond)).then(r(value))
         return chain.otherwise(r(e.default))

@@ -24,7 +24,7 @@ first step both recorded (pipeline stages and tensor-parallel shards hold differ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -141,7 +141,7 @@ def replica_splits(records: pl.LazyFrame, manifests: dict[int, dict[str, Any]]) 
     out = []
     for g in sorted(splits["group"].unique().to_list()):
         sg = splits.filter(pl.col("group") == g)
-        step = int(sg["step"].min())
+        step = cast("int", sg["step"].min())  # an integer column with rows: never None
         at = sg.filter(pl.col("step") == step).sort("kind", "name", "occurrence")
         first = at.row(0, named=True)
         rows = df.filter(
@@ -170,7 +170,7 @@ def replica_splits(records: pl.LazyFrame, manifests: dict[int, dict[str, Any]]) 
                 first["kind"],
                 first["name"],
                 tuple(r for r in members if r not in set(best["rs"])),
-                int(last_agreed),
+                cast("int", last_agreed),  # the split is after first_agreed, so a step agreed before it
                 at.height,
             )
         )

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -177,8 +177,9 @@ def summarize(run: Run | str | os.PathLike[str]) -> RunSummary:
         ranks=rank_list(run.ranks),
         missing_ranks=rank_list(run.missing_ranks),
         segments=segments,
-        first_step=None if steps.height == 0 else int(steps["step"].min()),
-        last_step=None if steps.height == 0 else int(steps["step"].max()),
+        # Series.min/max are typed as any Python literal; step is an integer column.
+        first_step=cast("int | None", steps["step"].min()),
+        last_step=cast("int | None", steps["step"].max()),
         levels=tuple(levels),
         # rollups is an index over records (what bisect reads first), not data a summary lists.
         tables=tuple((t, frames[t].height) for t in contract.TABLES if t in frames),

@@ -75,7 +75,7 @@ class SparkRun:
         # Parts of (rank, step)s fetched only within a seq span: (lo, hi, rows), for scan_spans.
         self._spans: dict[tuple[str, Columns], dict[tuple[int, int], tuple[int, int, pl.DataFrame]]] = {}
         self._twin = twin
-        self._lock = twin._lock if twin is not None else threading.Lock()
+        self._lock: threading.Lock = twin._lock if twin is not None else threading.Lock()
         self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
         if twin is not None:
             twin._twin = self

@@ -147,7 +147,7 @@ class SparkStages:
         # The local fold's column types, so both engines' rows compare and join alike.
         schema = _blocks.block_rollup(pl.LazyFrame(schema=polars_schema("rollups"))).collect_schema()
         got = got.with_columns(pl.col(c).reinterpret(signed=False) for c in ("kx", "vx", "ox"))
-        out = [got.filter(pl.col("_side") == i).select(list(schema)).cast(dict(schema)) for i in (0, 1)]
+        out = [got.filter(pl.col("_side") == i).select(list(schema)).cast(schema) for i in (0, 1)]
         return out[0], out[1]
 
     def rollup_candidates(

@@ -23,7 +23,12 @@ _HEADING = re.compile(r"^(#{3,4}) `(\w+)`$")
 
 def view_section(con: duckdb.DuckDBPyConnection, view: str) -> list[str]:
     """The doc paragraph and column table of ``view`` as Markdown lines."""
-    (doc,) = con.execute("SELECT comment FROM duckdb_views() WHERE view_name = ?", [view]).fetchone()
+    row = con.execute("SELECT comment FROM duckdb_views() WHERE view_name = ?", [view]).fetchone()
+    if row is None:
+        raise LookupError(
+            f"no view {view!r} in the connection: docs/sql.md documents a view that connect() no longer makes"
+        )
+    (doc,) = row
     cols = con.execute(
         "SELECT column_name, data_type, comment FROM duckdb_columns() WHERE table_name = ? ORDER BY column_index",
         [view],

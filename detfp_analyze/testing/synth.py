@@ -32,6 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from detfp_analyze.bisect.vocab import Verdict
 from detfp_analyze.testing.plants import HOWS, STABLE_KINDS, Expected, Plant, RankPlan, origin_ranks, plan, snap
 from detfp_analyze.testing.template import _template
 from detfp_format import contract
@@ -107,7 +108,7 @@ class Planted:
     @property
     def origin_ranks(self) -> tuple[int, ...]:
         """Ranks whose first divergence starts there (not received through the all-reduce)."""
-        return tuple(e.rank for e in self.expected if e.verdict != "receiver")
+        return tuple(e.rank for e in self.expected if e.verdict != Verdict.RECEIVER)
 
 
 # --------------------------------------------------------------------------- digests
@@ -331,7 +332,7 @@ class _Writer:
                         rec, met = self.records(run, rank, step), self.metrics(run, rank, step)
                         nrec, nmet = len(rec["status"]), len(met["name"])
                         self.seq0[(run, rank, step)] = seq + 1
-                        ev = {"type": ["step_begin", "step_end"], "name": ["", ""], "module": ["", ""],
+                        ev: dict[str, list] = {"type": ["step_begin", "step_end"], "name": ["", ""], "module": ["", ""],
                               "count": [None, nrec], "seq": [seq, seq + nrec + nmet + 1]}  # fmt: skip
                         rec["seq"] = list(range(seq + 1, seq + 1 + nrec))
                         met["seq"] = list(range(seq + 1 + nrec, seq + 1 + nrec + nmet))
@@ -358,15 +359,18 @@ class _Writer:
                 step, i = rp.insert_at
                 ins = self._insert({k: [v[i]] for k, v in self.base.items()} | {"digest_hi": [0], "digest_lo": [0],
                                    "hazards": [[]]}, r, step, 0)  # fmt: skip
-                out.append(Expected(r, step, i, self.seq0[("b", r, step)] + i, ins["key_hash"][0], "structural",
+                out.append(Expected(r, step, i, self.seq0[("b", r, step)] + i, ins["key_hash"][0], Verdict.STRUCTURAL,
                                     ins["phase"][0], ins["module"][0], "op", "aten::clone.default"))  # fmt: skip
                 continue
             if rp.edit is not None:
                 step, i = rp.edit[0], rp.edit[1][0]
-                verdict = {"arguments": "origin", "missing": "structural", "rng": "source"}[p.how]
+                verdict = {"arguments": Verdict.ORIGIN, "missing": Verdict.STRUCTURAL, "rng": Verdict.SOURCE}[p.how]
             else:
                 assert rp.start is not None
-                (step, i), verdict = rp.start, "origin" if r in origin_ranks(p, self.spec.ranks) else "receiver"
+                (step, i), verdict = (
+                    rp.start,
+                    Verdict.ORIGIN if r in origin_ranks(p, self.spec.ranks) else Verdict.RECEIVER,
+                )
             out.append(Expected(r, step, i, self.seq0[("a", r, step)] + i, col("key_hash")[i].as_py(), verdict,
                                 col("phase")[i].as_py(), col("module")[i].as_py(), tpl.kinds[i], col("name")[i].as_py()))  # fmt: skip
         return tuple(out)

@@ -126,7 +126,7 @@ def _build_calls(spec: SynthSpec) -> list[tuple]:
     )
     layers = max(1, (spec.records - 8) // per_layer)
     while not spec.compact:
-        calls = [
+        calls: list[tuple] = [
             ("step", "", "rng_state", "cpu", [], ["value"], [5056]),
             ("forward", "", "batch", "input_ids", [], ["value"], [8, 512]),
         ]

@@ -103,3 +103,28 @@ def test_the_comparison_key_agrees_with_the_canonical_text():
     pairs += [([float("nan")], [float("nan")]), ([[1]], [1]), ([], [[]]), ([1, 2], "[1, 2]"), ([], {})]
     for x, y in pairs:
         assert (_same_key(x) == _same_key(y)) == (_canon(x) == _canon(y)), (x, y)
+
+
+def test_setting_changes_are_sorted_by_rank_then_step():
+    # Two or more events: sorting them once raised TypeError (the dataclass had no order).
+    import polars as pl
+
+    from detfp_analyze.io.envdiff import SettingChange, setting_changes
+
+    class Events:  # the one read setting_changes makes of a run
+        def scan(self, table: str) -> pl.LazyFrame:
+            assert table == "events"
+            return pl.LazyFrame(
+                {
+                    "rank": [1, 0, 0, 0],
+                    "step": [0, 5, 2, 1],
+                    "type": ["setting_changed", "setting_changed", "setting_changed", "step_begin"],
+                    "detail": ["num_threads: 1 -> 2", "tf32: off -> on", None, ""],
+                }
+            )
+
+    assert setting_changes(Events()) == (
+        SettingChange(0, 2, ""),
+        SettingChange(0, 5, "tf32: off -> on"),
+        SettingChange(1, 0, "num_threads: 1 -> 2"),
+    )
