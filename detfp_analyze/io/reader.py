@@ -128,7 +128,7 @@ class Run:
         """
         contract.columns(table)  # KeyError naming the known tables
         wanted = _rank_set(ranks)
-        shards = [s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted]
+        shards = tuple(s for s in self.shards.get(table, ()) if wanted is None or s.rank in wanted)
         if steps is not None:
             shards = _in_steps(shards, steps)
         self.footer_checks.verify(shards)
