@@ -105,8 +105,11 @@ def _digests(paths: list[Path]) -> list[tuple[int, str] | None]:
             return None
         return len(data), _digest(data)
 
+    # In chunks of 64 files per task: ThreadPoolExecutor.map ignores its chunksize, and a task
+    # (a future, a lock, a wake-up) per file cost as much as hashing a small one.
+    parts = [paths[i : i + 64] for i in range(0, len(paths), 64)]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(one, paths, chunksize=64))
+        return [got for part in pool.map(lambda ps: [one(p) for p in ps], parts) for got in part]
 
 
 def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], Any] | None:
