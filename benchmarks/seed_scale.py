@@ -17,7 +17,11 @@ Rows (each one child process, wall and peak RSS its own: ``benchlib.bisect_cli``
   microseconds per rank-step (it must not grow faster than linearly);
 * each row once more without the run index (``DETFP_INDEX=off``: the commit logs and manifests
   parsed at open, the path of runs without an index), and the reports compared byte for byte;
-* ``--spark``: the seed identical pair and the late row on ``--engine spark`` (the same report).
+* ``--spark``: the seed identical pair and the late row on ``--engine spark`` (the same report);
+* ``--baseline TREE``: the seed rows (and, unless ``--no-growth``, the growth table's late rows)
+  with this tree and with another checkout (``TREE`` first on ``PYTHONPATH``), ``--reps`` repeats
+  interleaved (base, this, this, base, ...): the best and the median wall of each, the larger
+  peak RSS, this/base ratios, and whether both trees print byte-identical reports.
 
 The planted answer is checked rank by rank. The machine (CPU, instruction set, cores, load) is
 printed first. Usage::
@@ -25,12 +29,15 @@ printed first. Usage::
     .venv/bin/python benchmarks/seed_scale.py --workdir /tmp/seed            # every row
     .venv/bin/python benchmarks/seed_scale.py --workdir /tmp/seed --no-growth --spark
     .venv/bin/python benchmarks/seed_scale.py --ranks 64 --steps 80 --no-growth   # a smoke run
+    git -C . worktree add --detach /tmp/base main
+    .venv/bin/python benchmarks/seed_scale.py --workdir /tmp/seed --baseline /tmp/base --reps 3
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -205,6 +212,34 @@ def row(label: str, ranks: int, steps: int, res: dict) -> str:
             f"{us:>7.2f} us/rank-step  {res['check']}")  # fmt: skip
 
 
+def compare_code(rows: list[tuple[str, int, int, Path, Path, list | None]], baseline: Path, reps: int) -> None:
+    """Each row with this tree and with ``baseline`` (another checkout's root, first on
+    PYTHONPATH), ``reps`` repeats interleaved so that a change of load hits both alike; ``exp``
+    None: the planted answer is not checked (only that both trees print the same report)."""
+    benchlib.byte_compile(baseline.resolve())
+    envs = {"base": {"PYTHONPATH": str(baseline.resolve())}, "this": {}}
+    head = (f"{'row':<22} {'ranks':>6} {'steps':>5} | {'base best':>9} {'med':>6} {'MiB':>6} | "
+            f"{'this best':>9} {'med':>6} {'MiB':>6} | {'this/base':>9} {'MiB':>5} | check")  # fmt: skip
+    print(f"\nthis tree ({benchlib.ROOT}) against {baseline}: whole `detfp-analyze bisect --json` processes, "
+          f"{reps} interleaved repeats each")  # fmt: skip
+    print(head)
+    print("-" * len(head), flush=True)
+    for label, ranks, steps, a, b, exp in rows:
+        runs: dict[str, list[dict]] = {"base": [], "this": []}
+        for i in range(reps):
+            for name in ("base", "this") if i % 2 == 0 else ("this", "base"):
+                runs[name].append(benchlib.bisect_cli(a, b, envs[name]))
+        best = {k: min(m["wall"] for m in v) for k, v in runs.items()}
+        med = {k: statistics.median(m["wall"] for m in v) for k, v in runs.items()}
+        mib = {k: max(m["peak_mib"] for m in v) for k, v in runs.items()}
+        checks = {benchlib.check_planted(exp, m) if exp is not None else "" for v in runs.values() for m in v} - {""}
+        checks.add("same report" if len({m.get("report") for v in runs.values() for m in v}) == 1 else "REPORTS DIFFER")
+        print(f"{label:<22} {ranks:>6} {steps:>5} | {best['base']:>7.2f} s {med['base']:>6.2f} {mib['base']:>6.0f} | "
+              f"{best['this']:>7.2f} s {med['this']:>6.2f} {mib['this']:>6.0f} | {best['this'] / best['base']:>9.2f} "
+              f"{mib['this'] / mib['base']:>5.2f} | {'/'.join(sorted(checks))}", flush=True)  # fmt: skip
+    print(f"load average after: {benchlib.machine().load}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="where the pairs are written and reused")
@@ -219,6 +254,9 @@ def main() -> None:
     ap.add_argument("--megatron-mirror", type=Path, default=None,
                     help="a Git mirror of NVIDIA/Megatron-LM holding refs/pull/6610/head: the comparator row")
     ap.add_argument("--comparator-only", action="store_true", help="only the 2M pair against the comparator")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout's root: only the seed rows (and growth late rows) side by side with it")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repeats per row with --baseline (default 3)")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-seed-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -254,6 +292,15 @@ def main() -> None:
         took = build_index(run)
         if took:
             print(f"  detfp-analyze index {run.name}: {took}")
+    if args.baseline is not None:
+        rows = [(case, args.ranks, args.steps, *cases[case]) for case in ("identical", "late", "early")]
+        rows += [(f"growth {case}", r, s, a, b, exp) for r, s, case, a, b, exp in grid if case == "late"]
+        if (work / "2M-late" / ".done").exists() or (work / "2M-a" / ".done").exists():
+            # The comparator's 2M pair (comparator_rows), when written: its planted answer is not checked here.
+            rows += [(f"2M {case}", PAIR_2M[0], PAIR_2M[1], work / "2M-a", work / b, None)
+                     for case, b in (("identical", "2M-a-copy"), ("late", "2M-late"))]  # fmt: skip
+        compare_code(rows, args.baseline, args.reps)
+        return
     print(f"\n{'row':<34} {'ranks':>6} {'steps':>5} {'wall':>10} {'peak RSS':>12} {'per rank-step':>20}  planted")
     reports = {}
     for case, target in (("identical", "< 5 s, < 2 GiB"), ("late", "< 10 s"), ("early", "< 15 s")):

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from detfp_analyze import _gcpause
 from detfp_analyze.errors import DetfpError
 
 try:  # typer >= 0.20 vendors click
@@ -103,7 +104,9 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            # The whole command, report included: its bulk of objects forms no cycle (_gcpause).
+            with _gcpause.paused():
+                return fn(*args, **kwargs)
         except DetfpError as exc:
             # One line only: a multi-line message would break log scrapers and CI annotations.
             fail(str(exc))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from detfp_analyze import _gcpause
 from detfp_analyze.bisect import assemble as _assemble
 from detfp_analyze.bisect import cause as _cause
 from detfp_analyze.bisect import clues as _clues
@@ -75,6 +76,23 @@ def bisect(
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
+    # Thousands of diverged ranks make millions of rows and records, none in a cycle (_gcpause).
+    with _gcpause.paused():
+        return _bisect(run_a, run_b, ranks, steps, level, force, ignore_env, progress, engine, reads)
+
+
+def _bisect(
+    run_a: Run | str,
+    run_b: Run | str,
+    ranks: Iterable[int] | None,
+    steps: Any,
+    level: str,
+    force: bool,
+    ignore_env: Sequence[str],
+    progress: Progress | None,
+    engine: Engine | None,
+    reads: ReadPaths | None,
+) -> BisectResult:
     if level not in LEVELS:
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
     run_a, run_b = as_run(run_a), as_run(run_b)

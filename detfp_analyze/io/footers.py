@@ -26,7 +26,8 @@ import re
 import stat
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +266,8 @@ def _shard_info(
     )
 
 
+#: A directory entry's name (the sort key of ``_entries``: attrgetter, no Python frame per entry).
+_by_name = attrgetter("name")
 #: Footers read per thread-pool task.
 _FOOTER_CHUNK = 64
 
@@ -285,7 +288,7 @@ def _entries(st: Store, path: Location, shown: str) -> list[tuple[Location, str,
         return [(f, name_of(f), -2) for f in _listdir(st, path, shown)]
     try:
         with os.scandir(path) as it:
-            found = sorted(it, key=lambda e: e.name)
+            found = sorted(it, key=_by_name)
     except OSError as exc:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
     out: list[tuple[Location, str, int | None]] = []
@@ -320,8 +323,10 @@ def _size(st: Store, loc: Location) -> int | None:
 
 def _candidates(
     st: Store, root: Location, label: str, ranks: set[int], world_size: int
-) -> list[tuple[str, int, Location, str, int]]:
-    out: list[tuple[str, int, Location, str, int]] = []
+) -> list[tuple[str, int, Location, str, int, str]]:
+    """(table, rank, shard, shown, size, file name) of every visible Parquet file in the
+    partitions of ``ranks``, by table, then rank directory, then name."""
+    out: list[tuple[str, int, Location, str, int, str]] = []
     for table in contract.TABLES:
         tdir = st.join(root, table)
         if not st.is_dir(tdir):
@@ -339,17 +344,19 @@ def _candidates(
                 )
             if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
                 continue
-            for f, fname, size in _entries(st, rdir, f"{label}/{table}/{rname}"):
-                if not (visible(fname) and fname.endswith(".parquet")):
+            # Hundreds of thousands of shards per run: the per-file work is kept to what each needs.
+            prefix = f"{label}/{table}/{rname}/"
+            for f, fname, size in _entries(st, rdir, prefix[:-1]):
+                if fname.startswith((".", "_")) or not fname.endswith(".parquet"):  # not visible(), no Parquet
                     continue
-                shown = f"{label}/{table}/{rname}/{shown_name(fname)}"
+                shown = prefix + shown_name(fname)
                 if size == -2:
                     size = _size(st, f)
                 if size is None:  # silently skipping it would hide a shard
                     raise ShardError(
                         f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
                     )
-                out.append((table, rank, f, shown, size))
+                out.append((table, rank, f, shown, size, fname))
     return out
 
 
@@ -386,6 +393,27 @@ class _Validator:
         return _shard_info(table, rank, path, shown, md, check, self.nullables[table])
 
 
+def _stated(
+    path: Location, table: str, rank: int, segment: int, num_rows: int, step_min: int | None, step_max: int | None,
+    window: int, footer_crc32: int, shown: str,
+) -> ShardInfo:  # fmt: skip
+    """``ShardInfo(...)`` of a shard its commit line states, built without the frozen dataclass's
+    ``__init__`` (an ``object.__setattr__`` per field: a fifth of a run's opening on hundreds of
+    thousands of shards); the same object: equal, hashed and printed alike."""
+    info = _new(ShardInfo)
+    d = info.__dict__
+    d["path"], d["table"], d["rank"], d["segment"], d["num_rows"] = path, table, rank, segment, num_rows
+    d["step_min"], d["step_max"], d["window"], d["footer_crc32"], d["shown"] = (
+        step_min, step_max, window, footer_crc32, shown
+    )  # fmt: skip
+    return info
+
+
+_new = object.__new__
+# _stated sets every field, in the dataclass's order (its repr and comparisons follow that order).
+assert tuple(_stated(*range(10)).__dict__) == tuple(f.name for f in fields(ShardInfo))  # type: ignore[arg-type]
+
+
 def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> tuple[int, ShardFact] | None:
     if not committed:
         return None
@@ -410,13 +438,17 @@ def scan_shards(
     infos: list[ShardInfo | None] = [None] * len(candidates)
     parse: list[int] = []  # candidates whose footers are read now
     match = _SHARD_NAME.fullmatch
-    for i, (table, rank, path, shown, size) in enumerate(candidates):
-        m = match(name_of(path)) if committed else None
-        got = None if m is None else committed.get((table, rank, int(m.group(1)), int(m.group(2))))  # type: ignore[union-attr]
+    for i, (table, rank, path, shown, size, fname) in enumerate(candidates):
+        m = match(fname) if committed else None
+        if m is None:
+            parse.append(i)
+            continue
+        segment, window = int(m.group(1)), int(m.group(2))
+        got = committed.get((table, rank, segment, window))  # type: ignore[union-attr]
         if got is not None and got[1].size == size:
             rows, fact = got
-            infos[i] = ShardInfo(path, table, rank, int(m.group(1)), rows, fact.step_min if rows else None,  # type: ignore[union-attr]
-                                 fact.step_max if rows else None, int(m.group(2)), fact.footer_crc32, shown)  # type: ignore[union-attr]  # fmt: skip
+            infos[i] = _stated(path, table, rank, segment, rows, fact.step_min if rows else None,
+                               fact.step_max if rows else None, window, fact.footer_crc32, shown)  # fmt: skip
         else:
             parse.append(i)
     # Footers in chunks: one pool task per file costs more in task overhead than the
@@ -428,7 +460,7 @@ def scan_shards(
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         footers = (md for part in pool.map(lambda ps: [read_footer(st, p) for p in ps], chunked) for md in part)
         for i, md in zip(parse, footers, strict=True):
-            table, rank, path, shown, size = candidates[i]
+            table, rank, path, shown, size, _ = candidates[i]
             infos[i] = info = check.info(table, rank, path, shown, md)
             got = _fact(committed, table, rank, path)
             # Other rows than committed: the completeness check's row_mismatch gap, as always.

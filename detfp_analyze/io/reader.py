@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from detfp_analyze import _gcpause
 from detfp_analyze.errors import (
     IncompleteRunError,
     ManifestError,
@@ -241,12 +242,25 @@ class Run:
         shards = self.shards.get(table, ())
         wanted = _rank_set(ranks)
         if wanted is not None:
-            shards = tuple(s for s in shards if s.rank in wanted)
+            # The walk selects a few ranks at a time among a run's hundreds of thousands of
+            # shards: their positions by rank, kept in the run's order (positions sorted).
+            at = self._positions.get(table, {})
+            shards = tuple(shards[i] for i in sorted(i for r in wanted for i in at.get(r, ())))
         if steps is not None:
             shards = _in_steps(shards, steps)
         cutoffs = self._cutoffs
         # A shard entirely past the start of a later segment holds only superseded rows.
         return [s for s in shards if s.step_min is None or s.step_min < cutoffs.get((s.rank, s.segment), _INF)]
+
+    @cached_property
+    def _positions(self) -> dict[str, dict[int, list[int]]]:
+        """table -> rank -> positions of its shards in ``shards[table]`` (once per Run)."""
+        out: dict[str, dict[int, list[int]]] = {}
+        for table, shards in self.shards.items():
+            at: dict[int, list[int]] = out.setdefault(table, {})
+            for i, s in enumerate(shards):
+                at.setdefault(s.rank, []).append(i)
+        return out
 
     @cached_property
     def _cutoffs(self) -> dict[tuple[int, int], int]:
@@ -340,7 +354,8 @@ def open_run(
     label = shown_name(os.fspath(path))
     st = store(path, label, filesystem)  # file:// URIs are local paths (io.uri)
     try:
-        return _open(st, st.root, label, allow_missing_ranks, allow_incomplete)
+        with _gcpause.paused():  # hundreds of thousands of shard objects, none in a cycle
+            return _open(st, st.root, label, allow_missing_ranks, allow_incomplete)
     except OSError as exc:  # not a typed error: a remote file system failing (network, credentials)
         if st.local:
             raise
@@ -389,7 +404,7 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in ranks}
     # Commit logs first: shards whose commit line states them are not parsed now (footers).
     logs = index.logs if index is not None else _completeness.read_logs(st, resolved, label, manifests)
-    committed = _completeness.committed_shards(manifests, logs)
+    committed = index.committed if index is not None else _completeness.committed_shards(manifests, logs)
     shards = scan_shards(resolved, label, set(ranks), world_size, st, committed)
     comp = _completeness.check(resolved, label, manifests, shards, st, logs)
     if comp.gaps and not allow_incomplete:

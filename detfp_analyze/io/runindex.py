@@ -65,10 +65,13 @@ class Indexed:
 
     #: rank -> segment -> manifest (``manifests.read_manifests``).
     manifests: dict[int, dict[int, dict]]
-    #: (rank, segment) -> its commit log's facts without the folds, or None (``completeness.read_logs``).
+    #: (rank, segment) -> its commit log's facts without the folds and the shard facts, or None
+    #: (``completeness.read_logs``; the shard facts are in ``committed``).
     logs: dict[tuple[int, int], commitlog.LogState | None]
     #: The step folds (``stepsums.Folds``).
     folds: Any
+    #: The shards the commit lines state (``completeness.committed_shards`` of the parsed logs).
+    committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]]
 
 
 def _digest(data: bytes) -> str:
@@ -102,8 +105,11 @@ def _digests(paths: list[Path]) -> list[tuple[int, str] | None]:
             return None
         return len(data), _digest(data)
 
+    # In chunks of 64 files per task: ThreadPoolExecutor.map ignores its chunksize, and a task
+    # (a future, a lock, a wake-up) per file cost as much as hashing a small one.
+    parts = [paths[i : i + 64] for i in range(0, len(paths), 64)]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(one, paths, chunksize=64))
+        return [got for part in pool.map(lambda ps: [one(p) for p in ps], parts) for got in part]
 
 
 def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], Any] | None:
@@ -150,12 +156,12 @@ def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], A
         "folds_usable": sorted(folds.usable),
     }
     stripped = {k: (None if v is None else _strip(v)) for k, v in logs.items()}  # type: ignore[arg-type]
-    return Indexed(found, stripped, folds), doc, folds.frame
+    return Indexed(found, stripped, folds, dict(completeness.committed_shards(manifests, logs))), doc, folds.frame
 
 
 def _strip(log: commitlog.LogState) -> commitlog.LogState:
     return commitlog.LogState(log.opened, log.version, log.windows, log.failure, log.close, log.bad_lines,
-                              log.torn_tail, log.shards, {})  # fmt: skip
+                              log.torn_tail, {}, {})  # fmt: skip
 
 
 def _log_doc(log: commitlog.LogState) -> list:
@@ -167,17 +173,30 @@ def _log_doc(log: commitlog.LogState) -> list:
     ]  # fmt: skip
 
 
-def _log_state(d: list) -> commitlog.LogState:
+def _log_state(
+    d: list, key: tuple[int, int], committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] | None
+) -> commitlog.LogState:
+    """The LogState of a ``_log_doc`` without its shard facts; those go straight into
+    ``committed`` (keyed as ``completeness.committed_shards`` keys them; None: the launch's
+    manifest does not promise them, so none is used), one pass instead of a dict per window."""
     opened, version, windows, failure, close, bad, torn, shards = d
+    wins = {w: (rows, None if span is None else (span[0], span[1])) for w, rows, span in windows}
+    if committed is not None:
+        rank, segment = key
+        fact = commitlog.ShardFact._make
+        for w, facts in shards:
+            rows = wins[w][0]
+            for t, f in facts.items():
+                committed[(t, rank, segment, w)] = (rows[t], fact(f))
     return commitlog.LogState(
         opened=opened,
         version=version,
-        windows={w: (rows, None if span is None else (span[0], span[1])) for w, rows, span in windows},
+        windows=wins,
         failure=None if failure is None else (failure[0], failure[1]),
         close=None if close is None else (close[0], close[1], close[2]),
         bad_lines=bad,
         torn_tail=torn,
-        shards={w: {t: commitlog.ShardFact(*f) for t, f in facts.items()} for w, facts in shards},
+        shards={},
         sums={},
     )
 
@@ -253,17 +272,27 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
         for r, got in zip(rels, _digests([on_disk[r] for r in rels]), strict=True)
     ):
         return None
-    parsed = [json.loads(v) for v in doc["values"]]
+    # Every distinct value in one parse (each is the JSON text of one value: as an array, the same values).
+    values = doc["values"]
+    if not all(isinstance(v, str) for v in values):
+        return None
+    parsed = json.loads("[" + ",".join(values) + "]")
+    if len(parsed) != len(values):
+        return None
     found: dict[int, dict[int, dict]] = {}
     for r, s, keys in doc["manifests"]:
         # Values are shared between ranks (one parse each): no reader of a manifest mutates it.
         found.setdefault(r, {})[s] = {k: parsed[i] for k, i in keys}
-    logs = {(r, s): (None if v is None else _log_state(v)) for r, s, v in doc["logs"]}
+    logs: dict[tuple[int, int], commitlog.LogState | None] = {}
+    committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] = {}
+    for r, s, v in doc["logs"]:
+        stated = found[r][s].get("shard_facts") == commitlog.SHARD_FACTS_VERSION
+        logs[(r, s)] = None if v is None else _log_state(v, (r, s), committed if stated else None)
     frame = pl.read_ipc(d / _FOLDS)
     if dict(frame.schema) != stepsums.FOLD_SCHEMA:
         return None
     folds = stepsums.Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))
-    return Indexed(found, logs, folds)
+    return Indexed(found, logs, folds, committed)
 
 
 @dataclass(frozen=True)
