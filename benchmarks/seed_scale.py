@@ -15,7 +15,7 @@ Rows (each one child process, wall and peak RSS its own: ``benchlib.bisect_cli``
 * ``early``: one origin at step 10 reaching every rank from then on (target < 15 s);
 * the growth table: ranks 256 / 1,024 / 2,432 x steps 100 / 400 / 800, identical and late, with
   microseconds per rank-step (it must not grow faster than linearly);
-* each row once more without the run index (``DETFP_INDEX=off``: the commit logs and manifests
+* each row once more without the run index (``--no-index``: the commit logs and manifests
   parsed at open, the path of runs without an index), and the reports compared byte for byte;
 * ``--spark``: the seed identical pair and the late row on ``--engine spark`` (the same report);
 * ``--baseline TREE``: the seed rows (and, unless ``--no-growth``, the growth table's late rows)
@@ -200,8 +200,7 @@ def build_index(run: Path) -> str:
 
 
 def measure(a: Path, b: Path, expected: list, index: bool, flags: tuple[str, ...] = ()) -> dict:
-    env = {} if index else {"DETFP_INDEX": "off"}
-    res = benchlib.bisect_cli(a, b, env, flags)
+    res = benchlib.bisect_cli(a, b, None, (*flags, *(() if index else ("--no-index",))))
     res["check"] = benchlib.check_planted(expected, res)
     return res
 
@@ -251,11 +250,19 @@ def main() -> None:
     ap.add_argument("--no-old-path", action="store_true", help="skip the rows without the run index")
     ap.add_argument("--spark", action="store_true", help="also the identical and late rows on --engine spark")
     ap.add_argument("--generate-only", action="store_true", help="write the pairs, measure nothing")
-    ap.add_argument("--megatron-mirror", type=Path, default=None,
-                    help="a Git mirror of NVIDIA/Megatron-LM holding refs/pull/6610/head: the comparator row")
+    ap.add_argument(
+        "--megatron-mirror",
+        type=Path,
+        default=None,
+        help="a Git mirror of NVIDIA/Megatron-LM holding refs/pull/6610/head: the comparator row",
+    )
     ap.add_argument("--comparator-only", action="store_true", help="only the 2M pair against the comparator")
-    ap.add_argument("--baseline", type=Path, default=None,
-                    help="another checkout's root: only the seed rows (and growth late rows) side by side with it")
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout's root: only the seed rows (and growth late rows) side by side with it",
+    )
     ap.add_argument("--reps", type=int, default=3, help="interleaved repeats per row with --baseline (default 3)")
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="detfp-seed-"))

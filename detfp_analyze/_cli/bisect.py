@@ -114,6 +114,14 @@ def command(
             "(slower; the same report, for comparing both paths).",
         ),
     ] = False,
+    no_index: Annotated[
+        bool,
+        typer.Option(
+            "--no-index",
+            help="Parse the manifests and commit logs, not the run index (detfp-analyze index): the path of runs "
+            "without one (slower; the same report).",
+        ),
+    ] = False,
 ) -> None:
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     rank_sel = parse_ranks(ranks)
@@ -124,8 +132,8 @@ def command(
     if problem:
         fail(problem)
     expectations = None if expect is None else load_expectations(expect)
-    a = open_run(run_a, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
-    b = open_run(run_b, allow_missing_ranks=allow_missing_ranks, allow_incomplete=allow_incomplete)
+    opts = {"allow_missing_ranks": allow_missing_ranks, "allow_incomplete": allow_incomplete, "use_index": not no_index}
+    a, b = open_run(run_a, **opts), open_run(run_b, **opts)
     rank_list = rank_values(rank_sel, max(a.world_size, b.world_size))
     # Spark starts only now: bad input has failed already, without a JVM.
     heavy = _engine.bisect_engine(master, conf) if engine == "spark" else None

@@ -411,7 +411,7 @@ def _stated(
 
 _new = object.__new__
 # _stated sets every field, in the dataclass's order (its repr and comparisons follow that order).
-assert tuple(_stated(*range(10)).__dict__) == tuple(f.name for f in fields(ShardInfo))  # type: ignore[arg-type]
+assert tuple(_stated(*range(10)).__dict__) == tuple(f.name for f in fields(ShardInfo))
 
 
 def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> tuple[int, ShardFact] | None:

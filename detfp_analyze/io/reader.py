@@ -337,6 +337,7 @@ def open_run(
     allow_missing_ranks: bool = False,
     allow_incomplete: bool = False,
     filesystem: Any = None,
+    use_index: bool = True,
 ) -> Run:
     """Validate a run directory and return a ``Run`` (nothing but footers, manifests and commit logs is read).
 
@@ -349,20 +350,23 @@ def open_run(
     ``Run.completeness`` lists the gaps, shards that were never committed are left out, and
     ``scan`` leaves out the steps not held completely); each message is one line naming the
     file, the problem and the fix. A file system that cannot be read (network, credentials) is a
-    NotARunError naming the run.
+    NotARunError naming the run. ``use_index``: take the manifests and commit logs from a verified
+    run index when the run has one (``io.runindex``; False: parse the files, the same ``Run``).
     """
     label = shown_name(os.fspath(path))
     st = store(path, label, filesystem)  # file:// URIs are local paths (io.uri)
     try:
         with _gcpause.paused():  # hundreds of thousands of shard objects, none in a cycle
-            return _open(st, st.root, label, allow_missing_ranks, allow_incomplete)
+            return _open(st, st.root, label, allow_missing_ranks, allow_incomplete, use_index)
     except OSError as exc:  # not a typed error: a remote file system failing (network, credentials)
         if st.local:
             raise
         raise st.unreachable(exc) from None
 
 
-def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allow_incomplete: bool) -> Run:
+def _open(
+    st: Store, root: Location, label: str, allow_missing_ranks: bool, allow_incomplete: bool, use_index: bool
+) -> Run:
     if isinstance(root, Path):
         if not root.exists():
             what = "a dangling symbolic link or a link loop" if root.is_symlink() else "no such directory"
@@ -375,7 +379,7 @@ def _open(st: Store, root: Location, label: str, allow_missing_ranks: bool, allo
     else:
         resolved = root
     # A verified run index holds what the lines below parse (io.runindex): same values, read in bulk.
-    index = _runindex.load(st, resolved, label)
+    index = _runindex.load(st, resolved, label) if use_index else None
     found = index.manifests if index is not None else read_manifests(st, root, label)
     sizes: dict[int, list[int]] = {}
     for rank, per_rank in found.items():

@@ -13,19 +13,21 @@ like every underscore name) or, for a run that cannot be written, in the user ca
   (values deduplicated by their JSON text: thousands of ranks share their groups, versions,
   settings, so each distinct value is parsed once); each commit log's facts but the folds;
 * ``folds.arrow``: the step folds as one Arrow IPC table (rank, segment, step, SUM_FIELDS), the
-  frame ``stepsums`` searches with polars.
+  frame ``stepsums`` searches with polars;
+* ``index.seal``: SHA-256 over the two files above (``_seal``), checked before either is parsed.
 
-``load`` trusts an index only when the run's manifest directory lists exactly the indexed files
-and every one of them has the indexed size and digest (a damaged, stale, partial or foreign
+``load`` trusts an index only when its seal matches its two files, the run's manifest directory
+lists exactly the indexed files, and every one of them has the indexed size and digest (a damaged, stale, partial or foreign
 index, or one of another version, is None: the caller parses the files as without one). The
 bytes are read and hashed, never parsed, so an index is as good as the files it was built from;
-what the files then mean is judged exactly as without an index. ``DETFP_INDEX=off`` ignores
-every index (benchmarks, tests of the path without one).
+what the files then mean is judged exactly as without an index. ``open_run(..., use_index=False)``
+(``bisect --no-index``) ignores every index (benchmarks, tests of the path without one).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Mapping
@@ -52,11 +54,13 @@ __all__ = [
     "write",
 ]
 
-#: Version of the index layout; an index of another version is rebuilt, never read.
-INDEX_VERSION = 1
+#: Version of the index layout; an index of another version is rebuilt, never read. (2: the seal.)
+INDEX_VERSION = 2
 #: The index's directory inside a run (underscore: every reader of the run skips it).
 INDEX_DIR = "_detfp_index"
-_MAIN, _FOLDS = "index.json", "folds.arrow"
+_MAIN, _FOLDS, _SEAL = "index.json", "folds.arrow", "index.seal"
+#: Domain of the seal's hash (``_seal``): a digest of these bytes is no other file's digest.
+_SEAL_DOMAIN = b"detfp-run-index-seal\0"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,19 @@ class Indexed:
 
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _seal(main: bytes, folds: bytes) -> str:
+    """The seal over the index's own two files: SHA-256 of their lengths and bytes. The files'
+    digests in ``index.json`` say the run's files are the indexed ones; the seal says the index
+    holds what was written (a value changed inside ``index.json`` or a damaged ``folds.arrow``
+    that still parses would otherwise be trusted). SHA-256: the CPU's SHA instructions make it
+    the cheapest strong hash of the ~140 MB a seed-scale index holds."""
+    h = hashlib.sha256(_SEAL_DOMAIN)
+    h.update(len(main).to_bytes(8, "little"))
+    h.update(main)
+    h.update(folds)
+    return h.hexdigest()
 
 
 def _files(st: Store, root: Path, label: str) -> dict[str, Path]:
@@ -222,18 +239,21 @@ def locate(root: Path) -> Path | None:
 
 def write(root: Path, doc: Mapping[str, Any], folds: Any) -> Path:
     """Store an index beside the run, or in the cache directory when the run cannot be written;
-    atomically (temporary names, then renames: the folds first, the document that names them
-    last). Returns the directory. OSError when neither place can be written."""
+    atomically (temporary names, then renames: the folds, the document, then the seal over
+    both). Returns the directory. OSError when neither place can be written."""
     last: OSError | None = None
     for d in (root / INDEX_DIR, cache_dir(root)):
         try:
             d.mkdir(parents=True, exist_ok=True)
-            tmp = d / f".{_FOLDS}.{os.getpid()}.tmp"
-            folds.write_ipc(tmp)
-            os.replace(tmp, d / _FOLDS)
-            tmp = d / f".{_MAIN}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
-            os.replace(tmp, d / _MAIN)
+            buf = io.BytesIO()
+            folds.write_ipc(buf)
+            main = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            # The seal is renamed last: a reader between the renames sees a seal that does not
+            # match, and parses the run's files as without an index.
+            for name, data in ((_FOLDS, buf.getvalue()), (_MAIN, main), (_SEAL, _seal(main, buf.getvalue()).encode())):
+                tmp = d / f".{name}.{os.getpid()}.tmp"
+                tmp.write_bytes(data)
+                os.replace(tmp, d / name)
             return d
         except OSError as exc:
             last = exc
@@ -243,7 +263,7 @@ def write(root: Path, doc: Mapping[str, Any], folds: Any) -> Path:
 
 def load(st: Store, root: Location, label: str) -> Indexed | None:
     """The run's index when there is one and it matches the run's files exactly; else None."""
-    if os.environ.get("DETFP_INDEX", "").lower() in ("off", "0", "no") or not isinstance(root, Path) or not st.local:
+    if not isinstance(root, Path) or not st.local:
         return None
     try:
         d = locate(root)
@@ -257,7 +277,10 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
 
     from detfp_analyze.io import stepsums
 
-    doc = json.loads((d / _MAIN).read_bytes())
+    main, folds_bytes = (d / _MAIN).read_bytes(), (d / _FOLDS).read_bytes()
+    if (d / _SEAL).read_bytes().decode("ascii") != _seal(main, folds_bytes):
+        return None  # damaged, partly rewritten, or of a version without a seal
+    doc = json.loads(main)
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
         return None
     indexed = {rel: (size, digest) for rel, size, digest in doc["files"]}
@@ -288,7 +311,7 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
     for r, s, v in doc["logs"]:
         stated = found[r][s].get("shard_facts") == commitlog.SHARD_FACTS_VERSION
         logs[(r, s)] = None if v is None else _log_state(v, (r, s), committed if stated else None)
-    frame = pl.read_ipc(d / _FOLDS)
+    frame = pl.read_ipc(io.BytesIO(folds_bytes))
     if dict(frame.schema) != stepsums.FOLD_SCHEMA:
         return None
     folds = stepsums.Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))

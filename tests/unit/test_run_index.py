@@ -1,6 +1,6 @@
 """The run index (``io.runindex``, ``detfp-analyze index``): the same reports, never trusted stale.
 
-* with an index and without (``DETFP_INDEX=off``), ``bisect`` prints the same bytes (text and
+* with an index and without (``--no-index``), ``bisect`` prints the same bytes (text and
   ``--json``) on every sample pair of ``sample_traces/`` and every golden plant;
 * an index opened run holds the same manifests, commit-log facts and step folds as a parsed one;
 * a damaged, truncated, stale (a commit log, a manifest changed, added or removed) or foreign
@@ -32,23 +32,24 @@ def _cli(*args: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
-def _reports(monkeypatch, a: Path, b: Path) -> tuple[str, str]:
+def _reports(a: Path, b: Path, *index: str) -> tuple[str, str]:
     out = []
     for flags in ((), ("--json",)):
-        code, text = _cli("bisect", str(a), str(b), "--allow-missing-ranks", *flags)
+        code, text = _cli("bisect", str(a), str(b), "--allow-missing-ranks", *flags, *index)
         assert code in (0, 1), text
         out.append(text)
     return out[0], out[1]
 
 
 def _same_with_and_without(monkeypatch, a: Path, b: Path) -> None:
-    monkeypatch.setenv("DETFP_INDEX", "off")
-    without = _reports(monkeypatch, a, b)
     for run in (a, b):
         assert _cli("index", str(run))[0] == 0
-    monkeypatch.delenv("DETFP_INDEX")
+    without = _reports(a, b, "--no-index")
     assert all(open_run(r, allow_incomplete=True, allow_missing_ranks=True).indexed for r in (a, b))
-    assert _reports(monkeypatch, a, b) == without
+    assert not any(
+        open_run(r, allow_incomplete=True, allow_missing_ranks=True, use_index=False).indexed for r in (a, b)
+    )
+    assert _reports(a, b) == without
 
 
 @pytest.mark.parametrize(("pair", "x", "y"), SAMPLE_PAIRS)
@@ -78,10 +79,8 @@ def run(tmp_path):
 
 def test_an_indexed_run_holds_what_the_files_say(run, monkeypatch):
     a, _ = run
-    monkeypatch.setenv("DETFP_INDEX", "off")
-    parsed = open_run(a)
-    monkeypatch.delenv("DETFP_INDEX")
     assert runindex.index_run(a) is not None
+    parsed = open_run(a, use_index=False)
     got = open_run(a)
     assert got.indexed and not parsed.indexed
     assert dict(got.manifests) == dict(parsed.manifests)
@@ -89,7 +88,9 @@ def test_an_indexed_run_holds_what_the_files_say(run, monkeypatch):
     assert got.step_sums.usable == parsed.step_sums.usable
     assert got.step_sums.frame.equals(parsed.step_sums.frame)
     held = stepsums.pair(got, got, got.ranks, 0, 11)
-    assert held is not None and stepsums.as_dict(held[0]) == stepsums.as_dict(stepsums.pair(parsed, parsed, parsed.ranks, 0, 11)[0])  # type: ignore[index]
+    assert held is not None and stepsums.as_dict(held[0]) == stepsums.as_dict(
+        stepsums.pair(parsed, parsed, parsed.ranks, 0, 11)[0]
+    )  # type: ignore[index]
 
 
 def _damage_truncate(a: Path) -> None:
@@ -105,6 +106,30 @@ def _damage_version(a: Path) -> None:
     f = a / runindex.INDEX_DIR / "index.json"
     doc = json.loads(f.read_bytes())
     f.write_text(json.dumps({**doc, "version": runindex.INDEX_VERSION + 1}))
+
+
+def _damage_value(a: Path) -> None:
+    # Still valid JSON, still naming the same files with their digests: only the seal tells.
+    f = a / runindex.INDEX_DIR / "index.json"
+    doc = json.loads(f.read_bytes())
+    i = next(i for i, v in enumerate(doc["values"]) if v.startswith('["'))  # the command, a list of strings
+    doc["values"][i] = json.dumps(["tampered", *json.loads(doc["values"][i])[1:]], separators=(",", ":"))
+    f.write_text(json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+
+
+def _damage_folds_parseable(a: Path) -> None:
+    # A folds table that reads back fine, with one fold changed: only the seal tells.
+    import polars as pl
+
+    f = a / runindex.INDEX_DIR / "folds.arrow"
+    frame = pl.read_ipc(f)
+    frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3).then(pl.col("n") + 1).otherwise(pl.col("n")).alias("n")
+    ).write_ipc(f)
+
+
+def _damage_seal(a: Path) -> None:
+    (a / runindex.INDEX_DIR / "index.seal").unlink()
 
 
 def _stale_log(a: Path) -> None:
@@ -127,15 +152,24 @@ def _stale_added(a: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    [_damage_truncate, _damage_folds, _damage_version, _stale_log, _stale_manifest, _stale_removed, _stale_added],
+    [
+        _damage_truncate,
+        _damage_folds,
+        _damage_version,
+        _damage_value,
+        _damage_folds_parseable,
+        _damage_seal,
+        _stale_log,
+        _stale_manifest,
+        _stale_removed,
+        _stale_added,
+    ],
 )
 def test_a_damaged_or_stale_index_is_not_trusted(run, monkeypatch, damage):
     a, b = run
     assert runindex.index_run(a) is not None and open_run(a).indexed
     damage(a)
-    monkeypatch.setenv("DETFP_INDEX", "off")
-    expect = _cli("bisect", str(a), str(b), "--json", "--allow-incomplete")
-    monkeypatch.delenv("DETFP_INDEX")
+    expect = _cli("bisect", str(a), str(b), "--json", "--allow-incomplete", "--no-index")
     assert _cli("index", "--check", str(a))[0] == 2
     assert _cli("bisect", str(a), str(b), "--json", "--allow-incomplete") == expect
     if damage is _stale_added:  # the new manifest is judged as without an index: refused
@@ -155,7 +189,9 @@ def test_a_read_only_run_is_indexed_in_the_cache(run, monkeypatch, tmp_path):
     blocker = a / runindex.INDEX_DIR
     blocker.write_text("a file where the index directory would go")  # beside the run: cannot be written
     got = runindex.index_run(a)
-    assert got is not None and got.path == runindex.cache_dir(a.resolve()) and got.path.is_relative_to(tmp_path / "cache")
+    assert (
+        got is not None and got.path == runindex.cache_dir(a.resolve()) and got.path.is_relative_to(tmp_path / "cache")
+    )
     assert open_run(a).indexed
 
 
