@@ -25,7 +25,7 @@ FUNCTIONS = {
     "*database=':memory:'",
     "divergence_heatmap": "frame, *value=None, *max_rows=128, *title=None, *width=8.0, *height=5.0",
     "env_diff": "run_a, run_b, *ranks=None",
-    "open_run": "path, *allow_missing_ranks=False, *allow_incomplete=False, *filesystem=None",
+    "open_run": "path, *allow_missing_ranks=False, *allow_incomplete=False, *filesystem=None, *use_index=True",
     "render_text": "result",
     "summarize": "run",
 }
