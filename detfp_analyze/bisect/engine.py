@@ -52,7 +52,7 @@ class Stages(Protocol):
 
     @property
     def walk_batch(self) -> int | None:
-        """Rank-steps per walk batch; None: the walk's own (``reads.WALK_BATCH``, its memory bound)."""
+        """Rank-steps per walk batch; None: the walk's own (``reads.walk_batch``, its memory bound)."""
         ...
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:

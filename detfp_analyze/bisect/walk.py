@@ -12,7 +12,7 @@ next candidate, a step whose first divergence is under a hazard with nothing cle
 kept as a likely false root, and the first step that changes a value ends the rank's walk. Only
 the calls a verdict needs are then read in full (``enrich``). Both runs' sides of a read are
 collected concurrently, and two batches are walked at once, each in its own thread.
-Memory: two batches of WALK_BATCH rank-steps per run.
+Memory: two batches of ``reads.walk_batch`` rank-steps per run (about ``WALK_ROWS`` records each).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from detfp_analyze.bisect import align as _align
 from detfp_analyze.bisect import callfacts as _calls
 from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
-from detfp_analyze.bisect.reads import WALK_BATCH, chunks, collect_pair
+from detfp_analyze.bisect.reads import chunks, collect_pair, walk_batch
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
@@ -178,7 +178,7 @@ def walk(
     whose steps all change no value has a ``Found`` whose ``passed`` is true. ``slices``: the
     candidate steps to read only in part (``blocks.slices``); a pick that needs records outside
     its slice (its call or the one upstream cut, a module output's twin, a hazard) rereads the step.
-    ``batch_size``: rank-steps per batch (default WALK_BATCH); the report does not depend on it.
+    ``batch_size``: rank-steps per batch (default ``reads.walk_batch``); the report does not depend on it.
     """
     found = dict(found or {})
     todo = {r: list(s) for r, s in cands.items() if s}
@@ -193,7 +193,7 @@ def walk(
     pool = ThreadPoolExecutor(max_workers=_WORKERS)
     try:
         while todo:
-            batches = chunks(sorted(todo), batch_size or WALK_BATCH)
+            batches = chunks(sorted(todo), batch_size or walk_batch(run_a, run_b))
             runs = [pool.submit(_run_batch, run_a, run_b, {r: todo[r][0] for r in b}, todo, boundary, found, slices)
                     for b in batches]  # fmt: skip
             for fut in runs:

@@ -107,7 +107,7 @@ def test_batches_walked_at_once_give_the_report_of_one_at_a_time(planted, name, 
     p = planted[name]
     a, b = open_run(p.a), open_run(p.b)
     whole = bisect(a, b).to_json_dict()
-    monkeypatch.setattr(walk_mod, "WALK_BATCH", 1)
+    monkeypatch.setattr(walk_mod, "walk_batch", lambda a, b: 1)
     assert bisect(open_run(p.a), open_run(p.b)).to_json_dict() == whole
     cands = {r: [1] for r in (2, 0, 1)}
     found = walk(a, b, cands, (), None)
@@ -125,7 +125,7 @@ def test_the_first_failing_batch_raises_whichever_thread_fails_first(planted, tm
     for r in (1, 2):
         [shard] = (b / "records" / f"rank={r}").glob("*-w0000001.parquet")
         flip_in_footer(shard, b"parquet-cpp")  # still a valid footer, not the committed one
-    monkeypatch.setattr(walk_mod, "WALK_BATCH", 1)
+    monkeypatch.setattr(walk_mod, "walk_batch", lambda a, b: 1)
     errors = set()
     for workers in (2, 2, 1):
         monkeypatch.setattr(walk_mod, "_WORKERS", workers)

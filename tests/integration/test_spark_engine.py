@@ -102,7 +102,7 @@ def test_spark_jobs_do_not_grow_with_the_ranks(spark, tmp_path, monkeypatch):
     spec = SynthSpec(ranks=8, steps=3, records=120)
     p = write_pair(tmp_path / "a", tmp_path / "b", spec, PLANTS["all_ranks"])
     local = bisect(p.a, p.b)  # the local walk's own batches, as in the plants' cases
-    monkeypatch.setattr(walk, "WALK_BATCH", 2)
+    monkeypatch.setattr(walk, "walk_batch", lambda a, b: 2)
     got, stages = _spark_bisect(spark, p.a, p.b)
     _same(local, got)
     _same(bisect(p.a, p.b), got)
