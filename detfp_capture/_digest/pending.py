@@ -86,6 +86,7 @@ class _Arena:
         with _ARENA_LOCK:
             if self.lanes is None:
                 buf = self.buf
+                assert buf is not None  # held until the first seal; once per arena, not per record
                 self.lanes = self.scheme.mm(buf[: max(1, self.used)], 0)
                 if self.want_moments:
                     self._moments(buf)
@@ -304,7 +305,7 @@ def _start(t: Any, rows: bool | int, moments: bool, pointer_check: bool, sch: Sc
         return _error(t, f"not a tensor: {tp.__name__}")
     inner = collective_result(t)
     if inner is not t:  # an AsyncCollectiveTensor is its buffer, a plain tensor (awaited.py)
-        return _start(inner, rows, moments, pointer_check)
+        return _start(inner, rows, moments, pointer_check, sch)
     if hasattr(tp, "__tensor_flatten__"):  # the inner tensors are detached one by one
         return _start_subclass(t, rows, moments, sch)
     with torch._C.DisableTorchFunctionSubclass():

@@ -142,3 +142,13 @@ def test_an_async_collective_tensor_is_not_split_into_parts():
     assert not flattens(AsyncCollectiveTensor(torch.ones(3)))
     assert flattens(quant_weight()) and not flattens(torch.nn.Parameter(torch.ones(2)))
     assert isinstance(quant_weight(), Blocked)
+
+
+def test_an_async_collective_tensor_digests_as_its_buffer():
+    # The public digest of an AsyncCollectiveTensor is its buffer's (awaited.collective_result):
+    # it failed with a TypeError (a missing argument) until mypy ran on _digest/pending.py.
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    t = torch.arange(10.0)
+    got = fingerprint(AsyncCollectiveTensor(t))
+    assert got.error is None and got == fingerprint(t)

@@ -28,8 +28,7 @@ PINNED = frozenset(
     {
         "detfp_capture._digest.batched",
         "detfp_capture._digest.native",
-        "detfp_capture._digest.pending",
-        "detfp_capture._digest.resolve",
+            "detfp_capture._digest.resolve",
         "detfp_capture._digest.staging",
         "detfp_capture._digest.subclass",
         "detfp_capture._recorder.args",
