@@ -52,6 +52,7 @@ __all__ = [
     "manifest_relpath",
     "record_key",
     "rollup_hashes",
+    "shard_name",
     "shard_relpath",
     "split_component",
 ]
@@ -436,9 +437,14 @@ READ_RULE: dict[str, str] = {
 }
 
 
+def shard_name(segment: int, window: int) -> str:
+    """File name of one flushed shard (inside its ``<table>/rank=R`` partition)."""
+    return f"part-s{segment:05d}-w{window:07d}.parquet"
+
+
 def shard_relpath(table: str, rank: int, segment: int, window: int) -> str:
     """Path of one flushed shard inside a run directory (hive-partitioned by rank)."""
-    return f"{table}/rank={rank}/part-s{segment:05d}-w{window:07d}.parquet"
+    return f"{table}/rank={rank}/{shard_name(segment, window)}"
 
 
 def manifest_relpath(rank: int, segment: int) -> str:

@@ -30,9 +30,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from detfp_analyze.errors import ManifestError, SchemaVersionError
-from detfp_analyze.io.footers import Committed, ShardInfo
+from detfp_analyze.io.footers import Committed, CommittedShard, ShardInfo, committed_shard
 from detfp_analyze.io.store import Location, Store, name_of
-from detfp_format import commitlog
+from detfp_format import commitlog, contract
 
 if TYPE_CHECKING:  # the reader imports this module
     from detfp_analyze.io.reader import Run
@@ -238,18 +238,19 @@ def read_logs(st: Store, root: Location, label: str, manifests: Mapping[int, Seq
 
 
 def committed_shards(manifests: Mapping[int, Sequence[Mapping[str, Any]]], logs: Logs) -> Committed:
-    """(table, rank, segment, window) -> (rows, ShardFact) of every shard a commit line states
+    """(table, rank, file name) -> ``CommittedShard`` of every shard a commit line states
     (launches whose manifest says ``shard_facts`` is this reader's ``SHARD_FACTS_VERSION``)."""
-    out: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] = {}
+    out: dict[tuple[str, int, str], CommittedShard] = {}
     for rank, ms in manifests.items():
         for m in ms:
-            log = logs.get((rank, m["segment"]))
+            segment = m["segment"]
+            log = logs.get((rank, segment))
             if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION or not isinstance(log, commitlog.LogState):
                 continue
             for w, facts in log.shards.items():
-                rows = log.windows[w][0]
+                rows, name = log.windows[w][0], contract.shard_name(segment, w)
                 for table, fact in facts.items():
-                    out[(table, rank, m["segment"], w)] = (rows[table], fact)
+                    out[(table, rank, name)] = committed_shard(rows[table], fact, segment, w)
     return out
 
 

@@ -27,7 +27,6 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,9 @@ __all__ = [
     "MAX_FOOTER_BYTES",
     "MAX_STEP",
     "Committed",
+    "CommittedShard",
     "ShardInfo",
+    "committed_shard",
     "partition_rank",
     "partitions",
     "scan_shards",
@@ -57,6 +58,8 @@ __all__ = [
 MAX_STEP = 1 << 62
 FIX_SHARD = "delete it or re-run the capture"
 _SHARD_NAME = re.compile(r"part-s(\d{5,})-w(\d{7,})\.parquet")
+#: The prefixes of names readers skip (``visible``).
+_HIDDEN = (".", "_")
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,19 @@ class ShardInfo:
     shown: str | None = None
 
 
-#: (table, rank, segment, window) -> (rows, fact) of a shard as its commit line states it.
-Committed = Mapping[tuple[str, int, int, int], tuple[int, ShardFact]]
+#: What a commit line states of one shard, flat (no object per shard: a seed-scale run holds
+#: hundreds of thousands): its rows, size in bytes, first and last step, footer CRC-32
+#: (``commitlog.ShardFact``), segment and window.
+CommittedShard = tuple[int, int, int, int, int, int, int]
+#: (table, rank, file name) -> the ``CommittedShard`` of every shard a commit line states, by the
+#: name the capture gives it (``contract.shard_name``): a listed file is looked up by its name,
+#: without parsing it. A file of another name is validated from its footer.
+Committed = Mapping[tuple[str, int, str], CommittedShard]
+
+
+def committed_shard(rows: int, fact: ShardFact, segment: int, window: int) -> CommittedShard:
+    """The ``CommittedShard`` of a window's commit line's fact about one of its shards."""
+    return (rows, fact.size, fact.step_min, fact.step_max, fact.footer_crc32, segment, window)
 
 
 def shown_name(name: str) -> str:
@@ -135,7 +149,7 @@ def partitions(entries: Iterable[Location], where: str) -> Iterator[tuple[int, L
 
 def visible(name: str) -> bool:
     """Readers skip writer temporaries (dot-prefixed) and Spark/Hadoop markers (underscore-prefixed)."""
-    return not name.startswith((".", "_"))
+    return not name.startswith(_HIDDEN)
 
 
 @dataclass
@@ -266,8 +280,6 @@ def _shard_info(
     )
 
 
-#: A directory entry's name (the sort key of ``_entries``: attrgetter, no Python frame per entry).
-_by_name = attrgetter("name")
 #: Footers read per thread-pool task.
 _FOOTER_CHUNK = 64
 
@@ -281,28 +293,35 @@ def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
 
 
 def _entries(st: Store, path: Location, shown: str) -> list[tuple[Location, str, int | None]]:
-    """(entry, name, size) of a directory's entries by name: locally one ``scandir`` whose entries
-    give their ``stat`` (links followed; thousands of shards per rank, each a Path built once);
-    size -2 where ``_size`` must ask (a remote store)."""
+    """(entry, name, size) of a directory's visible Parquet entries by name (``_shard_like``);
+    locally one listing and a ``stat`` per entry (links followed; thousands of shards per rank,
+    each a Path built once); size -2 where ``_size`` must ask (a remote store)."""
     if not isinstance(path, Path):
-        return [(f, name_of(f), -2) for f in _listdir(st, path, shown)]
+        return [(f, n, -2) for f in _listdir(st, path, shown) if _shard_like(n := name_of(f))]
     try:
-        with os.scandir(path) as it:
-            found = sorted(it, key=_by_name)
+        names = sorted(n for n in os.listdir(path) if not n.startswith(_HIDDEN) and n.endswith(".parquet"))
     except OSError as exc:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
     out: list[tuple[Location, str, int | None]] = []
     # A child path from a name known to be one (a directory entry): pathlib's own fast route
-    # (what iterdir uses), 10x cheaper than ``path / name``'s parse on hundreds of thousands of shards.
+    # (what iterdir uses), 10x cheaper than ``path / name``'s parse on hundreds of thousands of
+    # shards; ``os.stat`` of a string, cheaper than a DirEntry's (the same call, links followed).
     child = getattr(path, "_make_child_relpath", path.joinpath)
-    for e in found:
+    base = os.path.join(path, "")
+    stat_of, regular = os.stat, stat.S_ISREG
+    for name in names:
         try:
-            info = e.stat()
-            size = info.st_size if stat.S_ISREG(info.st_mode) else None
+            info = stat_of(base + name)
+            size = info.st_size if regular(info.st_mode) else None
         except (OSError, ValueError):
             size = None
-        out.append((child(e.name), e.name, size))
+        out.append((child(name), name, size))
     return out
+
+
+def _shard_like(name: str) -> bool:
+    """A visible Parquet file name (``visible``): what ``_candidates`` lists as a shard."""
+    return not name.startswith(_HIDDEN) and name.endswith(".parquet")
 
 
 def _size(st: Store, loc: Location) -> int | None:
@@ -347,8 +366,6 @@ def _candidates(
             # Hundreds of thousands of shards per run: the per-file work is kept to what each needs.
             prefix = f"{label}/{table}/{rname}/"
             for f, fname, size in _entries(st, rdir, prefix[:-1]):
-                if fname.startswith((".", "_")) or not fname.endswith(".parquet"):  # not visible(), no Parquet
-                    continue
                 shown = prefix + shown_name(fname)
                 if size == -2:
                     size = _size(st, f)
@@ -414,11 +431,12 @@ _new = object.__new__
 assert tuple(_stated(*range(10)).__dict__) == tuple(f.name for f in fields(ShardInfo))
 
 
-def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> tuple[int, ShardFact] | None:
+def _fact(committed: Committed | None, table: str, rank: int, path: Location) -> CommittedShard | None:
+    """What a commit line states of the window a parsed shard's name names (any zero padding)."""
     if not committed:
         return None
     m = _SHARD_NAME.fullmatch(name_of(path))
-    return None if m is None else committed.get((table, rank, int(m.group(1)), int(m.group(2))))
+    return None if m is None else committed.get((table, rank, contract.shard_name(int(m.group(1)), int(m.group(2)))))
 
 
 def scan_shards(
@@ -437,18 +455,13 @@ def scan_shards(
     candidates = _candidates(st, root, label, ranks, world_size)
     infos: list[ShardInfo | None] = [None] * len(candidates)
     parse: list[int] = []  # candidates whose footers are read now
-    match = _SHARD_NAME.fullmatch
+    stated = (committed or {}).get
     for i, (table, rank, path, shown, size, fname) in enumerate(candidates):
-        m = match(fname) if committed else None
-        if m is None:
-            parse.append(i)
-            continue
-        segment, window = int(m.group(1)), int(m.group(2))
-        got = committed.get((table, rank, segment, window))  # type: ignore[union-attr]
-        if got is not None and got[1].size == size:
-            rows, fact = got
-            infos[i] = _stated(path, table, rank, segment, rows, fact.step_min if rows else None,
-                               fact.step_max if rows else None, window, fact.footer_crc32, shown)  # fmt: skip
+        got = stated((table, rank, fname))
+        if got is not None and got[1] == size:
+            rows, _, lo, hi, crc, segment, window = got
+            infos[i] = _stated(path, table, rank, segment, rows, lo if rows else None, hi if rows else None,
+                               window, crc, shown)  # fmt: skip
         else:
             parse.append(i)
     # Footers in chunks: one pool task per file costs more in task overhead than the
@@ -464,9 +477,11 @@ def scan_shards(
             infos[i] = info = check.info(table, rank, path, shown, md)
             got = _fact(committed, table, rank, path)
             # Other rows than committed: the completeness check's row_mismatch gap, as always.
-            if got is not None and size >= 0 and info.num_rows == got[0]:  # a usable footer, not the committed file
+            if (
+                got is not None and 0 <= size != got[1] and info.num_rows == got[0]
+            ):  # a usable footer, not the committed file
                 raise ShardError(
-                    f"{shown}: {size} bytes, its commit line says {got[1].size}: the shard was truncated, "
+                    f"{shown}: {size} bytes, its commit line says {got[1]}: the shard was truncated, "
                     f"rewritten or replaced after its window was committed; {FIX_SHARD}"
                 )
     out: dict[str, list[ShardInfo]] = {}

@@ -11,12 +11,15 @@ like every underscore name) or, for a run that cannot be written, in the user ca
 * ``index.json``: the version, every manifest and commit log by path, size and BLAKE2b-128
   digest of its bytes; each manifest as its key order and, per key, the id of a distinct value
   (values deduplicated by their JSON text: thousands of ranks share their groups, versions,
-  settings, so each distinct value is parsed once); each commit log's facts but the folds;
+  settings, so each distinct value is parsed once); each commit log's facts but the folds and
+  the shard facts;
 * ``folds.arrow``: the step folds as one Arrow IPC table (rank, segment, step, SUM_FIELDS), the
   frame ``stepsums`` searches with polars;
-* ``index.seal``: SHA-256 over the two files above (``_seal``), checked before either is parsed.
+* ``shards.arrow``: the shards the commit lines state (``completeness.committed_shards``), one
+  row each: columns, not a JSON object per shard (a seed-scale run states hundreds of thousands);
+* ``index.seal``: SHA-256 over the three files above (``_seal``), checked before any is parsed.
 
-``load`` trusts an index only when its seal matches its two files, the run's manifest directory
+``load`` trusts an index only when its seal matches its three files, the run's manifest directory
 lists exactly the indexed files, and every one of them has the indexed size and digest (a damaged, stale, partial or foreign
 index, or one of another version, is None: the caller parses the files as without one). The
 bytes are read and hashed, never parsed, so an index is as good as the files it was built from;
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from detfp_analyze.errors import DetfpError
-from detfp_analyze.io.footers import partitions, visible
+from detfp_analyze.io.footers import CommittedShard, partitions, visible
 from detfp_analyze.io.store import Location, Store
 from detfp_format import commitlog, contract
 
@@ -54,11 +57,14 @@ __all__ = [
     "write",
 ]
 
-#: Version of the index layout; an index of another version is rebuilt, never read. (2: the seal.)
-INDEX_VERSION = 2
+#: Version of the index layout; an index of another version is rebuilt, never read. (2: the
+#: seal; 3: the shard facts in ``shards.arrow``.)
+INDEX_VERSION = 3
 #: The index's directory inside a run (underscore: every reader of the run skips it).
 INDEX_DIR = "_detfp_index"
-_MAIN, _FOLDS, _SEAL = "index.json", "folds.arrow", "index.seal"
+_MAIN, _FOLDS, _SHARDS, _SEAL = "index.json", "folds.arrow", "shards.arrow", "index.seal"
+#: ``shards.arrow``'s columns: the key of ``footers.Committed`` then its ``CommittedShard``.
+_SHARD_COLUMNS = ("table", "rank", "name", "rows", "size", "step_min", "step_max", "footer_crc32", "segment", "window")
 #: Domain of the seal's hash (``_seal``): a digest of these bytes is no other file's digest.
 _SEAL_DOMAIN = b"detfp-run-index-seal\0"
 
@@ -75,15 +81,15 @@ class Indexed:
     #: The step folds (``stepsums.Folds``).
     folds: Any
     #: The shards the commit lines state (``completeness.committed_shards`` of the parsed logs).
-    committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]]
+    committed: dict[tuple[str, int, str], CommittedShard]
 
 
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def _seal(main: bytes, folds: bytes) -> str:
-    """The seal over the index's own two files: SHA-256 of their lengths and bytes. The files'
+def _seal(main: bytes, folds: bytes, shards: bytes) -> str:
+    """The seal over the index's own three files: SHA-256 of their lengths and bytes. The files'
     digests in ``index.json`` say the run's files are the indexed ones; the seal says the index
     holds what was written (a value changed inside ``index.json`` or a damaged ``folds.arrow``
     that still parses would otherwise be trusted). SHA-256: the CPU's SHA instructions make it
@@ -91,7 +97,9 @@ def _seal(main: bytes, folds: bytes) -> str:
     h = hashlib.sha256(_SEAL_DOMAIN)
     h.update(len(main).to_bytes(8, "little"))
     h.update(main)
+    h.update(len(folds).to_bytes(8, "little"))
     h.update(folds)
+    h.update(shards)
     return h.hexdigest()
 
 
@@ -129,9 +137,9 @@ def _digests(paths: list[Path]) -> list[tuple[int, str] | None]:
         return [got for part in pool.map(lambda ps: [one(p) for p in ps], parts) for got in part]
 
 
-def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], Any] | None:
+def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], tuple[Any, Any]] | None:
     """Parse the run's manifests and commit logs as ``open_run`` does, and the index of them:
-    (the values, ``index.json``'s document, the folds frame); None when a commit log cannot be
+    (the values, ``index.json``'s document, the folds and shards tables); None when a commit log cannot be
     read (its error is ``open_run``'s to raise). Raises the manifests' typed errors."""
     from detfp_analyze.io import completeness, stepsums
     from detfp_analyze.io.manifests import read_manifests
@@ -173,7 +181,17 @@ def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], A
         "folds_usable": sorted(folds.usable),
     }
     stripped = {k: (None if v is None else _strip(v)) for k, v in logs.items()}  # type: ignore[arg-type]
-    return Indexed(found, stripped, folds, dict(completeness.committed_shards(manifests, logs))), doc, folds.frame
+    committed = dict(completeness.committed_shards(manifests, logs))
+    return Indexed(found, stripped, folds, committed), doc, (folds.frame, _shards_frame(committed))
+
+
+def _shards_frame(committed: Mapping[tuple[str, int, str], CommittedShard]) -> Any:
+    """``shards.arrow``'s table: one row per committed shard, in key order."""
+    import polars as pl
+
+    rows = [(*key, *fact) for key, fact in sorted(committed.items())]
+    schema = dict(zip(_SHARD_COLUMNS, (pl.String, pl.Int64, pl.String, *[pl.Int64] * 7), strict=True))
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 def _strip(log: commitlog.LogState) -> commitlog.LogState:
@@ -186,25 +204,13 @@ def _log_doc(log: commitlog.LogState) -> list:
         log.opened, log.version,
         [[w, rows, span] for w, (rows, span) in sorted(log.windows.items())],
         log.failure, log.close, log.bad_lines, log.torn_tail,
-        [[w, {t: list(f) for t, f in facts.items()}] for w, facts in sorted(log.shards.items())],
     ]  # fmt: skip
 
 
-def _log_state(
-    d: list, key: tuple[int, int], committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] | None
-) -> commitlog.LogState:
-    """The LogState of a ``_log_doc`` without its shard facts; those go straight into
-    ``committed`` (keyed as ``completeness.committed_shards`` keys them; None: the launch's
-    manifest does not promise them, so none is used), one pass instead of a dict per window."""
-    opened, version, windows, failure, close, bad, torn, shards = d
+def _log_state(d: list) -> commitlog.LogState:
+    """The LogState of a ``_log_doc``: without its folds and shard facts (``Indexed``)."""
+    opened, version, windows, failure, close, bad, torn = d
     wins = {w: (rows, None if span is None else (span[0], span[1])) for w, rows, span in windows}
-    if committed is not None:
-        rank, segment = key
-        fact = commitlog.ShardFact._make
-        for w, facts in shards:
-            rows = wins[w][0]
-            for t, f in facts.items():
-                committed[(t, rank, segment, w)] = (rows[t], fact(f))
     return commitlog.LogState(
         opened=opened,
         version=version,
@@ -237,20 +243,21 @@ def locate(root: Path) -> Path | None:
     return None
 
 
-def write(root: Path, doc: Mapping[str, Any], folds: Any) -> Path:
+def write(root: Path, doc: Mapping[str, Any], tables: tuple[Any, Any]) -> Path:
     """Store an index beside the run, or in the cache directory when the run cannot be written;
-    atomically (temporary names, then renames: the folds, the document, then the seal over
-    both). Returns the directory. OSError when neither place can be written."""
+    atomically (temporary names, then renames: the folds and shards tables (``build``'s), the
+    document, then the seal over all three). Returns the directory. OSError when neither place
+    can be written."""
     last: OSError | None = None
     for d in (root / INDEX_DIR, cache_dir(root)):
         try:
             d.mkdir(parents=True, exist_ok=True)
-            buf = io.BytesIO()
-            folds.write_ipc(buf)
+            folds, shards = (_ipc(t) for t in tables)
             main = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             # The seal is renamed last: a reader between the renames sees a seal that does not
             # match, and parses the run's files as without an index.
-            for name, data in ((_FOLDS, buf.getvalue()), (_MAIN, main), (_SEAL, _seal(main, buf.getvalue()).encode())):
+            seal = _seal(main, folds, shards).encode()
+            for name, data in ((_FOLDS, folds), (_SHARDS, shards), (_MAIN, main), (_SEAL, seal)):
                 tmp = d / f".{name}.{os.getpid()}.tmp"
                 tmp.write_bytes(data)
                 os.replace(tmp, d / name)
@@ -259,6 +266,12 @@ def write(root: Path, doc: Mapping[str, Any], folds: Any) -> Path:
             last = exc
     assert last is not None
     raise last
+
+
+def _ipc(frame: Any) -> bytes:
+    buf = io.BytesIO()
+    frame.write_ipc(buf)
+    return buf.getvalue()
 
 
 def load(st: Store, root: Location, label: str) -> Indexed | None:
@@ -277,9 +290,9 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
 
     from detfp_analyze.io import stepsums
 
-    main, folds_bytes = (d / _MAIN).read_bytes(), (d / _FOLDS).read_bytes()
-    if (d / _SEAL).read_bytes().decode("ascii") != _seal(main, folds_bytes):
-        return None  # damaged, partly rewritten, or of a version without a seal
+    main, folds_bytes, shards_bytes = ((d / n).read_bytes() for n in (_MAIN, _FOLDS, _SHARDS))
+    if (d / _SEAL).read_bytes().decode("ascii") != _seal(main, folds_bytes, shards_bytes):
+        return None  # damaged, partly rewritten, or of another version
     doc = json.loads(main)
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
         return None
@@ -306,16 +319,36 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
     for r, s, keys in doc["manifests"]:
         # Values are shared between ranks (one parse each): no reader of a manifest mutates it.
         found.setdefault(r, {})[s] = {k: parsed[i] for k, i in keys}
-    logs: dict[tuple[int, int], commitlog.LogState | None] = {}
-    committed: dict[tuple[str, int, int, int], tuple[int, commitlog.ShardFact]] = {}
-    for r, s, v in doc["logs"]:
-        stated = found[r][s].get("shard_facts") == commitlog.SHARD_FACTS_VERSION
-        logs[(r, s)] = None if v is None else _log_state(v, (r, s), committed if stated else None)
+    logs = {(r, s): None if v is None else _log_state(v) for r, s, v in doc["logs"]}
     frame = pl.read_ipc(io.BytesIO(folds_bytes))
     if dict(frame.schema) != stepsums.FOLD_SCHEMA:
         return None
+    committed = _committed(pl.read_ipc(io.BytesIO(shards_bytes)), found)
+    if committed is None:
+        return None
     folds = stepsums.Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))
     return Indexed(found, logs, folds, committed)
+
+
+def _committed(
+    frame: Any, found: Mapping[int, Mapping[int, dict]]
+) -> dict[tuple[str, int, str], CommittedShard] | None:
+    """``footers.Committed`` from ``shards.arrow``'s table, of the launches whose manifest
+    promises this reader's shard facts (as ``completeness.committed_shards``); None: not the
+    table ``build`` writes. Built from whole columns (a tuple per shard, no object)."""
+    import polars as pl
+
+    if tuple(frame.columns) != _SHARD_COLUMNS or any(
+        t != (pl.String if c in ("table", "name") else pl.Int64) for c, t in frame.schema.items()
+    ):
+        return None
+    other = [(r, s) for r, ms in found.items() for s, m in ms.items()
+             if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION]  # fmt: skip
+    if other:
+        drop = pl.DataFrame(other, schema={"rank": pl.Int64, "segment": pl.Int64}, orient="row")
+        frame = frame.join(drop, on=["rank", "segment"], how="anti", maintain_order="left")
+    cols = [frame[c].to_list() for c in _SHARD_COLUMNS]
+    return dict(zip(zip(*cols[:3], strict=True), zip(*cols[3:], strict=True), strict=True))
 
 
 @dataclass(frozen=True)
@@ -368,12 +401,12 @@ def index_run(path: str | os.PathLike[str], *, check: bool = False) -> Written |
         raise NotARunError(
             f"{label}: the run changed while it was indexed; run detfp-analyze index again once it is written"
         )
-    _, doc, frame = built
+    _, doc, tables = built
     try:
-        where = write(root, doc, frame)
+        where = write(root, doc, tables)
     except OSError as exc:
         raise NotARunError(
             f"{label}: the index can be written neither beside the run nor in {cache_dir(root)} "
             f"({type(exc).__name__}); set XDG_CACHE_HOME to a writable directory"
         ) from None
-    return Written(where, len(doc["files"]), len(doc["values"]), frame.height)
+    return Written(where, len(doc["files"]), len(doc["values"]), tables[0].height)

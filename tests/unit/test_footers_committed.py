@@ -223,3 +223,21 @@ def test_a_newer_shard_facts_version_is_read_through_the_footers(pair, parses):
         m.write_text(json.dumps(doc))
     open_run(pair["a"])
     assert len(parses) == _shard_count(pair["a"])
+
+
+def test_a_shard_under_another_padding_of_its_name_is_read_through_its_footer(pair, parses):
+    # Commit lines state shards by the name the capture gives them (contract.shard_name); the
+    # same bytes under a name that names the same window another way are validated from their
+    # footer (not taken from the commit line), and neither the size check nor the report changes.
+    def report() -> str:
+        return json.dumps(bisect(pair["a"], open_run(pair["b"])).to_json_dict(), sort_keys=True)
+
+    before = report()
+    p = pair["b"] / SHARD
+    p.rename(p.with_name("part-s000000-w00000001.parquet"))
+    parses.clear()
+    run = open_run(pair["b"])
+    assert [q.name for q in parses] == ["part-s000000-w00000001.parquet"]
+    moved = [s for s in run.shards["records"] if s.rank == 1 and s.window == 1]
+    assert len(moved) == 1 and moved[0].footer_crc32 is None and moved[0].num_rows == 3
+    assert report() == before and '"status": "diverged"' in before

@@ -128,6 +128,21 @@ def _damage_folds_parseable(a: Path) -> None:
     ).write_ipc(f)
 
 
+def _damage_shards_parseable(a: Path) -> None:
+    # A shards table that reads back fine, with one stated size changed: only the seal tells.
+    import polars as pl
+
+    f = a / runindex.INDEX_DIR / "shards.arrow"
+    frame = pl.read_ipc(f)
+    frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(pl.col("size") + 1).otherwise(pl.col("size")).alias("size")
+    ).write_ipc(f)
+
+
+def _damage_shards_missing(a: Path) -> None:
+    (a / runindex.INDEX_DIR / "shards.arrow").unlink()
+
+
 def _damage_seal(a: Path) -> None:
     (a / runindex.INDEX_DIR / "index.seal").unlink()
 
@@ -158,6 +173,8 @@ def _stale_added(a: Path) -> None:
         _damage_version,
         _damage_value,
         _damage_folds_parseable,
+        _damage_shards_parseable,
+        _damage_shards_missing,
         _damage_seal,
         _stale_log,
         _stale_manifest,
