@@ -3,7 +3,8 @@
 With ``indent`` set, the standard library encodes in Python, one generator step per value. A
 bisect report of N ranks names every rank's group (N members each): about N^2 integers, 17.8 MB
 of text at 1,024 ranks. Here a list of scalars is written by one ``str.join`` over C-level
-encoders, and everything else as the standard encoder does, so the text is byte-identical
+encoders (a long list of integers once per distinct content and depth: the ranks of one group
+share it), and everything else as the standard encoder does, so the text is byte-identical
 (``tests/property/test_jsontext.py`` holds it to ``json.dumps`` on random documents).
 """
 
@@ -15,6 +16,8 @@ from typing import Any
 __all__ = ["dumps"]
 
 _INF = float("inf")
+#: Lists of integers at least this long are written once per distinct content and depth (``_Memo``).
+_MEMO_MIN = 32
 _PLAIN = frozenset({int, str, float, bool, type(None)})
 
 
@@ -68,7 +71,12 @@ def _items(o: list[Any] | tuple[Any, ...]) -> list[str] | None:
     return None
 
 
-def _write(o: Any, depth: int, out: list[str]) -> None:
+#: (the integers, depth) -> the text of a list of integers only (exact ``int``: a float or bool
+#: equal to an integer would be another text, and is never memoized).
+_Memo = dict[tuple[tuple[int, ...], int], str]
+
+
+def _write(o: Any, depth: int, out: list[str], memo: _Memo) -> None:
     text = _scalar(o)
     if text is not None:
         out.append(text)
@@ -79,14 +87,23 @@ def _write(o: Any, depth: int, out: list[str]) -> None:
         if not o:
             out.append("[]")
             return
+        key = None
+        if len(o) >= _MEMO_MIN and set(map(type, o)) == {int}:
+            key = (tuple(o), depth)
+            if (text := memo.get(key)) is not None:
+                out.append(text)
+                return
         items = _items(o)
         if items is not None:
-            out.append("[" + pad + ("," + pad).join(items) + end + "]")
+            text = "[" + pad + ("," + pad).join(items) + end + "]"
+            if key is not None:
+                memo[key] = text
+            out.append(text)
             return
         sep = "[" + pad
         for v in o:
             out.append(sep)
-            _write(v, depth + 1, out)
+            _write(v, depth + 1, out, memo)
             sep = "," + pad
         out.append(end + "]")
         return
@@ -97,7 +114,7 @@ def _write(o: Any, depth: int, out: list[str]) -> None:
         sep = "{" + pad
         for k, v in sorted(o.items()):
             out.append(sep + _text(_key(k)) + ": ")
-            _write(v, depth + 1, out)
+            _write(v, depth + 1, out, memo)
             sep = "," + pad
         out.append(end + "}")
         return
@@ -107,5 +124,5 @@ def _write(o: Any, depth: int, out: list[str]) -> None:
 def dumps(doc: Any) -> str:
     """``json.dumps(doc, indent=2, sort_keys=True)``, byte for byte (TypeError where it raises one)."""
     out: list[str] = []
-    _write(doc, 0, out)
+    _write(doc, 0, out, {})
     return "".join(out)

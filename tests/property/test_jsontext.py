@@ -69,3 +69,20 @@ def test_special_numbers_and_int_subclasses():
 
     doc = {"x": [math.nan, math.inf, -math.inf, 0.1, -0.0, 10**30, E.A, True, 1], "y": [E.A, 2], "z": [[], {}, ()]}
     assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
+
+
+# Long lists of integers are written once per content and depth: the same list at other depths,
+# and lists of floats or bools equal to those integers, must still get their own text.
+_long = st.lists(st.integers(-3, 3), min_size=32, max_size=40)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(_long, st.integers(0, 3))
+def test_repeated_long_integer_lists_keep_their_text_at_every_depth(xs, depth):
+    as_float = [float(x) for x in xs]
+    as_bool = [bool(x % 2) for x in xs]
+    ones = [1] * len(xs)
+    doc: object = {"a": xs, "b": [xs, {"c": xs}], "d": as_float, "e": as_bool, "f": [True] * len(xs), "g": ones}
+    for _ in range(depth):
+        doc = {"x": doc, "y": list(xs)}
+    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
