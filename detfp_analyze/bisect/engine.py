@@ -8,7 +8,8 @@ and the two run objects (``a``, ``b``) the walk, verdicts and evidence read thei
 per-rank slices from. ``LocalStages`` runs them here with polars (the default);
 ``detfp_analyze.spark`` runs them on Apache Spark. Everything else (scope, walk, verdicts,
 diagnosis, report) is the same code for every engine, so a report does not depend on the
-engine that produced it.
+engine that produced it. ``LocalStages``' runs are ``held.HeldRun``s: its ``prefetch`` holds the
+walk's first rank-steps in memory when they are few records in all (``reads.HOLD_ROWS``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import polars as pl
 
 from detfp_analyze.bisect import blocks as _blocks
 from detfp_analyze.bisect import evidence as _evidence
+from detfp_analyze.bisect import held as _held
 from detfp_analyze.bisect import narrow as _narrow
 from detfp_analyze.bisect.blocks import Slice
-from detfp_analyze.bisect.reads import ROLLUP_BATCH, chunks, collect_pair, scan
+from detfp_analyze.bisect.reads import HOLD_ROWS, ROLLUP_BATCH, chunks, collect_pair, densest, scan
 from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.walk import Progress
 from detfp_analyze.io.reader import Run
@@ -88,11 +90,17 @@ Engine = Callable[[Run, Run], Stages]
 class LocalStages:
     """The stages with polars on this machine, reading the runs' shards directly."""
 
-    #: Run A and run B (opened ``Run`` objects).
-    a: Run
-    b: Run
+    #: Run A and run B: opened runs, held as ``held.HeldRun``s (a ``Run`` given is wrapped).
+    a: Any
+    b: Any
     #: The walk reads its batches from the shards as it goes: its own batch size.
     walk_batch: ClassVar[int | None] = None
+
+    def __post_init__(self) -> None:
+        for side in ("a", "b"):
+            run = getattr(self, side)
+            if not isinstance(run, _held.HeldRun):
+                object.__setattr__(self, side, _held.HeldRun(run))
 
     def metric_divergence(self, ranks: Sequence[int], lo: int, hi: int) -> pl.DataFrame:
         return _narrow.metric_divergence(scan(self.a, "metrics", ranks, lo, hi), scan(self.b, "metrics", ranks, lo, hi))
@@ -120,7 +128,11 @@ class LocalStages:
         return out
 
     def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
-        return None  # the walk reads its batches from the shards as it goes
+        # Each rank's first candidate step, read once for every stage when they fit (the first
+        # pass, the enrich read, the peers' inputs); else the walk reads as it goes.
+        first = {r: steps[0] for r, steps in cands.items() if steps}
+        if first and len(first) * densest(self.a.run, self.b.run) <= HOLD_ROWS:
+            _held.hold(self.a, self.b, first)
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
         return _evidence.peer_inputs(self.a, self.b, asks)

@@ -23,7 +23,7 @@ divergence (steps after every rank's metric divergence are read only where neede
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from detfp_analyze import _gcpause
 from detfp_analyze.bisect import assemble as _assemble
@@ -111,7 +111,8 @@ def _bisect(
     notes = [*incomplete, *_scope_notes(scope, run_a, run_b, ignored)]
     # 3. Search: each rank's first divergence; from here on every read goes through the engine.
     stages = (engine or local)(run_a, run_b)
-    run_a, run_b = stages.a, stages.b
+    # The engine's views of the runs (a HeldRun, a SparkRun): every attribute of an opened Run.
+    run_a, run_b = cast(Run, stages.a), cast(Run, stages.b)
     found = search(run_a, run_b, scope, progress, stages, reads)
     notes += found.notes
     # 4. Verdicts, 5. evidence and assembly.

@@ -17,6 +17,7 @@ import polars as pl
 from detfp_analyze.io.reader import Run
 
 __all__ = [
+    "HOLD_ROWS",
     "ROLLUP_BATCH",
     "WALK_MAX",
     "WALK_MIN",
@@ -25,6 +26,7 @@ __all__ = [
     "chunks",
     "collect",
     "collect_pair",
+    "densest",
     "scan",
     "walk_batch",
 ]
@@ -36,19 +38,29 @@ ROLLUP_BATCH = 64
 #: work, one of many thousands holds them all twice (two batches at once) for no gain in time.
 WALK_ROWS = 64_000
 WALK_MIN, WALK_MAX = 16, 1024
+#: Records per run the local engine holds in memory for the walk's first rank-steps when they
+#: fit (``held``: read once, every column, instead of once per stage that reads them); past
+#: it the stages read the shards as they go. About 30 MB a run at the contract's columns.
+HOLD_ROWS = 100_000
 
 
-def walk_batch(run_a: Run, run_b: Run) -> int:
-    """Rank-steps per walk batch: ``WALK_ROWS`` over the most records a rank-step holds in
-    either run (the densest shard's rows per step), within ``WALK_MIN``..``WALK_MAX``. On the
-    2M pair (4,000 records per rank-step) 16 rank-steps took the time 32 took in 0.78x the memory;
-    on the seed-shaped pair (20) 1,024 took 0.94x the time of 32 (docs/report.md)."""
+def densest(run_a: Run, run_b: Run) -> int:
+    """The most records a rank-step holds in either run, as the shards tell (the densest
+    shard's rows per step of its window; at least 1)."""
     dense = 1
     for run in (run_a, run_b):
         for s in run.shards.get("records", ()):
             if s.step_min is not None and s.step_max is not None and s.step_max >= s.step_min:
                 dense = max(dense, s.num_rows // (s.step_max - s.step_min + 1))
-    return max(WALK_MIN, min(WALK_MAX, WALK_ROWS // dense))
+    return dense
+
+
+def walk_batch(run_a: Run, run_b: Run) -> int:
+    """Rank-steps per walk batch: ``WALK_ROWS`` over the most records a rank-step holds in
+    either run (``densest``), within ``WALK_MIN``..``WALK_MAX``. On the 2M pair (4,000 records
+    per rank-step) 16 rank-steps took the time 32 took in 0.78x the memory; on the seed-shaped
+    pair (20) 1,024 took 0.94x the time of 32 (docs/report.md)."""
+    return max(WALK_MIN, min(WALK_MAX, WALK_ROWS // densest(run_a, run_b)))
 
 
 @dataclass(frozen=True)
