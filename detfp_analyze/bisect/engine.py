@@ -77,6 +77,11 @@ class Stages(Protocol):
         ones in ``slices`` (``blocks.slices``) only in part, the first pass on ``walk.FIRST_PASS_COLUMNS``."""
         ...
 
+    def holds(self, cands: Mapping[int, Sequence[int]]) -> bool:
+        """Whether ``prefetch`` of these candidates (rank -> steps) holds each rank's first step
+        whole in memory: the walk then reads it without the stored rollups' slices."""
+        ...
+
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
         """``evidence.peer_inputs``: whether a collective's inputs differ on each peer."""
         ...
@@ -127,12 +132,16 @@ class LocalStages:
                 progress(stage, i + 1, len(batches))
         return out
 
+    def holds(self, cands: Mapping[int, Sequence[int]]) -> bool:
+        # Within the budget at the densest rank-step of either run (the shards' rows per step).
+        n = sum(1 for steps in cands.values() if steps)
+        return 0 < n * densest(self.a.run, self.b.run) <= HOLD_ROWS
+
     def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         # Each rank's first candidate step, read once for every stage when they fit (the first
         # pass, the enrich read, the peers' inputs); else the walk reads as it goes.
-        first = {r: steps[0] for r, steps in cands.items() if steps}
-        if first and len(first) * densest(self.a.run, self.b.run) <= HOLD_ROWS:
-            _held.hold(self.a, self.b, first)
+        if self.holds(cands):
+            _held.hold(self.a, self.b, {r: steps[0] for r, steps in cands.items() if steps})
 
     def peer_inputs(self, asks: Asks) -> dict[CallKey, str]:
         return _evidence.peer_inputs(self.a, self.b, asks)

@@ -112,6 +112,31 @@ def _stored_blocks(
     return st.block_rollups(*read) if read else None
 
 
+def _candidates(
+    st: Stages,
+    rollups: bool,
+    sums: tuple[_stepsums.Sums, _stepsums.Sums] | None,
+    ranks: Sequence[int],
+    lo: int,
+    hi: int,
+    progress: Progress | None,
+    stage: str,
+    errors: list[int],
+) -> tuple[dict[int, list[int]], dict[tuple[int, int], _blocks.Slice] | None]:
+    """The candidate steps of ``ranks`` over [lo, hi] (``rollup_candidates``) and the slices the
+    stored rollups' blocks cut them to (None: the walk reads whole steps). With folds, the
+    candidates come from the folds and only the (rank, step)s whose folds differ have blocks
+    worth reading, and none at all when the engine holds every rank's first candidate step
+    whole (``Stages.holds``): a slice would only narrow reads served from memory."""
+    if sums is not None:
+        cands = rollup_candidates(st, ranks, lo, hi, progress, stage, errors, None, sums)
+        stored = None if st.holds(cands) else _stored_blocks(st, rollups, sums, ranks, lo, hi)
+    else:
+        stored = _stored_blocks(st, rollups, sums, ranks, lo, hi)
+        cands = rollup_candidates(st, ranks, lo, hi, progress, stage, errors, stored, sums)
+    return cands, (_blocks.slices(*stored, cands) if stored is not None else None)
+
+
 def search(
     run_a: Run,
     run_b: Run,
@@ -141,22 +166,16 @@ def search(
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)
     errors = [0, 0]
-    # The stored rollups' blocks slice the candidate steps; with folds, the candidates come from
-    # the folds and only the (rank, step)s whose folds differ have blocks worth reading. Up to
-    # the bound first: the steps after it are read only for the ranks the walk leaves open.
-    stored = _stored_blocks(st, rollups, sums, compared, lo, bound)
-    cands = rollup_candidates(st, compared, lo, bound, progress, "steps", errors, stored, sums)
+    # Up to the bound first: the steps after it are read only for the ranks the walk leaves open.
+    cands, sl = _candidates(st, rollups, sums, compared, lo, bound, progress, "steps", errors)
     # Every level walks: a candidate step may hold only no-evidence differences (a digest error
     # on one side, records under hazards), which only the walk can tell.
-    sl = _blocks.slices(*stored, cands) if stored is not None else None
     st.prefetch(cands, sl)
     found = walk(run_a, run_b, cands, scope.boundary, progress, slices=sl, batch_size=st.walk_batch)
     if bound < hi:
         rest = [r for r in compared if r not in found or found[r].passed]
         if rest:
-            stored = _stored_blocks(st, rollups, sums, rest, bound + 1, hi)
-            more = rollup_candidates(st, rest, bound + 1, hi, progress, "steps (after metrics)", errors, stored, sums)
-            sl = _blocks.slices(*stored, more) if stored is not None else None
+            more, sl = _candidates(st, rollups, sums, rest, bound + 1, hi, progress, "steps (after metrics)", errors)
             st.prefetch(more, sl)
             found = walk(run_a, run_b, more, scope.boundary, progress, found, slices=sl, batch_size=st.walk_batch)
     notes = []

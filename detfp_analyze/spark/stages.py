@@ -192,6 +192,9 @@ class SparkStages:
             progress(stage, 1, 1)
         return out
 
+    def holds(self, cands: Mapping[int, Sequence[int]]) -> bool:
+        return False  # the prefetch fetches the first pass's columns, narrowed by the slices
+
     def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         keys = [(int(r), int(s)) for r, ss in cands.items() for s in ss]
         # A sliced rank-step is read in part on each side: one span covering both sides' slices.

@@ -172,7 +172,13 @@ def test_repeat_check_heads_with_the_uninitialized_read(runs):
     from detfp_guards import repeat_check
 
     x = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(0))
-    res = repeat_check(BucketPool(), x, runs=3, backward=False)
+    # Memory from torch.empty holds whatever the allocator hands back: usually a different
+    # block's leftovers on each call, but the same bytes now and then (seen under a loaded
+    # parallel suite). Checked again, as a user would, before the report is examined.
+    for _ in range(4):
+        res = repeat_check(BucketPool(), x, runs=3, backward=False)
+        if not res.ok:
+            break
     assert not res.ok
     head = res.report.split("\n\n", 1)[0]
     assert "first difference: forward <root> op:aten::index_add_.default output out -- origin" in head, head

@@ -18,6 +18,7 @@ import json
 import polars as pl
 import pytest
 
+from detfp_analyze.bisect import engine as _engine
 from detfp_analyze.bisect.pipeline import bisect
 from detfp_analyze.bisect.reads import ReadPaths
 from detfp_analyze.io import stepsums
@@ -158,9 +159,14 @@ def test_only_the_ranks_that_differ_are_read(tmp_path, monkeypatch):
     # rollups are read.
     p = write_pair(tmp_path / "a", tmp_path / "b", SPEC, Plant(rank=1, step=2, index=290))
     calls = _spy(monkeypatch)
+    held = bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2])
+    # The walk's rank-step is held in memory (bisect.held): nothing to slice, no rollups read.
+    assert calls == {"metric_divergence": [], "block_rollups": []}
+    monkeypatch.setattr(_engine, "HOLD_ROWS", 0)  # the stored rollups slice what the walk reads
     res = bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2])
     assert calls == {"metric_divergence": [], "block_rollups": [([1], 2, 2)]}
     assert [r["rank"] for r in res.to_json_dict()["ranks"] if r.get("first")] == [1]
+    assert res.to_json_dict() == held.to_json_dict()
     assert bisect(open_run(p.a), open_run(p.b), ranks=[0, 1, 2], reads=NO_SUMS).to_json_dict() == res.to_json_dict()
 
 
@@ -188,8 +194,13 @@ def test_an_early_divergence_reads_each_rank_up_to_its_first_split(tmp_path, mon
     assert stepsums.record_reads(*sums, ranks=[2, 3], lo=1, hi=1) == ([2, 3], 1, 1)
     assert stepsums.metric_reads(*sums) == (ranks, 0, 0)
     calls = _spy(monkeypatch)
+    held = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
+    assert calls == {"metric_divergence": [(ranks, 0, 0)], "block_rollups": []}  # step 0 held (bisect.held)
+    calls["metric_divergence"].clear()
+    monkeypatch.setattr(_engine, "HOLD_ROWS", 0)
     res = bisect(open_run(p.a), open_run(p.b)).to_json_dict()
     assert calls == {"metric_divergence": [(ranks, 0, 0)], "block_rollups": [(ranks, 0, 0)]}
+    assert res == held
     assert {r["rank"] for r in res["ranks"] if r.get("first")} == set(ranks)
     for reads in (NO_SUMS, ReadPaths(step_sums=False, stored_rollups=False)):
         assert bisect(open_run(p.a), open_run(p.b), reads=reads).to_json_dict() == res
