@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from detfp_analyze.errors import SchemaVersionError, ShardError
 from detfp_analyze.io.footer_read import MAX_FOOTER_BYTES, read_footer
@@ -340,12 +340,11 @@ def _size(st: Store, loc: Location) -> int | None:
     return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
-def _candidates(
+def _partitions(
     st: Store, root: Location, label: str, ranks: set[int], world_size: int
-) -> list[tuple[str, int, Location, str, int, str]]:
-    """(table, rank, shard, shown, size, file name) of every visible Parquet file in the
-    partitions of ``ranks``, by table, then rank directory, then name."""
-    out: list[tuple[str, int, Location, str, int, str]] = []
+) -> Iterator[tuple[str, int, Location, str]]:
+    """(table, rank, directory, shown prefix) of every partition of ``ranks``, by table, then
+    rank directory; a partition that is not a directory or outside the world size is refused."""
     for table in contract.TABLES:
         tdir = st.join(root, table)
         if not st.is_dir(tdir):
@@ -361,20 +360,8 @@ def _candidates(
                     f"{label}/{table}/{rname}: rank {rank} is outside world size {world_size}; "
                     "delete the partition or check that it belongs to this run"
                 )
-            if rank not in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
-                continue
-            # Hundreds of thousands of shards per run: the per-file work is kept to what each needs.
-            prefix = f"{label}/{table}/{rname}/"
-            for f, fname, size in _entries(st, rdir, prefix[:-1]):
-                shown = prefix + shown_name(fname)
-                if size == -2:
-                    size = _size(st, f)
-                if size is None:  # silently skipping it would hide a shard
-                    raise ShardError(
-                        f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
-                    )
-                out.append((table, rank, f, shown, size, fname))
-    return out
+            if rank in ranks:  # a rank without a manifest: tolerated (or refused) as a missing rank
+                yield table, rank, rdir, f"{label}/{table}/{rname}/"
 
 
 class _Validator:
@@ -452,28 +439,39 @@ def scan_shards(
     footer is then checked on first read: ``committed.FooterChecks``). ``st``: the run's store
     (default: the local file system)."""
     st = st if st is not None else Store(Path(root), str(root))
-    candidates = _candidates(st, root, label, ranks, world_size)
-    infos: list[ShardInfo | None] = [None] * len(candidates)
-    parse: list[int] = []  # candidates whose footers are read now
+    # Hundreds of thousands of shards per run: one pass, the per-file work kept to what each
+    # needs; a shard its commit line states is described on the spot, the others (their place
+    # kept in their table's list) once their footers are read below, in listing order.
+    by_table: dict[str, list[ShardInfo | None]] = {}
+    candidates: list[tuple[list[ShardInfo | None], int, str, int, Location, str, int]] = []
     stated = (committed or {}).get
-    for i, (table, rank, path, shown, size, fname) in enumerate(candidates):
-        got = stated((table, rank, fname))
-        if got is not None and got[1] == size:
-            rows, _, lo, hi, crc, segment, window = got
-            infos[i] = _stated(path, table, rank, segment, rows, lo if rows else None, hi if rows else None,
-                               window, crc, shown)  # fmt: skip
-        else:
-            parse.append(i)
+    for table, rank, rdir, prefix in _partitions(st, root, label, ranks, world_size):
+        infos = by_table.setdefault(table, [])
+        for path, fname, size in _entries(st, rdir, prefix[:-1]):
+            shown = prefix + shown_name(fname)
+            if size == -2:
+                size = _size(st, path)
+            if size is None:  # silently skipping it would hide a shard
+                raise ShardError(
+                    f"{shown}: not a regular file (a directory, a dangling link or a link loop); {FIX_SHARD}"
+                )
+            got = stated((table, rank, fname))
+            if got is not None and got[1] == size:
+                rows, _, lo, hi, crc, segment, window = got
+                infos.append(_stated(path, table, rank, segment, rows, lo if rows else None, hi if rows else None,
+                                     window, crc, shown))  # fmt: skip
+            else:
+                candidates.append((infos, len(infos), table, rank, path, shown, size))
+                infos.append(None)
     # Footers in chunks: one pool task per file costs more in task overhead than the
     # parsing it overlaps (measured on thousands of small shards). Results are consumed in
     # candidate order as they arrive, so checking them overlaps reading the next chunks.
     step = _FOOTER_CHUNK
-    chunked = [[candidates[i][2] for i in parse[j : j + step]] for j in range(0, len(parse), step)]
+    chunked = [[c[4] for c in candidates[j : j + step]] for j in range(0, len(candidates), step)]
     check = _Validator()
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         footers = (md for part in pool.map(lambda ps: [read_footer(st, p) for p in ps], chunked) for md in part)
-        for i, md in zip(parse, footers, strict=True):
-            table, rank, path, shown, size, _ = candidates[i]
+        for (infos, i, table, rank, path, shown, size), md in zip(candidates, footers, strict=True):
             infos[i] = info = check.info(table, rank, path, shown, md)
             got = _fact(committed, table, rank, path)
             # Other rows than committed: the completeness check's row_mismatch gap, as always.
@@ -484,8 +482,5 @@ def scan_shards(
                     f"{shown}: {size} bytes, its commit line says {got[1]}: the shard was truncated, "
                     f"rewritten or replaced after its window was committed; {FIX_SHARD}"
                 )
-    out: dict[str, list[ShardInfo]] = {}
-    for shard in infos:  # every candidate is filled in by now: from its commit line or its footer
-        assert shard is not None
-        out.setdefault(shard.table, []).append(shard)
-    return {t: tuple(v) for t, v in out.items()}
+    # Every place is filled in by now: from its commit line or its footer.
+    return {t: cast(tuple[ShardInfo, ...], tuple(v)) for t, v in by_table.items() if v}
