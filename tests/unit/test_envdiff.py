@@ -52,6 +52,16 @@ def test_env_var_absent_on_one_side_and_blocking_layout():
     check_comparable(diffs, force=True)
 
 
+def test_values_shared_by_every_rank_are_compared_as_per_rank_ones():
+    # A run index shares one value object between ranks: compared once, the same diffs.
+    shared_a, shared_b, same = ["a", 1, 2.0], ["a", 1, 2], {"k": [1, 2]}
+    a = {r: _m(r, versions=shared_a, extra=same) for r in range(3)}
+    b = {r: _m(r, versions=shared_b, extra=same) for r in range(3)}
+    copied_b = {r: _m(r, versions=list(shared_b), extra=dict(same)) for r in range(3)}
+    assert manifest_diff(a, b) == manifest_diff(a, copied_b) == (EnvDiff("versions", shared_a, shared_b, None, False),)
+    assert manifest_diff(a, {r: _m(r, versions=shared_a, extra=same) for r in range(3)}) == ()
+
+
 def test_value_types_are_not_conflated():
     diffs = manifest_diff({0: _m(0, capture={"level": 1})}, {0: _m(0, capture={"level": True})})
     assert [d.key for d in diffs] == ["capture.level"]
