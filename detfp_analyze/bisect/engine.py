@@ -135,7 +135,7 @@ class LocalStages:
     def holds(self, cands: Mapping[int, Sequence[int]]) -> bool:
         # Within the budget at the densest rank-step of either run (the shards' rows per step).
         n = sum(1 for steps in cands.values() if steps)
-        return 0 < n * densest(self.a.run, self.b.run) <= HOLD_ROWS
+        return n > 0 and n * densest(self.a.run, self.b.run) <= HOLD_ROWS
 
     def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         # Each rank's first candidate step, read once for every stage when they fit (the first

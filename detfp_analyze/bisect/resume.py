@@ -17,6 +17,7 @@ column when footers carry no statistics.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 
 import polars as pl
 
@@ -32,6 +33,9 @@ BOUNDARY_KINDS = rule.BOUNDARY_KINDS
 _MATCH = to_polars(rule.MATCH, names_for("", "_b"))
 
 
+_step_min, _step_max = attrgetter("step_min"), attrgetter("step_max")
+
+
 def step_range(
     run: Run, ranks: Iterable[int], tables: Sequence[str] = ("records", "metrics")
 ) -> tuple[int, int] | None:
@@ -39,9 +43,14 @@ def step_range(
     wanted = set(ranks)
     lo: int | None = None
     hi: int | None = None
+    every = wanted.issuperset(getattr(run, "ranks", ()))
     for table in tables:
-        shards = [s for s in getattr(run, "shards", {}).get(table, ()) if s.rank in wanted]
-        if any(s.step_min is None or s.step_max is None for s in shards):
+        shards = getattr(run, "shards", {}).get(table, ())
+        if not every:
+            shards = [s for s in shards if s.rank in wanted]
+        # Whole columns of the shards' step ranges (hundreds of thousands of shards at seed scale).
+        firsts, lasts = list(map(_step_min, shards)), list(map(_step_max, shards))
+        if None in firsts or None in lasts:
             got = (
                 run.scan(table, ranks=sorted(wanted))
                 .select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
@@ -49,7 +58,7 @@ def step_range(
             )
             pairs = [(got["lo"][0], got["hi"][0])]
         else:
-            pairs = [(s.step_min, s.step_max) for s in shards]
+            pairs = [(min(firsts), max(lasts))] if shards else []
         for a, b in pairs:
             if a is None or b is None:
                 continue
