@@ -22,19 +22,19 @@ from typing import Any
 import polars as pl
 
 from detfp_analyze.bisect.reads import collect_pair
-from detfp_analyze.io.reader import Run, polars_schema
+from detfp_analyze.io.reader import Run, RunView, polars_schema
 
 __all__ = ["HeldRun", "hold"]
 
 _TABLE = "records"
 
 
-class HeldRun:
+class HeldRun(RunView):
     """An opened ``Run`` (every attribute is the run's) whose ``scan`` and ``scan_spans`` of the
     held (rank, step)s of the records are served from memory."""
 
     def __init__(self, run: Run) -> None:
-        self._run = run
+        super().__init__(run)
         #: step -> its held ranks' records, every column, by rank in file order (one frame a
         #: step: a read of many ranks is one filter, not a concatenation of a frame per rank).
         self._steps: dict[int, pl.DataFrame] = {}
@@ -42,17 +42,6 @@ class HeldRun:
         self._keys: set[tuple[int, int]] = set()
         #: step -> how many ranks are held there.
         self._counts: dict[int, int] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._run, name)
-
-    def __repr__(self) -> str:
-        return f"HeldRun({self._run!r})"
-
-    @property
-    def run(self) -> Run:
-        """The opened run itself."""
-        return self._run
 
     @property
     def held(self) -> frozenset[tuple[int, int]]:

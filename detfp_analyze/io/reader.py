@@ -50,7 +50,7 @@ from detfp_analyze.ranks import rank_list
 from detfp_format import contract
 from detfp_format.types import polars_type
 
-__all__ = ["MAX_MANIFEST_BYTES", "Run", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
+__all__ = ["MAX_MANIFEST_BYTES", "Run", "RunView", "ShardInfo", "Steps", "as_run", "open_run", "polars_schema"]
 
 #: A step selection: one step, a ``range`` (``range(3, 7)`` is steps 3..6), or any collection of steps.
 Steps = int | range | Iterable[int]
@@ -431,6 +431,26 @@ def _open(
         step_sums=index.folds if index is not None else _stepsums.from_logs(manifests, logs),
         indexed=index is not None,
     )
+
+
+class RunView:
+    """An opened run as an engine serves its reads (``bisect.held.HeldRun``,
+    ``spark.runs.SparkRun``): the subclass answers ``scan`` and ``scan_spans`` its own way, every
+    other attribute is the run's."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._run!r})"
+
+    @property
+    def run(self) -> Run:
+        """The opened run itself."""
+        return self._run
 
 
 def as_run(run: Run | str | os.PathLike[str], *, allow_missing_ranks: bool = False) -> Run:

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from detfp_analyze.io.reader import Run, polars_schema
+from detfp_analyze.io.reader import Run, RunView, polars_schema
 from detfp_analyze.spark import source as _source
 from detfp_analyze.spark.runtime import spark_errors
 
@@ -57,7 +57,7 @@ def _keys_predicate(
 Columns = tuple[str, ...] | None
 
 
-class SparkRun:
+class SparkRun(RunView):
     """An opened ``Run`` whose ``scan`` serves (rank, step) parts of a table fetched from Spark.
 
     Every other attribute (label, manifests, ranks, tables, files, ...) is the run's. Parts come
@@ -70,7 +70,8 @@ class SparkRun:
     """
 
     def __init__(self, spark: Any, run: Run, twin: SparkRun | None = None) -> None:
-        self._spark, self._run = spark, run
+        super().__init__(run)
+        self._spark = spark
         self._cache: dict[tuple[str, Columns], dict[tuple[int, int], pl.DataFrame]] = {}
         # Parts of (rank, step)s fetched only within a seq span: (lo, hi, rows), for scan_spans.
         self._spans: dict[tuple[str, Columns], dict[tuple[int, int], tuple[int, int, pl.DataFrame]]] = {}
@@ -79,17 +80,6 @@ class SparkRun:
         self.jobs: dict[str, int] = twin.jobs if twin is not None else {}
         if twin is not None:
             twin._twin = self
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._run, name)
-
-    def __repr__(self) -> str:
-        return f"SparkRun({self._run!r})"
-
-    @property
-    def run(self) -> Run:
-        """The opened run itself."""
-        return self._run
 
     def _pair(self) -> list[SparkRun]:
         return [self] if self._twin is None else [self, self._twin]
