@@ -49,7 +49,9 @@ class HeldRun(RunView):
         return frozenset(self._keys)
 
     def _serves(self, keys: Iterable[tuple[int, int]]) -> bool:
-        return bool(self._keys) and all(k in self._keys for k in keys)
+        """Whether every one of ``keys`` is held (an empty read is the run's to answer)."""
+        wanted = list(keys)
+        return bool(wanted) and all(k in self._keys for k in wanted)
 
     def _of(self, step: int, ranks: Sequence[int]) -> pl.LazyFrame:
         """The held records of ``ranks`` (sorted, all held) at ``step``, by rank in file order."""

@@ -68,9 +68,11 @@ def test_reads_of_what_is_not_held_go_to_the_run(pair, monkeypatch):
     monkeypatch.setattr(type(run), "scan", lambda self, *a, **k: asked.append(a) or real(self, *a, **k))
     _same(held.scan("records", [0, 1], 9), real(run, "records", [0, 1], 9))
     assert asked == []  # served
-    for args in (("records", [0, 2], 9), ("records", [0], [8, 9]), ("records", None, 9), ("metrics", [0], 9)):
+    for args in (("records", [0, 2], 9), ("records", [0], [8, 9]), ("records", None, 9), ("metrics", [0], 9),
+                 ("records", [], 9), ("records", [], 7)):  # fmt: skip
         _same(held.scan(*args), real(run, *args))
-    assert len(asked) == 4
+    assert len(asked) == 6
+    _same(held.scan_spans("records", {}), run.scan_spans("records", {}))
     assert held.world_size == run.world_size and held.label == run.label  # every other attribute is the run's
 
 
