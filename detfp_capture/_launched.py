@@ -29,7 +29,7 @@ class _LauncherSession(Session):
             self._part.started_ranks = True
 
 
-def launcher_session(*, followed: bool = False, **options: Any) -> Session:
+def launcher_session(*, followed: bool = False, **options: Any) -> _LauncherSession:
     """A Session in launcher mode (``python -m detfp_capture``): global module hooks, steps
     counted by the script's optimizer steps (``launcher.AutoSteps``), the rank learned from the
     process group when no ``RANK`` names it (``_placement``)."""

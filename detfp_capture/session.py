@@ -192,8 +192,8 @@ class Session:
         hazards = None
         if caps.hazards or cfg.poison:
             # Per run (the directory differs between the two runs): docs/capture.md, poison.
-            poison = poison_pattern(str(self.out_dir.resolve())) if cfg.poison else None
-            hazards = HazardTracker(rec, poison)
+            pattern = poison_pattern(str(self.out_dir.resolve())) if cfg.poison else None
+            hazards = HazardTracker(rec, pattern)
         self._ctx = ctx = CaptureContext(
             cfg=cfg,
             caps=caps,
@@ -240,7 +240,7 @@ class Session:
         if self._inert or self._closed:
             return optimizer
         if self._ctx.caps.optimizer:
-            steps = self._steps
+            steps = self._boundaries()
             self._opt_handles.append(optimizer.register_step_pre_hook(steps.optimizer_pre))
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: steps.optimizer_post(opt)))
         return optimizer
@@ -346,7 +346,7 @@ class Session:
             if rec.in_step:
                 if self._auto is not None:
                     self._auto.close_trailing()
-                self._steps.end()
+                self._boundaries().end()
             rec.flush_safely()
         finally:
             self._closed = rec.closed = True
@@ -403,9 +403,10 @@ class Session:
         if self._inert or self._closed or self._rec.in_step or (kind, name) in self._outside_warned:
             return
         self._outside_warned.add((kind, name))
-        if self._steps.selected:
+        steps = self._boundaries()
+        if steps.selected:
             where = f"filed under step {self._rec.step}, the last step"
-        elif self._steps.seen:
+        elif steps.seen:
             where = f"not recorded: the last step ({self._rec.step}) is not captured"
         else:
             where = "not recorded: no step has begun yet"
@@ -422,7 +423,7 @@ class Session:
 
     def _live_value(self) -> bool:
         # Metrics and probes right after a step block still belong to that step.
-        return not self._inert and not self._closed and not self._rec.failed and self._steps.selected
+        return not self._inert and not self._closed and not self._rec.failed and self._boundaries().selected
 
     def _on_root(self, module: torch.nn.Module) -> None:
         """Global hooks (launcher, ``watch_all``): a module ran forward as a root for the first time."""
@@ -474,8 +475,14 @@ class Session:
             stacklevel=3,
         )
 
+    def _boundaries(self) -> StepBoundaries:
+        """The step boundaries: made with the sources whenever the session is not inert (every
+        caller has returned on ``_inert`` first; an inert session never made them)."""
+        assert self._steps is not None, "step boundaries of an inert session"
+        return self._steps
+
     def _teardown(self) -> None:
-        steps = self._steps
+        steps = self._boundaries()
         steps.leave_mode()
         steps.stop_kernels()
         if self._tracer is not None:

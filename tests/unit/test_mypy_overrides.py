@@ -47,11 +47,9 @@ PINNED = frozenset(
         "detfp_capture._sources.dispatch",
         "detfp_capture._sources.funcol",
         "detfp_capture._sources.graph",
-        "detfp_capture._sources.launcher",
         "detfp_capture._sources.modules",
         "detfp_capture._sources.steps",
         "detfp_capture.manifest",
-        "detfp_capture.session",
     }
 )
 
