@@ -165,7 +165,8 @@ def determinism_settings() -> dict[str, Any]:
     import torch
 
     def fill() -> bool:
-        return bool(torch.utils.deterministic.fill_uninitialized_memory)
+        # A module attribute torch sets at import (torch/utils/deterministic.py); its stubs omit it.
+        return bool(torch.utils.deterministic.fill_uninitialized_memory)  # type: ignore[attr-defined]
 
     return {
         "deterministic_algorithms": _safe(torch.are_deterministic_algorithms_enabled),

@@ -149,7 +149,7 @@ class ArgsColumn:
         record's call tuple (``call.Call``), whose ``ARGS`` field is a ``flat_args``
         tuple or None; ``seqs``: each record's seq."""
         adcache: dict[int, str | None] = {}
-        ads = []
+        ads: list[str | None] = []
         memo = _ARGS_MEMO
         texts: dict[str, tuple[str, int, int]] = {}
         for i, c in enumerate(calls):
@@ -169,16 +169,17 @@ class ArgsColumn:
                         if len(memo) >= _ARGS_MEMO_LIMIT:
                             memo.clear()
                         memo[key] = got
-                adcache[k] = got[0]
-                if got[1] is not None and got[0] not in texts:
-                    texts[got[0]] = (got[1], c[STEP], seqs[i])
+                digest, text = got
+                adcache[k] = digest
+                if text is not None and digest is not None and digest not in texts:  # per call, not per record
+                    texts[digest] = (text, c[STEP], seqs[i])
             ads.append(adcache[k])
         seen = self.written
         new = sorted((v[1], v[2], d, v[0]) for d, v in texts.items() if d not in seen)
         if not new:
             return ads, None
         seen.update(d for _, _, d, _ in new)
-        rows = {
+        rows: dict[str, list] = {
             "step": [r[0] for r in new],
             "seq": [r[1] for r in new],
             "args_digest": [r[2] for r in new],

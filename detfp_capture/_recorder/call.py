@@ -99,7 +99,8 @@ class EventRow(NamedTuple):
     type: str
     name: str
     module: str
-    count: int | None
+    # The events table's column (a field, shadowing tuple.count: never called on a row).
+    count: int | None  # type: ignore[assignment]
     detail: str | None
 
 
@@ -107,7 +108,8 @@ class KernelRow(NamedTuple):
     """A kernel (or, on CPU, an innermost profiler event) launched under an op's call."""
 
     call: Call
-    index: int
+    # The kernels table's column (a field, shadowing tuple.index: never called on a row).
+    index: int  # type: ignore[assignment]
     kernel: str
     device_type: str
 

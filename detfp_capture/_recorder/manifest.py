@@ -56,7 +56,11 @@ class RunManifest:
             self.write_safely()
 
     def step_begins(self, n: int) -> None:
-        """A step begins (selected or not): the first one is the launch's start step."""
+        """A step begins (selected or not): the first one is the launch's start step. The part is
+        open by then (``StepBoundaries.begin`` learns the place first); without a manifest there is
+        nothing to say it in."""
+        if self.data is None:
+            return
         if self.start_step is None:
             self.start_step = n
             self.data["start_step"] = n
@@ -69,6 +73,8 @@ class RunManifest:
         ``certify`` report."""
         from detfp_capture.manifest import determinism_settings, numerics_env
 
+        if self.data is None:
+            return
         try:
             now = determinism_settings()
         except Exception:

@@ -105,9 +105,10 @@ class Scope:
             self.note_backward()
             # Without module hooks (level metrics) a checkpoint re-forward is told by grad mode:
             # autograd runs nodes with it off (no create_graph), checkpoint turns it on to recompute.
+            # (type: ignore below: torch's stubs declare Node.metadata a method; it is a dict property.)
             if torch.is_grad_enabled() or "CheckpointFunction" in node.name():
-                return node.metadata.get(NODE_KEY, ""), "recompute"
-            return node.metadata.get(NODE_KEY, ""), "backward"
+                return node.metadata.get(NODE_KEY, ""), "recompute"  # type: ignore[attr-defined]
+            return node.metadata.get(NODE_KEY, ""), "backward"  # type: ignore[attr-defined]
         if stack:
             return stack[-1].path, stack[-1].phase
         return "", self.rec.phase
@@ -124,7 +125,7 @@ class Scope:
                 return None
             if not self.backward_queued:
                 self.note_backward()
-            return node.metadata.get(NODE_KEY, ""), "backward"
+            return node.metadata.get(NODE_KEY, ""), "backward"  # type: ignore[attr-defined]
         if stack:
             return stack[-1].path, stack[-1].phase
         return "", self.rec.phase
@@ -209,11 +210,9 @@ class WatchedModels:
     def named_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """(FQN, parameter) of a watched model, as its own code names them (a DDP wrapper is
         transparent); a wrapper that swaps parameters in (FSDP2's DTensors) is named as it is now."""
+        inner = getattr(model, "module", None)
         base = (
-            model.module
-            if isinstance(getattr(model, "module", None), torch.nn.Module)
-            and type(model).__name__ == "DistributedDataParallel"
-            else model
+            inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "DistributedDataParallel" else model
         )
         return base.named_parameters(remove_duplicate=True)
 
