@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import torch
 
 try:
-    from detfp_capture._digest import _lanes
+    from detfp_capture._digest import _lanes  # type: ignore[attr-defined]  # the C extension: no stub
 except ImportError:  # not built (no compiler or headers at install): torch's routes only
     _lanes = None
 

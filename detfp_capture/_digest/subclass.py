@@ -39,7 +39,7 @@ def flatten(t: torch.Tensor, meta: bool = True) -> Flat:
     """The parts of ``t`` (whose type defines ``__tensor_flatten__``); raises what it raises.
     ``meta=False``: leave the text of the non-tensor parts out (nothing will be digested)."""
     tp = type(t)
-    names, ctx = t.__tensor_flatten__()
+    names, ctx = t.__tensor_flatten__()  # type: ignore[attr-defined]  # the subclass protocol: not on Tensor
     tensors: list[tuple[str, torch.Tensor]] = []
     texts: list[tuple[str, str]] = []
     for name in names:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -71,7 +71,7 @@ def _tensors(value: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> No
             _tensors(v, f"{prefix}[{i}]", out)
 
 
-def group_name(group: Any, names: dict[str, Any]) -> tuple[str, list[int]]:
+def group_name(group: Any, names: Mapping[str, Any]) -> tuple[str, list[int]]:
     """Stable logical name of a process group and its global ranks."""
     world = dist.group.WORLD
     if group is None:

@@ -198,11 +198,12 @@ class StepBoundaries:
             self.manifest.write_safely()
 
     def leave_mode(self) -> None:
-        if self.mode_entered:
+        mode = self.mode
+        if self.mode_entered and mode is not None:  # entered only when there is one (enter_mode)
             self.mode_entered = False
             self.rec.mode = None
             with contextlib.suppress(Exception):
-                self.mode.__exit__(None, None, None)
+                mode.__exit__(None, None, None)
 
     def stop_kernels(self) -> None:
         """Capture failed or the session closes: stop the profiler, keep nothing of it."""

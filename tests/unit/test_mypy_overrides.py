@@ -27,10 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PINNED = frozenset(
     {
         "detfp_capture._digest.batched",
-        "detfp_capture._digest.native",
             "detfp_capture._digest.resolve",
         "detfp_capture._digest.staging",
-        "detfp_capture._digest.subclass",
         "detfp_capture._recorder.deferred",
         "detfp_capture._recorder.flush",
         "detfp_capture._recorder.hazards",
@@ -38,13 +36,11 @@ PINNED = frozenset(
         "detfp_capture._recorder.inflight",
         "detfp_capture._recorder.subclass",
         "detfp_capture._recorder.vcache",
-        "detfp_capture._sources.collectives",
         "detfp_capture._sources.ddp",
         "detfp_capture._sources.dispatch",
         "detfp_capture._sources.funcol",
         "detfp_capture._sources.graph",
         "detfp_capture._sources.modules",
-        "detfp_capture._sources.steps",
     }
 )
 
