@@ -155,7 +155,9 @@ class CollectiveTracer:
         #: A group was named for the first time since the manifest was last written.
         self.groups_changed = False
         self.group_cache: dict[int, str] = {}
-        self.pending: dict[int, tuple[str, str]] = {}  # id(proxy) -> (name, module) of works not yet waited
+        #: Collectives not yet waited: id(work proxy), or ("functional", storage pointer) of a
+        #: functional collective's output (``funcol``) -> (name, module).
+        self.pending: dict[int | tuple[str, int], tuple[str, str]] = {}
         self.in_batch = False
         # Reductions recorded in backward or optimizer phases this step (DDP buckets, FSDP's
         # reduce-scatters, an explicit all-reduce of gradients), and whether a step without one

@@ -22,6 +22,7 @@ on the process (a resumed run rebuilds one step later): its ops are not recorded
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -194,4 +195,4 @@ class DDPReduction:
 
                 rec.foreign.append(((step, mb, pname), append))
         except Exception as exc:
-            rec.foreign.append(((step, mb, ""), lambda e=exc: rec.fail(e, "DDP comm hook completion")))
+            rec.foreign.append(((step, mb, ""), functools.partial(rec.fail, exc, "DDP comm hook completion")))

@@ -110,7 +110,11 @@ class FunctionalCollectives:
             return
         patches = self.ctx.patches
         for op, spec in FUNCTIONAL.items():
-            patches.wrap(ns, op, lambda orig, op=op, spec=spec: Wrapper(orig, self._make(op, spec, orig)))
+
+            def wrapped(orig: Any, op: str = op, spec: Spec = spec) -> Wrapper:
+                return Wrapper(orig, self._make(op, spec, orig))
+
+            patches.wrap(ns, op, wrapped)
         patches.wrap(ns, "wait_tensor", lambda orig: Wrapper(orig, self._make_wait(orig)))
         self.rec.inflight.tracking = True
 
@@ -121,7 +125,7 @@ class FunctionalCollectives:
             if isinstance(group, str):
                 from torch.distributed.distributed_c10d import _resolve_process_group
 
-                pg = _resolve_process_group(group)
+                pg = _resolve_process_group(group)  # type: ignore[arg-type]  # a GroupName is a str (NewType)
             name = self.groups[group] = self.tracer.name_of(pg)
         return name
 

@@ -36,9 +36,7 @@ PINNED = frozenset(
         "detfp_capture._recorder.inflight",
         "detfp_capture._recorder.subclass",
         "detfp_capture._recorder.vcache",
-        "detfp_capture._sources.ddp",
         "detfp_capture._sources.dispatch",
-        "detfp_capture._sources.funcol",
         "detfp_capture._sources.graph",
         "detfp_capture._sources.modules",
     }
