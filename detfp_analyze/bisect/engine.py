@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Protocol
 
 import polars as pl
@@ -132,10 +133,15 @@ class LocalStages:
                 progress(stage, i + 1, len(batches))
         return out
 
+    @cached_property
+    def _densest(self) -> int:
+        """The densest rank-step of either run (``reads.densest``: a pass over every shard, once)."""
+        return densest(self.a.run, self.b.run)
+
     def holds(self, cands: Mapping[int, Sequence[int]]) -> bool:
         # Within the budget at the densest rank-step of either run (the shards' rows per step).
         n = sum(1 for steps in cands.values() if steps)
-        return n > 0 and n * densest(self.a.run, self.b.run) <= HOLD_ROWS
+        return n > 0 and n * self._densest <= HOLD_ROWS
 
     def prefetch(self, cands: Mapping[int, Sequence[int]], slices: Mapping[tuple[int, int], Slice] | None) -> None:
         # Each rank's first candidate step, read once for every stage when they fit (the first

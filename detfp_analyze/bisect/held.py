@@ -38,25 +38,23 @@ class HeldRun(RunView):
         #: step -> its held ranks' records, every column, by rank in file order (one frame a
         #: step: a read of many ranks is one filter, not a concatenation of a frame per rank).
         self._steps: dict[int, pl.DataFrame] = {}
-        #: The (rank, step)s held (a rank without records there is held as none).
-        self._keys: set[tuple[int, int]] = set()
-        #: step -> how many ranks are held there.
-        self._counts: dict[int, int] = {}
+        #: step -> the ranks held there (a rank without records at that step is held as none).
+        self._ranks: dict[int, frozenset[int]] = {}
 
     @property
     def held(self) -> frozenset[tuple[int, int]]:
         """The (rank, step)s served from memory."""
-        return frozenset(self._keys)
+        return frozenset((r, s) for s, rs in self._ranks.items() for r in rs)
 
     def _serves(self, keys: Iterable[tuple[int, int]]) -> bool:
         """Whether every one of ``keys`` is held (an empty read is the run's to answer)."""
         wanted = list(keys)
-        return bool(wanted) and all(k in self._keys for k in wanted)
+        return bool(wanted) and all(r in self._ranks.get(s, ()) for r, s in wanted)
 
     def _of(self, step: int, ranks: Sequence[int]) -> pl.LazyFrame:
         """The held records of ``ranks`` (sorted, all held) at ``step``, by rank in file order."""
         lf = self._steps[step].lazy()
-        return lf if len(ranks) == self._counts[step] else lf.filter(pl.col("rank").is_in(list(ranks)))
+        return lf if len(ranks) == len(self._ranks[step]) else lf.filter(pl.col("rank").is_in(list(ranks)))
 
     def scan(
         self,
@@ -134,5 +132,4 @@ def hold(a: HeldRun, b: HeldRun, keys: Mapping[int, int]) -> None:
         split = frame.partition_by("step", as_dict=True, maintain_order=True)
         for s, rs in by_step.items():
             run._steps[s] = split.get((s,), empty)
-            run._counts[s] = len(rs)
-            run._keys.update((r, s) for r in rs)
+            run._ranks[s] = frozenset(rs)

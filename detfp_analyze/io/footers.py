@@ -58,8 +58,6 @@ __all__ = [
 MAX_STEP = 1 << 62
 FIX_SHARD = "delete it or re-run the capture"
 _SHARD_NAME = re.compile(r"part-s(\d{5,})-w(\d{7,})\.parquet")
-#: The prefixes of names readers skip (``visible``).
-_HIDDEN = (".", "_")
 
 
 @dataclass(frozen=True)
@@ -149,7 +147,7 @@ def partitions(entries: Iterable[Location], where: str) -> Iterator[tuple[int, L
 
 def visible(name: str) -> bool:
     """Readers skip writer temporaries (dot-prefixed) and Spark/Hadoop markers (underscore-prefixed)."""
-    return not name.startswith(_HIDDEN)
+    return not name.startswith((".", "_"))
 
 
 @dataclass
@@ -299,7 +297,7 @@ def _entries(st: Store, path: Location, shown: str) -> list[tuple[Location, str,
     if not isinstance(path, Path):
         return [(f, n, -2) for f in _listdir(st, path, shown) if _shard_like(n := name_of(f))]
     try:
-        names = sorted(n for n in os.listdir(path) if not n.startswith(_HIDDEN) and n.endswith(".parquet"))
+        names = sorted(filter(_shard_like, os.listdir(path)))
     except OSError as exc:
         raise ShardError(f"{shown}: cannot list the directory ({type(exc).__name__}); check permissions") from None
     out: list[tuple[Location, str, int | None]] = []
@@ -320,8 +318,8 @@ def _entries(st: Store, path: Location, shown: str) -> list[tuple[Location, str,
 
 
 def _shard_like(name: str) -> bool:
-    """A visible Parquet file name (``visible``): what ``_candidates`` lists as a shard."""
-    return not name.startswith(_HIDDEN) and name.endswith(".parquet")
+    """A visible Parquet file name: what ``scan_shards`` lists as a shard."""
+    return visible(name) and name.endswith(".parquet")
 
 
 def _size(st: Store, loc: Location) -> int | None:

@@ -200,8 +200,14 @@ def _shards_frame(committed: Mapping[tuple[str, int, str], CommittedShard]) -> A
     import polars as pl
 
     rows = [(*key, *fact) for key, fact in sorted(committed.items())]
-    schema = dict(zip(_SHARD_COLUMNS, (pl.String, pl.Int64, pl.String, *[pl.Int64] * 7), strict=True))
-    return pl.DataFrame(rows, schema=schema, orient="row")
+    return pl.DataFrame(rows, schema=_shard_schema(), orient="row")
+
+
+def _shard_schema() -> dict[str, Any]:
+    """``shards.arrow``'s polars schema: the names are text, every other column int64."""
+    import polars as pl
+
+    return {c: pl.String if c in ("table", "name") else pl.Int64 for c in _SHARD_COLUMNS}
 
 
 def _strip(log: commitlog.LogState) -> commitlog.LogState:
@@ -348,9 +354,7 @@ def _committed(
     table ``build`` writes. Built from whole columns (a tuple per shard, no object)."""
     import polars as pl
 
-    if tuple(frame.columns) != _SHARD_COLUMNS or any(
-        t != (pl.String if c in ("table", "name") else pl.Int64) for c, t in frame.schema.items()
-    ):
+    if dict(frame.schema) != _shard_schema() or tuple(frame.columns) != _SHARD_COLUMNS:
         return None
     other = [(r, s) for r, ms in found.items() for s, m in ms.items()
              if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION]  # fmt: skip

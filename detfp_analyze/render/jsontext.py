@@ -87,18 +87,16 @@ def _write(o: Any, depth: int, out: list[str], memo: _Memo) -> None:
         if not o:
             out.append("[]")
             return
-        key = None
         if len(o) >= _MEMO_MIN and set(map(type, o)) == {int}:
             key = (tuple(o), depth)
-            if (text := memo.get(key)) is not None:
-                out.append(text)
-                return
+            text = memo.get(key)
+            if text is None:
+                text = memo[key] = "[" + pad + ("," + pad).join(map(int.__repr__, o)) + end + "]"
+            out.append(text)
+            return
         items = _items(o)
         if items is not None:
-            text = "[" + pad + ("," + pad).join(items) + end + "]"
-            if key is not None:
-                memo[key] = text
-            out.append(text)
+            out.append("[" + pad + ("," + pad).join(items) + end + "]")
             return
         sep = "[" + pad
         for v in o:
