@@ -126,6 +126,8 @@ def _args_key(src: Any) -> tuple | None:
     equal to a string argument); None when a value cannot be a key (or ``src`` is not flat)."""
     if not src or src[0] is not _FLAT:
         return None
+    if _EXACT.issuperset(map(type, src)):
+        return src  # (most calls: ints, strings and None only; the key below would equal it)
     try:
         key = tuple(
             v if v.__class__ in _EXACT else (("f", v.hex()) if v.__class__ is float else (v.__class__, v)) for v in src

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from detfp_capture import digest
-from detfp_capture._digest.batched import start_many
+from detfp_capture._digest import versions
 from detfp_capture._digest.staging import Staging
+from detfp_capture._recorder.roots import native_roots, start_digests, start_roots
 from detfp_capture._recorder.slot import Slot, gc_paused
 
 __all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting"]
@@ -86,7 +87,7 @@ class Waiting:
                 live_t.append(t)
         if live_t:
             with gc_paused():
-                start_many(live_t, live_s)
+                start_digests(live_t, live_s)
 
     def evict(self, ptrs: list[int]) -> None:
         """Before an op writes into these storages: snapshot the deferred tensors that live in
@@ -119,7 +120,20 @@ class Waiting:
             self.stage(ts, ss)
 
     def stage(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
-        """Snapshot a call's tensors together; any that cannot be staged are digested now."""
+        """Snapshot a call's tensors together; any that cannot be staged are digested now.
+
+        On CPU with the native kernels at digest version 2, a snapshot is not needed: the
+        tensor's digest is computed now, from the bytes the snapshot would have copied
+        (``roots.start_roots``); only the others are staged."""
+        sch = versions.active()
+        if sch.version == 2:
+            roots = native_roots()
+            if roots is not None:
+                rest = start_roots(ts, slots, sch, roots)
+                if not rest:
+                    return
+                if len(rest) < len(ts):
+                    ts, slots = [ts[i] for i in rest], [slots[i] for i in rest]
         dev = ts[0].device
         if len(ts) > 1 and any(t.device != dev for t in ts):
             for t, s in zip(ts, slots, strict=True):

@@ -21,12 +21,23 @@ import torch
 
 from detfp_capture import digest
 from detfp_capture._digest.awaited import PLAIN
-from detfp_capture._digest.batched import start_many
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.call import NAME, Call, DumpRow, RecordSpec, TensorArg, make_call
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX
-from detfp_capture._recorder.slot import COPY, DTYPE_STR, SHAPES, Slot, dtype_str, gc_paused, shape_tuple
+from detfp_capture._recorder.roots import start_digests
+from detfp_capture._recorder.slot import (
+    COPY,
+    DTYPE_STR,
+    NATIVE,
+    SHAPES,
+    Slot,
+    dtype_str,
+    gc_paused,
+    shape_tuple,
+    storage_ptrs,
+)
 from detfp_capture._recorder.subclass import has_subclass
+from detfp_capture._recorder.vcache import LIMIT
 
 __all__ = [
     "append_batch",
@@ -43,7 +54,7 @@ _INT64 = torch.int64
 _TENSOR = torch.Tensor
 
 
-def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
+def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
     """Append the records of ``tensors`` to ``call`` on ``rec`` (a ``Recorder``): no hazards,
     rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
     wait for a batch (level ops, outside a backward)."""
@@ -131,7 +142,27 @@ def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, de
         waiting.stage(stage_t, stage_s)
 
 
-def record_op(
+if NATIVE:
+    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
+
+    _hostpath.configure(
+        PLAIN, _TENSOR, _INT64, DTYPE_STR, dtype_str, SHAPES, shape_tuple, Staging, digest, storage_ptrs,
+        _NO_HAZARDS, LIMIT,
+    )  # fmt: skip
+    _native_plain = _hostpath.append_plain
+
+    def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
+        """``_append_plain_py`` in C (``_recorder/_hostpath.c``: the same statements, the same
+        trace); the calls only Python handles (a collective may still be writing a tensor, a
+        tensor that is not plain) go to ``_append_plain_py``."""
+        if _native_plain(rec, call, tensors, fresh, defer) is NotImplemented:
+            _append_plain_py(rec, call, tensors, fresh, defer)
+
+else:
+    append_plain = _append_plain_py
+
+
+def _record_op_py(
     rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
     defer: bool,
 ) -> Call:  # fmt: skip
@@ -144,11 +175,11 @@ def record_op(
     occ[key] = n + 1
     call = (rec.step, mb, phase, module, "op", name, n, args_src, False)
     if tensors:
-        append_fast(rec, call, tensors, digest_it, False, defer)
+        _append_fast_py(rec, call, tensors, digest_it, False, defer)
     return call
 
 
-def append_fast(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:
+def _append_fast_py(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:
     """``rec.append_records(call, tensors, digest_it=..., fresh=..., defer=...)`` without hazards
     or per-call rows; the hot path's case (``append_plain``) tested first, the rest handed on."""
     if digest_it and not rec._tensor_opts and not has_subclass(tensors):
@@ -161,6 +192,16 @@ def append_fast(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool,
             rec.need_flush = True
     else:
         rec.append_records(call, tensors, digest_it=digest_it, fresh=fresh, defer=defer)
+
+
+if NATIVE:
+    _hostpath.configure_op(torch.nn.Parameter, has_subclass, _append_plain_py, DEFER_MAX, DEFER_BYTES)
+    #: ``_append_fast_py`` and ``_record_op_py`` in C (``_hostpath.c``), statement for statement.
+    append_fast = _hostpath.append_fast
+    record_op = _hostpath.record_op
+else:
+    append_fast = _append_fast_py
+    record_op = _record_op_py
 
 
 def append_counted(rec: Any, call: Call, tensors: list[TensorArg]) -> None:
@@ -265,7 +306,7 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
     if missing:
         new = [Slot(None) for _ in missing]
         with gc_paused():
-            start_many([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
+            start_digests([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
         for i, s in zip(missing, new, strict=True):
             slots[i] = s
             if versions[i] is not None:

@@ -26,11 +26,31 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
 from detfp_capture._recorder.hot import append_fast, record_op
+from detfp_capture._recorder.slot import NATIVE
 from detfp_capture._sources.context import CaptureContext
-from detfp_capture._sources.ops import OpInfo, gather, op_outputs, track_hazard_state, unread_input, written_storages
+from detfp_capture._sources.ops import (
+    _OUT_NAMES,
+    OpInfo,
+    gather,
+    op_outputs,
+    track_hazard_state,
+    unread_input,
+    written_storages,
+)
 from detfp_capture._sources.patches import Patches, watch_autocast, watch_storage_resizes, watch_syncs
 
 __all__ = ["CaptureMode"]
+
+if NATIVE:
+    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
+
+    _hostpath.configure_dispatch(_OUT_NAMES, written_storages)
+    #: ``CaptureMode._pre``/``_post`` in C for the ops most steps are made of (``OpInfo.plain_in``,
+    #: ``plain_out``, no hazard state, no ``modules=``): NotImplemented, nothing done, otherwise.
+    _op_pre: Any = _hostpath.op_pre
+    _op_post: Any = _hostpath.op_post
+else:
+    _op_pre = _op_post = None
 
 
 #: Autocast dispatch keys of the device types this build has (see CaptureMode._call).
@@ -89,7 +109,9 @@ class CaptureMode(TorchDispatchMode):
         # spelled out here as try/except: a guard object and its two calls per op add up on
         # the busiest path of the capture.
         try:
-            pre = self._pre(func, args, kwargs)
+            pre = NotImplemented if _op_pre is None else _op_pre(self, func, args, kwargs)
+            if pre is NotImplemented:
+                pre = self._pre(func, args, kwargs)
         except Exception as exc:
             self._fail(exc, func)
             pre = None
@@ -102,7 +124,8 @@ class CaptureMode(TorchDispatchMode):
         else:
             out = self._call(func, args, kwargs)
         try:
-            self._post(pre, args, kwargs, out)
+            if _op_post is None or _op_post(self, pre, args, kwargs, out) is NotImplemented:
+                self._post(pre, args, kwargs, out)
         except Exception as exc:
             self._fail(exc, func)
         if rec.need_flush:

@@ -17,7 +17,7 @@ import torch
 
 from detfp_capture._recorder.args import flat_args
 from detfp_capture._recorder.call import TensorArg
-from detfp_capture._recorder.slot import storage_ptrs
+from detfp_capture._recorder.slot import NATIVE, storage_ptrs
 
 __all__ = [
     "FULL_OVERWRITE",
@@ -158,6 +158,8 @@ class OpInfo:
         "no_read",
         "nonblocking",
         "out_kwargs",
+        "plain_in",
+        "plain_out",
         "reads",
         "skip",
         "unread",
@@ -213,6 +215,11 @@ class OpInfo:
         # The output is its input's exact copy (same dtype, shape and logical bytes, so the same
         # digest, whatever the memory format): it shares the input's digest (Recorder.append_copy).
         self.copies_input = self.name == "aten::clone.default"
+        # The ops the native record path takes (``_hostpath.op_pre``/``op_post``; the others go
+        # through CaptureMode._pre/_post in Python): inputs all read and recorded as they are,
+        # not an exact copy; outputs neither workspaces, fresh allocations nor non-blocking copies.
+        self.plain_in = not (self.dest_pos or self.dest_kw or self.unread is not None or self.copies_input)
+        self.plain_out = not (self.workspace or self.empty or self.nonblocking)
 
 
 def _unread(base: str, schema: Any) -> tuple[str, int, str, Any] | None:
@@ -259,7 +266,7 @@ _ARG_NAMES = tuple(f"args[{i}]" for i in range(64))
 _OUT_NAMES = tuple(f"out[{i}]" for i in range(64))
 
 
-def gather(
+def _gather_py(
     args: tuple, kwargs: dict, dest_pos: frozenset = frozenset(), dest_kw: frozenset = frozenset()
 ) -> tuple[list[TensorArg], tuple | None]:
     """Input records (role ``dest`` for write-only arguments) and the non-tensor arguments
@@ -288,6 +295,16 @@ def gather(
         else:
             kw.append((k, v))
     return tensors, flat_args(other, kw)
+
+
+if NATIVE:
+    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
+
+    _hostpath.configure_gather(torch.Tensor, _ARG_NAMES, flat_args)
+    #: ``_gather_py`` in C (``_recorder/_hostpath.c``): the same records and arguments.
+    gather = _hostpath.gather
+else:
+    gather = _gather_py
 
 
 def _outputs(out: Any) -> list[TensorArg]:

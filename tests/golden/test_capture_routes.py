@@ -21,24 +21,27 @@ from tests.golden.test_capture_records import LEVELS, capture
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _python_route(level: str, tmp: Path) -> dict:
+def _python_route(level: str, tmp: Path, version: int) -> dict:
     code = (
         "import json, sys; from pathlib import Path; "
         "from detfp_capture._recorder import slot; assert not slot.NATIVE; "
         "from tests.golden.test_capture_records import capture; "
-        "print(json.dumps(capture(sys.argv[1], Path(sys.argv[2]))))"
+        "print(json.dumps(capture(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))))"
     )
     env = {**os.environ, "DETFP_NATIVE": "0"}
     out = subprocess.run(
-        [sys.executable, "-c", code, level, str(tmp)], cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
+        [sys.executable, "-c", code, level, str(tmp), str(version)],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not slot.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("level", LEVELS)
-def test_native_and_python_record_paths_write_the_same_trace(level, tmp_path):
-    native = capture(level, tmp_path / "native")
-    python = _python_route(level, tmp_path / "python")
+def test_native_and_python_record_paths_write_the_same_trace(level, version, tmp_path):
+    # Version 2 is where the native path also digests at record time (``_recorder/roots.py``).
+    native = capture(level, tmp_path / "native", version)
+    python = _python_route(level, tmp_path / "python", version)
     assert native == python

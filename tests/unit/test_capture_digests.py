@@ -180,22 +180,31 @@ def test_inplace_and_foreach_outputs_are_the_written_values(tmp_path):
 
 def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
     """A chain of writes to one tensor (and a list) at level ops: its op records, and how many
-    tensors capture copied into its staging buffer."""
+    tensors capture took before a write: copied into its staging buffer, or digested then (on
+    CPU with the native kernels, ``batched.start_roots``)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from detfp_capture._digest import staging as _staging
+    from detfp_capture._recorder import deferred as _deferred
 
     staged = []
     put = _staging.Staging.put_many
+    roots = _deferred.start_roots
 
     def counting(self, ts, slots):
         staged.append(len(ts))
         return put(self, ts, slots)
 
+    def counting_roots(ts, slots, sch, native):
+        rest = roots(ts, slots, sch, native)
+        staged.append(len(ts) - len(rest))
+        return rest
+
     p = torch.arange(300, dtype=torch.float32)
     ts = [torch.ones(40), torch.ones(50)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_staging.Staging, "put_many", counting)
+        mp.setattr(_deferred, "start_roots", counting_roots)
         with Session(tmp_path / name, "ops") as s, s.step(0):
             p.mul_(2.0)
             p.add_(1.0)  # reads what mul_ wrote

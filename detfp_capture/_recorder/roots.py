@@ -1,0 +1,107 @@
+"""Digests computed at record time on CPU: each tensor's whole tree, where it lies.
+
+The digest of a small tensor was taken in a batch: at level ops its record waits for one
+(``deferred``), at the boundaries it is copied into the staging buffer (a snapshot) and hashed
+at the flush. Both pay Python for every tensor (a layout, copies, a level plan), which at a
+few hundred bytes per tensor costs far more than the hashing. On CPU, with the native digest
+kernel and the record path's helpers built, version 2 takes another route for the plain,
+contiguous tensors: ``_hostpath.roots_fill`` computes each one's tree root in one native call
+per batch (``_lanes``' tree, through its ``TREE`` capsule), straight from the tensor's bytes, and
+fills its Slot as a row of a pooled ``BatchLanes``. The digest is the same (a tensor's tree does
+not depend on what it is hashed with; ``tests/golden/test_capture_routes.py`` holds the routes
+to each other); a staged tensor is digested at once from the bytes its snapshot would have
+copied. Anything else (GPU tensors, version 1, non-contiguous or special tensors) takes the
+batch or staging path as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from detfp_capture._digest import native, tlh2
+from detfp_capture._digest.batched import BATCHED, SPECIAL, STRIDED, BatchLanes, start_many
+from detfp_capture._digest.core import Scheme
+from detfp_capture._digest.versions import active
+from detfp_capture._recorder.slot import _hostpath
+
+__all__ = ["native_roots", "start_digests", "start_roots"]
+
+_CPU = torch.device("cpu")
+#: (roots_fill, every level's keys, their number) once looked up; False: not available.
+_ROOTS: Any = None
+
+
+def native_roots() -> tuple | None:
+    """The native record path's ``roots_fill`` with the version-2 keys, where both the digest
+    kernel and the record path's helpers are built and on (``DETFP_NATIVE`` not 0); else None.
+    Looked up on first use."""
+    global _ROOTS
+    if _ROOTS is None:
+        _ROOTS = False
+        from detfp_capture._recorder import hot  # configures the helpers (hot imports this module)
+
+        lanes = native._lanes
+        if hot.NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
+            _hostpath.configure_roots(lanes.TREE, SPECIAL, STRIDED, BATCHED)
+            keys = tlh2.pack_all_keys()
+            _ROOTS = (_hostpath.roots_fill, keys, keys.numel() // native.KEYS2_BYTES)
+    return _ROOTS or None
+
+
+def start_roots(tensors: Sequence[torch.Tensor], slots: Sequence[Any], sch: Scheme, roots: tuple) -> list[int]:
+    """Version 2 on CPU: the plain, contiguous tensors' digests as their trees' roots, computed
+    now where the tensors lie (one native call for all of them: no layout, copy or per-level
+    GEMMs; a tensor's tree does not depend on the batch it is hashed in), each slot a row of a
+    shared ``BatchLanes`` (``fill``). Returns the indices of the tensors left for the other
+    paths (all of them if the native call fails: those paths refill every slot)."""
+    fill_roots, keys, nkeys = roots
+    n = len(tensors)
+    held, first = _POOL.room(n, sch)
+    try:
+        rest = fill_roots(list(tensors), list(slots), held, held.lanes.data_ptr(), first, keys.data_ptr(), nkeys, _CPU)
+    except Exception:
+        return list(range(n))
+    _POOL.used += n - len(rest)
+    return rest
+
+
+class _RootPool:
+    """Rows for roots computed at record time (``start_roots``): one (ROWS, lanes) tensor filled
+    in order, a new one when full (the slots keep theirs alive until their flush), instead of a
+    tensor per call (a call records one to a few tensors)."""
+
+    ROWS = 4096
+
+    def __init__(self) -> None:
+        self.held: BatchLanes | None = None
+        self.used = 0
+
+    def room(self, n: int, sch: Scheme) -> tuple[BatchLanes, int]:
+        """The lanes to write ``n`` rows into, and the first of them."""
+        held = self.held
+        if held is None or held.scheme is not sch or self.used + n > held.lanes.shape[0]:
+            with torch.inference_mode(False):  # reused in and out of inference mode
+                lanes = torch.empty(max(n, self.ROWS), sch.lanes, dtype=torch.int32)
+            held = self.held = BatchLanes(lanes, sch)
+            self.used = 0
+        return held, self.used
+
+
+_POOL = _RootPool()
+
+
+def start_digests(tensors: Sequence[torch.Tensor], slots: Sequence[Any], *, reuse: bool = False) -> None:
+    """``batched.start_many(tensors, slots, reuse=reuse)``, the tensors ``start_roots`` takes
+    digested by it first."""
+    sch = active()
+    roots = native_roots() if sch.version == 2 and tensors else None
+    if roots is not None:
+        rest = start_roots(tensors, slots, sch, roots)
+        if not rest:
+            return
+        if len(rest) < len(tensors):
+            tensors, slots = [tensors[i] for i in rest], [slots[i] for i in rest]
+    start_many(tensors, slots, reuse=reuse)

@@ -1,0 +1,147 @@
+"""The native record path's pieces (``_recorder/_hostpath.c``) against the Python they replace,
+one piece at a time, in this process.
+
+``tests/golden/test_capture_routes.py`` holds the whole native path to the whole Python one
+(``DETFP_NATIVE=0`` in a child process, torch's digest route included). Here each piece is
+switched back to Python alone, so a difference names its piece: the dispatch mode's op entries
+(``op_pre``/``op_post``), the append path (``gather``, ``record_op``, ``append_fast``,
+``append_plain``) and the digests taken at record time (``roots``). And the pieces' contracts
+directly: ``gather`` on every shape of argument list, and ``start_digests`` on tensors of every
+kind, against ``digest.start``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detfp_capture import digest
+from detfp_capture._recorder import deferred, hot, recorder, roots
+from detfp_capture._recorder import slot as slot_mod
+from detfp_capture._recorder.flush import resolve_slots
+from detfp_capture._recorder.slot import Slot
+from detfp_capture._sources import dispatch, ops
+from tests.golden.test_capture_records import capture
+
+native = pytest.mark.skipif(not slot_mod.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+
+
+def _python_dispatch(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(dispatch, "_op_pre", None)
+    mp.setattr(dispatch, "_op_post", None)
+
+
+def _python_appends(mp: pytest.MonkeyPatch) -> None:
+    for mod in (hot, dispatch):
+        mp.setattr(mod, "record_op", hot._record_op_py)
+        mp.setattr(mod, "append_fast", hot._append_fast_py)
+    for mod in (hot, recorder):
+        mp.setattr(mod, "append_plain", hot._append_plain_py)
+    for mod in (ops, dispatch):
+        mp.setattr(mod, "gather", ops._gather_py)
+    _python_dispatch(mp)  # the native op entries call the native appends
+
+
+def _no_roots(mp: pytest.MonkeyPatch) -> None:
+    for mod in (roots, deferred):
+        mp.setattr(mod, "native_roots", lambda: None)
+
+
+@pytest.fixture(scope="module")
+def native_traces(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("native")
+    return {level: capture(level, tmp / level, 2) for level in ("boundaries", "ops")}
+
+
+@native
+@pytest.mark.parametrize(
+    "level,piece",
+    [("ops", _python_dispatch), ("ops", _python_appends), ("ops", _no_roots), ("boundaries", _no_roots)],
+    ids=["ops-dispatch", "ops-appends", "ops-roots", "boundaries-roots"],
+)
+def test_each_native_piece_writes_what_its_python_writes(level, piece, native_traces, tmp_path, monkeypatch):
+    piece(monkeypatch)
+    assert capture(level, tmp_path, 2) == native_traces[level]
+
+
+def _arg_shapes() -> list[tuple[tuple, dict, frozenset, frozenset]]:
+    a, b, c = torch.ones(2), torch.zeros(3), torch.arange(4)
+    p = torch.nn.Parameter(torch.ones(1))
+    many = [torch.full((1,), float(i)) for i in range(70)]
+    return [
+        ((), {}, frozenset(), frozenset()),
+        ((a, 2, b), {}, frozenset(), frozenset()),
+        ((a, [b, c], 1.5, "mean", None), {"dim": 0}, frozenset({0}), frozenset()),
+        (([None, a, None, b],), {}, frozenset(), frozenset()),  # optional tensor lists (index)
+        ((a, (b, c)), {"out": c, "alpha": 2}, frozenset(), frozenset({"out"})),
+        ((a,), {"weights": [b, c], "sizes": [1, 2], "empty": []}, frozenset(), frozenset({"weights"})),
+        (([],), {"x": ()}, frozenset(), frozenset()),  # empty lists: arguments, not tensors
+        (([1, 2], [a]), {"k": [None, a]}, frozenset({1}), frozenset()),  # a None-led kwarg list is not tensors
+        ((p, torch.float32, torch.device("cpu")), {}, frozenset(), frozenset()),
+        (tuple(many), {}, frozenset({65}), frozenset()),  # past the 64 shared argument names
+        ((many,), {}, frozenset(), frozenset()),
+    ]
+
+
+def _gathered(fn, args, kwargs, dest_pos, dest_kw):
+    tensors, other = fn(args, kwargs, dest_pos, dest_kw)
+    return [(r, n, id(t)) for r, n, t in tensors], repr(other)
+
+
+@native
+@pytest.mark.parametrize("case", range(len(_arg_shapes())))
+def test_gather_splits_arguments_as_python_does(case):
+    args, kwargs, dest_pos, dest_kw = _arg_shapes()[case]
+    assert _gathered(ops.gather, args, kwargs, dest_pos, dest_kw) == _gathered(
+        ops._gather_py, args, kwargs, dest_pos, dest_kw
+    )
+
+
+def _tensors() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(300, 300, generator=g)
+    return [
+        torch.randn(3, 17, generator=g),
+        torch.randn(256, generator=g),  # exactly one 1024-byte row
+        torch.randn(257, generator=g),  # one byte row and a bit
+        torch.randn(1, generator=g).to(torch.bfloat16),
+        torch.tensor(2.5),  # zero-dimensional
+        base,  # hashed in place by the batch path (over 256 KiB, whole rows)
+        torch.randn(70_000, generator=g),  # several tree levels, a partial last row
+        base.t(),  # not contiguous: left to the batch path
+        base[7],  # contiguous at an offset
+        torch.ones(33, dtype=torch.bool),
+        torch.arange(12, dtype=torch.int32),
+        torch.randn(4, generator=g, dtype=torch.complex64),
+        torch.randint(0, 9, (5,), generator=g),  # int64: left to the pointer check
+        torch.randn(6, generator=g).to(torch.float8_e4m3fn),  # a byte-view dtype: left to start
+        torch.nn.Parameter(torch.randn(9, generator=g)),
+        torch.empty(0),  # no bytes: left to the batch path
+    ]
+
+
+@native
+@pytest.mark.parametrize("version", [1, 2])
+def test_start_digests_digests_as_digest_start(version):
+    from detfp_capture._digest import versions
+
+    tensors = _tensors()
+    slots = [Slot(None) for _ in tensors]
+    with versions.use(version):
+        roots.start_digests(tensors, slots)
+        want = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in tensors])
+    resolve_slots(slots)
+    assert [(s.hi, s.lo) for s in slots] == [(r.hi, r.lo) for r in want]
+    if version == 2:  # the plain contiguous CPU tensors took the native route, the others not
+        taken = [getattr(s, "arena", None) is roots._POOL.held for s in slots]
+        assert taken == [True] * 7 + [False, True, True, True, True, False, False, True, False]
+
+
+@native
+def test_roots_keep_the_values_at_record_time():
+    t = torch.arange(500, dtype=torch.float32)
+    want = digest.resolve([digest.start(t.clone())])[0]
+    s = Slot(None)
+    assert roots.start_roots([t], [s], roots.active(), roots.native_roots()) == []
+    t.mul_(3)  # a write after the record: the digest is of the values it had
+    resolve_slots([s])
+    assert (s.hi, s.lo) == (want.hi, want.lo)
