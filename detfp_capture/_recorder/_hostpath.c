@@ -225,6 +225,10 @@ configure(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The record-time digest route (see roots_fill below), used by append_plain's snapshot branch. */
+static int root_now(PyObject *t, PyObject *dt, PyObject **s_out);
+static int root_eligible(PyObject *t, PyObject *dt, Py_ssize_t *numel, unsigned long long *addr, Py_ssize_t *nbytes);
+
 /* Slot(None), without going through the type's call. */
 static PyObject *
 new_slot(PyObject *pending)
@@ -587,6 +591,10 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (defer && version != NULL && dt != cfg_int64 && (PyObject *)Py_TYPE(t) == cfg_tensor) {
                 if (defer_one(waiting, t, dt, numel, version, fresh, &s, &ptr) < 0) goto item_done;
             } else {
+                /* On CPU at version 2: digested now, from the bytes a snapshot would copy. */
+                if (root_now(t, dt, &s) < 0) goto item_done;
+            }
+            if (s == NULL) {
                 PyObject *fits = PyObject_GetAttr(cfg_staging, s_fits);
                 PyObject *r = fits == NULL ? NULL : PyObject_CallOneArg(fits, t);
                 Py_XDECREF(fits);
@@ -651,6 +659,7 @@ static PyObject *op_tensor = NULL;       /* torch.Tensor (gather's own: configur
 static PyObject *op_has_subclass = NULL; /* subclass.has_subclass */
 static PyObject *op_plain_py = NULL;     /* hot._append_plain_py */
 static PyObject *op_flat_args = NULL;    /* args.flat_args */
+static PyObject *op_mark_flat = NULL, *op_mark_open = NULL, *op_mark_close = NULL; /* its markers */
 static PyObject *op_arg_names = NULL;    /* ops._ARG_NAMES (a tuple) */
 static Py_ssize_t op_defer_max = 0;      /* deferred.DEFER_MAX */
 static PyObject *op_defer_bytes = NULL;  /* deferred.DEFER_BYTES (an int) */
@@ -691,10 +700,17 @@ configure_op(PyObject *module, PyObject *args)
 static PyObject *
 configure_gather(PyObject *module, PyObject *args)
 {
-    PyObject *tensor, *names, *flat;
-    if (!PyArg_ParseTuple(args, "OO!O:configure_gather", &tensor, &PyTuple_Type, &names, &flat)) {
+    PyObject *tensor, *names, *flat, *mflat, *mopen, *mclose;
+    if (!PyArg_ParseTuple(args, "OO!OOOO:configure_gather", &tensor, &PyTuple_Type, &names, &flat, &mflat, &mopen,
+                          &mclose)) {
         return NULL;
     }
+    Py_INCREF(mflat);
+    Py_XSETREF(op_mark_flat, mflat);
+    Py_INCREF(mopen);
+    Py_XSETREF(op_mark_open, mopen);
+    Py_INCREF(mclose);
+    Py_XSETREF(op_mark_close, mclose);
     Py_INCREF(tensor);
     Py_XSETREF(op_tensor, tensor);
     Py_INCREF(names);
@@ -764,6 +780,46 @@ gather_list(PyObject *tensors, PyObject *role, PyObject *base, PyObject *a)
         if (is_t && append_record_item(tensors, role, element_name(base, j), xs[j]) < 0) return -1;
     }
     return 0;
+}
+
+/* args._inline: v into out, a list (exactly) as its items between the open and close markers. */
+static int
+inline_arg(PyObject *v, PyObject *out, int depth)
+{
+    if (!PyList_CheckExact(v)) return PyList_Append(out, v);
+    if (depth > 64) { /* (Python's version would recurse as deep; a list nested this deep is not an op argument) */
+        PyErr_SetString(PyExc_RecursionError, "flat_args: lists nested too deep");
+        return -1;
+    }
+    if (PyList_Append(out, op_mark_open) < 0) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+        PyObject *x = PyList_GET_ITEM(v, i);
+        Py_INCREF(x);
+        int e = inline_arg(x, out, depth + 1);
+        Py_DECREF(x);
+        if (e < 0) return -1;
+    }
+    return PyList_Append(out, op_mark_close);
+}
+
+/* args.flat_args(other, kw): (marker, number of positional args, args..., name, value, ...), or None. */
+static PyObject *
+flat_args_c(PyObject *other, PyObject *kw)
+{
+    if (PyList_GET_SIZE(other) == 0 && PyList_GET_SIZE(kw) == 0) return Py_NewRef(Py_None);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    PyObject *n = PyLong_FromSsize_t(PyList_GET_SIZE(other));
+    int e = n == NULL || PyList_Append(out, op_mark_flat) < 0 || PyList_Append(out, n) < 0;
+    Py_XDECREF(n);
+    for (Py_ssize_t i = 0; !e && i < PyList_GET_SIZE(other); i++) e = inline_arg(PyList_GET_ITEM(other, i), out, 0) < 0;
+    for (Py_ssize_t i = 0; !e && i < PyList_GET_SIZE(kw); i++) {
+        PyObject *pair = PyList_GET_ITEM(kw, i);
+        e = PyList_Append(out, PyTuple_GET_ITEM(pair, 0)) < 0 || inline_arg(PyTuple_GET_ITEM(pair, 1), out, 0) < 0;
+    }
+    PyObject *t = e ? NULL : PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
 }
 
 static PyObject *
@@ -842,7 +898,7 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(v);
         if (e < 0) goto done;
     }
-    PyObject *flat = PyObject_CallFunctionObjArgs(op_flat_args, other, kwl, NULL);
+    PyObject *flat = op_mark_flat != NULL ? flat_args_c(other, kwl) : PyObject_CallFunctionObjArgs(op_flat_args, other, kwl, NULL);
     if (flat == NULL) goto done;
     result = PyTuple_Pack(2, tensors, flat);
     Py_DECREF(flat);
@@ -852,9 +908,91 @@ done:
 }
 
 /* hot.append_fast. */
+/* hot.append_counted: records counted, not digested (views, metadata ops). */
+static int
+append_counted_c(PyObject *rec, PyObject *call, PyObject *fast)
+{
+    PyObject *records = NULL, *rows = NULL, *seq = NULL;
+    int rc = -1;
+    if ((records = PyObject_GetAttr(rec, s_records)) == NULL || (rows = PyObject_GetAttr(records, s_rows)) == NULL ||
+        (seq = PyObject_GetAttr(rec, s_seq)) == NULL)
+        goto out;
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "append_counted: the records buffer's rows must be a list");
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *item = PySequence_Fast_ITEMS(fast)[i];
+        PyObject *t = PyTuple_GET_ITEM(item, 2);
+        PyObject *dt = NULL, *dstr = NULL, *shape = NULL, *stup = NULL, *numel = NULL, *next = NULL;
+        int e = (dt = PyObject_GetAttr(t, s_dtype)) == NULL || (dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL ||
+                (shape = PyObject_GetAttr(t, s_shape)) == NULL ||
+                (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL ||
+                (numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL;
+        if (!e) {
+            PyObject *row[9] = {call, seq, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), dstr, stup, numel,
+                                Py_None, cfg_no_hazards};
+            for (int k = 0; k < 9 && !e; k++) e = PyList_Append(rows, row[k]) < 0;
+        }
+        if (!e) {
+            e = (next = PyNumber_Add(seq, one)) == NULL;
+            if (!e) Py_SETREF(seq, next);
+        }
+        Py_XDECREF(dt); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(numel);
+        if (e) goto out;
+    }
+    rc = PyObject_SetAttr(rec, s_seq, seq);
+out:
+    Py_XDECREF(records); Py_XDECREF(rows); Py_XDECREF(seq);
+    return rc;
+}
+
+/* What every append ends with: rec.records_in_step += n, and a full buffer asks for a flush. */
+static int
+count_appended(PyObject *rec, Py_ssize_t ntensors)
+{
+    int rc = -1;
+    PyObject *count = NULL, *nt = NULL, *sum = NULL, *records = NULL, *rows = NULL, *limit = NULL;
+    if ((count = PyObject_GetAttr(rec, s_records_in_step)) == NULL) goto out;
+    if ((nt = PyLong_FromSsize_t(ntensors)) == NULL) goto out;
+    if ((sum = PyNumber_Add(count, nt)) == NULL || PyObject_SetAttr(rec, s_records_in_step, sum) < 0) goto out;
+    if ((records = PyObject_GetAttr(rec, s_records)) == NULL) goto out;
+    if ((rows = PyObject_GetAttr(records, s_rows)) == NULL) goto out;
+    if ((limit = PyObject_GetAttr(rec, s_flush_rows)) == NULL) goto out;
+    Py_ssize_t nrows = PyObject_Length(rows);
+    if (nrows < 0) goto out;
+    PyObject *nr = PyLong_FromSsize_t(nrows);
+    if (nr == NULL) goto out;
+    int over = PyObject_RichCompareBool(nr, limit, Py_GE);
+    Py_DECREF(nr);
+    if (over < 0 || (over && PyObject_SetAttr(rec, s_need_flush, Py_True) < 0)) goto out;
+    rc = 0;
+out:
+    Py_XDECREF(count); Py_XDECREF(nt); Py_XDECREF(sum); Py_XDECREF(records); Py_XDECREF(rows); Py_XDECREF(limit);
+    return rc;
+}
+
+/* hot.append_fast; and Recorder.append_records' counted path (digest_it False) when no tensor
+ * can be a subclass recorded part by part. */
 static int
 append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, PyObject *fresh, PyObject *defer)
 {
+    /* has_subclass: only a tensor that is not exactly a Tensor or a Parameter can be one. */
+    PyObject *fast = PySequence_Fast(tensors, "tensors must be a sequence");
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    int odd = 0;
+    for (Py_ssize_t i = 0; i < n && !odd; i++) {
+        PyObject *item = PySequence_Fast_ITEMS(fast)[i];
+        PyObject *t = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? PyTuple_GET_ITEM(item, 2) : NULL;
+        odd = t == NULL || ((PyObject *)Py_TYPE(t) != cfg_tensor && (PyObject *)Py_TYPE(t) != op_param);
+    }
+    if (!digest_it && !odd) {
+        int rc = append_counted_c(rec, call, fast) < 0 || count_appended(rec, n) < 0 ? -1 : 0;
+        Py_DECREF(fast);
+        return rc;
+    }
+    Py_DECREF(fast);
     int general = !digest_it;
     if (!general) {
         PyObject *opts = PyObject_GetAttr(rec, s_tensor_opts);
@@ -863,25 +1001,12 @@ append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, P
         Py_DECREF(opts);
         if (general < 0) return -1;
     }
-    if (!general) {
-        /* has_subclass: only a tensor that is not exactly a Tensor or a Parameter can be one. */
-        PyObject *fast = PySequence_Fast(tensors, "tensors must be a sequence");
-        if (fast == NULL) return -1;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-        int odd = 0;
-        for (Py_ssize_t i = 0; i < n && !odd; i++) {
-            PyObject *item = PySequence_Fast_ITEMS(fast)[i];
-            PyObject *t = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 3 ? PyTuple_GET_ITEM(item, 2) : NULL;
-            odd = t == NULL || ((PyObject *)Py_TYPE(t) != cfg_tensor && (PyObject *)Py_TYPE(t) != op_param);
-        }
-        Py_DECREF(fast);
-        if (odd) {
-            PyObject *r = PyObject_CallOneArg(op_has_subclass, tensors);
-            if (r == NULL) return -1;
-            general = PyObject_IsTrue(r);
-            Py_DECREF(r);
-            if (general < 0) return -1;
-        }
+    if (!general && odd) {
+        PyObject *r = PyObject_CallOneArg(op_has_subclass, tensors);
+        if (r == NULL) return -1;
+        general = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (general < 0) return -1;
     }
     if (general) {
         PyObject *kwn = PyTuple_Pack(3, s_digest_it, s_fresh, s_defer);
@@ -907,12 +1032,11 @@ append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, P
         if (r == NULL) return -1;
     }
     Py_DECREF(r);
-    /* A full batch runs now; the window asks for a flush when its buffer is full. */
+    /* A full batch runs now. */
     PyObject *waiting = PyObject_GetAttr(rec, s_waiting);
     if (waiting == NULL) return -1;
     int rc = -1;
-    PyObject *wt = NULL, *nbytes = NULL, *rows = NULL, *records = NULL, *limit = NULL, *count = NULL,
-             *sum = NULL, *nt = NULL;
+    PyObject *wt = NULL, *nbytes = NULL;
     if ((wt = PyObject_GetAttr(waiting, s_tensors)) == NULL) goto out;
     Py_ssize_t waiting_n = PyObject_Length(wt);
     if (waiting_n < 0) goto out;
@@ -935,25 +1059,9 @@ append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, P
         if (ran == NULL) goto out;
         Py_DECREF(ran);
     }
-    Py_ssize_t ntensors = PyObject_Length(tensors);
-    if (ntensors < 0) goto out;
-    if ((count = PyObject_GetAttr(rec, s_records_in_step)) == NULL) goto out;
-    if ((nt = PyLong_FromSsize_t(ntensors)) == NULL) goto out;
-    if ((sum = PyNumber_Add(count, nt)) == NULL || PyObject_SetAttr(rec, s_records_in_step, sum) < 0) goto out;
-    if ((records = PyObject_GetAttr(rec, s_records)) == NULL) goto out;
-    if ((rows = PyObject_GetAttr(records, s_rows)) == NULL) goto out;
-    if ((limit = PyObject_GetAttr(rec, s_flush_rows)) == NULL) goto out;
-    Py_ssize_t nrows = PyObject_Length(rows);
-    if (nrows < 0) goto out;
-    PyObject *nr = PyLong_FromSsize_t(nrows);
-    if (nr == NULL) goto out;
-    int over = PyObject_RichCompareBool(nr, limit, Py_GE);
-    Py_DECREF(nr);
-    if (over < 0 || (over && PyObject_SetAttr(rec, s_need_flush, Py_True) < 0)) goto out;
-    rc = 0;
+    rc = count_appended(rec, n);
 out:
-    Py_DECREF(waiting); Py_XDECREF(wt); Py_XDECREF(nbytes); Py_XDECREF(rows); Py_XDECREF(records);
-    Py_XDECREF(limit); Py_XDECREF(count); Py_XDECREF(sum); Py_XDECREF(nt);
+    Py_DECREF(waiting); Py_XDECREF(wt); Py_XDECREF(nbytes);
     return rc;
 }
 
@@ -1393,6 +1501,23 @@ typedef struct {
 } DetfpTreeApi;
 
 static DetfpTreeApi *tree_api = NULL;
+static PyObject *rt_pool = NULL;      /* roots._POOL (record-time rows): NULL until configured */
+static PyObject *rt_state = NULL;     /* versions._STATE: [the active scheme, the default] */
+static PyObject *rt_v2 = NULL;        /* tlh2.SCHEME */
+static PyObject *rt_keys = NULL;      /* tlh2.pack_all_keys(), kept alive */
+static PyObject *rt_cpu = NULL;       /* torch.device("cpu") */
+static unsigned long long rt_keys_addr = 0;
+static long rt_nkeys = 0;
+static PyObject *s_used, *s_cap, *s_addr, *s_held;
+
+/* The instruction set the digest kernel runs now (its select() may change it). */
+static int
+rt_isa(void)
+{
+    int isa = tree_api->pick(-1);
+    if (isa < 0) PyErr_Clear();
+    return isa < 0 ? 0 : isa;
+}
 static PyObject *rt_special = NULL;   /* dtypes hashed through a byte view (never batched) */
 static PyObject *rt_strided = NULL;   /* torch.strided */
 static PyObject *rt_batched = NULL;   /* batched.BATCHED */
@@ -1406,6 +1531,7 @@ intern_root_names(void)
     I(s_layout, "layout") I(s_is_nested, "is_nested") I(s_is_meta, "is_meta") I(s_is_cpu, "is_cpu")
     I(s_is_conj, "is_conj") I(s_is_neg, "is_neg") I(s_is_contiguous, "is_contiguous") I(s_arena, "arena")
     I(s_arena_pointer, "arena_pointer") I(s_row, "row") I(s_device, "device") I(s_pending, "pending")
+    I(s_used, "used") I(s_cap, "cap") I(s_addr, "addr") I(s_held, "held")
 #undef I
     return 0;
 }
@@ -1413,17 +1539,97 @@ intern_root_names(void)
 static PyObject *
 configure_roots(PyObject *module, PyObject *args)
 {
-    PyObject *cap, *special, *strided, *batched;
-    if (!PyArg_ParseTuple(args, "OOOO:configure_roots", &cap, &special, &strided, &batched)) {
+    PyObject *cap, *special, *strided, *batched, *pool, *state, *v2, *keys, *cpu;
+    long nkeys;
+    if (!PyArg_ParseTuple(args, "OOOOOO!OOlO:configure_roots", &cap, &special, &strided, &batched, &pool,
+                          &PyList_Type, &state, &v2, &keys, &nkeys, &cpu)) {
         return NULL;
     }
     DetfpTreeApi *api = PyCapsule_GetPointer(cap, "detfp_capture._digest._lanes.TREE");
     if (api == NULL) return NULL;
+    PyObject *ka = PyObject_CallMethodNoArgs(keys, s_data_ptr);
+    if (ka == NULL) return NULL;
+    rt_keys_addr = PyLong_AsUnsignedLongLong(ka);
+    Py_DECREF(ka);
+    if (PyErr_Occurred()) return NULL;
     tree_api = api;
+    rt_nkeys = nkeys;
 #define SET(var, v) Py_INCREF(v); Py_XSETREF(var, v);
-    SET(rt_special, special) SET(rt_strided, strided) SET(rt_batched, batched)
+    SET(rt_special, special) SET(rt_strided, strided) SET(rt_batched, batched) SET(rt_pool, pool)
+    SET(rt_state, state) SET(rt_v2, v2) SET(rt_keys, keys) SET(rt_cpu, cpu)
 #undef SET
     Py_RETURN_NONE;
+}
+
+/* A slot for t's digest computed now into the next row of the record-time pool
+ * (roots._RootPool: held, addr, cap, used), if t is taken (plain, contiguous, CPU, not int64
+ * or a byte-view dtype) and version 2 is active; *s_out stays NULL otherwise. -1 on error. */
+static int
+root_now(PyObject *t, PyObject *dt, PyObject **s_out)
+{
+    if (rt_pool == NULL || PyList_GET_SIZE(rt_state) == 0 || PyList_GET_ITEM(rt_state, 0) != rt_v2) return 0;
+    Py_ssize_t numel = 0, nbytes = 0;
+    unsigned long long addr = 0;
+    int ok = root_eligible(t, dt, &numel, &addr, &nbytes);
+    if (ok <= 0) return ok;
+    PyObject *held = NULL, *lanes = NULL, *s = NULL, *row = NULL, *num = NULL, *shape = NULL, *stup = NULL,
+             *next = NULL;
+    int rc = -1;
+    Py_ssize_t used = 0, cap = 0;
+    unsigned long long lanes_addr = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        PyObject *u = PyObject_GetAttr(rt_pool, s_used), *c = PyObject_GetAttr(rt_pool, s_cap),
+                 *a = PyObject_GetAttr(rt_pool, s_addr);
+        Py_XSETREF(held, PyObject_GetAttr(rt_pool, s_held));
+        int bad = u == NULL || c == NULL || a == NULL || held == NULL;
+        if (!bad) {
+            used = PyLong_AsSsize_t(u);
+            cap = PyLong_AsSsize_t(c);
+            lanes_addr = PyLong_AsUnsignedLongLong(a);
+            bad = PyErr_Occurred() != NULL;
+        }
+        Py_XDECREF(u); Py_XDECREF(c); Py_XDECREF(a);
+        if (bad) goto out;
+        if (held != Py_None && used < cap && lanes_addr != 0) break;
+        if (attempt == 1) {
+            PyErr_SetString(PyExc_RuntimeError, "root_now: the record-time pool has no room after room()");
+            goto out;
+        }
+        PyObject *r = PyObject_CallMethod(rt_pool, "room", "nO", (Py_ssize_t)1, rt_v2);
+        if (r == NULL) goto out;
+        Py_DECREF(r);
+    }
+    unsigned long long *y = (unsigned long long *)(uintptr_t)lanes_addr;
+    const unsigned char *keys = (const unsigned char *)(uintptr_t)rt_keys_addr;
+    int trc;
+    if (nbytes >= (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        trc = tree_api->tree(rt_isa(), (const unsigned char *)(uintptr_t)addr, nbytes, keys, (int)rt_nkeys, y + 2 * used);
+        Py_END_ALLOW_THREADS
+    } else {
+        trc = tree_api->tree(rt_isa(), (const unsigned char *)(uintptr_t)addr, nbytes, keys, (int)rt_nkeys, y + 2 * used);
+    }
+    if (trc != 0) {
+        PyErr_Format(PyExc_ValueError, "root_now: %zd bytes need more than %ld levels of keys", nbytes, rt_nkeys);
+        goto out;
+    }
+    if ((s = new_slot(Py_None)) == NULL || (row = PyLong_FromSsize_t(used)) == NULL ||
+        (num = PyLong_FromSsize_t(numel)) == NULL || (shape = PyObject_GetAttr(t, s_shape)) == NULL ||
+        (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL)
+        goto out;
+    /* batched.fill(slot, held, row, dtype, shape, numel, device) */
+    if (SET_SLOT(s, arena, "arena", held) || SET_SLOT(s, arena_pointer, "arena_pointer", Py_False) ||
+        SET_SLOT(s, row, "row", row) || SET_SLOT(s, dtype, "dtype", dt) || SET_SLOT(s, shape, "shape", stup) ||
+        SET_SLOT(s, numel, "numel", num) || SET_SLOT(s, device, "device", rt_cpu) ||
+        SET_SLOT(s, pending, "pending", rt_batched))
+        goto out;
+    if ((next = PyLong_FromSsize_t(used + 1)) == NULL || PyObject_SetAttr(rt_pool, s_used, next) < 0) goto out;
+    *s_out = Py_NewRef(s);
+    rc = 1;
+out:
+    Py_XDECREF(held); Py_XDECREF(lanes); Py_XDECREF(s); Py_XDECREF(row); Py_XDECREF(num); Py_XDECREF(shape);
+    Py_XDECREF(stup); Py_XDECREF(next);
+    return rc;
 }
 
 /* 1: t is taken by roots_fill (its bytes in *addr, *nbytes); 0: not; -1: error. */
@@ -1566,12 +1772,13 @@ static PyMethodDef module_methods[] = {
     {"op_post", (PyCFunction)(void (*)(void))op_post, METH_FASTCALL,
      "op_post(mode, pre, args, kwargs, out): CaptureMode._post for plain ops; NotImplemented: use Python's."},
     {"configure_roots", (PyCFunction)configure_roots, METH_VARARGS,
-     "configure_roots(tree_capsule, special_dtypes, strided, batched): what roots_fill uses."},
+     "configure_roots(tree_capsule, special_dtypes, strided, batched, pool, versions_state, v2_scheme, keys, nkeys, "
+     "cpu): what roots_fill and append_plain's record-time route use."},
     {"roots_fill", (PyCFunction)(void (*)(void))roots_fill, METH_FASTCALL,
      "roots_fill(tensors, slots, held, lanes_addr, first_row, keys_addr, nkeys, device): version-2 roots of plain contiguous "
      "CPU tensors into held's lanes and their slots; returns the indices not taken."},
     {"configure_gather", (PyCFunction)configure_gather, METH_VARARGS,
-     "configure_gather(tensor, arg_names, flat_args): what gather uses."},
+     "configure_gather(tensor, arg_names, flat_args, flat_marker, open_marker, close_marker): what gather uses."},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
      "gather(args, kwargs, dest_pos, dest_kw): ops.gather in C."},
     {"append_fast", (PyCFunction)(void (*)(void))append_fast, METH_FASTCALL,

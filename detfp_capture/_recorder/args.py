@@ -19,7 +19,7 @@ import torch
 from detfp_capture._digest.stable import stable_text
 from detfp_capture._recorder.call import ARGS, STEP
 
-__all__ = ["ARGS_TEXT_MAX", "ArgsColumn", "args_digest_text", "args_text", "flat_args"]
+__all__ = ["ARGS_TEXT_MAX", "ArgsColumn", "args_digest_text", "args_text", "flat_args", "markers"]
 
 
 # Op arguments wait for the flush in one flat tuple of plain values (``flat_args``): a call
@@ -42,6 +42,12 @@ def flat_args(args: list, kwargs: list[tuple[str, Any]]) -> tuple | None:
         out.append(k)
         _inline(v, out)
     return tuple(out)
+
+
+def markers() -> tuple[str, str, str]:
+    """The flat tuple's markers (the flat start, a list's open and close), compared by identity:
+    for the native record path's ``flat_args`` (``_hostpath.c``), which must use these objects."""
+    return _FLAT, _OPEN, _CLOSE
 
 
 def _inline(v: Any, out: list) -> None:

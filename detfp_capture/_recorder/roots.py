@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from detfp_capture._digest import native, tlh2
+from detfp_capture._digest import native, tlh2, versions
 from detfp_capture._digest.batched import BATCHED, SPECIAL, STRIDED, BatchLanes, start_many
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.versions import active
@@ -45,9 +45,12 @@ def native_roots() -> tuple | None:
 
         lanes = native._lanes
         if hot.NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
-            _hostpath.configure_roots(lanes.TREE, SPECIAL, STRIDED, BATCHED)
             keys = tlh2.pack_all_keys()
-            _ROOTS = (_hostpath.roots_fill, keys, keys.numel() // native.KEYS2_BYTES)
+            nkeys = keys.numel() // native.KEYS2_BYTES
+            _hostpath.configure_roots(
+                lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys, nkeys, _CPU
+            )
+            _ROOTS = (_hostpath.roots_fill, keys, nkeys)
     return _ROOTS or None
 
 
@@ -78,15 +81,18 @@ class _RootPool:
     def __init__(self) -> None:
         self.held: BatchLanes | None = None
         self.used = 0
+        #: The held lanes' address and rows (what ``_hostpath``'s ``append_plain`` writes into).
+        self.addr = 0
+        self.cap = 0
 
     def room(self, n: int, sch: Scheme) -> tuple[BatchLanes, int]:
         """The lanes to write ``n`` rows into, and the first of them."""
         held = self.held
-        if held is None or held.scheme is not sch or self.used + n > held.lanes.shape[0]:
+        if held is None or held.scheme is not sch or self.used + n > self.cap:
             with torch.inference_mode(False):  # reused in and out of inference mode
                 lanes = torch.empty(max(n, self.ROWS), sch.lanes, dtype=torch.int32)
             held = self.held = BatchLanes(lanes, sch)
-            self.used = 0
+            self.used, self.addr, self.cap = 0, lanes.data_ptr(), lanes.shape[0]
         return held, self.used
 
 

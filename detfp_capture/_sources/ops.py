@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from detfp_capture._recorder.args import flat_args
+from detfp_capture._recorder.args import markers as args_markers
 from detfp_capture._recorder.call import TensorArg
 from detfp_capture._recorder.slot import NATIVE, storage_ptrs
 
@@ -300,7 +301,7 @@ def _gather_py(
 if NATIVE:
     from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
 
-    _hostpath.configure_gather(torch.Tensor, _ARG_NAMES, flat_args)
+    _hostpath.configure_gather(torch.Tensor, _ARG_NAMES, flat_args, *args_markers())
     #: ``_gather_py`` in C (``_recorder/_hostpath.c``): the same records and arguments.
     gather = _hostpath.gather
 else:
