@@ -39,6 +39,7 @@ from detfp_format import _faults, commitlog, contract
 from detfp_format import rollups as _rollups
 from detfp_format.arrowschema import arrow_schema, parquet_options
 from detfp_format.errors import RunExistsError, SchemaError
+from detfp_format.indexed import Indexed, column_bounds, to_arrow
 from detfp_format.rundir import clear_rank, existing_segments, prepare_run_dir
 
 __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", "write_manifest"]
@@ -103,40 +104,45 @@ _KEY_MEMO: dict[tuple, int] = {}  # (call hash, role, arg) -> key hash
 _MEMO_LIMIT = 1 << 18
 
 
-def _fill_hashes(table: str, cols: dict[str, list], n: int) -> None:
-    """Compute call_hash/key_hash from the key columns when the window omitted them."""
+def _fill_hashes(table: str, cols: dict[str, Any], n: int) -> None:
+    """Compute call_hash/key_hash from the key columns when the window omitted them (an
+    ``Indexed`` set of call columns sharing one index: the call hashes once per call)."""
     names = {c.name for c in contract.columns(table)}
     need_call = "call_hash" in names and "call_hash" not in cols
     need_key = "key_hash" in names and "key_hash" not in cols
     if not (need_call or need_key):
         return
-    mb, ph, mod, kind, name, occ = (cols[k] for k in ("microbatch", "phase", "module", "kind", "name", "occurrence"))
+    fields = [cols[k] for k in ("microbatch", "phase", "module", "kind", "name", "occurrence")]
+    index = fields[0].index if isinstance(fields[0], Indexed) else None
+    by_call = index is not None and all(isinstance(f, Indexed) and f.index is index for f in fields)
+    if not by_call:
+        fields = [f.expand() if isinstance(f, Indexed) else f for f in fields]
     cmemo, kmemo = _CALL_MEMO, _KEY_MEMO
     if len(cmemo) >= _MEMO_LIMIT:
         cmemo.clear()
     if len(kmemo) >= _MEMO_LIMIT:
         kmemo.clear()
-    call_hashes: list[int] = []
-    key_hashes: list[int] = []
     cget, kget = cmemo.get, kmemo.get
-    for ct in zip(mb, ph, mod, kind, name, occ, strict=True):
+    calls: list[tuple[str, int]] = []  # (call key, its hash) per row, or per call when by_call
+    for ct in zip(*(f.values if by_call else f for f in fields), strict=True):
         hit = cget(ct)
         if hit is None:
             ck = contract.call_key(*ct)
             hit = cmemo[ct] = (ck, contract.key_hash(ck))
-        call_hashes.append(hit[1])
+        calls.append(hit)
+    if need_call:
+        hashes = [h for _, h in calls]
+        cols["call_hash"] = Indexed(hashes, index) if by_call and index is not None else hashes
     if need_key:
         # A table with key_hash also has role and arg (the key's last two fields).
         role, arg = cols["role"], cols["arg"]
-        keys = zip(mb, ph, mod, kind, name, occ, strict=True)
-        for ct, r, a, ch in zip(keys, role, arg, call_hashes, strict=True):
+        per_row = [calls[i] for i in index] if by_call and index is not None else calls
+        key_hashes: list[int] = []
+        for (ck, ch), r, a in zip(per_row, role, arg, strict=True):
             h = kget((ch, r, a))
             if h is None:
-                h = kmemo[(ch, r, a)] = contract.key_hash(contract.record_key(cmemo[ct][0], r, a))
+                h = kmemo[(ch, r, a)] = contract.key_hash(contract.record_key(ck, r, a))
             key_hashes.append(h)
-    if need_call:
-        cols["call_hash"] = call_hashes
-    if need_key:
         cols["key_hash"] = key_hashes
 
 
@@ -151,7 +157,7 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     schema = arrow_schema(table)
     # The capture hands over lists it never touches again: no copy of those (columns are only
     # read below; derived ones are new lists).
-    data = {k: v if type(v) is list else list(v) for k, v in cols.items()}
+    data = {k: v if type(v) is list or isinstance(v, Indexed) else list(v) for k, v in cols.items()}
     n = _check_columns(table, data)
     if n == 0:
         return schema.empty_table()
@@ -161,7 +167,8 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     for c in contract.columns(table):
         if c.name not in data:
             data[c.name] = [None] * n
-    t = pa.Table.from_pydict({f.name: data[f.name] for f in schema}, schema=schema)
+    indices: dict[int, pa.Array] = {}
+    t = pa.Table.from_pydict({f.name: to_arrow(data[f.name], f.type, indices) for f in schema}, schema=schema)
     for f in schema:
         if not f.nullable and t.column(f.name).null_count:
             raise SchemaError(f"{table}.{f.name}: null in a non-nullable column")
@@ -397,8 +404,7 @@ class ShardWriter:
         for table, t, cols in built:
             if t.num_rows == 0:
                 continue
-            steps = cols["step"]  # plain ints: cheaper than an Arrow kernel
-            t_lo, t_hi = min(steps), max(steps)
+            t_lo, t_hi = column_bounds(cols["step"])  # plain ints: cheaper than an Arrow kernel
             lo = t_lo if lo is None else min(lo, t_lo)
             hi = t_hi if hi is None else max(hi, t_hi)
             path = self.run_dir / contract.shard_relpath(table, self.rank, self.segment, window)

@@ -1755,6 +1755,60 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * by_identity(items): (distinct, index, first) of a list: the distinct objects in order of
+ * first appearance (by identity), each item's position among them, and the item position where
+ * each first appears. records.call_index in C: the flush groups a window's records by call.
+ * ------------------------------------------------------------------------------------------ */
+static PyObject *
+by_identity(PyObject *module, PyObject *items)
+{
+    if (!PyList_Check(items)) {
+        PyErr_SetString(PyExc_TypeError, "by_identity(items: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *distinct = PyList_New(0), *index = PyList_New(n), *first = PyList_New(0), *seen = PyDict_New();
+    PyObject *result = NULL, *prev = NULL, *prev_i = NULL;
+    if (distinct == NULL || index == NULL || first == NULL || seen == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(items, i);
+        PyObject *pos;
+        if (x == prev) { /* records of one call are mostly consecutive */
+            pos = Py_NewRef(prev_i);
+        } else {
+            PyObject *key = PyLong_FromVoidPtr(x);
+            if (key == NULL) goto done;
+            pos = PyDict_GetItemWithError(seen, key);
+            if (pos != NULL) {
+                Py_INCREF(pos);
+            } else if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            } else {
+                PyObject *at = PyLong_FromSsize_t(i);
+                pos = PyLong_FromSsize_t(PyList_GET_SIZE(distinct));
+                int e = at == NULL || pos == NULL || PyDict_SetItem(seen, key, pos) < 0 ||
+                        PyList_Append(distinct, x) < 0 || PyList_Append(first, at) < 0;
+                Py_XDECREF(at);
+                if (e) {
+                    Py_XDECREF(pos);
+                    Py_DECREF(key);
+                    goto done;
+                }
+            }
+            Py_DECREF(key);
+            prev = x;
+            Py_XSETREF(prev_i, Py_NewRef(pos));
+        }
+        PyList_SET_ITEM(index, i, pos);
+    }
+    result = PyTuple_Pack(3, distinct, index, first);
+done:
+    Py_XDECREF(distinct); Py_XDECREF(index); Py_XDECREF(first); Py_XDECREF(seen); Py_XDECREF(prev_i);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL,
      "copy_bytes(dst, src, n): copy n bytes between two addresses (memcpy)."},
@@ -1777,6 +1831,9 @@ static PyMethodDef module_methods[] = {
     {"roots_fill", (PyCFunction)(void (*)(void))roots_fill, METH_FASTCALL,
      "roots_fill(tensors, slots, held, lanes_addr, first_row, keys_addr, nkeys, device): version-2 roots of plain contiguous "
      "CPU tensors into held's lanes and their slots; returns the indices not taken."},
+    {"by_identity", (PyCFunction)by_identity, METH_O,
+     "by_identity(items): (distinct, index, first): the distinct objects of a list by identity, each item's "
+     "position among them, and where each first appears."},
     {"configure_gather", (PyCFunction)configure_gather, METH_VARARGS,
      "configure_gather(tensor, arg_names, flat_args, flat_marker, open_marker, close_marker): what gather uses."},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,

@@ -153,35 +153,31 @@ class ArgsColumn:
         self.written: set[str] = set()
 
     def build(self, calls: Sequence[tuple], seqs: Sequence[int]) -> tuple[list[str | None], dict[str, list] | None]:
-        """(``args_digest`` per record, the new ``args`` table rows or None). ``calls``: each
-        record's call tuple (``call.Call``), whose ``ARGS`` field is a ``flat_args``
-        tuple or None; ``seqs``: each record's seq."""
-        adcache: dict[int, str | None] = {}
+        """(``args_digest`` per call, the new ``args`` table rows or None). ``calls``: the
+        window's distinct call tuples (``call.Call``), whose ``ARGS`` field is a ``flat_args``
+        tuple or None; ``seqs``: the seq of each call's first record."""
         ads: list[str | None] = []
         memo = _ARGS_MEMO
         texts: dict[str, tuple[str, int, int]] = {}
-        for i, c in enumerate(calls):
+        for c, seq in zip(calls, seqs, strict=True):
             src = c[ARGS]
             if src is None:
                 ads.append(None)
                 continue
-            k = id(c)
-            if k not in adcache:
-                # The same op arguments recur every step: their digest is memoized across flushes
-                # under an exact key (see _args_key), the text and BLAKE2b computed once.
-                key = _args_key(src)
-                got = memo.get(key) if key is not None else None
-                if got is None:
-                    got = args_digest_text(src) or (None, None)
-                    if key is not None:
-                        if len(memo) >= _ARGS_MEMO_LIMIT:
-                            memo.clear()
-                        memo[key] = got
-                digest, text = got
-                adcache[k] = digest
-                if text is not None and digest is not None and digest not in texts:  # per call, not per record
-                    texts[digest] = (text, c[STEP], seqs[i])
-            ads.append(adcache[k])
+            # The same op arguments recur every step: their digest is memoized across flushes
+            # under an exact key (see _args_key), the text and BLAKE2b computed once.
+            key = _args_key(src)
+            got = memo.get(key) if key is not None else None
+            if got is None:
+                got = args_digest_text(src) or (None, None)
+                if key is not None:
+                    if len(memo) >= _ARGS_MEMO_LIMIT:
+                        memo.clear()
+                    memo[key] = got
+            digest, text = got
+            if text is not None and digest is not None and digest not in texts:
+                texts[digest] = (text, c[STEP], seq)
+            ads.append(digest)
         seen = self.written
         new = sorted((v[1], v[2], d, v[0]) for d, v in texts.items() if d not in seen)
         if not new:

@@ -19,9 +19,10 @@ from typing import Any
 
 from detfp_capture._recorder.args import ArgsColumn
 from detfp_capture._recorder.call import COMPILED, KIND, MICROBATCH, MODULE, NAME, OCCURRENCE, PHASE, STEP, Call
-from detfp_capture._recorder.slot import Slot
+from detfp_capture._recorder.slot import NATIVE, Slot, _hostpath
+from detfp_format.indexed import Indexed
 
-__all__ = ["FIELDS", "WIDTH", "RecordBuffer", "record_columns"]
+__all__ = ["FIELDS", "WIDTH", "RecordBuffer", "by_identity", "record_columns"]
 
 
 #: Fields per record in ``RecordBuffer.rows``, in this order.
@@ -84,31 +85,58 @@ def _field(calls: list[Call], i: int) -> list[Any]:
     return list(map(itemgetter(i), calls))
 
 
-def record_columns(buf: RecordBuffer, args: ArgsColumn) -> tuple[dict[str, list], dict[str, list] | None]:
+def _by_identity_py(items: list) -> tuple[list, list[int], list[int]]:
+    """``_hostpath.by_identity``: the distinct objects of ``items`` (by identity, in order of
+    first appearance), each item's position among them, and where each first appears."""
+    seen: dict[int, int] = {}
+    distinct: list = []
+    index: list[int] = []
+    first: list[int] = []
+    for i, x in enumerate(items):
+        k = seen.get(id(x))
+        if k is None:
+            k = seen[id(x)] = len(distinct)
+            distinct.append(x)
+            first.append(i)
+        index.append(k)
+    return distinct, index, first
+
+
+by_identity = _hostpath.by_identity if NATIVE else _by_identity_py
+
+
+def record_columns(buf: RecordBuffer, args: ArgsColumn) -> tuple[dict[str, Any], dict[str, list] | None]:
     """Columns of the records table from a buffer whose slots are resolved, and the ``args``
     table rows this window adds (None: none). The caller adds the ``hazards`` column (the
-    digests may add a hazard). One comprehension (or one C-level map) per column: this runs once
-    per flush over every record."""
-    calls = buf.call
+    digests may add a hazard). The columns of the call (its key fields, compiled flag and
+    argument digest) are ``Indexed`` by call: computed and converted once per call, not per
+    record (``detfp_format.indexed``). One comprehension (or one C-level map) per column: this
+    runs once per flush over every record."""
+    calls, index, first = by_identity(buf.call)
     seqs = buf.seq
     slots = buf.slot
-    cols: dict[str, list] = {
-        "step": _field(calls, STEP),
+
+    def by_call(values: list) -> Indexed:
+        return Indexed(values, index)
+
+    ads, args_rows = args.build(calls, [seqs[i] for i in first])
+    cols: dict[str, Any] = {
+        "step": by_call(_field(calls, STEP)),
         "seq": seqs,
-        "microbatch": _field(calls, MICROBATCH),
-        "phase": _field(calls, PHASE),
-        "module": _field(calls, MODULE),
-        "kind": _field(calls, KIND),
-        "name": _field(calls, NAME),
-        "occurrence": _field(calls, OCCURRENCE),
+        "microbatch": by_call(_field(calls, MICROBATCH)),
+        "phase": by_call(_field(calls, PHASE)),
+        "module": by_call(_field(calls, MODULE)),
+        "kind": by_call(_field(calls, KIND)),
+        "name": by_call(_field(calls, NAME)),
+        "occurrence": by_call(_field(calls, OCCURRENCE)),
         "role": buf.role,
         "arg": buf.arg,
         "dtype": buf.dtype,
         "shape": buf.shape,  # tuples: pyarrow converts them like lists
         "numel": buf.numel,
-        "compiled": [bool(c[COMPILED]) for c in calls],
+        "compiled": by_call([bool(c[COMPILED]) for c in calls]),
+        "args_digest": by_call(ads),
     }
-    cols["args_digest"], args_rows = args.build(calls, seqs)
     # A slot is resolved: hi/lo set (a digest), or hi None and extra holding the error.
     cols["status"] = ["skipped" if s is None else ("ok" if s.hi is not None else "error") for s in slots]
     cols["digest_hi"] = [None if s is None else s.hi for s in slots]

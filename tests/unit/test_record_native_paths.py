@@ -145,3 +145,17 @@ def test_roots_keep_the_values_at_record_time():
     t.mul_(3)  # a write after the record: the digest is of the values it had
     resolve_slots([s])
     assert (s.hi, s.lo) == (want.hi, want.lo)
+
+
+@native
+def test_by_identity_groups_as_python_does():
+    from detfp_capture._recorder import records
+
+    a, b, c = (1, "x"), tuple([1, "x"]), (2,)  # a and b equal, not identical: two calls
+    items = [a, a, b, c, a, c, c, b]
+    assert records.by_identity(items) == records._by_identity_py(items)
+    distinct, index, first = records.by_identity(items)
+    assert (
+        [id(x) for x in distinct] == [id(a), id(b), id(c)] and index == [0, 0, 1, 2, 0, 2, 2, 1] and first == [0, 2, 3]
+    )
+    assert records.by_identity([]) == ([], [], [])

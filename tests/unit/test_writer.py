@@ -95,6 +95,37 @@ def test_round_trip_keeps_digests_and_computes_key_hashes(tmp_path):
         assert d["key_hash"][i] == contract.key_hash(contract.record_key(ck, "output", "out[0]"))
 
 
+CALL_COLUMNS = ("step", "microbatch", "phase", "module", "kind", "name", "occurrence", "compiled")
+
+
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.booleans(), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_indexed_columns_build_the_table_their_expansion_builds(index, share, partial):
+    # Call columns given once per call (``Indexed``, as the capture hands them over) build the
+    # same table as the plain lists they stand for: values, call and key hashes, bounds.
+    from detfp_format.indexed import Indexed, column_bounds
+
+    calls = [
+        {"step": 3 + c % 2, "microbatch": c % 2 - 1, "phase": ["forward", "backward"][c % 2], "module": f"m.{c}",
+         "kind": "op", "name": f"aten::f{c % 3}.default", "occurrence": c, "compiled": c == 4}
+        for c in range(5)
+    ]  # fmt: skip
+    plain = _records(len(index), arg=[f"args[{i % 3}]" for i in range(len(index))])
+    indexed = dict(plain)
+    for col in CALL_COLUMNS[: 4 if partial else None]:
+        idx = index if share else list(index)  # one shared index list, or copies of it
+        plain[col] = [calls[i][col] for i in index]
+        indexed[col] = Indexed([c[col] for c in calls], idx)
+    for col in CALL_COLUMNS[4 if partial else None :]:
+        plain[col] = indexed[col] = [calls[i][col] for i in index]
+    want = build_table("records", plain, 1, 0)
+    assert build_table("records", indexed, 1, 0).equals(want)
+    used = sorted(set(index))  # (the capture's values are its calls': every one is used)
+    steps = Indexed([calls[i]["step"] for i in used], [used.index(i) for i in index])
+    assert column_bounds(steps) == (min(plain["step"]), max(plain["step"]))
+    assert Indexed([5, 6], [1, 0, 1]).expand() == [6, 5, 6] and len(Indexed([5], [0, 0])) == 2
+
+
 def test_given_hashes_are_kept(tmp_path):
     with ShardWriter(tmp_path, 0, 0) as w:
         w.write_window({"records": _records(2, call_hash=[7, 7], key_hash=[8, 9])})
