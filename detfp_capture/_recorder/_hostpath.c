@@ -1809,6 +1809,176 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * A step boundary's batch of single-tensor records (hot.append_batch), its two loops in C:
+ *   batch_slots(rec, specs, fresh) -> (slots, missing tensors, their new slots): every spec's
+ *       cached digest, else a new Slot (cached at the tensor's version, as append_batch does
+ *       once the batch started; the caller starts the missing digests);
+ *   batch_records(rec, specs, slots) -> the call of each record, appended to the buffer.
+ * A spec is a call.RecordSpec: (call, kind, name, module, phase, role, arg, tensor).
+ * ------------------------------------------------------------------------------------------ */
+
+enum { SP_CALL, SP_KIND, SP_NAME, SP_MODULE, SP_PHASE, SP_ROLE, SP_ARG, SP_TENSOR, SP_FIELDS };
+
+static int
+check_specs(PyObject *specs)
+{
+    if (!PyList_Check(specs)) {
+        PyErr_SetString(PyExc_TypeError, "specs must be a list of RecordSpec");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(specs); i++) {
+        PyObject *sp = PyList_GET_ITEM(specs, i);
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != SP_FIELDS) {
+            PyErr_SetString(PyExc_TypeError, "specs must be a list of RecordSpec");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+batch_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "batch_slots(rec, specs, fresh) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *rec = args[0], *specs = args[1];
+    int fresh = PyObject_IsTrue(args[2]);
+    if (fresh < 0 || check_specs(specs) < 0) return NULL;
+    if (cfg_plain == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "batch_slots: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    PyObject *vcache = NULL, *by_id = NULL, *slots = PyList_New(n), *versions = PyList_New(n), *mt = PyList_New(0),
+             *ms = PyList_New(0), *result = NULL;
+    if (slots == NULL || versions == NULL || mt == NULL || ms == NULL) goto done;
+    if ((vcache = PyObject_GetAttr(rec, s_vcache)) == NULL || (by_id = PyObject_GetAttr(vcache, s_by_id)) == NULL)
+        goto done;
+    if (!PyDict_Check(by_id)) {
+        PyErr_SetString(PyExc_TypeError, "batch_slots: the version cache must be a dict");
+        goto done;
+    }
+    /* Every lookup first, then the new slots (a tensor twice in one batch misses twice, as in Python). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(PyList_GET_ITEM(specs, i), SP_TENSOR);
+        PyObject *version = PyObject_GetAttr(t, s_version);
+        if (version == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+            PyErr_Clear();
+            version = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(versions, i, version);
+        PyObject *hit = Py_NewRef(Py_None);
+        if (version != Py_None && !fresh) {
+            PyObject *key = PyLong_FromVoidPtr(t);
+            if (key == NULL) goto done;
+            Py_SETREF(hit, cache_get(by_id, key, t, version));
+            Py_DECREF(key);
+            if (hit == NULL) goto done;
+        }
+        PyList_SET_ITEM(slots, i, hit);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_ITEM(slots, i) != Py_None) continue;
+        PyObject *t = PyTuple_GET_ITEM(PyList_GET_ITEM(specs, i), SP_TENSOR);
+        PyObject *sl = new_slot(Py_None);
+        if (sl == NULL) goto done;
+        PyList_SetItem(slots, i, sl); /* steals sl, drops the None */
+        if (PyList_Append(mt, t) < 0 || PyList_Append(ms, sl) < 0) goto done;
+        PyObject *version = PyList_GET_ITEM(versions, i);
+        if (version != Py_None) {
+            PyObject *key = PyLong_FromVoidPtr(t);
+            int e = key == NULL || cache_put(vcache, key, t, sl, version, NULL) < 0;
+            Py_XDECREF(key);
+            if (e) goto done;
+        }
+    }
+    result = PyTuple_Pack(3, slots, mt, ms);
+done:
+    Py_XDECREF(vcache); Py_XDECREF(by_id); Py_XDECREF(slots); Py_XDECREF(versions); Py_XDECREF(mt); Py_XDECREF(ms);
+    return result;
+}
+
+static PyObject *
+batch_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "batch_records(rec, specs, slots) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *rec = args[0], *specs = args[1], *slots = args[2];
+    if (check_specs(specs) < 0) return NULL;
+    if (!PyList_Check(slots) || PyList_GET_SIZE(slots) != PyList_GET_SIZE(specs)) {
+        PyErr_SetString(PyExc_TypeError, "batch_records: one slot per spec");
+        return NULL;
+    }
+    if (cfg_plain == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "batch_records: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    PyObject *records = NULL, *rows = NULL, *occ = NULL, *step = NULL, *mb = NULL, *seq = NULL, *calls = PyList_New(n),
+             *result = NULL;
+    if (calls == NULL) goto done;
+    if ((records = PyObject_GetAttr(rec, s_records)) == NULL || (rows = PyObject_GetAttr(records, s_rows)) == NULL ||
+        (occ = PyObject_GetAttr(rec, s_occ)) == NULL || (step = PyObject_GetAttr(rec, s_step)) == NULL ||
+        (mb = PyObject_GetAttr(rec, s_microbatch)) == NULL || (seq = PyObject_GetAttr(rec, s_seq)) == NULL)
+        goto done;
+    if (!PyList_Check(rows) || !PyDict_Check(occ)) {
+        PyErr_SetString(PyExc_TypeError, "batch_records: unexpected recorder state");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *sp = PyList_GET_ITEM(specs, i), *sl = PyList_GET_ITEM(slots, i);
+        PyObject *t = PyTuple_GET_ITEM(sp, SP_TENSOR);
+        PyObject *call = Py_NewRef(PyTuple_GET_ITEM(sp, SP_CALL));
+        PyObject *dt = NULL, *dstr = NULL, *shape = NULL, *stup = NULL, *numel = NULL, *next = NULL;
+        int e = 0;
+        if (call == Py_None) {
+            PyObject *key = PyTuple_Pack(5, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
+                                         PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME));
+            PyObject *k = key == NULL ? NULL : PyDict_GetItemWithError(occ, key);
+            PyObject *o = k != NULL ? Py_NewRef(k) : (key == NULL || PyErr_Occurred()) ? NULL : PyLong_FromLong(0);
+            PyObject *o1 = o == NULL ? NULL : PyNumber_Add(o, one);
+            e = o1 == NULL || PyDict_SetItem(occ, key, o1) < 0;
+            if (!e) {
+                Py_SETREF(call, PyTuple_Pack(9, step, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
+                                             PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME), o, Py_None,
+                                             Py_False));
+                e = call == NULL;
+            }
+            Py_XDECREF(key); Py_XDECREF(o); Py_XDECREF(o1);
+        }
+        e = e || (dt = PyObject_GetAttr(t, s_dtype)) == NULL || (dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL ||
+            (shape = PyObject_GetAttr(t, s_shape)) == NULL || (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL ||
+            (numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL;
+        if (!e) {
+            PyObject *row[9] = {call, seq, PyTuple_GET_ITEM(sp, SP_ROLE), PyTuple_GET_ITEM(sp, SP_ARG), dstr, stup, numel,
+                                sl, cfg_no_hazards};
+            for (int k = 0; k < 9 && !e; k++) e = PyList_Append(rows, row[k]) < 0;
+        }
+        if (!e) {
+            e = (next = PyNumber_Add(seq, one)) == NULL;
+            if (!e) Py_SETREF(seq, next);
+        }
+        Py_XDECREF(dt); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(numel);
+        if (e) {
+            Py_XDECREF(call);
+            goto done;
+        }
+        PyList_SET_ITEM(calls, i, call); /* steals */
+    }
+    if (PyObject_SetAttr(rec, s_seq, seq) < 0) goto done;
+    result = Py_NewRef(calls);
+done:
+    Py_XDECREF(records); Py_XDECREF(rows); Py_XDECREF(occ); Py_XDECREF(step); Py_XDECREF(mb); Py_XDECREF(seq);
+    Py_XDECREF(calls);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL,
      "copy_bytes(dst, src, n): copy n bytes between two addresses (memcpy)."},
@@ -1831,6 +2001,10 @@ static PyMethodDef module_methods[] = {
     {"roots_fill", (PyCFunction)(void (*)(void))roots_fill, METH_FASTCALL,
      "roots_fill(tensors, slots, held, lanes_addr, first_row, keys_addr, nkeys, device): version-2 roots of plain contiguous "
      "CPU tensors into held's lanes and their slots; returns the indices not taken."},
+    {"batch_slots", (PyCFunction)(void (*)(void))batch_slots, METH_FASTCALL,
+     "batch_slots(rec, specs, fresh): (slots, missing tensors, their new slots) of a step boundary's batch."},
+    {"batch_records", (PyCFunction)(void (*)(void))batch_records, METH_FASTCALL,
+     "batch_records(rec, specs, slots): a step boundary's records appended; the call of each."},
     {"by_identity", (PyCFunction)by_identity, METH_O,
      "by_identity(items): (distinct, index, first): the distinct objects of a list by identity, each item's "
      "position among them, and where each first appears."},

@@ -281,7 +281,7 @@ def append_copy(rec: Any, call: Call, item: TensorArg, src: torch.Tensor, source
     return True
 
 
-def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
+def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
     """Append one single-tensor record per spec to ``rec`` (a ``Recorder``), the missing digests
     started as one batch (``start_many``: a step boundary's parameters, gradients, states); no
     hazards, rows, moments or dumps. A spec whose ``call`` is None opens a new call (next
@@ -333,3 +333,16 @@ def append_batch(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
         calls.append(call)
     rec.seq = seq
     return calls
+
+
+def _append_batch_native(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
+    """``_append_batch_py`` with its two loops in C (``_hostpath.batch_slots``/``batch_records``)."""
+    slots, tensors, new = _hostpath.batch_slots(rec, specs, fresh)
+    if tensors:
+        with gc_paused():
+            start_digests(tensors, new, reuse=True)  # a step boundary: repeats
+    return _hostpath.batch_records(rec, specs, slots)
+
+
+#: A step boundary's batch of records (the native loops where built).
+append_batch = _append_batch_native if NATIVE else _append_batch_py

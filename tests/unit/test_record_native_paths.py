@@ -36,6 +36,7 @@ def _python_appends(mp: pytest.MonkeyPatch) -> None:
         mp.setattr(mod, "append_fast", hot._append_fast_py)
     for mod in (hot, recorder):
         mp.setattr(mod, "append_plain", hot._append_plain_py)
+        mp.setattr(mod, "append_batch", hot._append_batch_py)
     for mod in (ops, dispatch):
         mp.setattr(mod, "gather", ops._gather_py)
     _python_dispatch(mp)  # the native op entries call the native appends
@@ -55,8 +56,14 @@ def native_traces(tmp_path_factory) -> dict:
 @native
 @pytest.mark.parametrize(
     "level,piece",
-    [("ops", _python_dispatch), ("ops", _python_appends), ("ops", _no_roots), ("boundaries", _no_roots)],
-    ids=["ops-dispatch", "ops-appends", "ops-roots", "boundaries-roots"],
+    [
+        ("ops", _python_dispatch),
+        ("ops", _python_appends),
+        ("ops", _no_roots),
+        ("boundaries", _python_appends),
+        ("boundaries", _no_roots),
+    ],
+    ids=["ops-dispatch", "ops-appends", "ops-roots", "boundaries-appends", "boundaries-roots"],
 )
 def test_each_native_piece_writes_what_its_python_writes(level, piece, native_traces, tmp_path, monkeypatch):
     piece(monkeypatch)
