@@ -1136,11 +1136,10 @@ fail:
  * ------------------------------------------------------------------------------------------ */
 
 static PyObject *op_out_names = NULL;     /* ops._OUT_NAMES */
-static PyObject *op_written_storages = NULL; /* ops.written_storages */
 static PyObject *s_rec, *s_info, *s_plain_in, *s_plain_out, *s_hazards, *s_workspaces, *s_cfg, *s_modules,
     *s_written, *s_promote, *s_scope, *s_op_where, *s_busy, *s_name, *s_dest_pos, *s_dest_kw,
     *s_batch_inputs, *s_reads, *s_writing, *s_before_write, *s_backward, *s_uninit, *s_async_pending,
-    *s_nb_pending, *s_writes, *s_skip, *s_empty, *s_async_out, *s_output, *s_out;
+    *s_nb_pending, *s_writes, *s_skip, *s_empty, *s_async_out, *s_output, *s_out, *s_out_kwargs, *s_evict;
 
 static int
 intern_dispatch_names(void)
@@ -1154,6 +1153,7 @@ intern_dispatch_names(void)
     I(s_before_write, "before_write") I(s_backward, "backward") I(s_uninit, "uninit")
     I(s_async_pending, "async_pending") I(s_nb_pending, "nb_pending") I(s_writes, "writes")
     I(s_skip, "skip") I(s_empty, "empty") I(s_async_out, "async_out") I(s_output, "output") I(s_out, "out")
+    I(s_out_kwargs, "out_kwargs") I(s_evict, "evict")
 #undef I
     return 0;
 }
@@ -1161,14 +1161,12 @@ intern_dispatch_names(void)
 static PyObject *
 configure_dispatch(PyObject *module, PyObject *args)
 {
-    PyObject *names, *ws;
-    if (!PyArg_ParseTuple(args, "O!O:configure_dispatch", &PyTuple_Type, &names, &ws)) {
+    PyObject *names;
+    if (!PyArg_ParseTuple(args, "O!:configure_dispatch", &PyTuple_Type, &names)) {
         return NULL;
     }
     Py_INCREF(names);
     Py_XSETREF(op_out_names, names);
-    Py_INCREF(ws);
-    Py_XSETREF(op_written_storages, ws);
     Py_RETURN_NONE;
 }
 
@@ -1202,17 +1200,182 @@ set_busy(PyObject *rec, int value)
     return PyObject_SetAttr(rec, s_busy, value ? Py_True : Py_False);
 }
 
+/* The storages' data pointers of the tensors in v (a tensor, or lists and tuples of them, nested)
+ * appended to ptrs (ops._tensors_in + slot.storage_ptrs). 1: done; 0: a storage is unknown
+ * (written_storages returns None); -1: error. */
+static int
+storages_of(PyObject *v, PyObject *ptrs, int depth)
+{
+    int is_t = PyObject_IsInstance(v, op_tensor);
+    if (is_t < 0) return -1;
+    if (is_t) {
+        PyObject *tp = (PyObject *)Py_TYPE(v);
+        if (tp == cfg_tensor || tp == op_param) {
+            PyObject *st = PyObject_CallMethodNoArgs(v, s_untyped_storage);
+            PyObject *p = st == NULL ? NULL : PyObject_CallMethodNoArgs(st, s_data_ptr);
+            Py_XDECREF(st);
+            if (p != NULL) {
+                int e = PyList_Append(ptrs, p);
+                Py_DECREF(p);
+                return e < 0 ? -1 : 1;
+            }
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+            PyErr_Clear(); /* no storage to read: storage_ptrs says what it knows */
+        }
+        PyObject *own = PyObject_CallOneArg(cfg_storage_ptrs, v);
+        if (own == NULL) return -1;
+        if (own == Py_None) {
+            Py_DECREF(own);
+            return 0;
+        }
+        PyObject *r = PyNumber_InPlaceAdd(ptrs, own);
+        Py_DECREF(own);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 1;
+    }
+    if ((PyList_Check(v) || PyTuple_Check(v)) && depth < 64) {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(v); i++) {
+            int r = storages_of(PySequence_Fast_ITEMS(v)[i], ptrs, depth + 1);
+            if (r <= 0) return r;
+        }
+    }
+    return 1;
+}
+
+/* ops.written_storages(info, args, kwargs): a new list, or None (a written storage is unknown). */
+static PyObject *
+written_storages_c(PyObject *info, PyObject *args, PyObject *kwargs)
+{
+    PyObject *ptrs = PyList_New(0), *writes = NULL, *outs = NULL, *wf = NULL, *of = NULL;
+    if (ptrs == NULL) return NULL;
+    if ((writes = PyObject_GetAttr(info, s_writes)) == NULL || (outs = PyObject_GetAttr(info, s_out_kwargs)) == NULL ||
+        (wf = PySequence_Fast(writes, "OpInfo.writes")) == NULL || (of = PySequence_Fast(outs, "OpInfo.out_kwargs")) == NULL)
+        goto fail;
+    Py_ssize_t na = PyTuple_GET_SIZE(args);
+    /* Python gathers the written arguments first, then their storages: the same order here. */
+    for (int pass = 0; pass < 2; pass++) {
+        PyObject *f = pass == 0 ? wf : of;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(f); k++) {
+            PyObject *w = NULL;
+            if (pass == 0) {
+                Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_ITEMS(f)[k]);
+                if (i == -1 && PyErr_Occurred()) goto fail;
+                if (i < 0 || i >= na) continue;
+                w = PyTuple_GET_ITEM(args, i);
+            } else {
+                w = PyDict_GetItemWithError(kwargs, PySequence_Fast_ITEMS(f)[k]);
+                if (w == NULL) {
+                    if (PyErr_Occurred()) goto fail;
+                    continue;
+                }
+            }
+            int r = storages_of(w, ptrs, 0);
+            if (r < 0) goto fail;
+            if (r == 0) {
+                Py_DECREF(ptrs);
+                ptrs = Py_NewRef(Py_None);
+                goto out;
+            }
+        }
+    }
+out:
+    Py_XDECREF(writes); Py_XDECREF(outs); Py_XDECREF(wf); Py_XDECREF(of);
+    return ptrs;
+fail:
+    Py_CLEAR(ptrs);
+    goto out;
+}
+
+/* Recorder.before_write(ptrs) with VersionCache.drop_storages: what waits for a batch in the
+ * written storages is snapshotted (waiting.evict), or the whole batch runs when they are
+ * unknown; cached digests over them are dropped. */
+static int
+before_write_c(PyObject *rec, PyObject *ptrs)
+{
+    int rc = -1;
+    PyObject *waiting = NULL, *wt = NULL, *stor = NULL, *hit = NULL, *vcache = NULL, *by_storage = NULL, *by_id = NULL;
+    if ((waiting = PyObject_GetAttr(rec, s_waiting)) == NULL || (wt = PyObject_GetAttr(waiting, s_tensors)) == NULL) goto out;
+    int any = PyObject_IsTrue(wt);
+    if (any < 0) goto out;
+    if (any) {
+        if (ptrs == Py_None) {
+            PyObject *kwn = PyTuple_Pack(1, s_staging_kw), *meth = PyObject_GetAttr(waiting, s_run), *r = NULL;
+            if (kwn != NULL && meth != NULL) {
+                PyObject *argv[1] = {Py_False};
+                r = PyObject_Vectorcall(meth, argv, 0, kwn);
+            }
+            Py_XDECREF(kwn); Py_XDECREF(meth);
+            if (r == NULL) goto out;
+            Py_DECREF(r);
+        } else {
+            if ((stor = PyObject_GetAttr(waiting, s_storages)) == NULL || (hit = PyList_New(0)) == NULL) goto out;
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ptrs); i++) {
+                int in = PySequence_Contains(stor, PyList_GET_ITEM(ptrs, i));
+                if (in < 0 || (in && PyList_Append(hit, PyList_GET_ITEM(ptrs, i)) < 0)) goto out;
+            }
+            if (PyList_GET_SIZE(hit)) {
+                PyObject *r = PyObject_CallMethodOneArg(waiting, s_evict, hit);
+                if (r == NULL) goto out;
+                Py_DECREF(r);
+            }
+        }
+    }
+    if ((vcache = PyObject_GetAttr(rec, s_vcache)) == NULL) goto out;
+    if (ptrs == Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(vcache, s_clear);
+        if (r == NULL) goto out;
+        Py_DECREF(r);
+        rc = 0;
+        goto out;
+    }
+    if ((by_storage = PyObject_GetAttr(vcache, s_by_storage)) == NULL) goto out;
+    int some = by_storage == Py_None ? 0 : PyObject_IsTrue(by_storage);
+    if (some < 0) goto out;
+    if (some) {
+        if (!PyDict_Check(by_storage) || (by_id = PyObject_GetAttr(vcache, s_by_id)) == NULL || !PyDict_Check(by_id)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "before_write: unexpected version cache");
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ptrs); i++) {
+            PyObject *p = PyList_GET_ITEM(ptrs, i);
+            PyObject *ids = PyDict_GetItemWithError(by_storage, p);
+            if (ids == NULL) {
+                if (PyErr_Occurred()) goto out;
+                continue;
+            }
+            Py_INCREF(ids);
+            int e = PyDict_DelItem(by_storage, p) < 0;
+            PyObject *f = e ? NULL : PySequence_Fast(ids, "version cache ids");
+            e = e || f == NULL;
+            for (Py_ssize_t j = 0; !e && j < PySequence_Fast_GET_SIZE(f); j++) {
+                PyObject *k = PySequence_Fast_ITEMS(f)[j];
+                if (PyDict_DelItem(by_id, k) < 0) {
+                    if (PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
+                    else e = 1;
+                }
+            }
+            Py_XDECREF(f);
+            Py_DECREF(ids);
+            if (e) goto out;
+        }
+    }
+    rc = 0;
+out:
+    Py_XDECREF(waiting); Py_XDECREF(wt); Py_XDECREF(stor); Py_XDECREF(hit); Py_XDECREF(vcache); Py_XDECREF(by_storage);
+    Py_XDECREF(by_id);
+    return rc;
+}
+
 /* rec.before_write(written_storages(info, args, kwargs)). */
 static int
 write_barrier(PyObject *rec, PyObject *info, PyObject *args, PyObject *kwargs)
 {
-    PyObject *ptrs = PyObject_CallFunctionObjArgs(op_written_storages, info, args, kwargs, NULL);
+    PyObject *ptrs = written_storages_c(info, args, kwargs);
     if (ptrs == NULL) return -1;
-    PyObject *r = PyObject_CallMethodOneArg(rec, s_before_write, ptrs);
+    int rc = before_write_c(rec, ptrs);
     Py_DECREF(ptrs);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    return 0;
+    return rc;
 }
 
 static PyObject *
@@ -1222,7 +1385,7 @@ op_pre(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "op_pre(mode, func, args, kwargs) takes 4 arguments");
         return NULL;
     }
-    if (op_written_storages == NULL || op_flat_args == NULL || op_plain_py == NULL) {
+    if (op_out_names == NULL || op_flat_args == NULL || op_plain_py == NULL || cfg_storage_ptrs == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "op_pre: the native record path is not configured");
         return NULL;
     }
@@ -1990,7 +2153,7 @@ static PyMethodDef module_methods[] = {
     {"configure_op", (PyCFunction)configure_op, METH_VARARGS,
      "configure_op(parameter, has_subclass, append_plain_py, defer_max, defer_bytes): what append_fast uses."},
     {"configure_dispatch", (PyCFunction)configure_dispatch, METH_VARARGS,
-     "configure_dispatch(out_names, written_storages): what op_pre and op_post use."},
+     "configure_dispatch(out_names): what op_pre and op_post use (with what configure and configure_op set)."},
     {"op_pre", (PyCFunction)(void (*)(void))op_pre, METH_FASTCALL,
      "op_pre(mode, func, args, kwargs): CaptureMode._pre for plain ops; NotImplemented: use Python's."},
     {"op_post", (PyCFunction)(void (*)(void))op_post, METH_FASTCALL,

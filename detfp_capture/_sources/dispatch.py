@@ -44,7 +44,7 @@ __all__ = ["CaptureMode"]
 if NATIVE:
     from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
 
-    _hostpath.configure_dispatch(_OUT_NAMES, written_storages)
+    _hostpath.configure_dispatch(_OUT_NAMES)
     #: ``CaptureMode._pre``/``_post`` in C for the ops most steps are made of (``OpInfo.plain_in``,
     #: ``plain_out``, no hazard state, no ``modules=``): NotImplemented, nothing done, otherwise.
     _op_pre: Any = _hostpath.op_pre
