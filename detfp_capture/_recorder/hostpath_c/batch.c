@@ -1,0 +1,227 @@
+/* Part of _hostpath.c: by_identity (the flush's records by call) and a step boundary's batch of records.
+ * Included by _hostpath.c and compiled with it as one unit (the parts share its static state);
+ * not built on its own. */
+
+/* ------------------------------------------------------------------------------------------
+ * by_identity(items): (distinct, index, first) of a list: the distinct objects in order of
+ * first appearance (by identity), each item's position among them, and the item position where
+ * each first appears. records.call_index in C: the flush groups a window's records by call.
+ * ------------------------------------------------------------------------------------------ */
+static PyObject *
+by_identity(PyObject *module, PyObject *items)
+{
+    if (!PyList_Check(items)) {
+        PyErr_SetString(PyExc_TypeError, "by_identity(items: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject *distinct = PyList_New(0), *index = PyList_New(n), *first = PyList_New(0), *seen = PyDict_New();
+    PyObject *result = NULL, *prev = NULL, *prev_i = NULL;
+    if (distinct == NULL || index == NULL || first == NULL || seen == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(items, i);
+        PyObject *pos;
+        if (x == prev) { /* records of one call are mostly consecutive */
+            pos = Py_NewRef(prev_i);
+        } else {
+            PyObject *key = PyLong_FromVoidPtr(x);
+            if (key == NULL) goto done;
+            pos = PyDict_GetItemWithError(seen, key);
+            if (pos != NULL) {
+                Py_INCREF(pos);
+            } else if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            } else {
+                PyObject *at = PyLong_FromSsize_t(i);
+                pos = PyLong_FromSsize_t(PyList_GET_SIZE(distinct));
+                int e = at == NULL || pos == NULL || PyDict_SetItem(seen, key, pos) < 0 ||
+                        PyList_Append(distinct, x) < 0 || PyList_Append(first, at) < 0;
+                Py_XDECREF(at);
+                if (e) {
+                    Py_XDECREF(pos);
+                    Py_DECREF(key);
+                    goto done;
+                }
+            }
+            Py_DECREF(key);
+            prev = x;
+            Py_XSETREF(prev_i, Py_NewRef(pos));
+        }
+        PyList_SET_ITEM(index, i, pos);
+    }
+    result = PyTuple_Pack(3, distinct, index, first);
+done:
+    Py_XDECREF(distinct); Py_XDECREF(index); Py_XDECREF(first); Py_XDECREF(seen); Py_XDECREF(prev_i);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * A step boundary's batch of single-tensor records (hot.append_batch), its two loops in C:
+ *   batch_slots(rec, specs, fresh) -> (slots, missing tensors, their new slots): every spec's
+ *       cached digest, else a new Slot (cached at the tensor's version, as append_batch does
+ *       once the batch started; the caller starts the missing digests);
+ *   batch_records(rec, specs, slots) -> the call of each record, appended to the buffer.
+ * A spec is a call.RecordSpec: (call, kind, name, module, phase, role, arg, tensor).
+ * ------------------------------------------------------------------------------------------ */
+
+enum { SP_CALL, SP_KIND, SP_NAME, SP_MODULE, SP_PHASE, SP_ROLE, SP_ARG, SP_TENSOR, SP_FIELDS };
+
+static int
+check_specs(PyObject *specs)
+{
+    if (!PyList_Check(specs)) {
+        PyErr_SetString(PyExc_TypeError, "specs must be a list of RecordSpec");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(specs); i++) {
+        PyObject *sp = PyList_GET_ITEM(specs, i);
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != SP_FIELDS) {
+            PyErr_SetString(PyExc_TypeError, "specs must be a list of RecordSpec");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+batch_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "batch_slots(rec, specs, fresh) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *rec = args[0], *specs = args[1];
+    int fresh = PyObject_IsTrue(args[2]);
+    if (fresh < 0 || check_specs(specs) < 0) return NULL;
+    if (cfg_plain == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "batch_slots: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    PyObject *vcache = NULL, *by_id = NULL, *slots = PyList_New(n), *versions = PyList_New(n), *mt = PyList_New(0),
+             *ms = PyList_New(0), *result = NULL;
+    if (slots == NULL || versions == NULL || mt == NULL || ms == NULL) goto done;
+    if ((vcache = PyObject_GetAttr(rec, s_vcache)) == NULL || (by_id = PyObject_GetAttr(vcache, s_by_id)) == NULL)
+        goto done;
+    if (!PyDict_Check(by_id)) {
+        PyErr_SetString(PyExc_TypeError, "batch_slots: the version cache must be a dict");
+        goto done;
+    }
+    /* Every lookup first, then the new slots (a tensor twice in one batch misses twice, as in Python). */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(PyList_GET_ITEM(specs, i), SP_TENSOR);
+        PyObject *version = PyObject_GetAttr(t, s_version);
+        if (version == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+            PyErr_Clear();
+            version = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(versions, i, version);
+        PyObject *hit = Py_NewRef(Py_None);
+        if (version != Py_None && !fresh) {
+            PyObject *key = PyLong_FromVoidPtr(t);
+            if (key == NULL) goto done;
+            Py_SETREF(hit, cache_get(by_id, key, t, version));
+            Py_DECREF(key);
+            if (hit == NULL) goto done;
+        }
+        PyList_SET_ITEM(slots, i, hit);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_ITEM(slots, i) != Py_None) continue;
+        PyObject *t = PyTuple_GET_ITEM(PyList_GET_ITEM(specs, i), SP_TENSOR);
+        PyObject *sl = new_slot(Py_None);
+        if (sl == NULL) goto done;
+        PyList_SetItem(slots, i, sl); /* steals sl, drops the None */
+        if (PyList_Append(mt, t) < 0 || PyList_Append(ms, sl) < 0) goto done;
+        PyObject *version = PyList_GET_ITEM(versions, i);
+        if (version != Py_None) {
+            PyObject *key = PyLong_FromVoidPtr(t);
+            int e = key == NULL || cache_put(vcache, key, t, sl, version, NULL) < 0;
+            Py_XDECREF(key);
+            if (e) goto done;
+        }
+    }
+    result = PyTuple_Pack(3, slots, mt, ms);
+done:
+    Py_XDECREF(vcache); Py_XDECREF(by_id); Py_XDECREF(slots); Py_XDECREF(versions); Py_XDECREF(mt); Py_XDECREF(ms);
+    return result;
+}
+
+static PyObject *
+batch_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "batch_records(rec, specs, slots) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *rec = args[0], *specs = args[1], *slots = args[2];
+    if (check_specs(specs) < 0) return NULL;
+    if (!PyList_Check(slots) || PyList_GET_SIZE(slots) != PyList_GET_SIZE(specs)) {
+        PyErr_SetString(PyExc_TypeError, "batch_records: one slot per spec");
+        return NULL;
+    }
+    if (cfg_plain == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "batch_records: configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(specs);
+    PyObject *records = NULL, *rows = NULL, *occ = NULL, *step = NULL, *mb = NULL, *seq = NULL, *calls = PyList_New(n),
+             *result = NULL;
+    if (calls == NULL) goto done;
+    if ((records = PyObject_GetAttr(rec, s_records)) == NULL || (rows = PyObject_GetAttr(records, s_rows)) == NULL ||
+        (occ = PyObject_GetAttr(rec, s_occ)) == NULL || (step = PyObject_GetAttr(rec, s_step)) == NULL ||
+        (mb = PyObject_GetAttr(rec, s_microbatch)) == NULL || (seq = PyObject_GetAttr(rec, s_seq)) == NULL)
+        goto done;
+    if (!PyList_Check(rows) || !PyDict_Check(occ)) {
+        PyErr_SetString(PyExc_TypeError, "batch_records: unexpected recorder state");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *sp = PyList_GET_ITEM(specs, i), *sl = PyList_GET_ITEM(slots, i);
+        PyObject *t = PyTuple_GET_ITEM(sp, SP_TENSOR);
+        PyObject *call = Py_NewRef(PyTuple_GET_ITEM(sp, SP_CALL));
+        PyObject *dt = NULL, *dstr = NULL, *shape = NULL, *stup = NULL, *numel = NULL, *next = NULL;
+        int e = 0;
+        if (call == Py_None) {
+            PyObject *key = PyTuple_Pack(5, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
+                                         PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME));
+            PyObject *k = key == NULL ? NULL : PyDict_GetItemWithError(occ, key);
+            PyObject *o = k != NULL ? Py_NewRef(k) : (key == NULL || PyErr_Occurred()) ? NULL : PyLong_FromLong(0);
+            PyObject *o1 = o == NULL ? NULL : PyNumber_Add(o, one);
+            e = o1 == NULL || PyDict_SetItem(occ, key, o1) < 0;
+            if (!e) {
+                Py_SETREF(call, PyTuple_Pack(9, step, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
+                                             PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME), o, Py_None,
+                                             Py_False));
+                e = call == NULL;
+            }
+            Py_XDECREF(key); Py_XDECREF(o); Py_XDECREF(o1);
+        }
+        e = e || (dt = PyObject_GetAttr(t, s_dtype)) == NULL || (dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL ||
+            (shape = PyObject_GetAttr(t, s_shape)) == NULL || (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL ||
+            (numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL;
+        if (!e) {
+            PyObject *row[9] = {call, seq, PyTuple_GET_ITEM(sp, SP_ROLE), PyTuple_GET_ITEM(sp, SP_ARG), dstr, stup, numel,
+                                sl, cfg_no_hazards};
+            for (int k = 0; k < 9 && !e; k++) e = PyList_Append(rows, row[k]) < 0;
+        }
+        if (!e) {
+            e = (next = PyNumber_Add(seq, one)) == NULL;
+            if (!e) Py_SETREF(seq, next);
+        }
+        Py_XDECREF(dt); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(numel);
+        if (e) {
+            Py_XDECREF(call);
+            goto done;
+        }
+        PyList_SET_ITEM(calls, i, call); /* steals */
+    }
+    if (PyObject_SetAttr(rec, s_seq, seq) < 0) goto done;
+    result = Py_NewRef(calls);
+done:
+    Py_XDECREF(records); Py_XDECREF(rows); Py_XDECREF(occ); Py_XDECREF(step); Py_XDECREF(mb); Py_XDECREF(seq);
+    Py_XDECREF(calls);
+    return result;
+}
