@@ -368,7 +368,8 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (fresh < 0 || defer < 0) {
         return NULL;
     }
-    PyObject *seqlist = PySequence_Fast(tensors, "append_plain: tensors must be a sequence");
+    /* A copy: the loop calls back into Python, which must not resize what it walks. */
+    PyObject *seqlist = PySequence_Tuple(tensors);
     if (seqlist == NULL) {
         return NULL;
     }

@@ -190,7 +190,12 @@ root_eligible(PyObject *t, PyObject *dt, Py_ssize_t *numel, unsigned long long *
     Py_DECREF(item);
     if (isz == -1 && PyErr_Occurred()) return -1;
     PyObject *p = PyObject_CallMethodNoArgs(t, s_data_ptr);
-    if (p == NULL) return -1;
+    if (p == NULL) {
+        /* No storage to read (a functional wrapper's, a zero tensor's): the other paths take it. */
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
     *addr = PyLong_AsUnsignedLongLong(p);
     Py_DECREF(p);
     if (PyErr_Occurred()) return -1;
