@@ -6,7 +6,8 @@
  *   ops.c       gather, flat_args, append_fast, record_op, counted records;
  *   dispatch.c  op_pre/op_post (CaptureMode._pre/_post for plain ops), a writing op's barrier;
  *   roots.c     digests computed at record time on CPU (roots_fill, root_now);
- *   batch.c     by_identity (the flush's records by call), a step boundary's batch.
+ *   batch.c     by_identity and args_key (the flush's records by call, their arguments' memo
+ *               key), a step boundary's batch.
  * Each function says which Python it stands for; a call it does not handle returns
  * NotImplemented before changing anything, and the Python does it.
  *
@@ -201,6 +202,8 @@ static PyMethodDef module_methods[] = {
      "batch_slots(rec, specs, fresh): (slots, missing tensors, their new slots) of a step boundary's batch."},
     {"batch_records", (PyCFunction)(void (*)(void))batch_records, METH_FASTCALL,
      "batch_records(rec, specs, slots): a step boundary's records appended; the call of each."},
+    {"configure_args", (PyCFunction)configure_args, METH_O, "configure_args(flat_marker): what args_key uses."},
+    {"args_key", (PyCFunction)args_key, METH_O, "args_key(src): args._args_key in C (the same keys)."},
     {"by_identity", (PyCFunction)by_identity, METH_O,
      "by_identity(items): (distinct, index, first): the distinct objects of a list by identity, each item's "
      "position among them, and where each first appears."},

@@ -18,6 +18,7 @@ import torch
 
 from detfp_capture._digest.stable import stable_text
 from detfp_capture._recorder.call import ARGS, STEP
+from detfp_capture._recorder.slot import NATIVE, _hostpath
 
 __all__ = ["ARGS_TEXT_MAX", "ArgsColumn", "args_digest_text", "args_text", "flat_args", "markers"]
 
@@ -126,7 +127,7 @@ _ARGS_MEMO_LIMIT = 1 << 16
 _EXACT = frozenset((int, str, type(None)))
 
 
-def _args_key(src: Any) -> tuple | None:
+def _args_key_py(src: Any) -> tuple | None:
     """A dictionary key for a ``flat_args`` tuple that is equal only when ``args_text`` is:
     floats as ("f", exact hex text), other non-exact values with their class (tuples, so never
     equal to a string argument); None when a value cannot be a key (or ``src`` is not flat)."""
@@ -142,6 +143,14 @@ def _args_key(src: Any) -> tuple | None:
     except (TypeError, AttributeError):
         return None
     return key
+
+
+if NATIVE:
+    _hostpath.configure_args(_FLAT)
+    #: ``_args_key_py`` in C (``_hostpath.c``): the same keys, one native call per call.
+    _args_key = _hostpath.args_key
+else:
+    _args_key = _args_key_py
 
 
 class ArgsColumn:

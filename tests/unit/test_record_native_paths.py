@@ -166,3 +166,27 @@ def test_by_identity_groups_as_python_does():
         [id(x) for x in distinct] == [id(a), id(b), id(c)] and index == [0, 0, 1, 2, 0, 2, 2, 1] and first == [0, 2, 3]
     )
     assert records.by_identity([]) == ([], [], [])
+
+
+@native
+def test_args_key_keys_as_python_does():
+    from detfp_capture._recorder import args
+
+    flat = args.flat_args
+    srcs = [
+        None,
+        (),
+        ("not flat", 1),
+        flat([1, "mean", None], []),
+        flat([0.0], []),
+        flat([-0.0], []),
+        flat([True, 1, 1.0], []),
+        flat([float("nan"), float("inf")], []),
+        flat([[1, 2], [3.5]], [("dim", 0), ("keepdim", False)]),
+        flat([torch.float32, torch.device("cpu"), torch.contiguous_format], []),
+        flat([[1, [2, 3]]], []),  # lists: markers inline
+        flat([{"a": 1}], []),  # unhashable: no key
+    ]
+    for src in srcs:
+        assert args._args_key(src) == args._args_key_py(src), src
+    assert args._args_key(flat([0.0], [])) != args._args_key(flat([-0.0], []))

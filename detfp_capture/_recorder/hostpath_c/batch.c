@@ -1,4 +1,5 @@
-/* Part of _hostpath.c: by_identity (the flush's records by call) and a step boundary's batch of records.
+/* Part of _hostpath.c: by_identity and args_key (the flush's records by call, their arguments' memo
+ * key) and a step boundary's batch of records.
  * Included by _hostpath.c and compiled with it as one unit (the parts share its static state);
  * not built on its own. */
 
@@ -224,4 +225,71 @@ done:
     Py_XDECREF(records); Py_XDECREF(rows); Py_XDECREF(occ); Py_XDECREF(step); Py_XDECREF(mb); Py_XDECREF(seq);
     Py_XDECREF(calls);
     return result;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * args_key(src): args._args_key in C, the same keys: a flat_args tuple's memo key, equal only
+ * when its text is (floats as ("f", float.hex()), values of other classes than int, str and None
+ * as (class, value)); None when src is not flat or a value cannot be a key.
+ * ------------------------------------------------------------------------------------------ */
+static PyObject *ak_flat = NULL; /* args._FLAT */
+static PyObject *s_f, *s_hex;
+
+static PyObject *
+configure_args(PyObject *module, PyObject *flat)
+{
+    if (s_f == NULL && ((s_f = PyUnicode_InternFromString("f")) == NULL || (s_hex = PyUnicode_InternFromString("hex")) == NULL))
+        return NULL;
+    Py_INCREF(flat);
+    Py_XSETREF(ak_flat, flat);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+args_key(PyObject *module, PyObject *src)
+{
+    if (ak_flat == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "args_key: configure_args() was not called");
+        return NULL;
+    }
+    if (!PyTuple_Check(src) || PyTuple_GET_SIZE(src) == 0 || PyTuple_GET_ITEM(src, 0) != ak_flat) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(src);
+    int exact = 1;
+    for (Py_ssize_t i = 0; i < n && exact; i++) {
+        PyObject *v = PyTuple_GET_ITEM(src, i);
+        exact = Py_IS_TYPE(v, &PyLong_Type) || PyUnicode_CheckExact(v) || v == Py_None;
+    }
+    if (exact) {
+        return Py_NewRef(src); /* (most calls: ints, strings and None only; the key below would equal it) */
+    }
+    PyObject *key = PyTuple_New(n);
+    if (key == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyTuple_GET_ITEM(src, i), *k;
+        if (Py_IS_TYPE(v, &PyLong_Type) || PyUnicode_CheckExact(v) || v == Py_None) {
+            k = Py_NewRef(v);
+        } else if (Py_IS_TYPE(v, &PyFloat_Type)) {
+            PyObject *hex = PyObject_CallMethodNoArgs(v, s_hex);
+            k = hex == NULL ? NULL : PyTuple_Pack(2, s_f, hex);
+            Py_XDECREF(hex);
+        } else {
+            k = PyTuple_Pack(2, (PyObject *)Py_TYPE(v), v);
+        }
+        if (k == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, i, k);
+    }
+    if (PyObject_Hash(key) == -1) {
+        Py_DECREF(key);
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    return key;
 }
