@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 
 from detfp_capture import digest
-from detfp_capture._digest import versions
 from detfp_capture._digest.staging import Staging
-from detfp_capture._recorder.roots import native_roots, start_digests, start_roots
+from detfp_capture._recorder.roots import roots_first, start_digests
 from detfp_capture._recorder.slot import Slot, gc_paused
 
 __all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting"]
@@ -125,15 +124,9 @@ class Waiting:
         On CPU with the native kernels at digest version 2, a snapshot is not needed: the
         tensor's digest is computed now, from the bytes the snapshot would have copied
         (``roots.start_roots``); only the others are staged."""
-        sch = versions.active()
-        if sch.version == 2:
-            roots = native_roots()
-            if roots is not None:
-                rest = start_roots(ts, slots, sch, roots)
-                if not rest:
-                    return
-                if len(rest) < len(ts):
-                    ts, slots = [ts[i] for i in rest], [slots[i] for i in rest]
+        ts, slots = roots_first(ts, slots)
+        if not ts:
+            return
         dev = ts[0].device
         if len(ts) > 1 and any(t.device != dev for t in ts):
             for t, s in zip(ts, slots, strict=True):

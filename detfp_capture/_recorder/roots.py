@@ -27,7 +27,7 @@ from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.versions import active
 from detfp_capture._recorder.slot import _hostpath
 
-__all__ = ["native_roots", "start_digests", "start_roots"]
+__all__ = ["native_roots", "roots_first", "start_digests", "start_roots"]
 
 _CPU = torch.device("cpu")
 #: (roots_fill, every level's keys, their number) once looked up; False: not available.
@@ -99,15 +99,22 @@ class _RootPool:
 _POOL = _RootPool()
 
 
+def roots_first(tensors: Sequence[torch.Tensor], slots: Sequence[Any]) -> tuple[Sequence[torch.Tensor], Sequence[Any]]:
+    """Digest now what ``start_roots`` takes (version 2, native kernels built); the tensors and
+    slots left for the other paths."""
+    sch = active()
+    roots = native_roots() if sch.version == 2 and tensors else None
+    if roots is None:
+        return tensors, slots
+    rest = start_roots(tensors, slots, sch, roots)
+    if len(rest) == len(tensors):
+        return tensors, slots
+    return [tensors[i] for i in rest], [slots[i] for i in rest]
+
+
 def start_digests(tensors: Sequence[torch.Tensor], slots: Sequence[Any], *, reuse: bool = False) -> None:
     """``batched.start_many(tensors, slots, reuse=reuse)``, the tensors ``start_roots`` takes
     digested by it first."""
-    sch = active()
-    roots = native_roots() if sch.version == 2 and tensors else None
-    if roots is not None:
-        rest = start_roots(tensors, slots, sch, roots)
-        if not rest:
-            return
-        if len(rest) < len(tensors):
-            tensors, slots = [tensors[i] for i in rest], [slots[i] for i in rest]
-    start_many(tensors, slots, reuse=reuse)
+    tensors, slots = roots_first(tensors, slots)
+    if tensors:
+        start_many(tensors, slots, reuse=reuse)

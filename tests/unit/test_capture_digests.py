@@ -185,11 +185,11 @@ def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
     from torch.utils._python_dispatch import _disable_current_modes
 
     from detfp_capture._digest import staging as _staging
-    from detfp_capture._recorder import deferred as _deferred
+    from detfp_capture._recorder import roots as _roots
 
     staged = []
     put = _staging.Staging.put_many
-    roots = _deferred.start_roots
+    roots = _roots.start_roots
 
     def counting(self, ts, slots):
         staged.append(len(ts))
@@ -204,7 +204,7 @@ def _inplace_program(tmp_path, name: str) -> tuple[pl.DataFrame, int]:
     ts = [torch.ones(40), torch.ones(50)]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_staging.Staging, "put_many", counting)
-        mp.setattr(_deferred, "start_roots", counting_roots)
+        mp.setattr(_roots, "start_roots", counting_roots)
         with Session(tmp_path / name, "ops") as s, s.step(0):
             p.mul_(2.0)
             p.add_(1.0)  # reads what mul_ wrote

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from detfp_capture import digest
-from detfp_capture._recorder import deferred, hot, recorder, roots
+from detfp_capture._recorder import hot, recorder, roots
 from detfp_capture._recorder import slot as slot_mod
 from detfp_capture._recorder.flush import resolve_slots
 from detfp_capture._recorder.slot import Slot
@@ -43,8 +43,7 @@ def _python_appends(mp: pytest.MonkeyPatch) -> None:
 
 
 def _no_roots(mp: pytest.MonkeyPatch) -> None:
-    for mod in (roots, deferred):
-        mp.setattr(mod, "native_roots", lambda: None)
+    mp.setattr(roots, "native_roots", lambda: None)
 
 
 @pytest.fixture(scope="module")
