@@ -46,8 +46,9 @@ __all__ = ["ShardWriter", "clear_rank", "existing_segments", "prepare_run_dir", 
 
 #: Rows per row group of a records shard (a multiple of contract.ROLLUP_BLOCK).
 RECORDS_ROW_GROUP = 4 * contract.ROLLUP_BLOCK
-#: Shards of fewer rows are written uncompressed (see ShardWriter._write).
+#: Shards of these tables with fewer rows are written uncompressed (see ShardWriter._write).
 SMALL_TABLE_ROWS = 256
+_PLAIN_WHEN_SMALL = frozenset({"events", "metrics", "rollups"})
 
 
 # Columns the writer computes itself when a window omits them.
@@ -417,9 +418,10 @@ class ShardWriter:
             # by the row groups' seq statistics.
             sink = pa.BufferOutputStream()
             rg = RECORDS_ROW_GROUP if table == "records" else None
-            # A small table (a window's events, metrics, argument texts, rollups) is stored
-            # uncompressed: zstd's per-column setup (~0.3 ms a file) outweighs the bytes it saves.
-            comp = self._compression if t.num_rows >= SMALL_TABLE_ROWS else "none"
+            # A window's few events, metrics or rollups are stored uncompressed: zstd's
+            # per-column setup (~0.3 ms a file) costs more than it saves there (the files come
+            # out smaller without it); records and argument texts compress, whatever their size.
+            comp = "none" if table in _PLAIN_WHEN_SMALL and t.num_rows < SMALL_TABLE_ROWS else self._compression
             pq.write_table(t, sink, compression=comp, row_group_size=rg, **parquet_options(table))
             data = sink.getvalue().to_pybytes()
             _atomic_write_bytes(path, data, "shard", window)
