@@ -12,7 +12,7 @@ both for the capture's flush.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -248,14 +248,10 @@ def resolve_raw(pendings: Sequence[Pending]) -> list[Resolved]:
     return out
 
 
-def resolve_rows(items: Sequence[Any]) -> tuple[list[int | None], list[int | None]]:
-    """Digests of rows of sealed-at-resolve batches, in bulk, as (high words, low words): each
-    item has ``arena`` (something with ``seal()`` -> lanes and a ``scheme``), ``row``, ``dtype``,
-    ``shape`` and ``device``, and no row digests, moments or pointer flag (the capture's batched Slots). What
-    ``resolve_raw`` does per pending in Python (a dozen dictionary operations) done per batch
-    instead: one finalize and one fetch per device. None for items on a device that failed."""
-    his: list[int | None] = [None] * len(items)
-    los: list[int | None] = [None] * len(items)
+def _rows_plan(items: Sequence[Any], meta_words: Callable[[Scheme, Any, Any], tuple[int, int]]) -> list[tuple]:
+    """How ``resolve_rows`` gathers ``items``: per (device, scheme), in order of first appearance,
+    (device, scheme, [(arena, its items' rows)], the items' indices in that order, their meta
+    words). The native record path has it in C (``_hostpath.rows_plan``, the same plan)."""
     by_dev: dict[tuple[Any, Scheme], dict[Any, list[int]]] = {}
     for i, it in enumerate(items):
         key = (it.device, it.arena.scheme)
@@ -267,22 +263,43 @@ def resolve_rows(items: Sequence[Any]) -> tuple[list[int | None], list[int | Non
             arenas[it.arena] = [i]
         else:
             idx.append(i)
-    meta_words = core.meta_words
+    plan = []
+    for (dev, sch), arenas in by_dev.items():
+        parts, order = [], []
+        for arena, idx in arenas.items():
+            parts.append((arena, [items[i].row for i in idx]))
+            order += idx
+        plan.append((dev, sch, parts, order, [meta_words(sch, items[i].dtype, items[i].shape) for i in order]))
+    return plan
+
+
+def _scatter(his: list, los: list, order: list[int], words: list[int]) -> None:
+    """Word pairs ``words`` (hi, lo, hi, lo, ...) into ``his``/``los`` at ``order``."""
+    for i, hi, lo in zip(order, words[0::2], words[1::2], strict=True):
+        his[i] = hi
+        los[i] = lo
+
+
+def resolve_rows(
+    items: Sequence[Any], plan: Callable[..., list[tuple]] = _rows_plan, scatter: Callable[..., None] = _scatter
+) -> tuple[list[int | None], list[int | None]]:
+    """Digests of rows of sealed-at-resolve batches, in bulk, as (high words, low words): each
+    item has ``arena`` (something with ``seal()`` -> lanes and a ``scheme``), ``row``, ``dtype``,
+    ``shape`` and ``device``, and no row digests, moments or pointer flag (the capture's batched Slots). What
+    ``resolve_raw`` does per pending in Python (a dozen dictionary operations) done per batch
+    instead: one finalize and one fetch per device. None for items on a device that failed.
+    ``plan``/``scatter``: ``_rows_plan``/``_scatter`` or the native record path's same."""
+    his: list[int | None] = [None] * len(items)
+    los: list[int | None] = [None] * len(items)
     with torch.no_grad():
-        for (dev, sch), arenas in by_dev.items():
+        for dev, sch, parts, order, metas in plan(items, core.meta_words):
             try:
-                parts, order = [], []
-                for arena, idx in arenas.items():
-                    parts.append(_arena_rows(arena, [items[i].row for i in idx]))
-                    order += idx
-                metas = [meta_words(sch, items[i].dtype, items[i].shape) for i in order]
-                words, on_host = _final_words(parts[0] if len(parts) == 1 else torch.cat(parts), metas, dev, sch)
+                lanes = [_arena_rows(arena, rows) for arena, rows in parts]
+                words, on_host = _final_words(lanes[0] if len(lanes) == 1 else torch.cat(lanes), metas, dev, sch)
                 words = _words(words.cpu(), metas, on_host, sch)  # the one device->host copy
             except Exception:  # a device error surfacing late: these items get the general path
                 continue
-            for i, hi, lo in zip(order, words[0::2], words[1::2], strict=True):
-                his[i] = hi
-                los[i] = lo
+            scatter(his, los, order, words)
     return his, los
 
 

@@ -7,7 +7,8 @@
  *   dispatch.c  op_pre/op_post (CaptureMode._pre/_post for plain ops), a writing op's barrier;
  *   roots.c     digests computed at record time on CPU (roots_fill, root_now);
  *   batch.c     by_identity and args_key (the flush's records by call, their arguments' memo
- *               key), a step boundary's batch.
+ *               key), a step boundary's batch;
+ *   resolve.c   the flush's per-slot loops around the bulk resolution of batched digests.
  * Each function says which Python it stands for; a call it does not handle returns
  * NotImplemented before changing anything, and the Python does it.
  *
@@ -175,6 +176,7 @@ copy_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 #include "hostpath_c/dispatch.c"
 #include "hostpath_c/roots.c"
 #include "hostpath_c/batch.c"
+#include "hostpath_c/resolve.c"
 
 static PyMethodDef module_methods[] = {
     {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL,
@@ -204,6 +206,14 @@ static PyMethodDef module_methods[] = {
      "batch_records(rec, specs, slots): a step boundary's records appended; the call of each."},
     {"configure_args", (PyCFunction)configure_args, METH_O, "configure_args(flat_marker): what args_key uses."},
     {"args_key", (PyCFunction)args_key, METH_O, "args_key(src): args._args_key in C (the same keys)."},
+    {"rows_plan", (PyCFunction)(void (*)(void))rows_plan, METH_FASTCALL,
+     "rows_plan(items, meta_words): _digest.resolve._rows_plan in C (the same plan)."},
+    {"scatter", (PyCFunction)(void (*)(void))scatter, METH_FASTCALL,
+     "scatter(his, los, order, words): _digest.resolve._scatter in C."},
+    {"split_rows", (PyCFunction)(void (*)(void))split_rows, METH_FASTCALL,
+     "split_rows(slots, batched): (the batched rows without a pointer flag, the rest)."},
+    {"assign_rows", (PyCFunction)(void (*)(void))assign_rows, METH_FASTCALL,
+     "assign_rows(rows, his, los): each slot's words set (pending None); the slots whose hi is None."},
     {"by_identity", (PyCFunction)by_identity, METH_O,
      "by_identity(items): (distinct, index, first): the distinct objects of a list by identity, each item's "
      "position among them, and where each first appears."},
@@ -230,7 +240,7 @@ PyInit__hostpath(void)
         return NULL;
     }
     PyObject *tp = PyType_FromSpec(&slot_spec);
-    if (tp == NULL || intern_names() < 0 || intern_op_names() < 0 || intern_dispatch_names() < 0 || intern_root_names() < 0) {
+    if (tp == NULL || intern_names() < 0 || intern_op_names() < 0 || intern_dispatch_names() < 0 || intern_root_names() < 0 || intern_resolve_names() < 0) {
         Py_XDECREF(tp);
         Py_DECREF(m);
         return NULL;

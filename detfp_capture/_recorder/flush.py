@@ -18,7 +18,7 @@ from detfp_capture._digest.resolve import resolve_raw, resolve_rows
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.call import KIND, MICROBATCH, MODULE, NAME, PHASE, STEP, EventRow
 from detfp_capture._recorder.records import RecordBuffer, record_columns
-from detfp_capture._recorder.slot import COMBINE, COPY, Slot
+from detfp_capture._recorder.slot import COMBINE, COPY, NATIVE, Slot, _hostpath
 from detfp_capture._recorder.subclass import resolve_combined
 
 __all__ = ["DigestFindings", "resolve_slots", "window_tables"]
@@ -41,19 +41,24 @@ def resolve_slots(slots: list[Slot]) -> None:
                 listed.add(id(r))
                 sources.append(r)
         slots = [s for s in slots if s.pending is not COPY] + sources
-    rows: list[Slot] = []
-    rest: list[Slot] = []
-    for s in slots:
-        (rows if s.pending is BATCHED and not s.arena_pointer else rest).append(s)
-    if rows:
-        his, los = resolve_rows(rows)
-        for s, hi, lo in zip(rows, his, los, strict=True):
-            if hi is None:
-                rest.append(s)
-            else:
-                s.hi = hi
-                s.lo = lo
-                s.pending = None
+    if NATIVE:  # the same loops in C (_hostpath's resolve.c)
+        rows, rest = _hostpath.split_rows(slots, BATCHED)
+        if rows:
+            his, los = resolve_rows(rows, _hostpath.rows_plan, _hostpath.scatter)
+            rest += _hostpath.assign_rows(rows, his, los)
+    else:
+        rows, rest = [], []
+        for s in slots:
+            (rows if s.pending is BATCHED and not s.arena_pointer else rest).append(s)
+        if rows:
+            his, los = resolve_rows(rows)
+            for s, hi, lo in zip(rows, his, los, strict=True):
+                if hi is None:
+                    rest.append(s)
+                else:
+                    s.hi = hi
+                    s.lo = lo
+                    s.pending = None
     if rest:
         for s, r in zip(rest, resolve_raw([s.started() for s in rest]), strict=True):
             s.hi = r.hi

@@ -5,9 +5,10 @@ one piece at a time, in this process.
 (``DETFP_NATIVE=0`` in a child process, torch's digest route included). Here each piece is
 switched back to Python alone, so a difference names its piece: the dispatch mode's op entries
 (``op_pre``/``op_post``), the append path (``gather``, ``record_op``, ``append_fast``,
-``append_plain``) and the digests taken at record time (``roots``). And the pieces' contracts
-directly: ``gather`` on every shape of argument list, and ``start_digests`` on tensors of every
-kind, against ``digest.start``."""
+``append_plain``), the digests taken at record time (``roots``) and the flush's resolution
+(``rows_plan``, ``scatter``, ``split_rows``, ``assign_rows``). And the pieces' contracts directly:
+``gather`` on every shape of argument list, ``start_digests`` on tensors of every kind against
+``digest.start``, ``by_identity`` and ``args_key`` against their Python."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ def _python_appends(mp: pytest.MonkeyPatch) -> None:
     _python_dispatch(mp)  # the native op entries call the native appends
 
 
+def _python_resolve(mp: pytest.MonkeyPatch) -> None:
+    from detfp_capture._recorder import flush
+
+    mp.setattr(flush, "NATIVE", False)
+
+
 def _no_roots(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(roots, "native_roots", lambda: None)
 
@@ -59,10 +66,20 @@ def native_traces(tmp_path_factory) -> dict:
         ("ops", _python_dispatch),
         ("ops", _python_appends),
         ("ops", _no_roots),
+        ("ops", _python_resolve),
         ("boundaries", _python_appends),
         ("boundaries", _no_roots),
+        ("boundaries", _python_resolve),
     ],
-    ids=["ops-dispatch", "ops-appends", "ops-roots", "boundaries-appends", "boundaries-roots"],
+    ids=[
+        "ops-dispatch",
+        "ops-appends",
+        "ops-roots",
+        "ops-resolve",
+        "boundaries-appends",
+        "boundaries-roots",
+        "boundaries-resolve",
+    ],
 )
 def test_each_native_piece_writes_what_its_python_writes(level, piece, native_traces, tmp_path, monkeypatch):
     piece(monkeypatch)
