@@ -275,6 +275,19 @@ def time_gemms(clock: Any = time.perf_counter) -> list[float]:
     return total
 
 
+def tree_seconds() -> float:
+    """Seconds this process spent in the digest kernel's whole-tree function at record time (the
+    native record path's route on CPU at version 2, ``_recorder/roots.py``): the rest of the
+    digest's arithmetic beside ``time_gemms``'s level functions, by the wall clock. 0 where the
+    tree has none (a tree without the native record path, a baseline, ``DETFP_NATIVE=0``)."""
+    try:
+        from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]
+    except ImportError:
+        return 0.0
+    stats = getattr(_hostpath, "root_stats", None)
+    return float(stats()[2]) if stats is not None else 0.0
+
+
 def wait_for_writer(session: Any, timeout: float = 60.0, poll: float = 0.001) -> None:
     """Wait until ``session``'s writer thread has written (or dropped) every window handed to it,
     at most ``timeout`` seconds, so the writer does not compete with what is timed next. The

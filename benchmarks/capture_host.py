@@ -6,7 +6,8 @@ dispatch mode, building records and call keys, argument digests, snapshot copies
 It is measured on the GPT-2-shaped decoder of ``gpt2_shaped.py`` (the module tree and op
 sequence of the gated row of ``capture_overhead.py``, so the same records per step) with tiny
 tensors (width 16, sequence 8, batch 2 by default): every tensor is a few hundred bytes, so the
-digest's GEMMs are a small remainder, timed in the same steps and taken off (``benchlib.time_gemms``).
+digest's GEMMs (and its record-time tree function) are a small remainder, timed in the same steps
+and taken off (``benchlib.time_gemms``, ``benchlib.tree_seconds``).
 
 Each measurement is a child process (its own heap, its own garbage collector) that imports
 ``detfp_capture`` from one tree, builds two copies of the model (same seed), one watched by a
@@ -145,14 +146,14 @@ def child(args) -> dict:
         timed: set[int] = set()
         pairs = []
         for b in range(args.blocks):
-            g0 = gemm[0]
+            g0 = gemm[0] + benchlib.tree_seconds()
             c0, w0 = time.process_time(), time.perf_counter()
             for _ in range(args.steps):
                 timed.add(cap.n)
                 cap.step()
             cap.settle()
             c1, w1 = time.process_time(), time.perf_counter()
-            g = gemm[0] - g0
+            g = gemm[0] + benchlib.tree_seconds() - g0  # (the tree's time: wall clock, one thread's CPU)
             for _ in range(args.steps):
                 plain.step()
             c2, w2 = time.process_time(), time.perf_counter()

@@ -210,13 +210,15 @@ def _worker(config: str, args, out_root: str, conn) -> None:
         # threads it started (the capture's writer) keep the whole machine, as in a real job.
         os.sched_setaffinity(0, {args.cpu})
     try:
+        tree0 = benchlib.tree_seconds()
         while (cmd := conn.recv()) in ("step", "flush", "drain", "gemm"):
-            if cmd == "gemm":  # seconds in the digest's GEMMs since the drain (the timed steps)
-                conn.send(gemm[0])
+            if cmd == "gemm":  # seconds in the digest's arithmetic since the drain (the timed steps)
+                conn.send(gemm[0] + benchlib.tree_seconds() - tree0)
                 continue
             conn.send(runner.step() if cmd == "step" else runner.flush() if cmd == "flush" else runner.drain())
             if cmd == "drain":
                 gemm[0] = 0.0
+                tree0 = benchlib.tree_seconds()
     finally:
         runner.close()
         conn.send("closed")
@@ -392,10 +394,9 @@ def breakdown(
         f"the digest {speeds}; level functions: {routes}):\n"
         f"  us/record = overhead / records; beyond clone = (overhead - bytes at clone bw) / records;\n"
         f"  beyond digest = (overhead - bytes at digest bw) / records: bookkeeping (hooks, records, flush, copies);\n"
-        f"  GEMM ms = time inside the digest's level functions per step, timed in the steps themselves (as loaded\n"
-        f"  as they are); beyond GEMM = (overhead - GEMM ms) / records: hooks, records, copies, flush\n"
-        f"  (on CPU at version 2 most digests are computed at record time by the kernel's whole-tree function, not\n"
-        f"  a level function: their time is in beyond GEMM; MB digested counts every digested record's bytes,\n"
+        f"  GEMM ms = time inside the digest's level functions, and its whole-tree function at record time (CPU,\n"
+        f"  version 2), per step, timed in the steps themselves (as loaded as they are); beyond GEMM = (overhead -\n"
+        f"  GEMM ms) / records: hooks, records, copies, flush (MB digested counts every digested record's bytes,\n"
         f"  also those whose digest a record shares with an earlier one of the same tensor and version)\n"
         f"{'level':<12}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}"
         f"{'at digest bw ms':>17}{'us/record':>11}{'beyond clone':>14}{'beyond digest':>15}"

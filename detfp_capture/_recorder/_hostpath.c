@@ -33,6 +33,7 @@
 #include <structmember.h>
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -206,6 +207,8 @@ static PyMethodDef module_methods[] = {
      "batch_records(rec, specs, slots): a step boundary's records appended; the call of each."},
     {"configure_args", (PyCFunction)configure_args, METH_O, "configure_args(flat_marker): what args_key uses."},
     {"args_key", (PyCFunction)args_key, METH_O, "args_key(src): args._args_key in C (the same keys)."},
+    {"root_stats", (PyCFunction)root_stats, METH_NOARGS,
+     "root_stats(): (calls, bytes, seconds in the tree function) of the record-time route in this process."},
     {"rows_plan", (PyCFunction)(void (*)(void))rows_plan, METH_FASTCALL,
      "rows_plan(items, meta_words): _digest.resolve._rows_plan in C (the same plan)."},
     {"scatter", (PyCFunction)(void (*)(void))scatter, METH_FASTCALL,

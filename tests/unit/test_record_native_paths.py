@@ -206,3 +206,14 @@ def test_args_key_keys_as_python_does():
     for src in srcs:
         assert args._args_key(src) == args._args_key_py(src), src
     assert args._args_key(flat([0.0], [])) != args._args_key(flat([-0.0], []))
+
+
+@native
+def test_root_stats_count_what_the_record_time_route_hashed():
+    from detfp_capture._recorder import _hostpath
+
+    t = torch.arange(300, dtype=torch.float32)
+    calls, nbytes, seconds = _hostpath.root_stats()
+    assert roots.start_roots([t, t.t()[None]], [Slot(None), Slot(None)], roots.active(), roots.native_roots()) == []
+    after = _hostpath.root_stats()
+    assert (after[0] - calls, after[1] - nbytes) == (2, 2 * 1200) and after[2] >= seconds

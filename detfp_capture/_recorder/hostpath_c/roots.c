@@ -20,6 +20,17 @@ typedef struct {
 } DetfpTreeApi;
 
 static DetfpTreeApi *tree_api = NULL;
+/* What the record-time route hashed since the process started: calls, bytes and the wall-clock
+ * nanoseconds inside the tree function (root_stats(): the benchmarks' breakdown). */
+static unsigned long long rt_calls = 0, rt_bytes = 0, rt_ns = 0;
+
+static unsigned long long
+rt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
 static PyObject *rt_pool = NULL;      /* roots._POOL (record-time rows): NULL until configured */
 static PyObject *rt_state = NULL;     /* versions._STATE: [the active scheme, the default] */
 static PyObject *rt_v2 = NULL;        /* tlh2.SCHEME */
@@ -121,6 +132,7 @@ root_now(PyObject *t, PyObject *dt, PyObject **s_out)
     unsigned long long *y = (unsigned long long *)(uintptr_t)lanes_addr;
     const unsigned char *keys = (const unsigned char *)(uintptr_t)rt_keys_addr;
     int trc;
+    unsigned long long t0 = rt_now();
     if (nbytes >= (1 << 16)) {
         Py_BEGIN_ALLOW_THREADS
         trc = tree_api->tree(rt_isa(), (const unsigned char *)(uintptr_t)addr, nbytes, keys, (int)rt_nkeys, y + 2 * used);
@@ -132,6 +144,9 @@ root_now(PyObject *t, PyObject *dt, PyObject **s_out)
         PyErr_Format(PyExc_ValueError, "root_now: %zd bytes need more than %ld levels of keys", nbytes, rt_nkeys);
         goto out;
     }
+    rt_calls++;
+    rt_bytes += (unsigned long long)nbytes;
+    rt_ns += rt_now() - t0;
     if ((s = new_slot(Py_None)) == NULL || (row = PyLong_FromSsize_t(used)) == NULL ||
         (num = PyLong_FromSsize_t(numel)) == NULL || (shape = PyObject_GetAttr(t, s_shape)) == NULL ||
         (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL)
@@ -252,12 +267,18 @@ roots_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         int rc;
+        unsigned long long t0 = rt_now();
         if (nbytes >= (1 << 16)) { /* (a small one: not worth handing the interpreter to another thread) */
             Py_BEGIN_ALLOW_THREADS
             rc = tree_api->tree(isa, (const unsigned char *)(uintptr_t)addr, nbytes, keys, (int)nkeys, y + 2 * k);
             Py_END_ALLOW_THREADS
         } else {
             rc = tree_api->tree(isa, (const unsigned char *)(uintptr_t)addr, nbytes, keys, (int)nkeys, y + 2 * k);
+        }
+        if (rc == 0) {
+            rt_calls++;
+            rt_bytes += (unsigned long long)nbytes;
+            rt_ns += rt_now() - t0;
         }
         PyObject *shape = rc == 0 ? PyObject_GetAttr(t, s_shape) : NULL;
         PyObject *stup = shape == NULL ? NULL : memo_or_call(cfg_shapes, shape, cfg_shape_fn);
@@ -277,4 +298,11 @@ roots_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 fail:
     Py_DECREF(rest);
     return NULL;
+}
+
+/* root_stats(): (calls, bytes, seconds) of the record-time route in this process. */
+static PyObject *
+root_stats(PyObject *module, PyObject *unused)
+{
+    return Py_BuildValue("(KKd)", rt_calls, rt_bytes, (double)rt_ns * 1e-9);
 }
