@@ -63,12 +63,14 @@ def start_roots(tensors: Sequence[torch.Tensor], slots: Sequence[Any], sch: Sche
     fill_roots, keys, nkeys = roots
     n = len(tensors)
     held, first = _POOL.room(n, sch)
+    # The rows are taken first: the native call lets the interpreter go while it hashes a large
+    # tensor, and another thread recording meanwhile must get other rows (those of the tensors
+    # left to the other paths stay unused).
+    _POOL.used = first + n
     try:
-        rest = fill_roots(list(tensors), list(slots), held, held.lanes.data_ptr(), first, keys.data_ptr(), nkeys, _CPU)
+        return fill_roots(list(tensors), list(slots), held, held.lanes.data_ptr(), first, keys.data_ptr(), nkeys, _CPU)
     except Exception:
         return list(range(n))
-    _POOL.used += n - len(rest)
-    return rest
 
 
 class _RootPool:

@@ -217,3 +217,35 @@ def test_root_stats_count_what_the_record_time_route_hashed():
     assert roots.start_roots([t, t.t()[None]], [Slot(None), Slot(None)], roots.active(), roots.native_roots()) == []
     after = _hostpath.root_stats()
     assert (after[0] - calls, after[1] - nbytes) == (2, 2 * 1200) and after[2] >= seconds
+
+
+@native
+def test_record_time_digests_from_two_threads_keep_their_own_rows():
+    # The native call lets the interpreter go while it hashes a large tensor: a second thread
+    # recording meanwhile must not be handed the same rows of the pool.
+    import threading
+
+    g = torch.Generator().manual_seed(5)
+    work = [[torch.randn(40_000, generator=g) for _ in range(4)] for _ in range(2)]
+    got: list[list[tuple[torch.Tensor, Slot]]] = [[], []]
+    sch, native_route = roots.active(), roots.native_roots()
+    go = threading.Barrier(2)
+
+    def record(i: int) -> None:
+        go.wait()  # both at once, each letting the interpreter go in every large hash
+        for _ in range(100):
+            for t in work[i]:
+                s = Slot(None)
+                assert roots.start_roots([t], [s], sch, native_route) == []
+                got[i].append((t, s))
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    pairs = got[0] + got[1]
+    assert len({(id(s.arena), s.row) for _, s in pairs}) == len(pairs)  # one row each
+    resolve_slots([s for _, s in pairs])
+    want = {id(t): digest.resolve([digest.start(t)])[0] for ts in work for t in ts}
+    assert [(s.hi, s.lo) for t, s in pairs] == [(want[id(t)].hi, want[id(t)].lo) for t, _ in pairs]

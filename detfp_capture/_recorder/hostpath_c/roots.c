@@ -129,6 +129,9 @@ root_now(PyObject *t, PyObject *dt, PyObject **s_out)
         if (r == NULL) goto out;
         Py_DECREF(r);
     }
+    /* The row is taken before the interpreter may be let go below: another thread recording
+     * meanwhile (autograd's device threads) gets the next one. */
+    if ((next = PyLong_FromSsize_t(used + 1)) == NULL || PyObject_SetAttr(rt_pool, s_used, next) < 0) goto out;
     unsigned long long *y = (unsigned long long *)(uintptr_t)lanes_addr;
     const unsigned char *keys = (const unsigned char *)(uintptr_t)rt_keys_addr;
     int trc;
@@ -157,7 +160,6 @@ root_now(PyObject *t, PyObject *dt, PyObject **s_out)
         SET_SLOT(s, numel, "numel", num) || SET_SLOT(s, device, "device", rt_cpu) ||
         SET_SLOT(s, pending, "pending", rt_batched))
         goto out;
-    if ((next = PyLong_FromSsize_t(used + 1)) == NULL || PyObject_SetAttr(rt_pool, s_used, next) < 0) goto out;
     *s_out = Py_NewRef(s);
     rc = 1;
 out:
