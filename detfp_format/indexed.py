@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["Indexed", "column_bounds", "column_len", "to_arrow"]
+__all__ = ["Indexed", "column_bounds", "to_arrow"]
 
 
 class Indexed:
@@ -37,10 +37,6 @@ class Indexed:
 
     def __repr__(self) -> str:
         return f"Indexed({len(self.values)} values, {len(self.index)} rows)"
-
-
-def column_len(col: Sequence[Any] | Indexed) -> int:
-    return len(col)
 
 
 def column_bounds(col: Sequence[Any] | Indexed) -> tuple[Any, Any]:

@@ -117,8 +117,9 @@ def _fill_hashes(table: str, cols: dict[str, Any], n: int) -> None:
         return
     fields = [cols[k] for k in ("microbatch", "phase", "module", "kind", "name", "occurrence")]
     index = fields[0].index if isinstance(fields[0], Indexed) else None
-    by_call = index is not None and all(isinstance(f, Indexed) and f.index is index for f in fields)
+    by_call = all(isinstance(f, Indexed) and f.index is index for f in fields)
     if not by_call:
+        index = None
         fields = [f.expand() if isinstance(f, Indexed) else f for f in fields]
     cmemo, kmemo = _CALL_MEMO, _KEY_MEMO
     if len(cmemo) >= _MEMO_LIMIT:
@@ -135,11 +136,11 @@ def _fill_hashes(table: str, cols: dict[str, Any], n: int) -> None:
         calls.append(hit)
     if need_call:
         hashes = [h for _, h in calls]
-        cols["call_hash"] = Indexed(hashes, index) if by_call and index is not None else hashes
+        cols["call_hash"] = hashes if index is None else Indexed(hashes, index)
     if need_key:
         # A table with key_hash also has role and arg (the key's last two fields).
         role, arg = cols["role"], cols["arg"]
-        per_row = [calls[i] for i in index] if by_call and index is not None else calls
+        per_row = calls if index is None else [calls[i] for i in index]
         key_hashes: list[int] = []
         for (ck, ch), r, a in zip(per_row, role, arg, strict=True):
             h = kget((ch, r, a))

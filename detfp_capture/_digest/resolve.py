@@ -291,8 +291,12 @@ def resolve_rows(
     ``plan``/``scatter``: ``_rows_plan``/``_scatter`` or the native record path's same."""
     his: list[int | None] = [None] * len(items)
     los: list[int | None] = [None] * len(items)
+    try:
+        groups = plan(items, core.meta_words)
+    except Exception:  # (a meta that cannot be made, as below: every item gets the general path)
+        return his, los
     with torch.no_grad():
-        for dev, sch, parts, order, metas in plan(items, core.meta_words):
+        for dev, sch, parts, order, metas in groups:
             try:
                 lanes = [_arena_rows(arena, rows) for arena, rows in parts]
                 words, on_host = _final_words(lanes[0] if len(lanes) == 1 else torch.cat(lanes), metas, dev, sch)

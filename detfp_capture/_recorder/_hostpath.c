@@ -199,8 +199,8 @@ static PyMethodDef module_methods[] = {
      "configure_roots(tree_capsule, special_dtypes, strided, batched, pool, versions_state, v2_scheme, keys, nkeys, "
      "cpu): what roots_fill and append_plain's record-time route use."},
     {"roots_fill", (PyCFunction)(void (*)(void))roots_fill, METH_FASTCALL,
-     "roots_fill(tensors, slots, held, lanes_addr, first_row, keys_addr, nkeys, device): version-2 roots of plain contiguous "
-     "CPU tensors into held's lanes and their slots; returns the indices not taken."},
+     "roots_fill(tensors, slots, held, lanes_addr, first_row): version-2 roots of plain contiguous CPU tensors "
+     "into held's lanes and their slots; returns the indices not taken."},
     {"batch_slots", (PyCFunction)(void (*)(void))batch_slots, METH_FASTCALL,
      "batch_slots(rec, specs, fresh): (slots, missing tensors, their new slots) of a step boundary's batch."},
     {"batch_records", (PyCFunction)(void (*)(void))batch_records, METH_FASTCALL,
@@ -221,7 +221,7 @@ static PyMethodDef module_methods[] = {
      "by_identity(items): (distinct, index, first): the distinct objects of a list by identity, each item's "
      "position among them, and where each first appears."},
     {"configure_gather", (PyCFunction)configure_gather, METH_VARARGS,
-     "configure_gather(tensor, arg_names, flat_args, flat_marker, open_marker, close_marker): what gather uses."},
+     "configure_gather(arg_names, flat_marker, open_marker, close_marker): what gather uses."},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
      "gather(args, kwargs, dest_pos, dest_kw): ops.gather in C."},
     {"append_fast", (PyCFunction)(void (*)(void))append_fast, METH_FASTCALL,

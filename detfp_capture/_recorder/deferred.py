@@ -118,15 +118,17 @@ class Waiting:
         if ts:
             self.stage(ts, ss)
 
-    def stage(self, ts: list[torch.Tensor], slots: list[Slot]) -> None:
+    def stage(self, ts: list[torch.Tensor], slots: list[Slot], roots_tried: bool = False) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now.
 
         On CPU with the native kernels at digest version 2, a snapshot is not needed: the
         tensor's digest is computed now, from the bytes the snapshot would have copied
-        (``roots.start_roots``); only the others are staged."""
-        ts, slots = roots_first(ts, slots)
-        if not ts:
-            return
+        (``roots.start_roots``); only the others are staged. ``roots_tried``: the caller
+        (``_hostpath``'s ``append_plain``) offered them to that route already."""
+        if not roots_tried:
+            ts, slots = roots_first(ts, slots)
+            if not ts:
+                return
         dev = ts[0].device
         if len(ts) > 1 and any(t.device != dev for t in ts):
             for t, s in zip(ts, slots, strict=True):

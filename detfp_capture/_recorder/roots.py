@@ -30,14 +30,14 @@ from detfp_capture._recorder.slot import _hostpath
 __all__ = ["native_roots", "roots_first", "start_digests", "start_roots"]
 
 _CPU = torch.device("cpu")
-#: (roots_fill, every level's keys, their number) once looked up; False: not available.
+#: ``_hostpath.roots_fill`` once configured; False: not available (None: not looked up yet).
 _ROOTS: Any = None
 
 
-def native_roots() -> tuple | None:
-    """The native record path's ``roots_fill`` with the version-2 keys, where both the digest
-    kernel and the record path's helpers are built and on (``DETFP_NATIVE`` not 0); else None.
-    Looked up on first use."""
+def native_roots() -> Any:
+    """The native record path's ``roots_fill``, where both the digest kernel and the record
+    path's helpers are built and on (``DETFP_NATIVE`` not 0); else None. Configured on first use
+    (the version-2 keys, the pool, the active version's list: what ``root_now`` reads too)."""
     global _ROOTS
     if _ROOTS is None:
         _ROOTS = False
@@ -46,35 +46,31 @@ def native_roots() -> tuple | None:
         lanes = native._lanes
         if hot.NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
             keys = tlh2.pack_all_keys()
-            nkeys = keys.numel() // native.KEYS2_BYTES
             _hostpath.configure_roots(
-                lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys, nkeys, _CPU
-            )
-            _ROOTS = (_hostpath.roots_fill, keys, nkeys)
+                lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys,
+                keys.numel() // native.KEYS2_BYTES, _CPU,
+            )  # fmt: skip
+            _ROOTS = _hostpath.roots_fill
     return _ROOTS or None
 
 
-def start_roots(tensors: Sequence[torch.Tensor], slots: Sequence[Any], sch: Scheme, roots: tuple) -> list[int]:
+def start_roots(tensors: Sequence[torch.Tensor], slots: Sequence[Any], sch: Scheme, fill_roots: Any) -> list[int]:
     """Version 2 on CPU: the plain, contiguous tensors' digests as their trees' roots, computed
     now where the tensors lie (one native call for all of them: no layout, copy or per-level
     GEMMs; a tensor's tree does not depend on the batch it is hashed in), each slot a row of a
     shared ``BatchLanes`` (``fill``). Returns the indices of the tensors left for the other
     paths (all of them if the native call fails: those paths refill every slot)."""
-    fill_roots, keys, nkeys = roots
     n = len(tensors)
-    held, first = _POOL.room(n, sch)
-    # The rows are taken first: the native call lets the interpreter go while it hashes a large
-    # tensor, and another thread recording meanwhile must get other rows (those of the tensors
-    # left to the other paths stay unused).
-    _POOL.used = first + n
+    held, first = _POOL.take(n, sch)
     try:
-        return fill_roots(list(tensors), list(slots), held, held.lanes.data_ptr(), first, keys.data_ptr(), nkeys, _CPU)
+        return fill_roots(list(tensors), list(slots), held, held.lanes.data_ptr(), first)
     except Exception:
         return list(range(n))
 
 
 class _RootPool:
-    """Rows for roots computed at record time (``start_roots``): one (ROWS, lanes) tensor filled
+    """Rows for roots computed at record time (``start_roots``; ``_hostpath``'s ``root_now``
+    takes its rows through ``used``, ``cap`` and ``addr`` itself): one (ROWS, lanes) tensor filled
     in order, a new one when full (the slots keep theirs alive until their flush), instead of a
     tensor per call (a call records one to a few tensors)."""
 
@@ -83,12 +79,12 @@ class _RootPool:
     def __init__(self) -> None:
         self.held: BatchLanes | None = None
         self.used = 0
-        #: The held lanes' address and rows (what ``_hostpath``'s ``append_plain`` writes into).
+        #: The held lanes' address and rows (what ``root_now`` writes into).
         self.addr = 0
         self.cap = 0
 
     def room(self, n: int, sch: Scheme) -> tuple[BatchLanes, int]:
-        """The lanes to write ``n`` rows into, and the first of them."""
+        """The lanes to write ``n`` rows into, and the first of them (not taken yet)."""
         held = self.held
         if held is None or held.scheme is not sch or self.used + n > self.cap:
             with torch.inference_mode(False):  # reused in and out of inference mode
@@ -96,6 +92,14 @@ class _RootPool:
             held = self.held = BatchLanes(lanes, sch)
             self.used, self.addr, self.cap = 0, lanes.data_ptr(), lanes.shape[0]
         return held, self.used
+
+    def take(self, n: int, sch: Scheme) -> tuple[BatchLanes, int]:
+        """``room``, the rows taken: the native call lets the interpreter go while it hashes a
+        large tensor, and another thread recording meanwhile must get other rows (the rows of
+        tensors left to the other paths stay unused)."""
+        held, first = self.room(n, sch)
+        self.used = first + n
+        return held, first
 
 
 _POOL = _RootPool()

@@ -301,7 +301,7 @@ def _gather_py(
 if NATIVE:
     from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
 
-    _hostpath.configure_gather(torch.Tensor, _ARG_NAMES, flat_args, *args_markers())
+    _hostpath.configure_gather(_ARG_NAMES, *args_markers())
     #: ``_gather_py`` in C (``_recorder/_hostpath.c``): the same records and arguments.
     gather = _hostpath.gather
 else:

@@ -69,7 +69,8 @@ configure(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* The record-time digest route (see roots_fill below), used by append_plain's snapshot branch. */
+/* The record-time digest route (roots.c), used by append_plain's snapshot branch. */
+static PyObject *rt_pool; /* defined in roots.c: NULL until the route is configured */
 static int root_now(PyObject *t, PyObject *dt, PyObject **s_out);
 static int root_eligible(PyObject *t, PyObject *dt, Py_ssize_t *numel, unsigned long long *addr, Py_ssize_t *nbytes);
 
@@ -153,21 +154,14 @@ cache_get(PyObject *by_id, PyObject *key, PyObject *t, PyObject *version)
     return hit;
 }
 
-/* VersionCache.put(t, s, version, ptr=ptr) (rows False, moments False); ptr NULL: None. */
+/* VersionCache.put(t, s, version, ptr=ptr) (rows False, moments False); ptr NULL: None.
+ * ``by_id``: the cache's dict (the caller has it). */
 static int
-cache_put(PyObject *vcache, PyObject *key, PyObject *t, PyObject *s, PyObject *version, PyObject *ptr)
+cache_put(PyObject *vcache, PyObject *by_id, PyObject *key, PyObject *t, PyObject *s, PyObject *version, PyObject *ptr)
 {
-    PyObject *by_id = PyObject_GetAttr(vcache, s_by_id);
-    if (by_id == NULL) {
-        return -1;
-    }
     int rc = -1;
     PyObject *by_storage = NULL, *ptrs = NULL;
-    Py_ssize_t n = PyObject_Length(by_id);
-    if (n < 0) {
-        goto done;
-    }
-    if (n >= cfg_limit) {
+    if (PyDict_GET_SIZE(by_id) >= cfg_limit) {
         PyObject *r = PyObject_CallMethodNoArgs(vcache, s_clear);
         if (r == NULL) {
             goto done;
@@ -238,7 +232,6 @@ cache_put(PyObject *vcache, PyObject *key, PyObject *t, PyObject *s, PyObject *v
 done:
     Py_XDECREF(ptrs);
     Py_XDECREF(by_storage);
-    Py_DECREF(by_id);
     return rc;
 }
 
@@ -261,6 +254,31 @@ memo_or_call(PyObject *memo, PyObject *key, PyObject *fn)
         }
     }
     return PyObject_CallOneArg(fn, key);
+}
+
+/* One record onto the buffer's flat rows (records.FIELDS: call, seq, role, arg, dtype text,
+ * shape tuple, numel, Slot or None, no hazards), and *seq advanced by one. ``numel``: t's, or
+ * NULL to ask t. */
+static int
+push_record(PyObject *rows, PyObject *call, PyObject **seq, PyObject *role, PyObject *arg, PyObject *t,
+            PyObject *dt, PyObject *numel, PyObject *slot)
+{
+    int rc = -1;
+    PyObject *dstr = NULL, *shape = NULL, *stup = NULL, *own = NULL, *next = NULL;
+    if (numel == NULL && (numel = own = PyObject_CallMethodNoArgs(t, s_numel)) == NULL) goto out;
+    if ((dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL) goto out;
+    if ((shape = PyObject_GetAttr(t, s_shape)) == NULL) goto out;
+    if ((stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL) goto out;
+    PyObject *row[9] = {call, *seq, role, arg, dstr, stup, numel, slot, cfg_no_hazards};
+    for (int k = 0; k < 9; k++) {
+        if (PyList_Append(rows, row[k]) < 0) goto out;
+    }
+    if ((next = PyNumber_Add(*seq, one)) == NULL) goto out;
+    Py_SETREF(*seq, next);
+    rc = 0;
+out:
+    Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(own);
+    return rc;
 }
 
 /* The deferred branch: keep t for a batch, indexed by its storage. Sets *s and *ptr (new refs). */
@@ -415,8 +433,7 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *role = PyTuple_GET_ITEM(items[i], 0), *arg = PyTuple_GET_ITEM(items[i], 1),
                  *t = PyTuple_GET_ITEM(items[i], 2);
-        PyObject *version = NULL, *s = NULL, *dt = NULL, *numel = NULL, *key = NULL, *ptr = NULL,
-                 *dstr = NULL, *shape = NULL, *stup = NULL, *next = NULL;
+        PyObject *version = NULL, *s = NULL, *dt = NULL, *numel = NULL, *key = NULL, *ptr = NULL;
         int ok = -1;
         version = PyObject_GetAttr(t, s_version);
         if (version == NULL) {
@@ -461,26 +478,20 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     if (s == NULL) goto item_done;
                 }
             }
-            if (version != NULL && cache_put(vcache, key, t, s, version, ptr) < 0) goto item_done;
+            if (version != NULL && cache_put(vcache, by_id, key, t, s, version, ptr) < 0) goto item_done;
         }
-        if ((dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL) goto item_done;
-        if ((shape = PyObject_GetAttr(t, s_shape)) == NULL) goto item_done;
-        if ((stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL) goto item_done;
-        PyObject *row[9] = {call, seq, role, arg, dstr, stup, numel, s, cfg_no_hazards};
-        for (int k = 0; k < 9; k++) {
-            if (PyList_Append(rows, row[k]) < 0) goto item_done;
-        }
-        if ((next = PyNumber_Add(seq, one)) == NULL) goto item_done;
-        Py_SETREF(seq, next);
+        if (push_record(rows, call, &seq, role, arg, t, dt, numel, s) < 0) goto item_done;
         ok = 0;
     item_done:
         Py_XDECREF(version); Py_XDECREF(s); Py_XDECREF(dt); Py_XDECREF(numel); Py_XDECREF(key);
-        Py_XDECREF(ptr); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup);
+        Py_XDECREF(ptr);
         if (ok < 0) goto done;
     }
     if (PyObject_SetAttr(rec, s_seq, seq) < 0) goto done;
     if (stage_t != NULL) {
-        PyObject *r = PyObject_CallMethodObjArgs(waiting, s_stage, stage_t, stage_s, NULL);
+        /* (root_now has offered them to the record-time route, once it is configured) */
+        PyObject *r = PyObject_CallMethodObjArgs(waiting, s_stage, stage_t, stage_s, rt_pool != NULL ? Py_True : Py_False,
+                                                 NULL);
         if (r == NULL) goto done;
         Py_DECREF(r);
     }

@@ -6,7 +6,7 @@
 /* ------------------------------------------------------------------------------------------
  * by_identity(items): (distinct, index, first) of a list: the distinct objects in order of
  * first appearance (by identity), each item's position among them, and the item position where
- * each first appears. records.call_index in C: the flush groups a window's records by call.
+ * each first appears. records._by_identity_py in C: the flush groups a window's records by call.
  * ------------------------------------------------------------------------------------------ */
 static PyObject *
 by_identity(PyObject *module, PyObject *items)
@@ -139,7 +139,7 @@ batch_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *version = PyList_GET_ITEM(versions, i);
         if (version != Py_None) {
             PyObject *key = PyLong_FromVoidPtr(t);
-            int e = key == NULL || cache_put(vcache, key, t, sl, version, NULL) < 0;
+            int e = key == NULL || cache_put(vcache, by_id, key, t, sl, version, NULL) < 0;
             Py_XDECREF(key);
             if (e) goto done;
         }
@@ -182,37 +182,19 @@ batch_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *sp = PyList_GET_ITEM(specs, i), *sl = PyList_GET_ITEM(slots, i);
         PyObject *t = PyTuple_GET_ITEM(sp, SP_TENSOR);
-        PyObject *call = Py_NewRef(PyTuple_GET_ITEM(sp, SP_CALL));
-        PyObject *dt = NULL, *dstr = NULL, *shape = NULL, *stup = NULL, *numel = NULL, *next = NULL;
+        PyObject *call = Py_NewRef(PyTuple_GET_ITEM(sp, SP_CALL)), *dt = NULL;
         int e = 0;
-        if (call == Py_None) {
-            PyObject *key = PyTuple_Pack(5, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
-                                         PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME));
-            PyObject *k = key == NULL ? NULL : PyDict_GetItemWithError(occ, key);
-            PyObject *o = k != NULL ? Py_NewRef(k) : (key == NULL || PyErr_Occurred()) ? NULL : PyLong_FromLong(0);
-            PyObject *o1 = o == NULL ? NULL : PyNumber_Add(o, one);
-            e = o1 == NULL || PyDict_SetItem(occ, key, o1) < 0;
-            if (!e) {
-                Py_SETREF(call, PyTuple_Pack(9, step, mb, PyTuple_GET_ITEM(sp, SP_PHASE), PyTuple_GET_ITEM(sp, SP_MODULE),
-                                             PyTuple_GET_ITEM(sp, SP_KIND), PyTuple_GET_ITEM(sp, SP_NAME), o, Py_None,
-                                             Py_False));
-                e = call == NULL;
-            }
-            Py_XDECREF(key); Py_XDECREF(o); Py_XDECREF(o1);
+        if (call == Py_None) { /* a new call: make_call(step, mb, phase, module, kind, name, occurrence) */
+            PyObject *phase = PyTuple_GET_ITEM(sp, SP_PHASE), *mod = PyTuple_GET_ITEM(sp, SP_MODULE),
+                     *kind = PyTuple_GET_ITEM(sp, SP_KIND), *name = PyTuple_GET_ITEM(sp, SP_NAME);
+            PyObject *o = next_occurrence(occ, mb, phase, mod, kind, name);
+            Py_SETREF(call, o == NULL ? NULL : PyTuple_Pack(9, step, mb, phase, mod, kind, name, o, Py_None, Py_False));
+            Py_XDECREF(o);
+            e = call == NULL;
         }
-        e = e || (dt = PyObject_GetAttr(t, s_dtype)) == NULL || (dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL ||
-            (shape = PyObject_GetAttr(t, s_shape)) == NULL || (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL ||
-            (numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL;
-        if (!e) {
-            PyObject *row[9] = {call, seq, PyTuple_GET_ITEM(sp, SP_ROLE), PyTuple_GET_ITEM(sp, SP_ARG), dstr, stup, numel,
-                                sl, cfg_no_hazards};
-            for (int k = 0; k < 9 && !e; k++) e = PyList_Append(rows, row[k]) < 0;
-        }
-        if (!e) {
-            e = (next = PyNumber_Add(seq, one)) == NULL;
-            if (!e) Py_SETREF(seq, next);
-        }
-        Py_XDECREF(dt); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(numel);
+        e = e || (dt = PyObject_GetAttr(t, s_dtype)) == NULL ||
+            push_record(rows, call, &seq, PyTuple_GET_ITEM(sp, SP_ROLE), PyTuple_GET_ITEM(sp, SP_ARG), t, dt, NULL, sl) < 0;
+        Py_XDECREF(dt);
         if (e) {
             Py_XDECREF(call);
             goto done;

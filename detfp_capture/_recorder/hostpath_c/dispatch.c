@@ -16,7 +16,7 @@ static PyObject *op_out_names = NULL;     /* ops._OUT_NAMES */
 static PyObject *s_rec, *s_info, *s_plain_in, *s_plain_out, *s_hazards, *s_workspaces, *s_cfg, *s_modules,
     *s_written, *s_promote, *s_scope, *s_op_where, *s_busy, *s_name, *s_dest_pos, *s_dest_kw,
     *s_batch_inputs, *s_reads, *s_writing, *s_before_write, *s_backward, *s_uninit, *s_async_pending,
-    *s_nb_pending, *s_writes, *s_skip, *s_empty, *s_async_out, *s_output, *s_out, *s_out_kwargs, *s_evict;
+    *s_nb_pending, *s_writes, *s_skip, *s_async_out, *s_output, *s_out, *s_out_kwargs, *s_evict;
 
 static int
 intern_dispatch_names(void)
@@ -29,7 +29,7 @@ intern_dispatch_names(void)
     I(s_batch_inputs, "batch_inputs") I(s_reads, "reads") I(s_writing, "writing")
     I(s_before_write, "before_write") I(s_backward, "backward") I(s_uninit, "uninit")
     I(s_async_pending, "async_pending") I(s_nb_pending, "nb_pending") I(s_writes, "writes")
-    I(s_skip, "skip") I(s_empty, "empty") I(s_async_out, "async_out") I(s_output, "output") I(s_out, "out")
+    I(s_skip, "skip") I(s_async_out, "async_out") I(s_output, "output") I(s_out, "out")
     I(s_out_kwargs, "out_kwargs") I(s_evict, "evict")
 #undef I
     return 0;
@@ -83,7 +83,7 @@ set_busy(PyObject *rec, int value)
 static int
 storages_of(PyObject *v, PyObject *ptrs, int depth)
 {
-    int is_t = PyObject_IsInstance(v, op_tensor);
+    int is_t = PyObject_IsInstance(v, cfg_tensor);
     if (is_t < 0) return -1;
     if (is_t) {
         PyObject *tp = (PyObject *)Py_TYPE(v);
@@ -262,12 +262,12 @@ op_pre(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "op_pre(mode, func, args, kwargs) takes 4 arguments");
         return NULL;
     }
-    if (op_out_names == NULL || op_flat_args == NULL || op_plain_py == NULL || cfg_storage_ptrs == NULL) {
+    if (op_out_names == NULL || op_mark_flat == NULL || op_plain_py == NULL || cfg_storage_ptrs == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "op_pre: the native record path is not configured");
         return NULL;
     }
     PyObject *mode = args[0], *func = args[1], *a = args[2], *kw = args[3];
-    PyObject *result = NULL, *rec = NULL, *infos = NULL, *info = NULL, *hz = NULL, *ws = NULL, *cfg = NULL,
+    PyObject *result = NULL, *rec = NULL, *infos = NULL, *info = NULL, *hz = NULL, *cfg = NULL,
              *mods = NULL, *vcache = NULL, *scope = NULL, *where = NULL, *gathered = NULL, *name = NULL,
              *dpos = NULL, *dkw = NULL, *call = NULL;
     if (!PyTuple_Check(a) || !PyDict_Check(kw)) {
@@ -348,7 +348,7 @@ op_pre(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (set_busy(rec, 0) < 0) goto done;
     result = PyTuple_Pack(5, call, info, phase, Py_False, Py_None);
 done:
-    Py_XDECREF(rec); Py_XDECREF(infos); Py_XDECREF(info); Py_XDECREF(hz); Py_XDECREF(ws); Py_XDECREF(cfg);
+    Py_XDECREF(rec); Py_XDECREF(infos); Py_XDECREF(info); Py_XDECREF(hz); Py_XDECREF(cfg);
     Py_XDECREF(mods); Py_XDECREF(vcache); Py_XDECREF(scope); Py_XDECREF(where); Py_XDECREF(gathered);
     Py_XDECREF(name); Py_XDECREF(dpos); Py_XDECREF(dkw); Py_XDECREF(call);
     return result;
@@ -360,7 +360,7 @@ op_outputs_c(PyObject *info, PyObject *a, PyObject *out)
 {
     PyObject *outs = PyList_New(0);
     if (outs == NULL) return NULL;
-    int is_t = PyObject_IsInstance(out, op_tensor);
+    int is_t = PyObject_IsInstance(out, cfg_tensor);
     if (is_t < 0) goto fail;
     if (is_t) {
         if (append_record_item(outs, s_output, Py_NewRef(s_out), out) < 0) goto fail;
@@ -370,7 +370,7 @@ op_outputs_c(PyObject *info, PyObject *a, PyObject *out)
         Py_ssize_t n = PySequence_Fast_GET_SIZE(out);
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *t = PySequence_Fast_ITEMS(out)[i];
-            int it = PyObject_IsInstance(t, op_tensor);
+            int it = PyObject_IsInstance(t, cfg_tensor);
             if (it < 0) goto fail;
             if (!it) continue;
             PyObject *nm = i < PyTuple_GET_SIZE(op_out_names) ? Py_NewRef(PyTuple_GET_ITEM(op_out_names, i))
@@ -394,20 +394,13 @@ op_outputs_c(PyObject *info, PyObject *a, PyObject *out)
             }
             if (i < 0 || i >= na) continue;
             PyObject *v = PyTuple_GET_ITEM(a, i);
-            int it = PyObject_IsInstance(v, op_tensor);
+            int it = PyObject_IsInstance(v, cfg_tensor);
             int e = it < 0 ? -1 : 0;
             if (it > 0) {
-                e = append_record_item(outs, s_output, PyUnicode_FromFormat("args[%zd]", i), v);
+                e = append_record_item(outs, s_output, arg_name(i), v);
             } else if (it == 0 && (PyList_Check(v) || PyTuple_Check(v))) {
-                PyObject *base = PyUnicode_FromFormat("args[%zd]", i);
-                Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
-                for (Py_ssize_t j = 0; base != NULL && e == 0 && j < n; j++) {
-                    PyObject *x = PySequence_Fast_ITEMS(v)[j];
-                    int xt = PyObject_IsInstance(x, op_tensor);
-                    if (xt < 0) e = -1;
-                    else if (xt) e = append_record_item(outs, s_output, element_name(base, j), x);
-                }
-                if (base == NULL) e = -1;
+                PyObject *base = arg_name(i);
+                e = base == NULL ? -1 : gather_list(outs, s_output, base, v);
                 Py_XDECREF(base);
             }
             if (e < 0) {
@@ -506,11 +499,12 @@ op_post(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int fresh = attr_true(info, s_writing);
     if (fresh < 0) goto done;
     if (PyList_GET_SIZE(outs) > 0) {
-        int skip = attr_true(info, s_skip), empty = attr_true(info, s_empty), aout = attr_true(info, s_async_out);
-        if (skip < 0 || empty < 0 || aout < 0) goto done;
+        /* digest_it = not (skip or empty or async_out); plain_out already says not empty. */
+        int skip = attr_true(info, s_skip), aout = attr_true(info, s_async_out);
+        if (skip < 0 || aout < 0) goto done;
         int backward = PyObject_RichCompareBool(phase, s_backward, Py_EQ);
         if (backward < 0) goto done;
-        if (append_fast_c(rec, call, outs, !(skip || empty || aout), fresh ? Py_True : Py_False,
+        if (append_fast_c(rec, call, outs, !(skip || aout), fresh ? Py_True : Py_False,
                           backward ? Py_False : Py_True) < 0) goto done;
         if (fresh) {
             if ((vcache = PyObject_GetAttr(rec, s_vcache)) == NULL || note_written(vcache, outs) < 0) goto done;

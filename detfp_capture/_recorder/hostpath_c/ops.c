@@ -7,15 +7,14 @@
  *   gather(args, kwargs, dest_pos, dest_kw)        ops.gather
  *   append_fast(rec, call, tensors, digest_it, fresh, defer)   hot.append_fast
  *   record_op(rec, name, module, phase, tensors, args_src, digest_it, defer)   hot.record_op
- * configure_op() and configure_gather() hand over what they use from Python.
+ * configure_op() and configure_gather() hand over what they use from Python (and configure(),
+ * which hot.py calls first: torch.Tensor among others).
  * ------------------------------------------------------------------------------------------ */
 
 static PyObject *op_param = NULL;        /* torch.nn.Parameter */
-static PyObject *op_tensor = NULL;       /* torch.Tensor (gather's own: configured apart) */
 static PyObject *op_has_subclass = NULL; /* subclass.has_subclass */
 static PyObject *op_plain_py = NULL;     /* hot._append_plain_py */
-static PyObject *op_flat_args = NULL;    /* args.flat_args */
-static PyObject *op_mark_flat = NULL, *op_mark_open = NULL, *op_mark_close = NULL; /* its markers */
+static PyObject *op_mark_flat = NULL, *op_mark_open = NULL, *op_mark_close = NULL; /* args' flat-tuple markers */
 static PyObject *op_arg_names = NULL;    /* ops._ARG_NAMES (a tuple) */
 static Py_ssize_t op_defer_max = 0;      /* deferred.DEFER_MAX */
 static PyObject *op_defer_bytes = NULL;  /* deferred.DEFER_BYTES (an int) */
@@ -56,23 +55,13 @@ configure_op(PyObject *module, PyObject *args)
 static PyObject *
 configure_gather(PyObject *module, PyObject *args)
 {
-    PyObject *tensor, *names, *flat, *mflat, *mopen, *mclose;
-    if (!PyArg_ParseTuple(args, "OO!OOOO:configure_gather", &tensor, &PyTuple_Type, &names, &flat, &mflat, &mopen,
-                          &mclose)) {
+    PyObject *names, *mflat, *mopen, *mclose;
+    if (!PyArg_ParseTuple(args, "O!OOO:configure_gather", &PyTuple_Type, &names, &mflat, &mopen, &mclose)) {
         return NULL;
     }
-    Py_INCREF(mflat);
-    Py_XSETREF(op_mark_flat, mflat);
-    Py_INCREF(mopen);
-    Py_XSETREF(op_mark_open, mopen);
-    Py_INCREF(mclose);
-    Py_XSETREF(op_mark_close, mclose);
-    Py_INCREF(tensor);
-    Py_XSETREF(op_tensor, tensor);
-    Py_INCREF(names);
-    Py_XSETREF(op_arg_names, names);
-    Py_INCREF(flat);
-    Py_XSETREF(op_flat_args, flat);
+#define SET(var, v) Py_INCREF(v); Py_XSETREF(var, v);
+    SET(op_arg_names, names) SET(op_mark_flat, mflat) SET(op_mark_open, mopen) SET(op_mark_close, mclose)
+#undef SET
     Py_RETURN_NONE;
 }
 
@@ -124,14 +113,14 @@ append_record_item(PyObject *tensors, PyObject *role, PyObject *name, PyObject *
     return rc;
 }
 
-/* The tensors of a list or tuple argument ``a`` whose first element passes ``first_ok``. */
+/* The tensors of a list or tuple argument ``a``, named ``base[j]``. */
 static int
 gather_list(PyObject *tensors, PyObject *role, PyObject *base, PyObject *a)
 {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
     PyObject **xs = PySequence_Fast_ITEMS(a);
     for (Py_ssize_t j = 0; j < n; j++) {
-        int is_t = PyObject_IsInstance(xs[j], op_tensor);
+        int is_t = PyObject_IsInstance(xs[j], cfg_tensor);
         if (is_t < 0) return -1;
         if (is_t && append_record_item(tensors, role, element_name(base, j), xs[j]) < 0) return -1;
     }
@@ -185,8 +174,8 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "gather(args: tuple, kwargs: dict, dest_pos, dest_kw)");
         return NULL;
     }
-    if (op_flat_args == NULL || op_tensor == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "gather: configure_gather() was not called");
+    if (op_mark_flat == NULL || cfg_tensor == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "gather: configure() and configure_gather() were not called");
         return NULL;
     }
     PyObject *a = args[0], *kw = args[1], *dest_pos = args[2], *dest_kw = args[3];
@@ -201,7 +190,7 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(ii);
         if (d < 0) goto done;
         PyObject *role = d ? s_dest : s_input;
-        int is_t = PyObject_IsInstance(v, op_tensor);
+        int is_t = PyObject_IsInstance(v, cfg_tensor);
         if (is_t < 0) goto done;
         if (is_t) {
             if (append_record_item(tensors, role, arg_name(i), v) < 0) goto done;
@@ -209,7 +198,7 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         if ((PyList_Check(v) || PyTuple_Check(v)) && PySequence_Fast_GET_SIZE(v) > 0) {
             PyObject *first = PySequence_Fast_ITEMS(v)[0];
-            int ok = first == Py_None ? 1 : PyObject_IsInstance(first, op_tensor);
+            int ok = first == Py_None ? 1 : PyObject_IsInstance(first, cfg_tensor);
             if (ok < 0) goto done;
             if (ok) {
                 PyObject *base = arg_name(i);
@@ -231,13 +220,13 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int d = PySequence_Contains(dest_kw, k);
         if (d >= 0) {
             PyObject *role = d ? s_dest : s_input;
-            int is_t = PyObject_IsInstance(v, op_tensor);
+            int is_t = PyObject_IsInstance(v, cfg_tensor);
             if (is_t > 0) {
                 e = append_record_item(tensors, role, PyUnicode_Concat(s_kwargs_prefix, k), v);
             } else if (is_t == 0) {
                 int listed = 0;
                 if ((PyList_Check(v) || PyTuple_Check(v)) && PySequence_Fast_GET_SIZE(v) > 0) {
-                    listed = PyObject_IsInstance(PySequence_Fast_ITEMS(v)[0], op_tensor);
+                    listed = PyObject_IsInstance(PySequence_Fast_ITEMS(v)[0], cfg_tensor);
                 }
                 if (listed > 0) {
                     PyObject *base = PyUnicode_Concat(s_kwargs_prefix, k);
@@ -254,7 +243,7 @@ gather(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(v);
         if (e < 0) goto done;
     }
-    PyObject *flat = op_mark_flat != NULL ? flat_args_c(other, kwl) : PyObject_CallFunctionObjArgs(op_flat_args, other, kwl, NULL);
+    PyObject *flat = flat_args_c(other, kwl);
     if (flat == NULL) goto done;
     result = PyTuple_Pack(2, tensors, flat);
     Py_DECREF(flat);
@@ -263,7 +252,6 @@ done:
     return result;
 }
 
-/* hot.append_fast. */
 /* hot.append_counted: records counted, not digested (views, metadata ops). */
 static int
 append_counted_c(PyObject *rec, PyObject *call, PyObject *fast)
@@ -280,21 +268,10 @@ append_counted_c(PyObject *rec, PyObject *call, PyObject *fast)
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
         PyObject *item = PySequence_Fast_ITEMS(fast)[i];
         PyObject *t = PyTuple_GET_ITEM(item, 2);
-        PyObject *dt = NULL, *dstr = NULL, *shape = NULL, *stup = NULL, *numel = NULL, *next = NULL;
-        int e = (dt = PyObject_GetAttr(t, s_dtype)) == NULL || (dstr = memo_or_call(cfg_dtype_str, dt, cfg_dtype_fn)) == NULL ||
-                (shape = PyObject_GetAttr(t, s_shape)) == NULL ||
-                (stup = memo_or_call(cfg_shapes, shape, cfg_shape_fn)) == NULL ||
-                (numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL;
-        if (!e) {
-            PyObject *row[9] = {call, seq, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), dstr, stup, numel,
-                                Py_None, cfg_no_hazards};
-            for (int k = 0; k < 9 && !e; k++) e = PyList_Append(rows, row[k]) < 0;
-        }
-        if (!e) {
-            e = (next = PyNumber_Add(seq, one)) == NULL;
-            if (!e) Py_SETREF(seq, next);
-        }
-        Py_XDECREF(dt); Py_XDECREF(dstr); Py_XDECREF(shape); Py_XDECREF(stup); Py_XDECREF(numel);
+        PyObject *dt = PyObject_GetAttr(t, s_dtype);
+        int e = dt == NULL ||
+                push_record(rows, call, &seq, PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), t, dt, NULL, Py_None) < 0;
+        Py_XDECREF(dt);
         if (e) goto out;
     }
     rc = PyObject_SetAttr(rec, s_seq, seq);
@@ -439,6 +416,26 @@ append_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* Recorder.occurrence inlined: the call's occurrence in its step (a new int), counted in ``occ``
+ * (the recorder's dict) under (microbatch, phase, module, kind, name). */
+static PyObject *
+next_occurrence(PyObject *occ, PyObject *mb, PyObject *phase, PyObject *mod, PyObject *kind, PyObject *name)
+{
+    if (!PyDict_Check(occ)) {
+        PyErr_SetString(PyExc_TypeError, "the recorder's occurrences must be a dict");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(5, mb, phase, mod, kind, name);
+    if (key == NULL) return NULL;
+    PyObject *n = PyDict_GetItemWithError(occ, key);
+    n = n != NULL ? Py_NewRef(n) : PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+    PyObject *n1 = n == NULL ? NULL : PyNumber_Add(n, one);
+    if (n1 == NULL || PyDict_SetItem(occ, key, n1) < 0) Py_CLEAR(n);
+    Py_XDECREF(n1);
+    Py_DECREF(key);
+    return n;
+}
+
 static PyObject *
 record_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -455,28 +452,19 @@ record_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
              *args_src = args[5];
     int digest_it = PyObject_IsTrue(args[6]);
     if (digest_it < 0) return NULL;
-    PyObject *mb = NULL, *key = NULL, *occ = NULL, *n = NULL, *n1 = NULL, *step = NULL, *call = NULL;
+    PyObject *mb = NULL, *occ = NULL, *n = NULL, *step = NULL, *call = NULL;
     if ((mb = PyObject_GetAttr(rec, s_microbatch)) == NULL) goto fail;
-    if ((key = PyTuple_Pack(5, mb, phase, mod, s_op, name)) == NULL) goto fail;
     if ((occ = PyObject_GetAttr(rec, s_occ)) == NULL) goto fail;
-    if (PyDict_CheckExact(occ)) {
-        n = PyDict_GetItemWithError(occ, key);
-        if (n == NULL && PyErr_Occurred()) goto fail;
-        n = n == NULL ? PyLong_FromLong(0) : Py_NewRef(n);
-    } else {
-        n = PyObject_CallMethod(occ, "get", "Oi", key, 0);
-    }
-    if (n == NULL) goto fail;
-    if ((n1 = PyNumber_Add(n, one)) == NULL || PyObject_SetItem(occ, key, n1) < 0) goto fail;
+    if ((n = next_occurrence(occ, mb, phase, mod, s_op, name)) == NULL) goto fail;
     if ((step = PyObject_GetAttr(rec, s_step)) == NULL) goto fail;
     if ((call = PyTuple_Pack(9, step, mb, phase, mod, s_op, name, n, args_src, Py_False)) == NULL) goto fail;
     int has = PyObject_IsTrue(tensors);
     if (has < 0) goto fail;
     if (has && append_fast_c(rec, call, tensors, digest_it, Py_False, args[7]) < 0) goto fail;
-    Py_DECREF(mb); Py_DECREF(key); Py_DECREF(occ); Py_DECREF(n); Py_DECREF(n1); Py_DECREF(step);
+    Py_DECREF(mb); Py_DECREF(occ); Py_DECREF(n); Py_DECREF(step);
     return call;
 fail:
-    Py_XDECREF(mb); Py_XDECREF(key); Py_XDECREF(occ); Py_XDECREF(n); Py_XDECREF(n1); Py_XDECREF(step);
+    Py_XDECREF(mb); Py_XDECREF(occ); Py_XDECREF(n); Py_XDECREF(step);
     Py_XDECREF(call);
     return NULL;
 }

@@ -6,29 +6,12 @@
  *   split_rows(slots, batched)          flush.resolve_slots: batched rows apart from the rest
  *   assign_rows(rows, his, los)         flush.resolve_slots: the words into the slots */
 
-static PyObject *s_scheme, *s_arena_f, *s_row_f, *s_dtype_f, *s_shape_f, *s_device_f;
+static PyObject *s_scheme;
 
 static int
 intern_resolve_names(void)
 {
-#define I(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
-    I(s_scheme, "scheme") I(s_arena_f, "arena") I(s_row_f, "row") I(s_dtype_f, "dtype") I(s_shape_f, "shape")
-    I(s_device_f, "device")
-#undef I
-    return 0;
-}
-
-/* A field of an item: a native Slot's member, else the attribute. New reference. */
-static PyObject *
-item_field(PyObject *it, PyObject *name)
-{
-    if (Py_IS_TYPE(it, SlotType)) {
-        SlotObject *s = (SlotObject *)it;
-        PyObject *v = name == s_arena_f ? s->arena : name == s_row_f ? s->row : name == s_dtype_f ? s->dtype
-                    : name == s_shape_f ? s->shape : name == s_device_f ? s->device : NULL;
-        if (v != NULL) return Py_NewRef(v);
-    }
-    return PyObject_GetAttr(it, name);
+    return (s_scheme = PyUnicode_InternFromString("scheme")) == NULL ? -1 : 0;
 }
 
 static PyObject *
@@ -44,10 +27,10 @@ rows_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (plan == NULL || groups == NULL || metas_memo == NULL) goto done;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *it = PyList_GET_ITEM(items, i);
-        PyObject *arena = item_field(it, s_arena_f), *dev = NULL, *sch = NULL, *key = NULL, *row = NULL, *ii = NULL;
-        int e = arena == NULL || (dev = item_field(it, s_device_f)) == NULL ||
+        PyObject *arena = SLOT_FIELD(it, arena, "arena"), *dev = NULL, *sch = NULL, *key = NULL, *row = NULL, *ii = NULL;
+        int e = arena == NULL || (dev = SLOT_FIELD(it, device, "device")) == NULL ||
                 (sch = PyObject_GetAttr(arena, s_scheme)) == NULL || (key = PyTuple_Pack(2, dev, sch)) == NULL ||
-                (row = item_field(it, s_row_f)) == NULL || (ii = PyLong_FromSsize_t(i)) == NULL;
+                (row = SLOT_FIELD(it, row, "row")) == NULL || (ii = PyLong_FromSsize_t(i)) == NULL;
         PyObject *g = e ? NULL : PyDict_GetItemWithError(groups, key);
         if (!e && g == NULL) {
             if (PyErr_Occurred()) {
@@ -97,7 +80,7 @@ rows_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             for (Py_ssize_t j = 0; j < PyList_GET_SIZE(idx); j++) {
                 PyObject *ii = PyList_GET_ITEM(idx, j);
                 PyObject *it = PyList_GET_ITEM(items, PyLong_AsSsize_t(ii));
-                PyObject *dt = item_field(it, s_dtype_f), *shape = dt ? item_field(it, s_shape_f) : NULL;
+                PyObject *dt = SLOT_FIELD(it, dtype, "dtype"), *shape = dt ? SLOT_FIELD(it, shape, "shape") : NULL;
                 PyObject *mkey = shape ? PyTuple_Pack(3, sch, dt, shape) : NULL;
                 PyObject *m = mkey ? PyDict_GetItemWithError(metas_memo, mkey) : NULL;
                 int e = mkey == NULL;
