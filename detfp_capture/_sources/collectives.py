@@ -101,6 +101,11 @@ class Wrapper:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._fn(*args, **kwargs)
 
+    def release(self) -> None:
+        """At the session's close (``Patches.restore``): call the original from now on, and drop
+        the recording function (and, through its closure, the session)."""
+        self._fn = self.__wrapped__
+
     def __eq__(self, other: object) -> bool:
         return other is self or other is self.__wrapped__
 
@@ -182,6 +187,7 @@ class CollectiveTracer:
         for name, (orig, w) in self.saved.items():
             if getattr(dist, name, None) is w:
                 setattr(dist, name, orig)
+            w.release()  # a reference taken meanwhile (``from torch.distributed import ...``)
         self.saved.clear()
 
     def name_of(self, group: Any) -> str:

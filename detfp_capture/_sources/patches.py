@@ -2,7 +2,9 @@
 
 ``Patches`` wraps an attribute (``torch.cuda.synchronize``, ``DistributedDataParallel.forward``...)
 and restores it at close, unless another session wrapped it since (then ours stays inside
-theirs, and checks that its own session is still open).
+theirs, and checks that its own session is still open). A replacement with a ``release`` method
+(``collectives.Wrapper``) is released at close either way: a reference kept elsewhere then runs
+the original and holds nothing of the session.
 
 ``unrecorded`` makes a method a framework's own work (DDP's bucket bookkeeping, a pipeline stage's
 shape inference): it runs without being recorded.
@@ -47,6 +49,13 @@ class Patches:
         for owner, name, orig, new in reversed(self._done):
             if getattr(owner, name, None) is new:  # another session may have wrapped it since
                 setattr(owner, name, orig)
+            # A replacement torch kept a reference to while the session was open (an op packet
+            # added to a set by a module imported meanwhile: ``torch.fx.node.has_side_effect``)
+            # outlives the restore; released, it calls the original and holds nothing of the
+            # session (its recorder would otherwise live, and record, as long as torch does).
+            release = getattr(type(new), "release", None)
+            if release is not None:
+                release(new)
         self._done.clear()
 
 

@@ -134,3 +134,27 @@ def test_an_async_work_output_read_before_its_wait_is_digested_at_the_wait(tmp_p
     p = read(tmp_path / "r").filter(pl.col("kind") == "probe")
     assert p["digest_hi"].to_list() == [digest_hi(t)] * 2
     assert [h.to_list() for h in p["hazards"]] == [["async_pending"], []]
+
+
+def test_a_wrapper_torch_kept_while_the_session_was_open_holds_nothing_of_it_after_close(tmp_path, gloo1):
+    # torch keeps op packets in sets built at import (torch.fx.node.has_side_effect for
+    # wait_tensor); a module first imported while a session is open keeps our wrapper there.
+    import gc
+    import weakref
+
+    kept = []
+    with Session(tmp_path / "p", "boundaries") as s:
+        kept += [torch.ops._c10d_functional.wait_tensor, torch.ops._c10d_functional.all_reduce, dist.all_reduce]
+        ref = weakref.ref(s._rec)
+        m = s.watch(torch.nn.Sequential(_Row(), _Use()))
+        with s.step(0):
+            m(X)
+    del s, m
+    gc.collect()
+    assert ref() is None, gc.get_referrers(ref())
+    # A kept wrapper now runs the op itself, recording nothing.
+    t = torch.ones(4)
+    out = kept[0](kept[1](t, "sum", dist.group.WORLD.group_name))
+    assert torch.equal(out, t)
+    kept[2](t)
+    assert torch.equal(t, torch.ones(4))
