@@ -134,19 +134,26 @@ def _fill_hashes(table: str, cols: dict[str, Any], n: int) -> None:
             ck = contract.call_key(*ct)
             hit = cmemo[ct] = (ck, contract.key_hash(ck))
         calls.append(hit)
+    per_call = [h for _, h in calls]
     if need_call:
-        hashes = [h for _, h in calls]
-        cols["call_hash"] = hashes if index is None else Indexed(hashes, index)
+        cols["call_hash"] = per_call if index is None else Indexed(per_call, index)
     if need_key:
-        # A table with key_hash also has role and arg (the key's last two fields).
-        role, arg = cols["role"], cols["arg"]
-        per_row = calls if index is None else [calls[i] for i in index]
-        key_hashes: list[int] = []
-        for (ck, ch), r, a in zip(per_row, role, arg, strict=True):
-            h = kget((ch, r, a))
-            if h is None:
-                h = kmemo[(ch, r, a)] = contract.key_hash(contract.record_key(ck, r, a))
-            key_hashes.append(h)
+        # A table with key_hash also has role and arg (the key's last two fields). The lookups
+        # run as C-level maps over the rows (the keys recur every step: nearly all hit); the
+        # few misses are computed after, in row order.
+        role, arg = cols["role"], cols["arg"]  # as long as the index (``_check_columns``)
+        hashes = per_call if index is None else list(map(per_call.__getitem__, index))
+        # (zip's tuple is reused when get keeps no reference: no tuple per row, no collection.)
+        key_hashes = list(map(kget, zip(hashes, role, arg, strict=True)))
+        if None in key_hashes:
+            for i, h in enumerate(key_hashes):
+                if h is None:
+                    key = (hashes[i], role[i], arg[i])
+                    h = kget(key)  # an earlier row of the same key missed
+                    if h is None:
+                        ck = calls[i if index is None else index[i]][0]
+                        h = kmemo[key] = contract.key_hash(contract.record_key(ck, role[i], arg[i]))
+                    key_hashes[i] = h
         cols["key_hash"] = key_hashes
 
 
@@ -165,12 +172,15 @@ def build_table(table: str, cols: Mapping[str, Sequence[Any]], rank: int, segmen
     n = _check_columns(table, data)
     if n == 0:
         return schema.empty_table()
-    data.setdefault("rank", [rank] * n)
-    data.setdefault("segment", [segment] * n)
     _fill_hashes(table, data, n)
-    for c in contract.columns(table):
-        if c.name not in data:
-            data[c.name] = [None] * n
+    # The writer's constants and the absent nullable columns as Arrow arrays made whole (a
+    # Python list of n equal values costs a conversion per row).
+    for name, value in (("rank", rank), ("segment", segment)):
+        if name not in data and name in schema.names:
+            data[name] = pa.repeat(pa.scalar(value, schema.field(name).type), n)
+    for f in schema:
+        if f.name not in data:
+            data[f.name] = pa.nulls(n, f.type)
     indices: dict[int, pa.Array] = {}
     t = pa.Table.from_pydict({f.name: to_arrow(data[f.name], f.type, indices) for f in schema}, schema=schema)
     for f in schema:
