@@ -66,7 +66,7 @@ SHAPE = {"vocab": 32, "width": 16, "layers": 4, "heads": 2, "seq": 8, "batch": 2
 
 
 # ----------------------------------------------------------------------------- child
-class _Trainer:
+class Trainer:
     """One copy of the model, its optimizer and data; ``session`` None: no capture."""
 
     def __init__(self, args, session) -> None:
@@ -138,7 +138,7 @@ def child(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="detfp-host-") as tmp:
         run = Path(tmp) / "run"
         session = Session(str(run), level=args.level)
-        cap, plain = _Trainer(args, session), _Trainer(args, None)
+        cap, plain = Trainer(args, session), Trainer(args, None)
         for _ in range(args.warmup):
             cap.step()
             plain.step()
@@ -185,7 +185,7 @@ def profile(args) -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="detfp-host-") as tmp:
         session = Session(str(Path(tmp) / "run"), level=args.profile)
-        cap = _Trainer(args, session)
+        cap = Trainer(args, session)
         for _ in range(args.warmup):
             cap.step()
         cap.settle()

@@ -170,6 +170,29 @@ copy_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* A weak reference the capture holds until a flush (a cached digest's tensor), not tracked by
+ * the cyclic collector. One without a callback holds no strong reference, so it cannot be part
+ * of a cycle; tracked, the window's hundreds of them survive the young collections, are promoted,
+ * and bring on full collections of the whole heap (as the Python Slot did). The collector
+ * clears a dead referent's weak references through the referent, tracked or not. */
+static void
+untrack_ref(PyObject *ref)
+{
+    if (PyWeakref_CheckRefExact(ref) && ((PyWeakReference *)ref)->wr_callback == NULL && PyObject_GC_IsTracked(ref)) {
+        PyObject_GC_UnTrack(ref);
+    }
+}
+
+static PyObject *
+untracked_ref(PyObject *module, PyObject *t)
+{
+    PyObject *ref = PyWeakref_NewRef(t, NULL);
+    if (ref != NULL) {
+        untrack_ref(ref);
+    }
+    return ref;
+}
+
 
 /* The record path's functions, by job (one translation unit: they share the state above). */
 #include "hostpath_c/append.c"
@@ -180,6 +203,8 @@ copy_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 #include "hostpath_c/resolve.c"
 
 static PyMethodDef module_methods[] = {
+    {"untracked_ref", (PyCFunction)untracked_ref, METH_O,
+     "untracked_ref(t): weakref.ref(t), not tracked by the cyclic collector (no callback: no cycle)."},
     {"copy_bytes", (PyCFunction)(void (*)(void))copy_bytes, METH_FASTCALL,
      "copy_bytes(dst, src, n): copy n bytes between two addresses (memcpy)."},
     {"configure", (PyCFunction)configure, METH_VARARGS,

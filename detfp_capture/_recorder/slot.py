@@ -19,7 +19,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +28,8 @@ import torch
 from detfp_capture._digest.batched import BATCHED
 
 __all__ = [
-    "COMBINE", "COPY", "DTYPE_STR", "NATIVE", "SHAPES", "Slot", "copy_bytes", "dtype_str", "gc_paused", "shape_tuple",
+    "COMBINE", "COPY", "DTYPE_STR", "NATIVE", "SHAPES", "Slot", "copy_bytes", "dtype_str", "gc_paused", "held_ref",
+    "shape_tuple",
     "storage_ptrs",
 ]  # fmt: skip
 
@@ -40,6 +42,12 @@ except ImportError:  # not built: the Python class below and torch's copies, the
 NATIVE = _hostpath is not None and os.environ.get("DETFP_NATIVE", "") != "0"
 #: ``copy_bytes(dst, src, n)``: memcpy between two addresses (None without the native helpers).
 copy_bytes = _hostpath.copy_bytes if NATIVE else None
+#: ``weakref.ref`` for the references capture holds until a flush; the native one is not tracked
+#: by the cyclic collector (``_hostpath.untracked_ref``: without a callback it cannot be part of
+#: a cycle; tracked, a window's hundreds were promoted and brought on full collections).
+held_ref: Callable[[Any], weakref.ReferenceType] = (
+    getattr(_hostpath, "untracked_ref", weakref.ref) if NATIVE else weakref.ref
+)
 
 #: ``Slot.pending`` of a slot whose tensor is an exact copy of another slot's (``Slot.source``).
 COPY = object()

@@ -19,12 +19,11 @@ Level ``ops`` sees every write (``Capabilities.sees_writes``), and uses two more
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 
 import torch
 
-from detfp_capture._recorder.slot import Slot, storage_ptrs
+from detfp_capture._recorder.slot import Slot, held_ref, storage_ptrs
 
 __all__ = ["VersionCache"]
 
@@ -78,7 +77,7 @@ class VersionCache:
         if len(by_id) >= LIMIT:
             self.clear()
         try:
-            s.ref = weakref.ref(t)
+            s.ref = held_ref(t)
         except TypeError:
             return
         s.version = version

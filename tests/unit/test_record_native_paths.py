@@ -249,3 +249,27 @@ def test_record_time_digests_from_two_threads_keep_their_own_rows():
     resolve_slots([s for _, s in pairs])
     want = {id(t): digest.resolve([digest.start(t)])[0] for ts in work for t in ts}
     assert [(s.hi, s.lo) for t, s in pairs] == [(want[id(t)].hi, want[id(t)].lo) for t, _ in pairs]
+
+
+@native
+def test_the_version_caches_references_and_storage_lists_are_left_out_of_the_collector(tmp_path):
+    # Held until a flush, tracked they were promoted by the young collections of a window and
+    # brought on full collections of the whole heap (benchmarks/capture_gc.py).
+    import gc
+
+    from detfp_capture import Session
+
+    x = torch.randn(4, 4)
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        y = (x @ x).relu()
+        z = y + 1
+        vc = s._rec.vcache
+        slots = list(vc.by_id.values())
+        refs = [sl.ref for sl in slots if sl.ref is not None]
+        assert refs and not any(gc.is_tracked(r) for r in refs)
+        assert {id(r()) for r in refs if r() is not None} >= {id(y), id(z)}
+        lists = [v for v in vc.by_storage.values() if isinstance(v, list)]
+        assert lists and not any(gc.is_tracked(v) for v in lists)
+        vc.put(x, Slot(None), x._version)  # the Python put (a call the native path does not make)
+        assert not gc.is_tracked(vc.by_id[id(x)].ref) and vc.by_id[id(x)].ref() is x
+    assert slot_mod.held_ref is not __import__("weakref").ref

@@ -176,6 +176,7 @@ cache_put(PyObject *vcache, PyObject *by_id, PyObject *key, PyObject *t, PyObjec
         }
         goto done;
     }
+    untrack_ref(ref);
     int bad = SET_SLOT(s, ref, "ref", ref);
     Py_DECREF(ref);
     if (bad || SET_SLOT(s, version, "version", version) || SET_SLOT(s, opt_rows, "opt_rows", Py_False) ||
@@ -212,6 +213,9 @@ cache_put(PyObject *vcache, PyObject *by_id, PyObject *key, PyObject *t, PyObjec
             PyObject *l = PyList_New(1);
             e = l == NULL ? -1 : 0;
             if (l != NULL) {
+                /* It only ever holds ids (ints): no cycle through it, so the collector is left
+                 * out of it (see untrack_ref; a window's lists were promoted like the refs). */
+                PyObject_GC_UnTrack(l);
                 PyList_SET_ITEM(l, 0, Py_NewRef(key));
                 e = PyDict_SetItem(by_storage, p, l);
                 Py_DECREF(l);
