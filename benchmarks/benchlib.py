@@ -14,7 +14,10 @@ Every script in this folder runs as ``python benchmarks/<script>.py``, so this f
 * ``byte_compile``: compile a tree's packages once where the environment writes no bytecode;
 * ``time_gemms``: the time capture spends in the digest's level GEMM, in this process;
 * ``wait_for_writer``: until a capture session's writer thread has written what it was handed;
-* ``import_tree``: a baseline tree's packages imported ahead of the installed ones (``--baseline``).
+* ``import_tree``: a baseline tree's packages imported ahead of the installed ones (``--baseline``);
+* ``side_by_side_arguments``, ``run_side_by_side`` (``parse_levels``, ``trees``, ``tree_child``,
+  ``interleaved``): a side-by-side benchmark's levels and trees, one child process
+  per (tree, level) in its child mode, and the rounds of children in a shuffled order.
 """
 
 from __future__ import annotations
@@ -40,11 +43,17 @@ __all__ = [
     "check_planted",
     "import_tree",
     "instruction_set",
+    "interleaved",
     "load_average",
     "machine",
     "machine_line",
+    "parse_levels",
     "run_measured",
+    "run_side_by_side",
+    "side_by_side_arguments",
     "time_gemms",
+    "tree_child",
+    "trees",
     "wait_for_writer",
 ]
 
@@ -310,3 +319,78 @@ def import_tree(tree: Path, package: str = "detfp_capture") -> None:
     got = Path(importlib.import_module(package).__file__ or "").resolve().parents[1]
     if got != tree.resolve():
         raise SystemExit(f"imported {package} from {got}, expected {tree}")
+
+
+def side_by_side_arguments(p: Any, levels: Sequence[str], rounds: int) -> None:
+    """The arguments every side-by-side benchmark takes (``argparse`` parser ``p``): ``--baseline``,
+    ``--levels``, ``--rounds``, and the hidden ``--child``/``--tree``/``--level`` of its children."""
+    import argparse
+
+    p.add_argument("--baseline", type=Path, help="another worktree of detfp to compare against")
+    p.add_argument("--levels", default=",".join(levels), help="comma-separated subset of " + ",".join(levels))
+    p.add_argument("--rounds", type=int, default=rounds, help="child processes per (tree, level), interleaved")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tree", help=argparse.SUPPRESS)
+    p.add_argument("--level", help=argparse.SUPPRESS)
+
+
+def parse_levels(text: str, allowed: Sequence[str]) -> list[str]:
+    """``--levels``: a comma-separated subset of ``allowed``. Raises ValueError otherwise."""
+    levels = [x.strip() for x in text.split(",") if x.strip()]
+    if not levels or set(levels) - set(allowed):
+        raise ValueError(f"--levels: choose from {', '.join(allowed)}")
+    return levels
+
+
+def trees(baseline: Path | None) -> dict[str, Path]:
+    """The trees a side-by-side benchmark measures: ``{"after": ROOT}``, with ``"before"`` first
+    when ``--baseline`` names another checkout. Raises ValueError when it is not one."""
+    if baseline is None:
+        return {"after": ROOT}
+    if not (baseline / "detfp_capture" / "__init__.py").is_file():
+        raise ValueError(f"--baseline {baseline}: not a detfp tree (no detfp_capture/__init__.py)")
+    return {"before": baseline.resolve(), "after": ROOT}
+
+
+def tree_child(script: str, tree: Path, level: str, options: Mapping[str, Any]) -> dict:
+    """Run ``script --child --tree TREE --level LEVEL --k v ...`` (its child mode, which imports
+    the tree's packages with ``import_tree``) and return the JSON object it printed last."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--child", "--tree", str(tree), "--level", level]
+    for k, v in options.items():
+        cmd += [f"--{k}", str(v)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{Path(script).stem}: child for {tree} at {level} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_side_by_side(
+    p: Any, args: Any, allowed: Sequence[str], script: str, options: Mapping[str, Any]
+) -> tuple[dict[str, Path], list[str], dict[tuple[str, str], list[dict]]]:
+    """A side-by-side benchmark's parent (arguments of ``side_by_side_arguments``; ``p.error`` on a
+    bad one): its trees, its levels, and per (side, level) the JSON of each round's child."""
+    try:
+        levels = parse_levels(args.levels, allowed)
+        sides = trees(args.baseline)
+    except ValueError as exc:
+        p.error(str(exc))
+    jobs = [(side, lv) for side in sides for lv in levels]
+    got = interleaved(jobs, args.rounds, lambda side, lv: tree_child(script, sides[side], lv, options))
+    return sides, levels, got
+
+
+def interleaved(jobs: Sequence[tuple[str, str]], rounds: int, run: Any) -> dict[tuple[str, str], list[dict]]:
+    """``run(side, level)`` for every job, ``rounds`` times, in a shuffled order per round (fixed
+    seed): a load change on a shared machine hits every job alike."""
+    import random
+
+    got: dict[tuple[str, str], list[dict]] = {j: [] for j in jobs}
+    rng = random.Random(0)
+    for r in range(rounds):
+        order = list(jobs)
+        rng.shuffle(order)
+        for side, level in order:
+            got[(side, level)].append(run(side, level))
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return got

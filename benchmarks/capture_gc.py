@@ -27,10 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +35,6 @@ import types
 from pathlib import Path
 
 import benchlib
-from benchlib import ROOT
 
 LEVELS = ("none", "boundaries", "ops")
 
@@ -93,53 +89,22 @@ def child(args) -> dict:
     }
 
 
-def _run_child(args, tree: Path, level: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--level", level]
-    for k in ("steps", "window", "warmup", "seed"):
-        cmd += [f"--{k}", str(getattr(args, k))]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"capture_gc: child for {tree} at {level} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", type=Path, help="another worktree of detfp to compare against")
-    p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated subset of " + ",".join(LEVELS))
-    p.add_argument("--rounds", type=int, default=3, help="child processes per (tree, level), interleaved")
+    benchlib.side_by_side_arguments(p, LEVELS, rounds=3)
     p.add_argument("--steps", type=int, default=400, help="counted steps per child")
     p.add_argument("--window", type=int, default=20, help="steps per flush window")
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--tree", help=argparse.SUPPRESS)
-    p.add_argument("--level", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 1 or args.window < 1:
         p.error("--steps and --window must be at least 1")
     if args.child:
         print(json.dumps(child(args)))
         return 0
-    levels = [x.strip() for x in args.levels.split(",") if x.strip()]
-    if not levels or set(levels) - set(LEVELS):
-        p.error(f"--levels: choose from {', '.join(LEVELS)}")
-    trees = {"after": ROOT}
-    if args.baseline is not None:
-        if not (args.baseline / "detfp_capture" / "__init__.py").is_file():
-            p.error(f"--baseline {args.baseline}: not a detfp tree (no detfp_capture/__init__.py)")
-        trees = {"before": args.baseline.resolve(), **trees}
     print(benchlib.machine_line(), flush=True)
-    jobs = [(side, lv) for side in trees for lv in levels]
-    got: dict[tuple[str, str], list[dict]] = {j: [] for j in jobs}
-    rng = random.Random(0)
-    for r in range(args.rounds):
-        order = list(jobs)
-        rng.shuffle(order)
-        for side, lv in order:
-            got[(side, lv)].append(_run_child(args, trees[side], lv))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    options = {k: getattr(args, k) for k in ("steps", "window", "warmup", "seed")}
+    trees, levels, got = benchlib.run_side_by_side(p, args, LEVELS, __file__, options)
     print(
         f"cyclic collector per 100 steps (median of {args.rounds} interleaved child processes, {args.steps} steps "
         f"each, a flush every {args.window} steps); collections of generation 0/1/2 and ms in the collector"

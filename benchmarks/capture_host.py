@@ -47,11 +47,8 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -204,22 +201,9 @@ def profile(args) -> None:
 
 
 # ----------------------------------------------------------------------------- parent
-def _run_child(args, tree: Path, level: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--level", level]
-    for k in ("steps", "blocks", "warmup", "seed", *SHAPE):
-        cmd += [f"--{k}", str(getattr(args, k))]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"capture_host: child for {tree} at {level} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", type=Path, help="another worktree of detfp to compare against")
-    p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated subset of " + ",".join(LEVELS))
-    p.add_argument("--rounds", type=int, default=5, help="child processes per (tree, level), interleaved")
+    benchlib.side_by_side_arguments(p, LEVELS, rounds=5)
     p.add_argument("--blocks", type=int, default=5, help="captured/plain block pairs per child")
     p.add_argument("--steps", type=int, default=4, help="steps per block")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
@@ -228,9 +212,6 @@ def main(argv=None) -> int:
         p.add_argument(f"--{k}", type=int, default=v, help=f"model {k} (default {v})")
     p.add_argument("--profile", choices=LEVELS, help="cProfile this tree's captured steps at this level instead")
     p.add_argument("--json", help="also write the results to this JSON file")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--tree", help=argparse.SUPPRESS)
-    p.add_argument("--level", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -240,23 +221,8 @@ def main(argv=None) -> int:
     if args.profile:
         profile(args)
         return 0
-    levels = [x.strip() for x in args.levels.split(",") if x.strip()]
-    if not levels or set(levels) - set(LEVELS):
-        p.error(f"--levels: choose from {', '.join(LEVELS)}")
-    trees = {"after": ROOT}
-    if args.baseline is not None:
-        if not (args.baseline / "detfp_capture" / "__init__.py").is_file():
-            p.error(f"--baseline {args.baseline}: not a detfp tree (no detfp_capture/__init__.py)")
-        trees = {"before": args.baseline.resolve(), **trees}
-    jobs = [(side, lv) for side in trees for lv in levels]
-    got: dict[tuple[str, str], list[dict]] = {j: [] for j in jobs}
-    rng = random.Random(0)
-    for r in range(args.rounds):
-        order = list(jobs)
-        rng.shuffle(order)
-        for side, lv in order:
-            got[(side, lv)].append(_run_child(args, trees[side], lv))
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    options = {k: getattr(args, k) for k in ("steps", "blocks", "warmup", "seed", *SHAPE)}
+    trees, levels, got = benchlib.run_side_by_side(p, args, LEVELS, __file__, options)
     shape = ", ".join(f"{k} {getattr(args, k)}" for k in SHAPE)
     print(
         f"host cost per record (CPU time of all threads, digest GEMMs taken off; median of {args.rounds} interleaved "
