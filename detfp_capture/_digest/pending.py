@@ -25,7 +25,7 @@ from detfp_capture._digest import moments as _moments
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import resolve
-from detfp_capture._digest.results import DigestError, Fingerprint, Moments
+from detfp_capture._digest.results import DigestError, Fingerprint, Moments, _fingerprint_fast
 from detfp_capture._digest.subclass import flatten
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
@@ -398,4 +398,37 @@ def fingerprint(
     """Fingerprint of ``t`` now (one device synchronization); see ``start`` for the options."""
     if not isinstance(t, torch.Tensor):
         raise DigestError(f"fingerprint() needs a torch.Tensor, got {type(t).__name__}")
+    if rows is False and not moments and not pointer_check:
+        sch = _ACTIVE[0] if version is None else versions.get(version)
+        now = _whole_tree_now(t, sch)
+        if now is not None:
+            return now
     return resolve([start(t, rows=rows, moments=moments, pointer_check=pointer_check, version=version)])[0]
+
+
+def _whole_tree_now(t: torch.Tensor, sch: Scheme) -> Fingerprint | None:
+    """``fingerprint`` of a plain, contiguous, non-empty CPU tensor where ``sch`` computes a whole
+    tree in one call (``Scheme.root``: version 2 with the native kernel), finalized on the host;
+    None for anything else. The same value as ``start`` then ``resolve`` (a tensor's tree does not
+    depend on what it is hashed with, and ``resolve`` finalizes a few digests on the host too),
+    without their batching: a single call costs a few microseconds instead of about 40."""
+    try:
+        if (
+            type(t) not in _PLAIN
+            or t.device.type != "cpu"
+            or t.layout is not _STRIDED
+            or t.is_nested
+            or t.is_conj()
+            or t.is_neg()
+            or t.numel() == 0
+            or not t.is_contiguous()
+        ):
+            return None
+        root = sch.root(core.bytes_view(t.detach()))
+        if root is None:
+            return None
+        shape = tuple(t.shape)
+        hi, lo = sch.finalize_host(root.view(-1).tolist(), core.meta_words(sch, t.dtype, shape))
+    except Exception:
+        return None  # the general path digests it, or says why it cannot
+    return _fingerprint_fast(str(t.dtype), shape, t.numel(), f"{hi:016x}{lo:016x}", None, None, False)

@@ -168,6 +168,40 @@ def test_fingerprint_equals_resolve_of_start_in_any_batch():
     assert resolve(ps * 40) == single * 40  # > 32: the device finalizer
 
 
+def test_a_single_fingerprint_takes_the_whole_tree_route_with_the_same_value():
+    # fingerprint() of one plain contiguous CPU tensor computes its tree in one call where the
+    # version can (2, native kernel built) and finalizes on the host: no arena, no batch.
+    cases = [
+        torch.randn(16),
+        torch.randn(3, 5, 7),
+        torch.arange(10),
+        torch.tensor(3.5),
+        torch.randn(1 << 16),
+        torch.randn(30, 100).bfloat16(),
+        torch.zeros(5, dtype=torch.bool),
+        torch.randn(64).to(torch.float8_e4m3fn),
+        torch.randn(8, dtype=torch.complex64),
+        torch.randn(5, requires_grad=True),
+        torch.randint(0, 255, (1025,), dtype=torch.uint8),
+    ]
+    others = [torch.randn(0), torch.randn(4, 6).t(), torch.randn(4, dtype=torch.complex64).conj()]
+    for v, sch in versions.SCHEMES.items():
+        root = sch.root(torch.zeros(4, dtype=torch.int8)) is not None
+        for t in cases + others:
+            want = resolve([start(t, version=v)])[0]
+            got = fingerprint(t, version=v)
+            assert (got, got.digest, got.dtype, got.shape, got.rows, got.moments) == (
+                want,
+                want.digest,
+                want.dtype,
+                want.shape,
+                want.rows,
+                want.moments,
+            ), (v, t.dtype, t.shape)
+            taken = D._whole_tree_now(t, sch) is not None
+            assert taken == (root and any(t is c for c in cases)), (v, t.dtype, t.shape)
+
+
 SCHEMES = [versions.SCHEMES[v] for v in sorted(versions.SCHEMES)]
 
 
