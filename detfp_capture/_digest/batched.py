@@ -314,6 +314,7 @@ def _run_layout(ts: list[torch.Tensor], lay: _Layout) -> torch.Tensor:
         def hash_region() -> None:
             a, b = region
             if b > a:
+                assert buf is not None  # a region is written only into a scratch (lay.need > 0)
                 hash_rows(buf[a:b].view(-1, K))
             region[0] = b
 

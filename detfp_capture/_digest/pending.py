@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments, _fingerprint_fast
 from detfp_capture._digest.subclass import flatten
+
+if TYPE_CHECKING:  # (batched imports this module)
+    from detfp_capture._digest.batched import BatchLanes
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
 
@@ -160,7 +163,7 @@ class Pending:
     # Class-level defaults keep ``start`` cheap: an instance sets only what it has.
     scheme: Scheme | None = None  # the version of ``lanes``/``rows_lanes``/``components`` (arena rows: the arena's)
     lanes: torch.Tensor | None = None  # (1, scheme.lanes) int32 final-level lanes
-    arena: _Arena | None = None  # small tensors: their arena and row instead of lanes
+    arena: _Arena | BatchLanes | None = None  # small tensors (or a batch's): their rows' holder and row
     row: int = 0
     rows_lanes: torch.Tensor | None = None  # (R, scheme.lanes) int32 lanes of row/chunk digests
     rows_meta: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (count, shape) segments of rows_lanes

@@ -68,7 +68,8 @@ class _Fetched(NamedTuple):
     pointers: list[int]
 
 
-def _hex(hi: int, lo: int) -> str:
+def _hex(hi: int | None, lo: int | None) -> str:
+    """32 hex digits of a digest (``_raw`` sets both words; a None here is a bug, and fails)."""
     return f"{hi:016x}{lo:016x}"
 
 
@@ -125,8 +126,8 @@ class _Batch:
             parts.append(_arena_rows(arena, rows))
             metas += ameta
         lanes_all = parts[0] if len(parts) == 1 else torch.cat(parts)
-        words, on_host = _final_words(lanes_all, metas, device, self.scheme)
-        pack = [words]
+        final, on_host = _final_words(lanes_all, metas, device, self.scheme)
+        pack = [final]
         moments = self.moments.gather(lambda a: (a.mom_out, a.mom_pos))
         pointers = self.pointers.gather(lambda a: (a.ptr_out, a.ptr_pos))
         if moments is not None:
@@ -299,8 +300,8 @@ def resolve_rows(
         for dev, sch, parts, order, metas in groups:
             try:
                 lanes = [_arena_rows(arena, rows) for arena, rows in parts]
-                words, on_host = _final_words(lanes[0] if len(lanes) == 1 else torch.cat(lanes), metas, dev, sch)
-                words = _words(words.cpu(), metas, on_host, sch)  # the one device->host copy
+                final, on_host = _final_words(lanes[0] if len(lanes) == 1 else torch.cat(lanes), metas, dev, sch)
+                words = _words(final.cpu(), metas, on_host, sch)  # the one device->host copy
             except Exception:  # a device error surfacing late: these items get the general path
                 continue
             scatter(his, los, order, words)
@@ -348,8 +349,8 @@ def _build(p: Pending, batches: dict, results: dict, failed: dict) -> Fingerprin
     why = failed.get(_key(p))
     if why is not None:
         return Fingerprint(dtype, shape, p.numel, "", error=why)
-    hi, lo, _, rows, m, ptr = _raw(p, batches, results)
-    return _fingerprint_fast(dtype, shape, p.numel, _hex(hi, lo), rows, m, ptr)
+    r = _raw(p, batches, results)
+    return _fingerprint_fast(dtype, shape, p.numel, _hex(r.hi, r.lo), r.rows, r.moments, r.pointer_like)
 
 
 def _raw(p: Pending, batches: dict, results: dict) -> Resolved:

@@ -8,6 +8,9 @@ into a snapshot buffer (the rest). The batch then finishes every digest with a f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 from detfp_capture._digest import core, versions
@@ -81,7 +84,7 @@ class Staging:
         # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (gemm.product pads otherwise: a copy).
         self._any_m = dev.type in ANY_M_DEVICES
         #: Snapshots on CPU may be byte copies into ``buf`` (``put_one``), at this address.
-        self._byte_copy = dev.type == "cpu" and _copy_bytes is not None
+        self._byte_copy = _copy_bytes if dev.type == "cpu" else None
         self._addr = 0
 
     @staticmethod
@@ -113,7 +116,7 @@ class Staging:
                 v = self.typed[dt] = self.buf.view(dt)
         return v
 
-    def put_one(self, t: torch.Tensor, slot: object) -> bool:
+    def put_one(self, t: torch.Tensor, slot: Any) -> bool:
         """``put_many([t], [slot])``, the common case of one small tensor, with less work per
         call (most boundary and backward records stage one tensor): a contiguous CPU tensor of
         a ``_BYTE_COPY`` dtype is taken as a byte copy (``_hostpath.copy_bytes``, no dispatcher
@@ -134,11 +137,12 @@ class Staging:
             self.clean = clean
         shape = tuple(t.shape)
         try:
-            src = t.data_ptr() if self._byte_copy and dt in _BYTE_COPY and t.is_contiguous() else 0
-            if src:  # (0: no storage to read, a zero tensor's: copy_ makes its zeros)
+            copy = self._byte_copy
+            # (src 0: no storage to read, a zero tensor's: copy_ makes its zeros)
+            if copy is not None and dt in _BYTE_COPY and t.is_contiguous() and (src := t.data_ptr()):
                 if not self._addr:
                     self._addr = self._typed(torch.int8).data_ptr()
-                _copy_bytes(self._addr + row * K, src, nb)
+                copy(self._addr + row * K, src, nb)
             else:
                 typed = self.typed.get(dt)
                 if typed is None:
@@ -157,7 +161,7 @@ class Staging:
         self.used = end
         return True
 
-    def put_many(self, ts: list[torch.Tensor], slots: list[object]) -> bool:
+    def put_many(self, ts: Sequence[torch.Tensor], slots: Sequence[Any]) -> bool:
         """Take tensors that ``fits`` (this device), all or none; False when they do not fit now."""
         need = need1 = 0
         rows: list[int] = []  # level-0 rows of each tensor; negative: hashed in place
@@ -192,6 +196,7 @@ class Staging:
         row, row1 = self.used, self.l1_used
         fanin = self._fanin
         mm = self.scheme.mm
+        lanes = self.lanes  # allocated above when a tensor here needs it (need1)
         prev = torch.is_grad_enabled()
         if prev:
             torch._C._set_grad_enabled(False)
@@ -204,9 +209,10 @@ class Staging:
                     m = -m
                     m1 = -(-m // fanin)
                     a = row1 * fanin
-                    mm(core.bytes_view(t).view(m, K), 0, out=self.lanes[a : a + m])
+                    assert lanes is not None
+                    mm(core.bytes_view(t).view(m, K), 0, out=lanes[a : a + m])
                     if m != m1 * fanin:  # level 1 reads whole fan-in groups: the gap must be zero
-                        self.lanes[a + m : a + m1 * fanin].zero_()
+                        lanes[a + m : a + m1 * fanin].zero_()
                     d_slot.append(slot)
                     d_dtype.append(dt)
                     d_shape.append(shape)
@@ -249,10 +255,13 @@ class Staging:
         with torch.no_grad():
             # Results in new lanes tensors, never views of the (reused) buffers.
             parts = []
+            buf, lanes = self.buf, self.lanes  # each allocated by the puts that used it
             if used:
-                parts.append(finish(sch.mm(self.buf[: used * K].view(-1, K), 0), items[4], dev, sch))
+                assert buf is not None
+                parts.append(finish(sch.mm(buf[: used * K].view(-1, K), 0), items[4], dev, sch))
             if used1:
-                lanes1 = sch.mm(self.lanes[: used1 * self._fanin].view(torch.int8).view(-1, K), 1)
+                assert lanes is not None
+                lanes1 = sch.mm(lanes[: used1 * self._fanin].view(torch.int8).view(-1, K), 1)
                 parts.append(finish(lanes1, direct[4], dev, sch, level=2))
             final = parts[0] if len(parts) == 1 else torch.cat(parts)
             held = BatchLanes(final, sch)
@@ -287,6 +296,8 @@ class Staging:
         """Digest everything staged, the results going straight into the staged capture Slots
         (``fill``), and empty the buffer."""
         held, (slots, dtypes, shapes, numels, _) = self._run_rows()
+        if held is None:  # nothing was staged
+            return
         dev = self.dev
         for row, slot in enumerate(slots):
             fill(slot, held, row, dtypes[row], shapes[row], numels[row], dev, dtypes[row] is INT64)

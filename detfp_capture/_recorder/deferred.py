@@ -14,6 +14,8 @@ The recorder appends to the deferred columns on its hot path; everything else is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from detfp_capture import digest
@@ -100,7 +102,7 @@ class Waiting:
             idx = storages.pop(ptr, None)
             if idx is None:
                 continue
-            for i in (idx,) if idx.__class__ is int else idx:
+            for i in (idx,) if isinstance(idx, int) else idx:
                 t = tensors[i]
                 if t is None:
                     continue
@@ -118,7 +120,7 @@ class Waiting:
         if ts:
             self.stage(ts, ss)
 
-    def stage(self, ts: list[torch.Tensor], slots: list[Slot], roots_tried: bool = False) -> None:
+    def stage(self, ts: Sequence[torch.Tensor], slots: Sequence[Slot], roots_tried: bool = False) -> None:
         """Snapshot a call's tensors together; any that cannot be staged are digested now.
 
         On CPU with the native kernels at digest version 2, a snapshot is not needed: the

@@ -57,11 +57,11 @@ def storage_key(t: torch.Tensor) -> int | None:
 def byte_span(t: torch.Tensor) -> tuple[int, int, bool]:
     """Bytes [a, b) of its storage that ``t`` touches, and whether it touches all of them."""
     item = t.element_size()
-    a = t.storage_offset() * item
+    a = int(t.storage_offset()) * item  # (int: a SymInt only under tracing, which records nothing)
     if t.numel() == 0:
         return a, a, True
     extent = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True))
-    b = a + extent * item
+    b = a + int(extent) * item
     dense = extent == t.numel()
     return a, b, dense
 
@@ -120,22 +120,25 @@ class HazardTracker:
         if key is None:
             return
         nbytes = t.untyped_storage().nbytes()
-        if self.poison is not None and nbytes:
+        poison, p64 = self.poison, self._poison64  # (both set, or neither)
+        if poison is not None and p64 is not None and nbytes:
             u = torch.empty(0, dtype=torch.uint8, device=t.device)
             u.set_(t.untyped_storage(), 0, (nbytes,), (1,))
             n8 = nbytes // 8
             with torch.no_grad():
                 if n8:  # the pattern repeats every 8 bytes from the storage's start
-                    u[: n8 * 8].view(torch.int64).fill_(self._poison64)
+                    u[: n8 * 8].view(torch.int64).fill_(p64)
                 for i in range(n8 * 8, nbytes):  # a storage of fewer or not a multiple of 8 bytes
-                    u[i] = self.poison[i % 8]
+                    u[i] = poison[i % 8]
         self.uninit[key] = _Uninit(weakref.ref(t), nbytes)
 
     def wrote(self, t: torch.Tensor) -> None:
         if not self.uninit:
             return
         key = storage_key(t)
-        u = self.uninit.get(key) if key is not None else None
+        if key is None:
+            return
+        u = self.uninit.get(key)
         if u is None:
             return
         if not _holds(u.ref, key):

@@ -317,7 +317,7 @@ def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Cal
     occ_map = rec.occ
     step, mb = rec.step, rec.microbatch
     seq = rec.seq
-    for sp, s in zip(specs, slots, strict=True):
+    for sp, slot in zip(specs, slots, strict=True):
         call = sp.call
         if call is None:
             key = (mb, sp.phase, sp.module, sp.kind, sp.name)
@@ -326,9 +326,9 @@ def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Cal
             call = make_call(step, mb, sp.phase, sp.module, sp.kind, sp.name, occ)
         t = sp.tensor
         dt = t.dtype
-        shape = t.shape
-        shape = SHAPES.get(shape) or shape_tuple(shape)
-        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), shape, t.numel(), s, _NO_HAZARDS))
+        size = t.shape
+        shape = SHAPES.get(size) or shape_tuple(size)
+        ext((call, seq, sp.role, sp.arg, DTYPE_STR.get(dt) or dtype_str(dt), shape, t.numel(), slot, _NO_HAZARDS))
         seq += 1
         calls.append(call)
     rec.seq = seq

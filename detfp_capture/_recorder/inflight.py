@@ -26,6 +26,7 @@ the step end: a write into the buffer after that wait is what the waiting digest
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,11 @@ class _Flight:
         self.waiters: list[Waiter] = []
 
 
+def _trigger_wait(t: Any) -> Any:
+    """An ``AsyncCollectiveTensor``'s own wait (what its first non-view use runs)."""
+    return t.trigger_wait()
+
+
 class InFlight:
     """Storages an asynchronous collective is writing, and what waits for each to complete."""
 
@@ -84,7 +90,7 @@ class InFlight:
             ptrs = storage_ptrs(b)
             if not ptrs:
                 continue
-            flight = _Flight(b, ptrs, lambda b=b: complete(b), step)
+            flight = _Flight(b, ptrs, functools.partial(complete, b), step)
             for p in ptrs:
                 self.by_storage[p] = flight
 
@@ -99,7 +105,7 @@ class InFlight:
         if not self.tracking and t.__class__ not in PLAIN:
             for a in unwaited(t):
                 if not any(p in by for p in storage_ptrs(a) or ()):
-                    self.launch([a], lambda a: a.trigger_wait(), -1)
+                    self.launch([a], _trigger_wait, -1)
         if not by:
             return False
         flights = {id(f): f for p in (storage_ptrs(t) or ()) if (f := by.get(p)) is not None}

@@ -130,6 +130,15 @@ class PySlot:
         "version",
     )
 
+    # Set only on a batch's row (``_digest.batched.fill``), never read before.
+    arena: Any
+    arena_pointer: bool
+    row: int
+    device: Any
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    numel: int
+
     # What digest.resolve reads from a pending and a batched row never has.
     lanes = rows_lanes = moments = pointer = components = error = None
     rows_meta: tuple = ()

@@ -60,14 +60,15 @@ class Combo(NamedTuple):
 def _learn(tp: type) -> bool:
     split = hasattr(tp, "__tensor_flatten__")
     if split:
+        acs: type | None
         try:
-            from torch.distributed._functional_collectives import AsyncCollectiveTensor
+            from torch.distributed._functional_collectives import AsyncCollectiveTensor as acs
         except Exception:  # a build without torch.distributed
-            AsyncCollectiveTensor = None
+            acs = None
         # An AsyncCollectiveTensor is a plain tensor whose buffer a collective may still be
         # writing, not a subclass with parts: when it may be read is the collective sources'
         # business (they digest it as one tensor), so it is never split here.
-        if AsyncCollectiveTensor is not None and issubclass(tp, AsyncCollectiveTensor):
+        if acs is not None and issubclass(tp, acs):
             split = False
     _FLATTENS[tp] = split
     return split
@@ -137,10 +138,11 @@ def _append_whole(
                 rec.append_records(call, [(role, part_arg, v)], hazards={0: hz} if hz else None, **opts)
                 s = rec.last_slot()
             parts.append((name, s))
-        if digest_it and all(s is not None for _, s in parts):
+        done = [(name, s) for name, s in parts if s is not None]
+        if digest_it and len(done) == len(parts):
             whole = Slot(COMBINE)
             shape = shape_tuple(t.shape)
-            whole.source = Combo(flat.type_name, dtype_str(t.dtype), shape, flat.meta, tuple(parts), versions.active())
+            whole.source = Combo(flat.type_name, dtype_str(t.dtype), shape, flat.meta, tuple(done), versions.active())
     rec.records.add(
         call, rec.next_seq(), role, arg, dtype_str(t.dtype), shape_tuple(t.shape), t.numel(), whole, hz or _NO_HAZARDS
     )
@@ -153,7 +155,7 @@ def resolve_combined(slots: list[Slot]) -> None:
     the whole holding it) its digest from its parts' resolved slots."""
     for s in slots:
         c: Combo = s.source
-        parts = []
+        parts: list[tuple[str, str, str | None]] = []
         for name, p in c.parts:
             if p.hi is not None:
                 parts.append((name, f"{p.hi:016x}{p.lo:016x}", None))

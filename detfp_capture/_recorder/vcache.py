@@ -43,7 +43,7 @@ class VersionCache:
         self.by_storage: dict[int, list[int]] | None = {} if index_storages else None
         #: (tensor, Slot, version) of the tensors the last op wrote, cached at the version they
         #: had inside the dispatcher (see ``promote``).
-        self.written: list[tuple[torch.Tensor, Slot, int | None]] = []
+        self.written: list[tuple[torch.Tensor, Slot, int]] = []
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -129,7 +129,7 @@ class VersionCache:
         written = self.written
         for t in tensors:
             s = by_id.get(id(t))
-            if s is not None:
+            if s is not None and s.version is not None:  # (a cached Slot always has its version)
                 written.append((t, s, s.version))
 
     def promote(self) -> None:

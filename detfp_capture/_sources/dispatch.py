@@ -158,7 +158,7 @@ class CaptureMode(TorchDispatchMode):
                 k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
             )
         if keys:
-            with torch._C._RestorePythonTLSSnapshot():
+            with torch._C._RestorePythonTLSSnapshot():  # type: ignore[attr-defined]  # in torch._C, not its stubs
                 on_entry = torch._C._dispatch_tls_local_exclude_set()
             now = exclude = torch._C._dispatch_tls_local_exclude_set()
             for k in keys:
@@ -244,7 +244,7 @@ class CaptureMode(TorchDispatchMode):
         the op ignores), whether the output inherits an uninitialized read (``taint``), and
         whether an input became a write-only destination (``redest``; ``tensors`` is updated)."""
         hz = self.hazards
-        flags = None
+        flags: dict[int, tuple[str, ...]] | None = None
         taint = False  # a read-modify-write of unwritten memory: its output is flagged too
         redest = False  # the hazard check made an input write-only (role dest)
         blind: set[int] = set()  # inputs read while unwritten, or workspaces: recorded, not digested
@@ -252,7 +252,9 @@ class CaptureMode(TorchDispatchMode):
         if ws and tensors:
             for i, (_, _, t) in enumerate(tensors):
                 k = storage_key(t)
-                ref = ws.get(k) if k is not None else None
+                if k is None:
+                    continue
+                ref = ws.get(k)
                 if ref is not None:
                     if ref() is None:
                         del ws[k]  # its tensor died: the storage may hold anything now
@@ -316,7 +318,7 @@ class CaptureMode(TorchDispatchMode):
         rec.busy = True
         outs = op_outputs(info, args, out)
         hz = self.hazards
-        flags = None
+        flags: dict[int, tuple[str, ...]] | None = None
         if hz is not None:
             if info.empty or info.nonblocking or (hz.uninit and (info.writes or info.out_kwargs)):
                 # (the only ops that change the hazard state: a call per op saved otherwise)
@@ -348,11 +350,11 @@ class CaptureMode(TorchDispatchMode):
                         self.workspaces[k] = weakref.ref(t)
             # Split off the workspace outputs (not digested), keeping each record's hazards.
             for i, item in enumerate(outs):
-                f = flags.get(i) if flags else None
+                fl = flags.get(i) if flags else None
                 rec.append_records(
                     call,
                     [item],
-                    hazards={0: f} if f else None,
+                    hazards={0: fl} if fl else None,
                     digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
                     fresh=fresh,
                     defer=phase != "backward",

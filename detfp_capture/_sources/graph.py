@@ -45,8 +45,10 @@ def mark_graph(outputs: list[torch.Tensor], inputs: list[torch.Tensor], path: st
     _WALKS[0] += 1
     serial = _WALKS[0]
     stop = {id(t.grad_fn) for t in inputs if t.grad_fn is not None}
-    entries = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    stack = list(entries)
+    # Autograd nodes as Any: their ``metadata`` is a dict attribute, which torch's stubs declare
+    # as a method.
+    entries: list[Any] = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    stack: list[Any] = list(entries)
     # Whether this walk tags (and so goes through) the single output node: see the end.
     fresh_entry = len(entries) == 1 and NODE_KEY not in entries[0].metadata
     inner = path + "." if path else ""

@@ -116,7 +116,7 @@ class ModuleHooks:
     def name_tree(self, root: torch.nn.Module) -> None:
         inner = getattr(root, "module", None)
         is_ddp = type(root).__name__ == "DistributedDataParallel" and isinstance(inner, torch.nn.Module)
-        base = inner if is_ddp else root
+        base: torch.nn.Module = inner if is_ddp and isinstance(inner, torch.nn.Module) else root
         if is_ddp:
             # The DDP wrapper itself is transparent: paths are those of the wrapped model.
             self.paths[id(root)] = (None, weakref.ref(root))
@@ -137,7 +137,7 @@ class ModuleHooks:
                 continue  # level metrics: only the data fed to the root (kind batch)
             self.handles.append(m.register_forward_pre_hook(self.pre, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self.post, with_kwargs=True, always_call=True))
-            m._detfp_hooked = self  # type: ignore[attr-defined]
+            m._detfp_hooked = self
 
     def install_global(self) -> None:
         from torch.nn.modules import module as nnmod
