@@ -414,7 +414,7 @@ def _whole_tree_now(t: torch.Tensor, sch: Scheme) -> Fingerprint | None:
     tree in one call (``Scheme.root``: version 2 with the native kernel), finalized on the host;
     None for anything else. The same value as ``start`` then ``resolve`` (a tensor's tree does not
     depend on what it is hashed with, and ``resolve`` finalizes a few digests on the host too),
-    without their batching: a single call costs a few microseconds instead of about 40."""
+    without their batching: a tiny tensor's call costs about 10 microseconds instead of about 40."""
     try:
         if (
             type(t) not in _PLAIN
