@@ -1,7 +1,9 @@
-"""Capture API edges a new user hits: metrics and probes outside a step, re-running into a directory."""
+"""Capture API edges a new user hits: metrics and probes outside a step, re-running into a directory,
+a second thread."""
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import polars as pl
@@ -13,6 +15,7 @@ from detfp_capture import Session
 from detfp_capture._sources.launcher import main as launcher_main
 from detfp_capture.errors import ConfigError, RunExistsError
 from detfp_format.writer import clear_rank
+from tests.fixtures.models import read
 
 
 def _caught(fn) -> list[str]:
@@ -105,3 +108,23 @@ def test_launcher_overwrite_flag(tmp_path):
     assert launcher_main(["--out", str(out), "--", str(script)]) == 2  # create-only by default
     assert launcher_main(["--out", str(out), "--overwrite", "--", str(script)]) == 0
     assert open_run(out).segments(0) == (0,)
+
+
+def test_ops_on_another_thread_are_not_recorded_but_its_watched_modules_are(tmp_path):
+    # docs/capture.md, Limitations: the dispatch mode is the session thread's; module hooks fire
+    # on whichever thread calls the module.
+    m = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with Session(tmp_path / "r", "ops") as s:
+        s.watch(m)
+        with s.step(0):
+            m(x)
+            th = threading.Thread(target=lambda: (m(x), torch.relu(x)))
+            th.start()
+            th.join()
+    r = read(tmp_path / "r").filter(pl.col("step") == 0)
+    calls = r.filter(pl.col("role") != "input").group_by("kind", "name").agg(pl.len())
+    count = {(k, n): c for k, n, c in calls.iter_rows()}
+    assert count[("module_output", "Linear")] == 2  # both calls of the module
+    assert count[("op", "aten::addmm.default")] == 1  # only the session thread's op
+    assert ("op", "aten::relu.default") not in count
