@@ -15,9 +15,9 @@ Every script in this folder runs as ``python benchmarks/<script>.py``, so this f
 * ``time_gemms``: the time capture spends in the digest's level GEMM, in this process;
 * ``wait_for_writer``: until a capture session's writer thread has written what it was handed;
 * ``import_tree``: a baseline tree's packages imported ahead of the installed ones (``--baseline``);
-* ``side_by_side_arguments``, ``run_side_by_side`` (``parse_levels``, ``trees``, ``tree_child``,
-  ``interleaved``): a side-by-side benchmark's levels and trees, one child process
-  per (tree, level) in its child mode, and the rounds of children in a shuffled order.
+* ``side_by_side_arguments``, ``run_side_by_side``: a side-by-side benchmark's levels and trees,
+  one child process per (tree, level) in its child mode, and the rounds of children in a
+  shuffled order.
 """
 
 from __future__ import annotations
@@ -43,17 +43,13 @@ __all__ = [
     "check_planted",
     "import_tree",
     "instruction_set",
-    "interleaved",
     "load_average",
     "machine",
     "machine_line",
-    "parse_levels",
     "run_measured",
     "run_side_by_side",
     "side_by_side_arguments",
     "time_gemms",
-    "tree_child",
-    "trees",
     "wait_for_writer",
 ]
 
@@ -334,7 +330,7 @@ def side_by_side_arguments(p: Any, levels: Sequence[str], rounds: int) -> None:
     p.add_argument("--level", help=argparse.SUPPRESS)
 
 
-def parse_levels(text: str, allowed: Sequence[str]) -> list[str]:
+def _parse_levels(text: str, allowed: Sequence[str]) -> list[str]:
     """``--levels``: a comma-separated subset of ``allowed``. Raises ValueError otherwise."""
     levels = [x.strip() for x in text.split(",") if x.strip()]
     if not levels or set(levels) - set(allowed):
@@ -342,7 +338,7 @@ def parse_levels(text: str, allowed: Sequence[str]) -> list[str]:
     return levels
 
 
-def trees(baseline: Path | None) -> dict[str, Path]:
+def _trees(baseline: Path | None) -> dict[str, Path]:
     """The trees a side-by-side benchmark measures: ``{"after": ROOT}``, with ``"before"`` first
     when ``--baseline`` names another checkout. Raises ValueError when it is not one."""
     if baseline is None:
@@ -352,7 +348,7 @@ def trees(baseline: Path | None) -> dict[str, Path]:
     return {"before": baseline.resolve(), "after": ROOT}
 
 
-def tree_child(script: str, tree: Path, level: str, options: Mapping[str, Any]) -> dict:
+def _tree_child(script: str, tree: Path, level: str, options: Mapping[str, Any]) -> dict:
     """Run ``script --child --tree TREE --level LEVEL --k v ...`` (its child mode, which imports
     the tree's packages with ``import_tree``) and return the JSON object it printed last."""
     cmd = [sys.executable, str(Path(script).resolve()), "--child", "--tree", str(tree), "--level", level]
@@ -371,16 +367,16 @@ def run_side_by_side(
     """A side-by-side benchmark's parent (arguments of ``side_by_side_arguments``; ``p.error`` on a
     bad one): its trees, its levels, and per (side, level) the JSON of each round's child."""
     try:
-        levels = parse_levels(args.levels, allowed)
-        sides = trees(args.baseline)
+        levels = _parse_levels(args.levels, allowed)
+        sides = _trees(args.baseline)
     except ValueError as exc:
         p.error(str(exc))
     jobs = [(side, lv) for side in sides for lv in levels]
-    got = interleaved(jobs, args.rounds, lambda side, lv: tree_child(script, sides[side], lv, options))
+    got = _interleaved(jobs, args.rounds, lambda side, lv: _tree_child(script, sides[side], lv, options))
     return sides, levels, got
 
 
-def interleaved(jobs: Sequence[tuple[str, str]], rounds: int, run: Any) -> dict[tuple[str, str], list[dict]]:
+def _interleaved(jobs: Sequence[tuple[str, str]], rounds: int, run: Any) -> dict[tuple[str, str], list[dict]]:
     """``run(side, level)`` for every job, ``rounds`` times, in a shuffled order per round (fixed
     seed): a load change on a shared machine hits every job alike."""
     import random

@@ -464,59 +464,6 @@ static PyObject *tlh2_root(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* tlh2_roots(addrs, sizes, keys_addr, nkeys, y_addr, isa=-1): tlh2_root of many byte ranges at once,
- * root i into y[2i], y[2i+1]; addrs and sizes are lists of ints of one length. The capture's
- * batches of small CPU tensors take this instead of a layout, a copy and a GEMM per level. */
-static PyObject *tlh2_roots(PyObject *self, PyObject *args) {
-    PyObject *addrs, *sizes;
-    unsigned long long ka, ya;
-    int nkeys, want = -1, rc = 0;
-    if (!PyArg_ParseTuple(args, "O!O!KiK|i", &PyList_Type, &addrs, &PyList_Type, &sizes, &ka, &nkeys, &ya, &want))
-        return NULL;
-    Py_ssize_t m = PyList_GET_SIZE(addrs);
-    if (PyList_GET_SIZE(sizes) != m || nkeys < 1 || ka == 0 || (m > 0 && ya == 0)) {
-        PyErr_SetString(PyExc_ValueError, "tlh2_roots: bad arguments");
-        return NULL;
-    }
-    int use = pick_isa(want);
-    if (use < 0) return NULL;
-    const uint8_t **xs = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(*xs));
-    Py_ssize_t *ns = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(*ns));
-    if (xs == NULL || ns == NULL) {
-        PyMem_Free(xs);
-        PyMem_Free(ns);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < m; i++) {
-        unsigned long long a = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(addrs, i));
-        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
-        if (PyErr_Occurred() || n < 0 || (n > 0 && a == 0)) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "tlh2_roots: bad range %zd", i);
-            PyMem_Free(xs);
-            PyMem_Free(ns);
-            return NULL;
-        }
-        xs[i] = (const uint8_t *)(uintptr_t)a;
-        ns[i] = n;
-    }
-    const uint8_t *keys = (const uint8_t *)(uintptr_t)ka;
-    uint64_t *y = (uint64_t *)(uintptr_t)ya;
-    Py_ssize_t bad = -1;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m && rc == 0; i++) {
-        rc = tlh2_tree(use, xs[i], ns[i], keys, nkeys, y + 2 * i);
-        if (rc != 0) bad = i;
-    }
-    Py_END_ALLOW_THREADS
-    PyMem_Free(xs);
-    PyMem_Free(ns);
-    if (rc != 0) {
-        PyErr_Format(PyExc_ValueError, "tlh2_roots: range %zd needs more than %d levels of keys", bad, nkeys);
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
-
 static PyObject *isas(PyObject *self, PyObject *unused) {
     PyObject *out = PyTuple_New(isa_best + 1);
     if (out == NULL) return NULL;
@@ -547,9 +494,6 @@ static PyMethodDef methods[] = {
     {"tlh2_root", tlh2_root, METH_VARARGS,
      "tlh2_root(x_addr, nbytes, keys_addr, nlevels, y_addr, isa=-1): version 2, the root's two uint64 sums of n "
      "contiguous bytes through every level (keys: nlevels levels' packed keys, one after the other)."},
-    {"tlh2_roots", tlh2_roots, METH_VARARGS,
-     "tlh2_roots(addrs, sizes, keys_addr, nlevels, y_addr, isa=-1): version 2, tlh2_root of many byte ranges, "
-     "root i at y[2i:2i+2]."},
     {"isas", isas, METH_NOARGS, "The instruction sets this CPU runs, worst first: ('portable', 'avx2', ...)."},
     {"select", select_isa, METH_VARARGS, "select(i): run instruction set isas()[i] from now on."},
     {"kernel", kernel, METH_NOARGS, "The instruction set the kernels run: 'avx512', 'avx2' or 'portable'."},

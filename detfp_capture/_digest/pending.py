@@ -24,7 +24,7 @@ from detfp_capture._digest import core, versions
 from detfp_capture._digest import moments as _moments
 from detfp_capture._digest.awaited import collective_result
 from detfp_capture._digest.core import Scheme
-from detfp_capture._digest.resolve import resolve
+from detfp_capture._digest.resolve import _hex, resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments, _fingerprint_fast
 from detfp_capture._digest.subclass import flatten
 
@@ -434,4 +434,4 @@ def _whole_tree_now(t: torch.Tensor, sch: Scheme) -> Fingerprint | None:
         hi, lo = sch.finalize_host(root.view(-1).tolist(), core.meta_words(sch, t.dtype, shape))
     except Exception:
         return None  # the general path digests it, or says why it cannot
-    return _fingerprint_fast(str(t.dtype), shape, t.numel(), f"{hi:016x}{lo:016x}", None, None, False)
+    return _fingerprint_fast(str(t.dtype), shape, t.numel(), _hex(hi, lo), None, None, False)

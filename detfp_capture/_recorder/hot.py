@@ -31,6 +31,7 @@ from detfp_capture._recorder.slot import (
     NATIVE,
     SHAPES,
     Slot,
+    _hostpath,
     dtype_str,
     gc_paused,
     shape_tuple,
@@ -143,8 +144,6 @@ def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool
 
 
 if NATIVE:
-    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
-
     _hostpath.configure(
         PLAIN, _TENSOR, _INT64, DTYPE_STR, dtype_str, SHAPES, shape_tuple, Staging, digest, storage_ptrs,
         _NO_HAZARDS, LIMIT,

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
 from detfp_capture._recorder.hot import append_fast, record_op
-from detfp_capture._recorder.slot import NATIVE
+from detfp_capture._recorder.slot import NATIVE, _hostpath
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.ops import (
     _OUT_NAMES,
@@ -42,8 +42,6 @@ from detfp_capture._sources.patches import Patches, watch_autocast, watch_storag
 __all__ = ["CaptureMode"]
 
 if NATIVE:
-    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
-
     _hostpath.configure_dispatch(_OUT_NAMES)
     #: ``CaptureMode._pre``/``_post`` in C for the ops most steps are made of (``OpInfo.plain_in``,
     #: ``plain_out``, no hazard state, no ``modules=``): NotImplemented, nothing done, otherwise.

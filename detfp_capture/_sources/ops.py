@@ -18,7 +18,7 @@ import torch
 from detfp_capture._recorder.args import flat_args
 from detfp_capture._recorder.args import markers as args_markers
 from detfp_capture._recorder.call import TensorArg
-from detfp_capture._recorder.slot import NATIVE, storage_ptrs
+from detfp_capture._recorder.slot import NATIVE, _hostpath, storage_ptrs
 
 __all__ = [
     "FULL_OVERWRITE",
@@ -299,8 +299,6 @@ def _gather_py(
 
 
 if NATIVE:
-    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
-
     _hostpath.configure_gather(_ARG_NAMES, *args_markers())
     #: ``_gather_py`` in C (``_recorder/_hostpath.c``): the same records and arguments.
     gather = _hostpath.gather

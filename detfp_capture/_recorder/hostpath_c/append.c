@@ -354,6 +354,18 @@ done:
     return rc;
 }
 
+/* t._version, or None for a tensor without a version counter (inference tensors). New ref. */
+static PyObject *
+version_or_none(PyObject *t)
+{
+    PyObject *v = PyObject_GetAttr(t, s_version);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        v = Py_NewRef(Py_None);
+    }
+    return v;
+}
+
 /* digest.start(t, pointer_check=is_int64), looked up now (a test may replace it). */
 static PyObject *
 start_now(PyObject *t, int is_int64)
@@ -439,14 +451,10 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                  *t = PyTuple_GET_ITEM(items[i], 2);
         PyObject *version = NULL, *s = NULL, *dt = NULL, *numel = NULL, *key = NULL, *ptr = NULL;
         int ok = -1;
-        version = PyObject_GetAttr(t, s_version);
-        if (version == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto item_done;
-            PyErr_Clear(); /* inference tensors have no version counter */
-        }
+        if ((version = version_or_none(t)) == NULL) goto item_done;
         key = PyLong_FromVoidPtr(t);
         if (key == NULL) goto item_done;
-        if (version != NULL && !fresh) {
+        if (version != Py_None && !fresh) {
             s = cache_get(by_id, key, t, version);
             if (s == NULL) goto item_done;
             if (s == Py_None) Py_CLEAR(s);
@@ -454,7 +462,7 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if ((dt = PyObject_GetAttr(t, s_dtype)) == NULL) goto item_done;
         if ((numel = PyObject_CallMethodNoArgs(t, s_numel)) == NULL) goto item_done;
         if (s == NULL) {
-            if (defer && version != NULL && dt != cfg_int64 && (PyObject *)Py_TYPE(t) == cfg_tensor) {
+            if (defer && version != Py_None && dt != cfg_int64 && (PyObject *)Py_TYPE(t) == cfg_tensor) {
                 if (defer_one(waiting, t, dt, numel, version, fresh, &s, &ptr) < 0) goto item_done;
             } else {
                 /* On CPU at version 2: digested now, from the bytes a snapshot would copy. */
@@ -482,7 +490,7 @@ append_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     if (s == NULL) goto item_done;
                 }
             }
-            if (version != NULL && cache_put(vcache, by_id, key, t, s, version, ptr) < 0) goto item_done;
+            if (version != Py_None && cache_put(vcache, by_id, key, t, s, version, ptr) < 0) goto item_done;
         }
         if (push_record(rows, call, &seq, role, arg, t, dt, numel, s) < 0) goto item_done;
         ok = 0;

@@ -112,12 +112,8 @@ batch_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* Every lookup first, then the new slots (a tensor twice in one batch misses twice, as in Python). */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *t = PyTuple_GET_ITEM(PyList_GET_ITEM(specs, i), SP_TENSOR);
-        PyObject *version = PyObject_GetAttr(t, s_version);
-        if (version == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
-            PyErr_Clear();
-            version = Py_NewRef(Py_None);
-        }
+        PyObject *version = version_or_none(t);
+        if (version == NULL) goto done;
         PyList_SET_ITEM(versions, i, version);
         PyObject *hit = Py_NewRef(Py_None);
         if (version != Py_None && !fresh) {

@@ -129,17 +129,16 @@ written_storages_c(PyObject *info, PyObject *args, PyObject *kwargs)
     if ((writes = PyObject_GetAttr(info, s_writes)) == NULL || (outs = PyObject_GetAttr(info, s_out_kwargs)) == NULL ||
         (wf = PySequence_Fast(writes, "OpInfo.writes")) == NULL || (of = PySequence_Fast(outs, "OpInfo.out_kwargs")) == NULL)
         goto fail;
-    Py_ssize_t na = PyTuple_GET_SIZE(args);
     /* Python gathers the written arguments first, then their storages: the same order here. */
     for (int pass = 0; pass < 2; pass++) {
         PyObject *f = pass == 0 ? wf : of;
         for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(f); k++) {
             PyObject *w = NULL;
             if (pass == 0) {
-                Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_ITEMS(f)[k]);
-                if (i == -1 && PyErr_Occurred()) goto fail;
-                if (i < 0 || i >= na) continue;
-                w = PyTuple_GET_ITEM(args, i);
+                Py_ssize_t i;
+                int got = written_arg(f, k, args, &i, &w);
+                if (got < 0) goto fail;
+                if (got == 0) continue;
             } else {
                 w = PyDict_GetItemWithError(kwargs, PySequence_Fast_ITEMS(f)[k]);
                 if (w == NULL) {
@@ -177,14 +176,7 @@ before_write_c(PyObject *rec, PyObject *ptrs)
     if (any < 0) goto out;
     if (any) {
         if (ptrs == Py_None) {
-            PyObject *kwn = PyTuple_Pack(1, s_staging_kw), *meth = PyObject_GetAttr(waiting, s_run), *r = NULL;
-            if (kwn != NULL && meth != NULL) {
-                PyObject *argv[1] = {Py_False};
-                r = PyObject_Vectorcall(meth, argv, 0, kwn);
-            }
-            Py_XDECREF(kwn); Py_XDECREF(meth);
-            if (r == NULL) goto out;
-            Py_DECREF(r);
+            if (waiting_run(waiting) < 0) goto out;
         } else {
             if ((stor = PyObject_GetAttr(waiting, s_storages)) == NULL || (hit = PyList_New(0)) == NULL) goto out;
             for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ptrs); i++) {
@@ -385,15 +377,15 @@ op_outputs_c(PyObject *info, PyObject *a, PyObject *out)
         PyObject *wf = PySequence_Fast(writes, "OpInfo.writes must be a sequence");
         Py_DECREF(writes);
         if (wf == NULL) goto fail;
-        Py_ssize_t nw = PySequence_Fast_GET_SIZE(wf), na = PyTuple_GET_SIZE(a);
-        for (Py_ssize_t k = 0; k < nw; k++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_ITEMS(wf)[k]);
-            if (i == -1 && PyErr_Occurred()) {
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(wf); k++) {
+            Py_ssize_t i;
+            PyObject *v = NULL;
+            int got = written_arg(wf, k, a, &i, &v);
+            if (got < 0) {
                 Py_DECREF(wf);
                 goto fail;
             }
-            if (i < 0 || i >= na) continue;
-            PyObject *v = PyTuple_GET_ITEM(a, i);
+            if (got == 0) continue;
             int it = PyObject_IsInstance(v, cfg_tensor);
             int e = it < 0 ? -1 : 0;
             if (it > 0) {
@@ -440,9 +432,11 @@ note_written(PyObject *vcache, PyObject *outs)
         }
         Py_INCREF(sl);
         PyObject *v = SLOT_FIELD(sl, version, "version");
-        PyObject *entry = v == NULL ? NULL : PyTuple_Pack(3, t, sl, v);
+        PyObject *entry = v == NULL || v == Py_None ? NULL : PyTuple_Pack(3, t, sl, v);
+        int skip = v == Py_None; /* (a cached Slot always has its version) */
         Py_DECREF(sl);
         Py_XDECREF(v);
+        if (skip) continue;
         if (entry == NULL) goto out;
         int e = PyList_Append(written, entry);
         Py_DECREF(entry);

@@ -252,6 +252,36 @@ done:
     return result;
 }
 
+/* waiting.run(staging=False): every digest waiting for a batch, taken now. */
+static int
+waiting_run(PyObject *waiting)
+{
+    PyObject *kwn = PyTuple_Pack(1, s_staging_kw);
+    PyObject *meth = kwn == NULL ? NULL : PyObject_GetAttr(waiting, s_run);
+    PyObject *ran = NULL;
+    if (meth != NULL) {
+        PyObject *argv[1] = {Py_False};
+        ran = PyObject_Vectorcall(meth, argv, 0, kwn);
+        Py_DECREF(meth);
+    }
+    Py_XDECREF(kwn);
+    if (ran == NULL) return -1;
+    Py_DECREF(ran);
+    return 0;
+}
+
+/* The k-th argument OpInfo.writes names (wf: it as a fast sequence) among the positional args a:
+ * 1 with *v borrowed and *i its position; 0 when out of range (Python skips it); -1 on error. */
+static int
+written_arg(PyObject *wf, Py_ssize_t k, PyObject *a, Py_ssize_t *i, PyObject **v)
+{
+    *i = PyLong_AsSsize_t(PySequence_Fast_ITEMS(wf)[k]);
+    if (*i == -1 && PyErr_Occurred()) return -1;
+    if (*i < 0 || *i >= PyTuple_GET_SIZE(a)) return 0;
+    *v = PyTuple_GET_ITEM(a, *i);
+    return 1;
+}
+
 /* hot.append_counted: records counted, not digested (views, metadata ops). */
 static int
 append_counted_c(PyObject *rec, PyObject *call, PyObject *fast)
@@ -379,19 +409,7 @@ append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, P
         full = PyObject_RichCompareBool(nbytes, op_defer_bytes, Py_GE);
         if (full < 0) goto out;
     }
-    if (full) {
-        PyObject *kwn = PyTuple_Pack(1, s_staging_kw);
-        PyObject *meth = kwn == NULL ? NULL : PyObject_GetAttr(waiting, s_run);
-        PyObject *ran = NULL;
-        if (meth != NULL) {
-            PyObject *argv[1] = {Py_False};
-            ran = PyObject_Vectorcall(meth, argv, 0, kwn);
-            Py_DECREF(meth);
-        }
-        Py_XDECREF(kwn);
-        if (ran == NULL) goto out;
-        Py_DECREF(ran);
-    }
+    if (full && waiting_run(waiting) < 0) goto out;
     rc = count_appended(rec, n);
 out:
     Py_DECREF(waiting); Py_XDECREF(wt); Py_XDECREF(nbytes);
