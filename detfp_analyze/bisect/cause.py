@@ -31,25 +31,11 @@ from dataclasses import dataclass
 
 from detfp_analyze.bisect import advice as _advice
 from detfp_analyze.bisect.advice import Advice
-from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence, RankResult, check_cause
+from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence, Ending, RankResult, check_cause
 from detfp_analyze.bisect.settings import SETTING_GROUPS, Setting, explains
 from detfp_analyze.bisect.vocab import Cause, Status, Verdict
 
-__all__ = ["Clues", "Ending", "HazardRead", "Offset", "confirm_hazards", "trim_endings", "weigh"]
-
-
-@dataclass(frozen=True)
-class Ending:
-    """A run that ended before the other: its last step did not finish, or its capture is incomplete."""
-
-    #: "A" or "B".
-    side: str
-    #: The step it ended in (its records stop there, or are not held from there on).
-    step: int
-    #: Ranks it ended on, sorted.
-    ranks: tuple[int, ...]
-    #: Why, as the capture said it ("step 3 raised RuntimeError: ...", "the capture closed incomplete: ...").
-    reason: str
+__all__ = ["Clues", "HazardRead", "Offset", "confirm_hazards", "trim_endings", "weigh"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +140,7 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
     if not clues.endings:
         return None
     e = min(clues.endings, key=lambda x: (x.step, x.side))
-    if status != Status.IDENTICAL:
+    if status not in (Status.IDENTICAL, Status.ENDED_EARLY):
         return None  # a value differs (a rank ended where the run did was trimmed already): that is the cause
     lo = window[0] if window else None
     held = (
@@ -168,6 +154,14 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
         (
             f"look at why run {e.side} stopped at step {e.step} (its log: the exception, a kill, a full disk)",
             f"to compare the rest, rerun {e.side} to the end and bisect again",
+            *(
+                ()
+                if status == Status.IDENTICAL
+                else (
+                    "to accept the steps both runs hold (exit 0 when they match): bisect --allow-incomplete, or in a "
+                    'gate an expectation with status = "ended_early" and a reason (docs/guards.md)',
+                )
+            ),
         ),
     )
 
@@ -267,7 +261,7 @@ def weigh(
     rep = rep or next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
     d = rep.effective if rep is not None else None
     where = _advice.who(origin or diverged, compared)
-    if status == Status.IDENTICAL and not clues.endings:
+    if status in (Status.IDENTICAL, Status.ENDED_EARLY) and not clues.endings:
         v = Advice(Cause.NONE, "A and B are bitwise identical: every compared record and metric matched.")
     else:
         v = (

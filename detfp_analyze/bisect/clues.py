@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import polars as pl
 
 from detfp_analyze.bisect import narrow as _narrow
-from detfp_analyze.bisect.cause import Ending, HazardRead, Offset
+from detfp_analyze.bisect.cause import HazardRead, Offset
 from detfp_analyze.bisect.reads import collect, scan
-from detfp_analyze.bisect.result import Capture, RankResult, ResumeInfo
+from detfp_analyze.bisect.result import Capture, Ending, RankResult, ResumeInfo
 from detfp_analyze.bisect.vocab import Status, Verdict
 from detfp_analyze.io.reader import Run
 

@@ -33,7 +33,7 @@ from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = [
     "CAUSES", "DIFF_KINDS", "LEVELS", "PATTERNS", "REPORT_VERSION", "STATUSES", "VERDICTS", "BisectResult", "Capture",
-    "Component", "Diagnosis", "Discriminator", "DiscriminatorRow", "Divergence", "Kernels", "RankResult", "ResumeInfo",
+    "Component", "Diagnosis", "Discriminator", "DiscriminatorRow", "Divergence", "Ending", "Kernels", "RankResult", "ResumeInfo",
     "ValueDiff", "Window", "check_cause", "check_pattern", "check_status", "check_verdict",
 ]  # fmt: skip
 
@@ -41,7 +41,11 @@ __all__ = [
 #: ``cause``/``headline``/``next_steps``, a rank's ``hazard_confirmed``, the window's ``capture_*``,
 #: the resume's ``step_offset``, the pattern ``all_ranks_same_source``; a divergence names the parts
 #: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
-REPORT_VERSION = 2
+#: 3: ``status`` "ended_early" and the report's ``endings``; the difference kinds ``dtype``,
+#: ``shape`` and ``layout`` with ``ValueDiff.dtype_a``/``dtype_b``/``shape_a``/``shape_b``; the
+#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; a rank's
+#: ``calls_a``/``calls_b`` (forward calls per step).
+REPORT_VERSION = 3
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
 
@@ -407,6 +411,23 @@ class Discriminator:
 
 
 @dataclass(frozen=True)
+class Ending:
+    """A run that ended before the other: its last step did not finish, or its capture is incomplete."""
+
+    #: "A" or "B".
+    side: str
+    #: The step it ended in (its records stop there, or are not held from there on).
+    step: int
+    #: Ranks it ended on, sorted.
+    ranks: tuple[int, ...]
+    #: Why, as the capture said it ("step 3 raised RuntimeError: ...", "the capture closed incomplete: ...").
+    reason: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"run": self.side, "step": self.step, "ranks": list(self.ranks), "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class BisectResult:
     """Everything ``bisect`` found. ``to_json_dict`` is the documented ``--json`` object."""
 
@@ -434,6 +455,9 @@ class BisectResult:
     #: False when a run was opened with allow_incomplete and held less than its commit logs
     #: promise: only the steps both runs hold completely were compared (the rest is in notes).
     complete: bool = True
+    #: Runs that ended before the other (a step that raised, a capture that never closed), by
+    #: run, step and reason: status ``ended_early`` when nothing both hold differs.
+    endings: tuple[Ending, ...] = ()
 
     def __post_init__(self) -> None:
         check_status(self.status)
@@ -447,7 +471,8 @@ class BisectResult:
 
     @property
     def diverged(self) -> bool:
-        """Not bitwise identical: values differ (``diverged``) or only an RNG state does (``rng_only``)."""
+        """Not a pass: values differ (``diverged``), only an RNG state does (``rng_only``), or a run
+        ended before the other (``ended_early``)."""
         return self.status != Status.IDENTICAL
 
     def rank(self, rank: int) -> RankResult:
@@ -482,4 +507,5 @@ class BisectResult:
             "discriminator": None if self.discriminator is None else self.discriminator.to_json_dict(),
             "notes": list(self.notes),
             "complete": self.complete,
+            "endings": [e.to_json_dict() for e in self.endings],
         }

@@ -41,6 +41,9 @@ class Status(StrEnum):
     #: An RNG state differs and no value or metric does (nothing drew from the generator in the
     #: compared steps).
     RNG_ONLY = "rng_only"
+    #: Everything both runs hold matched, but a run ended before the other (a step that raised,
+    #: a capture that never closed): not a pass unless the comparison allows an incomplete run.
+    ENDED_EARLY = "ended_early"
 
 
 class Verdict(StrEnum):

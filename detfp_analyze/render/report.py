@@ -123,6 +123,9 @@ def status_line(r: BisectResult) -> str:
     dg = r.diagnosis
     if r.status == Status.IDENTICAL:
         return "status: identical" + ("" if dg.cause == Cause.NONE else f"; cause {dg.cause}")
+    if r.status == Status.ENDED_EARLY:
+        ends = "; ".join(f"run {e.side} ended at step {e.step}" for e in r.endings)
+        return f"status: ended_early ({ends}; what both runs hold matched); cause {dg.cause}"
     if r.status == Status.RNG_ONLY:
         return f"status: rng_only (an RNG state differs, no value or metric does), from step {r.first_step}; cause {dg.cause}"
     return f"status: diverged, first at step {r.first_step}; pattern {dg.pattern}; cause {dg.cause}"

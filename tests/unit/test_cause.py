@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from detfp_analyze.bisect.cause import Clues, Ending, HazardRead, confirm_hazards, trim_endings, weigh
+from detfp_analyze.bisect.cause import Clues, HazardRead, confirm_hazards, trim_endings, weigh
 from detfp_analyze.bisect.diagnose import diagnose
 from detfp_analyze.bisect.result import (
     BisectResult,
     Capture,
     Divergence,
+    Ending,
     RankResult,
     ResumeInfo,
     ValueDiff,
