@@ -30,6 +30,11 @@ from detfp_analyze.render.report import render_text
 
 __all__ = ["command"]
 
+_ALLOW_INCOMPLETE = (
+    ALLOW_INCOMPLETE_HELP + " A run that ended before the other (status ended_early, exit 1) then passes when the "
+    "steps both hold match."
+)
+
 
 class _Bar:
     """A rich progress bar on stderr, created on first use (only for long scans on a TTY)."""
@@ -76,14 +81,7 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
-    allow_incomplete: Annotated[
-        bool,
-        typer.Option(
-            "--allow-incomplete",
-            help=ALLOW_INCOMPLETE_HELP + " A run that ended before the other (status ended_early, exit 1) then "
-            "passes when the steps both hold match.",
-        ),
-    ] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=_ALLOW_INCOMPLETE)] = False,
     ignore_env: Annotated[
         list[str] | None,
         typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),

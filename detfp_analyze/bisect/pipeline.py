@@ -144,8 +144,9 @@ def _bisect(
         status = Status.ENDED_EARLY  # what both hold matched, but a run that died is not a pass
     capture = (_clues.capture_of(run_a, scope.ranks), _clues.capture_of(run_b, scope.ranks))
     offset = _clues.step_offset(run_a, run_b, ordered, scope.range_a, scope.range_b) if diverged else None
+    first = min((rr.step for rr in diverged if rr.step is not None), default=None)
     clues = _cause.Clues(
-        settings=_settings.settings(diffs),
+        settings=_clues.settings_at(run_a, run_b, scope.ranks, _settings.settings(diffs), first),
         endings=ends,
         offset=offset,
         rng_only=rng_only,
@@ -153,6 +154,7 @@ def _bisect(
         capture_a=capture[0],
         capture_b=capture[1],
         resume_step=scope.resume.first_common_step if scope.resume.resumed else None,
+        calls=_clues.forward_calls(run_a, run_b, ordered) if diverged else None,
     )
     diag = _cause.weigh(diag, ordered, clues, status, hazard_reads)
     disc = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from detfp_analyze import _gcpause
+from detfp_analyze.bisect.discriminator import Discriminator
 from detfp_analyze.bisect.vocab import (
     CAUSES,
     DIFF_KINDS,
@@ -33,7 +34,7 @@ from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = [
     "CAUSES", "DIFF_KINDS", "LEVELS", "PATTERNS", "REPORT_VERSION", "STATUSES", "VERDICTS", "BisectResult", "Capture",
-    "Component", "Diagnosis", "Discriminator", "DiscriminatorRow", "Divergence", "Ending", "Kernels", "RankResult", "ResumeInfo",
+    "Component", "Diagnosis", "Divergence", "Ending", "Kernels", "RankResult", "ResumeInfo",
     "ValueDiff", "Window", "check_cause", "check_pattern", "check_status", "check_verdict",
 ]  # fmt: skip
 
@@ -43,8 +44,7 @@ __all__ = [
 #: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
 #: 3: ``status`` "ended_early" and the report's ``endings``; the difference kinds ``dtype``,
 #: ``shape`` and ``layout`` with ``ValueDiff.dtype_a``/``dtype_b``/``shape_a``/``shape_b``; the
-#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; a rank's
-#: ``calls_a``/``calls_b`` (forward calls per step).
+#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; the record kind ``state``.
 REPORT_VERSION = 3
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
@@ -121,6 +121,11 @@ class ValueDiff:
     args_changes: tuple[str, ...] = ()
     #: The part of a tensor subclass whose values these are (``"scale"``), None for a whole tensor.
     component: str | None = None
+    #: The record's dtype and shape on each side (kinds ``dtype`` and ``shape`` name what changed).
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
     #: One line for humans.
     detail: str = ""
 
@@ -372,42 +377,6 @@ class ResumeInfo:
 
     def to_json_dict(self) -> dict[str, Any]:
         return _fields_json(self)
-
-
-@dataclass(frozen=True)
-class DiscriminatorRow:
-    """Instances of the origin op sharing one (dtype, shape, module, phase)."""
-
-    dtype: str | None
-    shape: tuple[int, ...] | None
-    module: str
-    phase: str
-    #: Calls whose records all matched / whose output differed.
-    clean: int
-    divergent: int
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return _fields_json(self)
-
-
-@dataclass(frozen=True)
-class Discriminator:
-    """Every instance of the origin op in the divergent step of the origin ranks, grouped."""
-
-    #: The op name.
-    op: str
-    #: The ranks and steps looked at.
-    ranks: tuple[int, ...]
-    steps: tuple[int, ...]
-    rows: tuple[DiscriminatorRow, ...]
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "ranks": list(self.ranks),
-            "steps": list(self.steps),
-            "rows": [r.to_json_dict() for r in self.rows],
-        }
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,8 @@ def _where(d: Divergence | None) -> tuple[str, str, str, str]:
         return "", "", "", ""
     module = "" if d.module is None else (d.module or "<root>")
     op = "" if d.op is None else f"{d.kind}:{d.op}"
+    if d.kind == "state":  # the state a run starts from: before the step, not a call in it
+        return f"before step {d.step}", module, op, d.arg
     return d.phase, module, op, f"{d.role} {d.arg}".strip()
 
 
