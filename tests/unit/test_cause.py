@@ -167,3 +167,16 @@ def test_forward_calls_that_differ_name_the_accumulation_and_a_setting_note_is_s
     identical = weigh(diagnose(ranks(None, None), {}), ranks(None, None), Clues(settings=settings(per_rank)), "identical")
     assert identical.explanation.count("OMP_NUM_THREADS") == 1 and "without explaining" not in identical.explanation
     assert "A setting differs, and every value matched anyway: env.OMP_NUM_THREADS [ranks 0-1]" in identical.explanation
+
+
+def test_a_subclass_whose_parts_all_match_differs_by_its_layout():
+    from detfp_analyze.bisect.diffkind import classify
+
+    side = {"status": "ok", "digest_hi": 1, "digest_lo": 2}
+    v = classify("differs", side, {**side, "digest_lo": 3}, layout=True, dtypes=("torch.float32",) * 2)
+    assert v.kind == "layout" and "its layout" in v.detail
+    d = div(diff_kind="layout", diff=v, kind="param", op="fc.weight", phase="step")
+    got = cause_of(ranks(d))
+    assert got.cause == "layout" and "with every part equal: its layout changed" in got.headline
+    dt = classify("differs", side, {**side, "digest_lo": 3}, dtypes=("torch.bfloat16", "torch.float16"))
+    assert (dt.kind, dt.dtype_a, dt.dtype_b) == ("dtype", "torch.bfloat16", "torch.float16")
