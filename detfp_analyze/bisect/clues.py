@@ -14,7 +14,8 @@ Each function reads little and returns a typed value of ``cause``; the weighing 
 * ``step_offset``: when a rank's first divergence is a source at run B's first step, whether
   B's entry records there (RNG states, the batch, parameters) equal run A's at a later step;
 * ``forward_calls``: how often each run's models ran forward in the step of the lowest diverged
-  rank's first difference (its ``batch`` records) and whether micro-batches are labelled;
+  rank's first difference (its ``batch`` records) and whether micro-batches are labelled, read
+  only where a count can differ (a structural difference, a metric one run records more often);
 * ``settings_at``: the settings that differ at the first divergent step, the manifests' with
   the changes a run made during the run applied (``setting_changed`` events, read only of the
   ranks whose manifest says a setting changed: ``settings_changed_at``).
@@ -248,10 +249,14 @@ def settings_at(
 
 def forward_calls(run_a: Run, run_b: Run, ranks: Sequence[RankResult]) -> ForwardCalls | None:
     """Forward calls per step (``batch`` records, one per root forward) in both runs at the lowest
-    diverged rank with a located first difference, in its step; None when there is none (one
-    read of that rank-step's records)."""
+    diverged rank with a located first difference, in its step, when a count can differ there: the
+    difference is structural, or a metric of that step is recorded in one run only (a loss per
+    micro-batch); else None without reading (one read of that rank-step's records otherwise)."""
     rr = next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
     if rr is None or rr.effective is None:
+        return None
+    one_sided_metric = rr.metric_step == rr.effective.step and (rr.metric_a is None) != (rr.metric_b is None)
+    if rr.effective.verdict != Verdict.STRUCTURAL and not one_sided_metric:
         return None
     step = rr.effective.step
     counts, labelled = [], False

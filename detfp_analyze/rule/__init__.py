@@ -38,8 +38,8 @@ hazard says a tensor's bytes are no evidence; an argument is a value the call si
 difference there is evidence whatever the tensors held); a call is when any of its records is. A step *changes a value* when
 a record not under a hazard is ``VALUE`` evidence, unless its first divergence is reordered or
 shifted and the step holds the same calls up to their order within each family (per family, the
-multisets of calls, each the sorted ``SIGNATURE`` of its records, are equal: DDP's bucket order,
-a resumed run's first-iteration work). Steps are walked in order, restricted to the compared
+multisets of calls, each the sorted ``SIGNATURE`` of its records, are equal, ``START_KINDS``
+records left out: DDP's bucket order, a resumed run's first-iteration work). Steps are walked in order, restricted to the compared
 ranks and common steps:
 
 * a step that changes no value is passed over;

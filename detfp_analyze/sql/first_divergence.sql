@@ -113,14 +113,17 @@ LEFT JOIN moved AS m
   ON m.rank = j.rank AND m.step = j.step AND m.key_hash = j.key_hash;
 
 -- Private: per run, rank-step and call-site family, the sorted calls, each the sorted signatures
--- of its records (detfp_analyze.rule.SIGNATURE): the same-calls test of a reordered step.
+-- of its records (detfp_analyze.rule.SIGNATURE): the same-calls test of a reordered step. The
+-- state a capture starts from (detfp_analyze.rule.START_KINDS) is no call of the step.
 -- @column run      Which run: 'a' or 'b'.
 -- @column calls    The family's calls, each its records' signatures joined, sorted.
 CREATE VIEW _family_calls AS
 WITH rec AS (
   SELECT 'a' AS run, rank, step, ${family}, call_hash, ${signature} AS sig FROM _a_scoped
+  WHERE kind NOT IN (${start_kinds})
   UNION ALL
   SELECT 'b' AS run, rank, step, ${family}, call_hash, ${signature} AS sig FROM _b_scoped
+  WHERE kind NOT IN (${start_kinds})
 ),
 calls AS (
   SELECT run, rank, step, ${family}, call_hash, string_agg(sig, chr(30) ORDER BY sig) AS call

@@ -114,6 +114,7 @@ def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
         "divergent": _sql_list(rule.DIVERGENT),
         "shiftable": _sql_list(rule.SHIFTABLE),
         "boundary_kinds": _sql_list(rule.BOUNDARY_KINDS),
+        "start_kinds": _sql_list(rule.START_KINDS),
         **{s: s for s in rule.STATES},
     }
 
