@@ -29,7 +29,10 @@ taken off (microseconds: hooks, bookkeeping, the flush, and the digest's arithme
 read of its bytes; on a CPU that arithmetic is most of it at level boundaries, see ``--profile``).
 
 The host cost per record alone (tiny tensors, so the digest's arithmetic is negligible), this tree
-against another one side by side: ``benchmarks/capture_host.py --baseline <tree>``.
+against another one side by side: ``benchmarks/capture_host.py --baseline <tree>``. The whole step
+against another tree: ``--baseline <tree>`` adds ``<level>@base`` for every captured level, the
+same configuration with the other tree's ``detfp_capture`` imported, interleaved step by step with
+this tree's in the same run, and prints this tree's step time over the baseline's per level.
 
 Targets (issue 31, on the gpt2 row): metrics < 1.02x, boundaries < 1.10x, ops overhead <= 0.30 of
 DebugMode's. The capture levels use digest version 2 (the default); ``--with-v1`` adds the
@@ -40,6 +43,7 @@ targets are checked on version 2).
     .venv/bin/python benchmarks/capture_overhead.py [--models gpt2,tiny] [--rounds 12] [--threads 1] [--with-v1]
     .venv/bin/python benchmarks/capture_overhead.py --device cuda --models gpt2 --width 2048 --seq 1024
     .venv/bin/python benchmarks/capture_overhead.py --profile ops --models gpt2   # where the time goes
+    .venv/bin/python benchmarks/capture_overhead.py --baseline /tmp/detfp-base --configs metrics,boundaries
 """
 
 from __future__ import annotations
@@ -97,10 +101,10 @@ class Runner:
         self.config = config
         self.device = torch.device(args.device)
         self.session = tt.NullSession()
-        if config in CAPTURED:
+        if config.split("@")[0] in CAPTURED:
             from detfp_capture import Session
 
-            level, _, version = config.partition("-v")
+            level, _, version = config.split("@")[0].partition("-v")
             options = {"digest_version": int(version)} if version else {}
             self.session = Session(str(out_root / config), level=level, **options)
         session = self.session
@@ -194,6 +198,8 @@ class Runner:
 
 def _worker(config: str, args, out_root: str, conn) -> None:
     """One configuration in its own process: step on each request, answer with the step time."""
+    if config.endswith("@base"):
+        benchlib.import_tree(args.baseline)  # the other tree's detfp_capture, before anything imports it
     from detfp_capture._sources import steps as _steps
 
     # Capture also flushes at a step end when the last flush is 20 s old. Interleaved with the
@@ -232,6 +238,7 @@ def measure(args, tt, out_root: Path) -> tuple[dict[str, list[float]], dict[str,
     import multiprocessing as mp
 
     configs = [c for c in CONFIGS + V1_CONFIGS if c in args.configs]
+    configs += [f"{c}@base" for c in CAPTURED if f"{c}@base" in args.configs]
     ctx = mp.get_context("spawn")
     workers = {}
     for c in configs:
@@ -286,7 +293,7 @@ def report(trials: list[dict[str, list[float]]], gated: bool) -> dict:
     ratios = [_ratios(t) for t in trials]
     configs = list(trials[0])
     rows = {}
-    print(f"{'config':<12}{'ms/step':>11}{'ratio':>9}{'trials range':>18}  target")
+    print(f"{'config':<16}{'ms/step':>11}{'ratio':>9}{'trials range':>18}  target")
     for c in configs:
         mean = statistics.fmean([x for t in trials for x in t[c]])
         rs = [r[c] for r in ratios]
@@ -295,8 +302,14 @@ def report(trials: list[dict[str, list[float]]], gated: bool) -> dict:
         verdict = "" if target is None else (f"< {target:.2f}x " + ("met" if ratio < target else "MISSED"))
         rows[c] = {"mean_s": mean, "ratio": ratio, "ratio_trials": rs}
         span = f"{min(rs):.3f}-{max(rs):.3f}x"
-        print(f"{c:<12}{mean * 1e3:>11.2f}{ratio:>8.3f}x{span:>18}  {verdict}")
+        print(f"{c:<16}{mean * 1e3:>11.2f}{ratio:>8.3f}x{span:>18}  {verdict}")
     result = {"trials": len(trials), "steps": {c: len(trials[0][c]) for c in configs}, "configs": rows}
+    for c in configs:
+        if c.endswith("@base"):  # this tree over the baseline tree, per trial (interleaved in it)
+            level = c.removesuffix("@base")
+            vs = [statistics.fmean(t[level]) / statistics.fmean(t[c]) for t in trials]
+            result.setdefault("this_over_baseline", {})[level] = {"median": statistics.median(vs), "trials": vs}
+            print(f"{level}: this tree / baseline = {statistics.median(vs):.3f}x (trials {min(vs):.3f}-{max(vs):.3f})")
     for ops in ("ops", "ops-v1"):
         if ops not in rows or "debugmode" not in rows:
             continue
@@ -398,11 +411,11 @@ def breakdown(
         f"  version 2), per step, timed in the steps themselves (as loaded as they are); beyond GEMM = (overhead -\n"
         f"  GEMM ms) / records: hooks, records, copies, flush (MB digested counts every digested record's bytes,\n"
         f"  also those whose digest a record shares with an earlier one of the same tensor and version)\n"
-        f"{'level':<12}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}"
+        f"{'level':<16}{'overhead ms':>12}{'records':>9}{'MB digested':>13}{'at clone bw ms':>16}"
         f"{'at digest bw ms':>17}{'us/record':>11}{'beyond clone':>14}{'beyond digest':>15}"
         f"{'GEMM ms':>10}{'beyond GEMM':>13}"
     )
-    for c in CAPTURED:
+    for c in [*CAPTURED, *(f"{x}@base" for x in CAPTURED)]:
         if c not in trials[0]:
             continue
         overhead = statistics.fmean([x for t in trials for x in t[c]]) - base
@@ -412,7 +425,7 @@ def breakdown(
         floor = digested / bandwidth
         per_record = (overhead - floor) / records if records else float("nan")
         all_per_record = overhead / records if records else float("nan")
-        at_digest = digested / digest_bw[1 if c.endswith("-v1") else 2]
+        at_digest = digested / digest_bw[1 if c.split("@")[0].endswith("-v1") else 2]
         rest = (overhead - at_digest) / records if records else float("nan")
         gemm = statistics.fmean(g[c] for g in gemms) / args.rounds
         beyond_gemm = (overhead - gemm) / records if records else float("nan")
@@ -429,7 +442,7 @@ def breakdown(
             "host_s_per_record": per_record,
         }
         print(
-            f"{c:<12}{overhead * 1e3:>12.2f}{records:>9.0f}{digested / 1e6:>13.1f}{floor * 1e3:>16.2f}"
+            f"{c:<16}{overhead * 1e3:>12.2f}{records:>9.0f}{digested / 1e6:>13.1f}{floor * 1e3:>16.2f}"
             f"{at_digest * 1e3:>17.2f}{all_per_record * 1e6:>11.1f}{per_record * 1e6:>14.1f}{rest * 1e6:>15.1f}"
             f"{gemm * 1e3:>10.2f}{beyond_gemm * 1e6:>13.1f}"
         )
@@ -495,6 +508,7 @@ def main(argv=None) -> int:
         "--profile", choices=CONFIGS + V1_CONFIGS, help="cProfile this configuration (first model) instead of the table"
     )
     p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--baseline", type=Path, help="another detfp tree: its capture measured beside this one's")
     args = p.parse_args(argv)
     if args.cpu is not None and args.cpu < 0:
         args.cpu = None
@@ -506,6 +520,11 @@ def main(argv=None) -> int:
     unknown = args.configs - set(CONFIGS + V1_CONFIGS)
     if unknown:
         p.error(f"unknown configs {sorted(unknown)}; known: {', '.join(CONFIGS + V1_CONFIGS)}")
+    if args.baseline is not None:
+        if not (args.baseline / "detfp_capture" / "__init__.py").is_file():
+            p.error(f"--baseline {args.baseline}: not a detfp tree (no detfp_capture/__init__.py)")
+        args.baseline = args.baseline.resolve()
+        args.configs |= {f"{c}@base" for c in CAPTURED if c in args.configs}
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or set(models) - set(MODELS):
         p.error(f"--models: choose from {', '.join(MODELS)}")

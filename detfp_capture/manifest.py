@@ -26,6 +26,7 @@ from detfp_format import commitlog, contract
 __all__ = [
     "ENV_NAMES",
     "ENV_PREFIXES",
+    "LIBRARIES",
     "OPTION_MARKERS",
     "SECRET_MARKERS",
     "SECRET_NAMES",
@@ -45,17 +46,23 @@ ENV_PREFIXES = (
     "CUBLASLT_",
     "CUDA_",
     "CUDNN_",
+    "DNNL_",
     "GOMP_",
     "KMP_",
     "MKL_",
     "NCCL_",
     "NVTE_",
     "OMP_",
+    "ONEDNN_",
     "OPENBLAS_",
     "PYTORCH_",
     "TORCH_",
     "TORCHINDUCTOR_",
     "TRITON_",
+    "ATEN_",
+    "MIOPEN_",
+    "ROCBLAS_",
+    "HIPBLASLT_",
 )
 #: Individual variables that change numerics or ordering.
 ENV_NAMES = ("NVIDIA_TF32_OVERRIDE", "PYTHONHASHSEED", "LD_PRELOAD", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -161,25 +168,27 @@ def _safe(fn: Any, default: Any = None) -> Any:
 
 
 def determinism_settings() -> dict[str, Any]:
-    """torch's determinism and precision knobs as plain JSON values (null where unavailable)."""
-    import torch
+    """torch's numerics settings as plain JSON values (null where unavailable): the catalogue of
+    ``numerics.py`` (deterministic algorithms, cuDNN, TF32 and matmul precision, thread counts,
+    every ``torch.backends`` flag that selects a kernel or a precision, the autocast state)."""
+    from detfp_capture.numerics import snapshot
 
-    def fill() -> bool:
-        # A module attribute torch sets at import (torch/utils/deterministic.py); its stubs omit it.
-        return bool(torch.utils.deterministic.fill_uninitialized_memory)  # type: ignore[attr-defined]
+    return _safe(snapshot, {})
 
-    return {
-        "deterministic_algorithms": _safe(torch.are_deterministic_algorithms_enabled),
-        "deterministic_warn_only": _safe(torch.is_deterministic_algorithms_warn_only_enabled),
-        "cudnn_deterministic": _safe(lambda: bool(torch.backends.cudnn.deterministic)),
-        "cudnn_benchmark": _safe(lambda: bool(torch.backends.cudnn.benchmark)),
-        "cuda_matmul_allow_tf32": _safe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-        "cudnn_allow_tf32": _safe(lambda: bool(torch.backends.cudnn.allow_tf32)),
-        "float32_matmul_precision": _safe(torch.get_float32_matmul_precision),
-        "fill_uninitialized_memory": _safe(fill),
-        "num_threads": _safe(torch.get_num_threads),
-        "num_interop_threads": _safe(torch.get_num_interop_threads),
-    }
+
+#: Libraries whose version changes kernels or defaults, by distribution name (``versions.<name>``,
+#: null when not installed: a library present in one run only is a difference).
+LIBRARIES = ("numpy", "triton", "transformer-engine", "flash-attn", "apex", "xformers", "torchao", "deepspeed",
+             "megatron-core", "intel-extension-for-pytorch")  # fmt: skip
+
+
+def _library(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def _versions() -> dict[str, Any]:
@@ -204,6 +213,7 @@ def _versions() -> dict[str, Any]:
         "python": platform.python_version(),
         "os": platform.platform(),
         "detfp": _safe(detfp),
+        **{lib.replace("-", "_"): _safe(lambda lib=lib: _library(lib)) for lib in LIBRARIES},
     }
 
 

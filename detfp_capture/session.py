@@ -229,6 +229,7 @@ class Session:
             return model
         with self._rec.guard("watch()", busy=False):
             self._ctx.models.add(model)
+            self._boundaries().start.watch(model)
             self._hooks.watch(model)  # level metrics: the root only (its input is the batch)
             self._stage_inference.maybe_install()
             if self._ddp is not None:
@@ -239,8 +240,9 @@ class Session:
         """Record params and grads before ``optimizer.step()`` and params and state after it."""
         if self._inert or self._closed:
             return optimizer
+        steps = self._boundaries()
+        steps.start.watch_optimizer(optimizer)  # never raises
         if self._ctx.caps.optimizer:
-            steps = self._boundaries()
             self._opt_handles.append(optimizer.register_step_pre_hook(steps.optimizer_pre))
             self._opt_handles.append(optimizer.register_step_post_hook(lambda opt, a, k: steps.optimizer_post(opt)))
         return optimizer
@@ -431,6 +433,7 @@ class Session:
         if module in models:
             return
         models.add(module)
+        self._boundaries().start.watch(module)
         if self._ddp is not None:
             self._ddp.maybe_hook(module)
 
@@ -488,6 +491,7 @@ class Session:
         if self._tracer is not None:
             self._tracer.uninstall()
         self._hooks.remove()
+        steps.start.remove()
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()

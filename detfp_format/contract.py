@@ -202,7 +202,7 @@ _EVENTS = (
     ),
     _c("module", "string", "Module path at the time of the event, '' when none."),
     _c("count", "int64", "A count the event carries (records in a step, pending collectives, ...).", True),
-    _c("detail", "string", "One line of detail for humans; never parsed.", True),
+    _c("detail", "string", "One line of detail for humans; parsed only for setting_changed (EVENT_TYPES).", True),
 )
 
 _KERNELS = (
@@ -281,7 +281,9 @@ TABLES: dict[str, tuple[Column, ...]] = {
 #: a gradient after its data-parallel reduction (e.g. DDP buckets); ``param``/``grad``/
 #: ``optimizer_state``: optimizer boundary; ``rng_state``: a generator state at step start;
 #: ``probe``: Session.probe; ``compiled``: a torch.compile region boundary; ``batch``: data
-#: fed to the root module (the model input).
+#: fed to the root module (the model input); ``state``: the state a capture starts from
+#: (parameters, buffers, optimizer state; ``arg`` says which), recorded at the begin of the first
+#: captured step and of the first one after a checkpoint load the capture saw.
 KINDS = (
     "op",
     "module_input",
@@ -296,10 +298,11 @@ KINDS = (
     "probe",
     "compiled",
     "batch",
+    "state",
 )
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
-INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch")
+INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch", "state")
 #: ``dest``: a write-only argument of an op (an ``out=`` argument, the destination of a full
 #: overwrite such as ``copy_``/``fill_``/``zero_``, or a destination still unwritten since its
 #: ``empty*`` allocation). Its prior contents are never read, so it is recorded before the call
@@ -316,8 +319,10 @@ STATUSES = ("ok", "skipped", "error")
 #: Hazard flags: records carrying one are likely false roots.
 HAZARDS = ("uninitialized", "async_pending", "nonblocking_pending", "pointer_like")
 #: ``partial_step``: a step that did not finish: ended at close without an optimizer step (launcher
-#: mode: the forwards after the last one), or left by an exception (``Session.step``); ``setting_changed``: a determinism setting changed between steps (the
-#: manifest holds the values at the first step); ``reduction_not_captured``: a gradient
+#: mode: the forwards after the last one), or left by an exception (``Session.step``); ``setting_changed``: a numerics setting changed between steps (the
+#: manifest holds the values at the first step): ``name`` the key of ``determinism``, ``detail``
+#: ``before step N: KEY: OLD -> NEW`` (``in step N`` for the autocast state of a forward) with
+#: OLD and NEW as JSON (runs of earlier releases: one event for several keys, values as Python text); ``reduction_not_captured``: a gradient
 #: reduction the capture could not record (an unhookable DDP, or none seen in a multi-rank step).
 EVENT_TYPES = (
     "step_begin",
@@ -464,9 +469,9 @@ MANIFEST_KEYS: dict[str, str] = {
     "start_step": "int|null: first step this segment captures (a resumed run's checkpoint step).",
     "parallel": "object: this rank's parallel coordinates {tp, pp, dp, cp, ep: int} and sizes {tp_size, ...} where known.",
     "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used.",
-    "versions": "object: torch, cuda, cudnn, nccl, python, os, detfp.",
+    "versions": "object: torch, cuda, cudnn, nccl, python, os, detfp, and the numerics libraries numpy, triton, transformer_engine, flash_attn, apex, xformers, torchao, deepspeed, megatron_core, intel_extension_for_pytorch (null when not installed).",
     "host": "object: hostname, device_count, devices (names), cpu (model string), local_rank.",
-    "determinism": "object: deterministic_algorithms, deterministic_warn_only, cudnn_deterministic, cudnn_benchmark, cuda_matmul_allow_tf32, cudnn_allow_tf32, float32_matmul_precision, fill_uninitialized_memory, num_threads, num_interop_threads.",
+    "determinism": "object: the numerics settings in force when the first step begins (detfp_capture.numerics): deterministic_algorithms, deterministic_warn_only, cudnn_deterministic, cudnn_benchmark, cuda_matmul_allow_tf32, cudnn_allow_tf32, float32_matmul_precision, fill_uninitialized_memory, num_threads, num_interop_threads; `backends.<module>.<flag>` for every torch.backends flag that selects a kernel or a precision; `autocast.<device>.enabled`, `autocast.<device>.dtype` (null when disabled) and `autocast.cache_enabled` as the first step's forward runs. Runs of earlier releases hold the first ten keys only.",
     "env": "object: numerics-relevant environment variables (CUBLAS_WORKSPACE_CONFIG, NCCL_*, NVTE_*, CUDA_*, TORCH_*, OMP_NUM_THREADS, MKL_*, PYTHONHASHSEED, ...), name -> value; absent variables are omitted.",
     "git": "object: commit, dirty (bool), root of the training code's repository; nulls outside git.",
     "command": "list[str]: sys.argv of the training process.",
@@ -479,5 +484,6 @@ MANIFEST_OPTIONAL_KEYS: dict[str, str] = {
     "commit_log": "int: version of the commit log next to this manifest (segment-S.commits: committed flush windows and the clean-close line). Absent in runs written before the completeness contract: readers treat those as legacy and cannot verify their completeness.",
     "rollups": "int: ROLLUP_VERSION of the rollups table this launch writes next to its records. Absent in runs written before it: analyses read those runs' records (slower, same answer).",
     "shard_facts": "int: SHARD_FACTS_VERSION of the shards field of this launch's commit lines (each shard's bytes, step range and footer checksum). Absent in runs written before it: readers parse every shard footer when opening the run (slower, same answer).",
+    "settings_changed_at": "int: the first step at which a numerics setting (a key of `determinism`) differed from the step before; from there on each change is a `setting_changed` event. Absent when none changed (and in runs written before it).",
     "step_sums": "int: STEP_SUMS_VERSION of the sums field of this launch's commit lines (per step: the records' rollup and the metrics, folded). Absent in runs written before it: analyses read the rollups and metrics shards of every compared step (slower, same answer).",
 }

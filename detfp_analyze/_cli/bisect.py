@@ -2,10 +2,11 @@
 
 Text report (``report.render_text``) or ``--json`` (the versioned object documented in
 docs/report.md); ``--html FILE`` also writes the self-contained page (``html.html_report``).
-Exit 0 identical, 1 diverged or ``rng_only`` (only an RNG state differs), 2 bad input (one line
-on stderr); with ``--expect FILE`` (a golden-trace gate, ``gate.py``) 0 also when every divergence
-is expected (``status = "rng_only"`` expects the RNG-only case), and the report gains a gate
-section (``gate`` in the JSON). A progress bar is drawn on stderr only when stderr is a
+Exit 0 identical, 1 diverged, ``rng_only`` (only an RNG state differs) or ``ended_early`` (a run
+ended before the other; with ``--allow-incomplete`` the steps both hold decide), 2 bad input (one
+line on stderr); with ``--expect FILE`` (a golden-trace gate, ``gate.py``) 0 also when every
+divergence is expected (``status = "rng_only"`` / ``"ended_early"`` expects those cases), and the
+report gains a gate section (``gate`` in the JSON). A progress bar is drawn on stderr only when stderr is a
 terminal, so logs stay byte-stable.
 """
 
@@ -28,6 +29,11 @@ from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 
 __all__ = ["command"]
+
+_ALLOW_INCOMPLETE = (
+    ALLOW_INCOMPLETE_HELP + " A run that ended before the other (status ended_early, exit 1) then passes when the "
+    "steps both hold match."
+)
 
 
 class _Bar:
@@ -75,7 +81,7 @@ def command(
     allow_missing_ranks: Annotated[
         bool, typer.Option("--allow-missing-ranks", help="Compare the ranks present even if some are missing.")
     ] = False,
-    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=ALLOW_INCOMPLETE_HELP)] = False,
+    allow_incomplete: Annotated[bool, typer.Option("--allow-incomplete", help=_ALLOW_INCOMPLETE)] = False,
     ignore_env: Annotated[
         list[str] | None,
         typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
@@ -85,8 +91,8 @@ def command(
         typer.Option(
             "--expect",
             metavar="FILE",
-            help="Expected divergences (TOML/JSON; status = 'rng_only' accepts an RNG-state-only difference): "
-            "exit 0 if only they occur.",
+            help="Expected divergences (TOML/JSON; status = 'rng_only' accepts an RNG-state-only difference, "
+            "status = 'ended_early' a run that ended early): exit 0 if only they occur.",
         ),
     ] = None,
     html: Annotated[
@@ -150,6 +156,7 @@ def command(
             progress=bar,
             engine=heavy,
             reads=ReadPaths(step_sums=not no_step_sums, stored_rollups=not no_stored_rollups),
+            allow_incomplete=allow_incomplete,
         )
     finally:
         if bar is not None:

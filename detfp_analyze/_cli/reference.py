@@ -23,7 +23,8 @@ Generated from `--help` by `python -m detfp_analyze._cli.reference --write docs/
 fails when this file is stale. Exit codes everywhere: **0** identical / no problem / written,
 **1** diverged / problems found (`bisect`, `env`, `certify`; for `bisect` also status `rng_only`:
 only an RNG state differs and no value does, which `--expect` can accept with `status =
-"rng_only"`), **2** bad input, an unusable trace or a missing optional dependency, with one line
+"rng_only"`, and status `ended_early`: a run ended before the other and what both hold matched,
+which `--allow-incomplete` or `status = "ended_early"` accepts), **2** bad input, an unusable trace or a missing optional dependency, with one line
 on stderr naming the object, the problem and the fix.
 What the reports mean: `docs/report.md`; the SQL views: `docs/sql.md`; single-run checks:
 `docs/certify.md`; how to investigate: `docs/guide.md` and `docs/symptoms.md`.

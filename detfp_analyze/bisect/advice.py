@@ -5,13 +5,16 @@ a setting, a confirmed uninitialized read) explains the divergence better. Pure 
 diagnosis, the representative divergence and how the runs were captured:
 
 * ``argument``: a call's non-tensor arguments differ (``lr 0.001 -> 0.002``): a deliberate change;
+* ``dtype`` / ``shape`` / ``layout``: the first differing tensor has another dtype, shape or
+  layout: another computation (autocast, a cast, a size, a sharding), never a kernel's rounding;
 * ``data`` / ``rng`` / ``restore``: a source (the batch, an RNG state, state where a capture
   begins): the data pipeline, the seeding, the checkpoint; never the kernel level;
 * ``op``: an origin at an op (every rank, or one process: then the caveat that one process
   cannot tell a nondeterministic kernel from a local cause), with the kernel-level next steps;
 * ``collective``: an origin at a collective whose group's inputs all matched;
 * ``rank_local``: an origin on one rank or a subset (with the coordinates they share);
-* ``control_flow``: a record on one side only; ``uncaptured``: nothing captured starts it.
+* ``control_flow``: a record on one side only, or (``micro_batches``) the step ran forward another
+  number of times (gradient accumulation); ``uncaptured``: nothing captured starts it.
 
 Recapture hints are written for the way the run was captured (``Capture.form``): launcher flags
 for ``python -m detfp_capture``, ``Session`` arguments for a script that opens its own session.
@@ -23,11 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
+from detfp_analyze.bisect.verdict.local import PARAMS_UNCOMPARED
 from detfp_analyze.bisect.vocab import Cause, DiffKind, Pattern, Verdict
 from detfp_analyze.ranks import format_ranks
 from detfp_format.contract import CAPTURE_LEVELS
 
-__all__ = ["Advice", "at", "deeper", "from_divergence", "recapture", "who"]
+__all__ = ["Advice", "at", "deeper", "from_divergence", "micro_batches", "recapture", "type_change", "who"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ def who(ranks: Sequence[int], compared: int) -> str:
 def at(d: Divergence) -> str:
     """A divergence named for a sentence: ``aten::mm.default in l1 (backward, step 1)``, ``the
     optimizer step for fc.weight (step 0)``, ``batch CharGPT (step 0)``."""
+    if d.kind == "state" and d.op:
+        return f"state before step {d.step}: {d.op}"
     if d.phase == "optimizer" and d.kind in ("param", "grad", "optimizer_state") and d.op:
         return f"the optimizer step for {d.op.split('.state[')[0]} (step {d.step})"
     if d.kind in ("module_output", "module_input") and d.module is not None:
@@ -126,6 +132,19 @@ def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
                 "on resume, restore torch.set_rng_state (and each device's state) from the checkpoint",
             ),
         )
+    if d.kind == "state":
+        what = {"param": "a parameter", "buffer": "a buffer", "optimizer_state": "optimizer state"}.get(d.arg, d.arg)
+        return Advice(
+            Cause.RESTORE,
+            f"The state before step {d.step} differs: {d.op} ({what}) {where}, before any computation: the runs "
+            "start from other values (the initialization seed, or a checkpoint load: a key missing under "
+            "strict=False, another file, a rank that loaded and broadcast it).",
+            (
+                f"compare how {d.op} is set before step {d.step} in both runs: the init seed, the checkpoint file and "
+                "load_state_dict's missing/unexpected keys (strict=True makes a missing key an error)",
+                "under DDP, rank 0's parameters are broadcast when the model is wrapped: check what rank 0 loaded",
+            ),
+        )
     if d.kind in ("param", "optimizer_state", "grad"):
         why = "the checkpoint save/load" if resumed else "the init seed, or the checkpoint save/load"
         return Advice(
@@ -139,6 +158,95 @@ def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
         f"A probed value differs{how}: {d.kind} {d.op} at step {d.step} {where}, and the code that feeds it was not "
         "captured.",
         ("capture the code that produces it: a level deeper, or probes further upstream",),
+    )
+
+
+#: Difference kinds that are another computation, not another rounding: the cause each names.
+_TYPE_CAUSES: dict[str, str] = {DiffKind.DTYPE: Cause.DTYPE, DiffKind.SHAPE: Cause.SHAPE, DiffKind.LAYOUT: Cause.LAYOUT}
+
+
+def _short(dtype: str | None) -> str:
+    return (dtype or "?").removeprefix("torch.")
+
+
+def _dims(shape: tuple[int, ...] | None) -> str:
+    return "[" + "x".join(map(str, shape)) + "]" if shape is not None else "?"
+
+
+def type_change(d: Divergence) -> str | None:
+    """``its dtype: bfloat16 -> float16``, ``its shape: [8x10] -> [8x12]``, ``its layout``: what a
+    first difference of kind dtype, shape or layout changed (None for another kind)."""
+    v = d.diff
+    if v is None or d.diff_kind not in _TYPE_CAUSES:
+        return None
+    if d.diff_kind == DiffKind.DTYPE:
+        return f"its dtype: {_short(v.dtype_a)} -> {_short(v.dtype_b)}"
+    if d.diff_kind == DiffKind.SHAPE:
+        return f"its shape: {_dims(v.shape_a)} -> {_dims(v.shape_b)}"
+    return "its layout, every part equal"
+
+
+def _type_change(d: Divergence, cause: str, where: str) -> Advice:
+    """A first difference whose dtype, shape or layout differs: what the user changed is named,
+    not the kernel (the values of another dtype or shape differ whatever the kernel does)."""
+    v = d.diff
+    assert v is not None  # checked by the caller
+    if cause == Cause.DTYPE:
+        return Advice(
+            cause,
+            f"The dtype of {at(d)} differs {where} ({_short(v.dtype_a)} -> {_short(v.dtype_b)}): an autocast dtype or "
+            "a cast changed, not a kernel's rounding.",
+            (
+                "compare the runs' mixed precision: torch.autocast regions and their dtype, .to()/.half()/.bfloat16() "
+                "calls, the framework's precision setting",
+                f"recapture step {d.step} at level ops to name the op whose output dtype changes first",
+            ),
+        )
+    if cause == Cause.SHAPE:
+        return Advice(
+            cause,
+            f"The shape of {at(d)} differs {where} ({_dims(v.shape_a)} -> {_dims(v.shape_b)}): a size in the "
+            "configuration (batch, width, sequence length) or a reshape changed.",
+            ("compare the configurations: batch and micro-batch sizes, model widths, sequence lengths, padding",),
+        )
+    return Advice(
+        cause,
+        f"{at(d)} differs {where} with every part equal: its layout changed (a DTensor's placements or device mesh, a "
+        "subclass's non-tensor attributes), not its values.",
+        ("compare the sharding of both runs: the parallel plan (placements), the device mesh, the FSDP/TP settings",),
+    )
+
+
+def micro_batches(d: Divergence, where: str, a: int, b: int, labelled: bool) -> Advice:
+    """The runs ran forward another number of times in the step of the first difference
+    (gradient accumulation, micro-batching): that is the cause, whatever its first record is."""
+    steps: tuple[str, ...] = (
+        "compare how many micro-batches each run accumulates per optimizer step (gradient accumulation, "
+        "micro-batch size, the loader's batch size)",
+    )
+    if not labelled:
+        steps += (
+            "label each micro-batch in the training loop (with session.microbatch(i): around its forward and "
+            "backward): records then align micro-batch by micro-batch, and those both runs hold are compared value "
+            "by value",
+        )
+    first = (
+        f"{at(d)} {_structural_what(d)}"
+        if d.verdict == Verdict.STRUCTURAL
+        else f"the first difference, {d.verdict} at {at(d)}, follows from it (a loss scaled by another count, a "
+        "gradient summed over other micro-batches)"
+    )
+    return Advice(
+        Cause.CONTROL_FLOW,
+        f"Control flow differs: forward calls per step: A {a}, B {b} (step {d.step}) {where}: the runs accumulate a "
+        f"different number of micro-batches per step; {first}.",
+        steps,
+    )
+
+
+def _structural_what(d: Divergence) -> str:
+    return {"a_only": "is in run A only", "b_only": "is in run B only"}.get(
+        d.presence, "is called a different number of times, or in another order, in the two runs"
     )
 
 
@@ -180,14 +288,16 @@ def from_divergence(
                 "if the change is intended, expect it in a gate (--expect, with a reason)",
             ),
         )
+    kind = _TYPE_CAUSES.get(d.diff_kind)
+    if kind is not None and d.diff is not None and d.verdict != Verdict.SOURCE:
+        return _type_change(d, kind, where)
     if d.verdict == Verdict.SOURCE:
         return _source(d, where, resume_step)
     if d.verdict == Verdict.STRUCTURAL:
-        side = "A" if d.presence == "a_only" else "B" if d.presence == "b_only" else "one run"
         return Advice(
             Cause.CONTROL_FLOW,
-            f"Control flow differs: {at(d)} is in run {side} only (or in another order) {where}: a configuration or "
-            "data-dependent branch ran differently.",
+            f"Control flow differs: {at(d)} {_structural_what(d)} {where}: a configuration or data-dependent branch ran "
+            "differently.",
             ("compare the configurations, and any branch on data, on the rank or on the step",),
         )
     if d.verdict == Verdict.ORIGIN and d.kind in ("collective", "reduced_grad"):
@@ -219,6 +329,18 @@ def from_divergence(
             "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
             "tell which.",
             ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
+        )
+    if d.verdict == Verdict.ORIGIN and d.depends_on and d.depends_on.startswith(PARAMS_UNCOMPARED):
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, with matching inputs everywhere, but its parameters were not "
+            "compared before the call: another initial state (init seed, checkpoint) explains it as well as a "
+            "nondeterministic kernel.",
+            (
+                f"recapture with this release ({recapture(capture, (capture.level if capture else None) or 'ops', 0)}"
+                "): the state before the first step is compared first",
+                *_deeper_steps(d, capture),
+            ),
         )
     if d.verdict == Verdict.ORIGIN:
         return Advice(

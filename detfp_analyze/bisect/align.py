@@ -93,6 +93,8 @@ DIVERGENT_STATES = rule.DIVERGENT
 #: States that mean control flow differed (structural).
 STRUCTURAL_STATES = rule.STRUCTURAL
 _MATCH = to_polars(rule.MATCH)
+#: A one-sided record of the state a capture starts from: unknown (``rule.UNSTARTED``, on the state column).
+_UNSTARTED = to_polars(rule.UNSTARTED, lambda col: "state" if col.name == "match" else col.name)
 #: Whether the tensors / the call's arguments are equal (``rule``): what makes a difference an
 #: arguments-only one, for the verdict and the difference kind.
 _EQUALITY = (
@@ -177,6 +179,8 @@ def align(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
         j = j.with_columns([pl.coalesce(f"{c}_a", f"{c}_b").alias(c) for c in _SHARED if c in a.columns])
     both = pl.col("pos_a").is_not_null() & pl.col("pos_b").is_not_null()
     j = j.with_columns(_MATCH.alias("state"), *_EQUALITY)
+    if "kind" in a.columns:
+        j = j.with_columns(pl.when(_UNSTARTED).then(pl.lit(rule.UNKNOWN)).otherwise(pl.col("state")).alias("state"))
     hz = _HAZARD
     if same_keys:
         return j.with_columns(pl.col("pos_a").alias("o1"), pl.col("pos_a").alias("o2"), hz)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypedDict
 
+from detfp_analyze import rule
 from detfp_analyze.bisect import evidence as _evidence
 from detfp_analyze.bisect.components import parts_of
 from detfp_analyze.bisect.diffkind import classify
@@ -45,10 +46,21 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
     rec, key = ex.record, ex.record.key
     dumps = (ev.dumps_a[key], ev.dumps_b[key]) if key in ev.dumps_a and key in ev.dumps_b else None
     da, db = ex.details
-    diff: ValueDiff = classify(
-        rec.state, da, db, dumps, _args_texts(run_a, run_b, ex), tensors_same=rec.tensors_same, args_same=rec.args_same
-    )
     component = split_component(rec.arg)[1]
+    parts = parts_of(ex)
+    diff: ValueDiff = classify(
+        rec.state,
+        da,
+        db,
+        dumps,
+        _args_texts(run_a, run_b, ex),
+        tensors_same=rec.tensors_same,
+        args_same=rec.args_same,
+        dtypes=(rec.dtype_a, rec.dtype_b),
+        shapes=(rec.shape_a, rec.shape_b),
+        # The whole of a tensor subclass whose parts all match: only its layout can differ.
+        layout=component is None and bool(parts) and all(c.state == rule.SAME for c in parts),
+    )
     if component is not None:
         diff = replace(diff, component=component)
     kernels = None
@@ -85,7 +97,7 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
         explanation=v.explanation,
         depends_on=v.depends_on,
         component=component,
-        components=parts_of(ex),
+        components=parts,
     )
 
 

@@ -15,7 +15,9 @@ ranks the causes, first match wins:
 4. ``setting``: a numerics-relevant setting differs and the first divergence is of the kind it
    changes (``settings.explains``);
 5. ``uninitialized``: a confirmed uninitialized read;
-6. what the first divergence itself says (``advice.from_divergence``): ``argument``, ``data``,
+6. ``control_flow`` by micro-batches: the step of the first difference ran the watched models
+   forward another number of times (``ForwardCalls``: gradient accumulation 2 vs 4);
+7. what the first divergence itself says (``advice.from_divergence``): ``argument``, ``data``,
    ``rng``, ``restore``, ``op``, ``collective``, ``rank_local``, ``control_flow``, ``uncaptured``.
 
 The headline (the diagnosis's first sentence) names the cause; the next steps fit it; settings
@@ -31,25 +33,12 @@ from dataclasses import dataclass
 
 from detfp_analyze.bisect import advice as _advice
 from detfp_analyze.bisect.advice import Advice
-from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence, RankResult, check_cause
+from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence, Ending, RankResult, check_cause
 from detfp_analyze.bisect.settings import SETTING_GROUPS, Setting, explains
-from detfp_analyze.bisect.vocab import Cause, Status, Verdict
+from detfp_analyze.bisect.vocab import Cause, DiffKind, Status, Verdict
+from detfp_analyze.ranks import format_ranks
 
-__all__ = ["Clues", "Ending", "HazardRead", "Offset", "confirm_hazards", "trim_endings", "weigh"]
-
-
-@dataclass(frozen=True)
-class Ending:
-    """A run that ended before the other: its last step did not finish, or its capture is incomplete."""
-
-    #: "A" or "B".
-    side: str
-    #: The step it ended in (its records stop there, or are not held from there on).
-    step: int
-    #: Ranks it ended on, sorted.
-    ranks: tuple[int, ...]
-    #: Why, as the capture said it ("step 3 raised RuntimeError: ...", "the capture closed incomplete: ...").
-    reason: str
+__all__ = ["Clues", "ForwardCalls", "HazardRead", "Offset", "confirm_hazards", "trim_endings", "weigh"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +63,19 @@ class HazardRead:
 
 
 @dataclass(frozen=True)
+class ForwardCalls:
+    """How often the watched models ran forward in the step of a structural first divergence."""
+
+    rank: int
+    step: int
+    #: Forward calls (``batch`` records: one per root forward) in that rank-step of run A / run B.
+    a: int
+    b: int
+    #: Either run labels its micro-batches (``session.microbatch``): records align per micro-batch.
+    labelled: bool
+
+
+@dataclass(frozen=True)
 class Clues:
     """Evidence beyond the per-rank results, for the weighing."""
 
@@ -92,6 +94,8 @@ class Clues:
     capture_b: Capture | None = None
     #: The step run B resumed at (the first common step of a resumed pair), None when not resumed.
     resume_step: int | None = None
+    #: Forward calls in the step of the representative first difference (None when none diverged).
+    calls: ForwardCalls | None = None
 
 
 # ----------------------------------------------------------------------------- per-rank decisions
@@ -154,7 +158,7 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
     if not clues.endings:
         return None
     e = min(clues.endings, key=lambda x: (x.step, x.side))
-    if status != Status.IDENTICAL:
+    if status not in (Status.IDENTICAL, Status.ENDED_EARLY):
         return None  # a value differs (a rank ended where the run did was trimmed already): that is the cause
     lo = window[0] if window else None
     held = (
@@ -168,6 +172,14 @@ def _ended(clues: Clues, status: str, window: tuple[int, int] | None) -> Advice 
         (
             f"look at why run {e.side} stopped at step {e.step} (its log: the exception, a kill, a full disk)",
             f"to compare the rest, rerun {e.side} to the end and bisect again",
+            *(
+                ()
+                if status == Status.IDENTICAL
+                else (
+                    "to accept the steps both runs hold (exit 0 when they match): bisect --allow-incomplete, or in a "
+                    'gate an expectation with status = "ended_early" and a reason (docs/guards.md)',
+                )
+            ),
         ),
     )
 
@@ -215,7 +227,11 @@ def _setting(clues: Clues, d: Divergence | None, pattern: str, origin: Sequence[
     if not fits:
         return None
     s = fits[0]
+    unfit = [x for x in clues.settings if x not in fits]
     first = "" if d is None else f"; the first difference, {d.verdict} at {_advice.at(d)} {where}, is of that kind"
+    change = None if d is None else _advice.type_change(d)
+    if change:
+        first += f" ({change})"
     return Advice(
         Cause.SETTING,
         f"{s.text} and most likely caused this: {SETTING_GROUPS[s.group][0]}{first}.",
@@ -224,7 +240,10 @@ def _setting(clues: Clues, d: Divergence | None, pattern: str, origin: Sequence[
             "confirms the setting",
             "set it explicitly for both runs (in the script or the launch environment)",
         ),
-        tuple(f"also differs: {x.text}" for x in fits[1:]),
+        (
+            *(f"also differs: {x.text}" for x in _once(fits[1:])),
+            *(f"also differs, without explaining this difference: {x.text}" for x in _once(unfit)),
+        ),
     )
 
 
@@ -251,6 +270,28 @@ def _uninitialized(ranks: Sequence[RankResult], reads: Mapping[int, HazardRead],
     )
 
 
+def _micro_batches(clues: Clues, d: Divergence | None, where: str) -> Advice | None:
+    c = clues.calls
+    if c is None or d is None or c.a == c.b or d.step != c.step or d.diff_kind == DiffKind.ARGUMENTS:
+        return None
+    return _advice.micro_batches(d, where, c.a, c.b, c.labelled)
+
+
+def _once(settings: Sequence[Setting]) -> list[Setting]:
+    """Each key once: a setting that differs on some ranks only is named with the ranks it differs on."""
+    by: dict[str, list[Setting]] = {}
+    for x in settings:
+        by.setdefault(x.key, []).append(x)
+    out = []
+    for key, xs in by.items():
+        if len(xs) == 1 or any(x.rank is None for x in xs):
+            out.append(next((x for x in xs if x.rank is None), xs[0]))
+        else:  # one entry per rank: the first one's values, on every rank that differs
+            ranks = format_ranks(sorted(x.rank for x in xs if x.rank is not None))
+            out.append(dataclasses.replace(xs[0], key=f"{key} [ranks {ranks}]", rank=None))
+    return out
+
+
 def weigh(
     diag: Diagnosis,
     ranks: Sequence[RankResult],
@@ -267,7 +308,7 @@ def weigh(
     rep = rep or next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
     d = rep.effective if rep is not None else None
     where = _advice.who(origin or diverged, compared)
-    if status == Status.IDENTICAL and not clues.endings:
+    if status in (Status.IDENTICAL, Status.ENDED_EARLY) and not clues.endings:
         v = Advice(Cause.NONE, "A and B are bitwise identical: every compared record and metric matched.")
     else:
         v = (
@@ -276,14 +317,17 @@ def weigh(
             or _rng_only(clues, ranks, where)
             or _setting(clues, d, diag.pattern, origin, where)
             or _uninitialized(ranks, reads or {}, compared)
+            or _micro_batches(clues, d, where)
             or _advice.from_divergence(diag, d, where, compared, clues.capture_a, clues.resume_step)
         )
     check_cause(v.cause)
     if v.headline.startswith(("the ", "an ", "a ")):  # a sentence, not an op name (aten::...), starts capitalized
         v = dataclasses.replace(v, headline=v.headline[0].upper() + v.headline[1:])
     also = list(v.also)
-    if v.cause != Cause.SETTING:
-        also += [f"also differs, without explaining this difference: {s.text}" for s in clues.settings]
+    if v.cause == Cause.NONE or (v.cause == Cause.ENDED_EARLY and status != Status.DIVERGED):
+        also += [f"a setting differs, and every value matched anyway: {s.text}" for s in _once(clues.settings)]
+    elif v.cause != Cause.SETTING:
+        also += [f"also differs, without explaining this difference: {s.text}" for s in _once(clues.settings)]
     if v.cause != Cause.ENDED_EARLY:
         also += [f"run {e.side} ended at step {e.step} ({e.reason})" for e in clues.endings]
     text = " ".join([v.headline, *(f"{a[:1].upper()}{a[1:]}." for a in also)])

@@ -12,7 +12,13 @@ Each function reads little and returns a typed value of ``cause``; the weighing 
   metric split, whether any other record differs in the window (one rollup over the narrow
   columns of those ranks, ``rng_state`` records left out);
 * ``step_offset``: when a rank's first divergence is a source at run B's first step, whether
-  B's entry records there (RNG states, the batch, parameters) equal run A's at a later step.
+  B's entry records there (RNG states, the batch, parameters) equal run A's at a later step;
+* ``forward_calls``: how often each run's models ran forward in the step of the lowest diverged
+  rank's first difference (its ``batch`` records) and whether micro-batches are labelled, read
+  only where a count can differ (a structural difference, a metric one run records more often);
+* ``settings_at``: the settings that differ at the first divergent step, the manifests' with
+  the changes a run made during the run applied (``setting_changed`` events, read only of the
+  ranks whose manifest says a setting changed: ``settings_changed_at``).
 """
 
 from __future__ import annotations
@@ -23,13 +29,15 @@ from collections.abc import Sequence
 import polars as pl
 
 from detfp_analyze.bisect import narrow as _narrow
-from detfp_analyze.bisect.cause import Ending, HazardRead, Offset
+from detfp_analyze.bisect import settings as _settings
+from detfp_analyze.bisect.cause import ForwardCalls, HazardRead, Offset
 from detfp_analyze.bisect.reads import collect, scan
-from detfp_analyze.bisect.result import Capture, RankResult, ResumeInfo
+from detfp_analyze.bisect.result import Capture, Ending, RankResult, ResumeInfo
 from detfp_analyze.bisect.vocab import Status, Verdict
+from detfp_analyze.io.envdiff import flatten_manifest
 from detfp_analyze.io.reader import Run
 
-__all__ = ["capture_of", "endings", "hazard_reads", "rng_only", "step_offset", "with_offset"]
+__all__ = ["capture_of", "endings", "forward_calls", "hazard_reads", "rng_only", "settings_at", "step_offset", "with_offset"]
 
 #: Kinds whose records at a run's first step say where it starts from (offset matching).
 _ENTRY_KINDS = ("rng_state", "batch", "param")
@@ -204,3 +212,57 @@ def with_offset(info: ResumeInfo, o: Offset) -> ResumeInfo:
     b0 = o.first_b
     note = f"run B's step {b0} holds the state of run A's step {b0 + o.shift} (steps numbered {o.shift} apart)"
     return dataclasses.replace(info, step_offset=o.shift, note="; ".join(x for x in (info.note, note) if x))
+
+
+def settings_at(
+    run_a: Run, run_b: Run, ranks: Sequence[int], base: Sequence[_settings.Setting], step: int | None
+) -> tuple[_settings.Setting, ...]:
+    """The numerics settings that differ at ``step`` (the first divergent step; None: none
+    diverged): ``base`` (from the manifests, the first step's values) with the settings changed
+    during either run applied up to ``step`` (``settings.changed``)."""
+    runs = (("A", run_a), ("B", run_b))
+    changing = {side: [r for r in ranks if r in run.manifests and "settings_changed_at" in run.manifest(r)]
+                for side, run in runs}  # fmt: skip
+    if step is None or not any(changing.values()):
+        return tuple(base)
+    changes: list[_settings.Change] = []
+    for side, run in runs:
+        if not changing[side]:
+            continue
+        cols = ("rank", "step", "type", "name", "detail")
+        ev = collect(run.scan("events", ranks=changing[side], columns=cols).filter(pl.col("type") == "setting_changed"))
+        for rank, st, _, name, detail in ev.iter_rows():
+            c = _settings.parse_change(side, int(rank), int(st), name or "", detail or "")
+            if c is not None:
+                changes.append(c)
+    flat = {side: {r: flatten_manifest(run.manifest(r)) for r in changing[side]} for side, run in runs}
+
+    def start(side: str, rank: int, key: str) -> object:
+        got = flat[side].get(rank)
+        run = run_a if side == "A" else run_b
+        if got is None:
+            got = flat[side][rank] = flatten_manifest(run.manifest(rank))
+        return got.get(key)
+
+    return _settings.changed(base, changes, start, ranks, step)
+
+
+def forward_calls(run_a: Run, run_b: Run, ranks: Sequence[RankResult]) -> ForwardCalls | None:
+    """Forward calls per step (``batch`` records, one per root forward) in both runs at the lowest
+    diverged rank with a located first difference, in its step, when a count can differ there: the
+    difference is structural, or a metric of that step is recorded in one run only (a loss per
+    micro-batch); else None without reading (one read of that rank-step's records otherwise)."""
+    rr = next((r for r in ranks if r.status == Status.DIVERGED and r.effective is not None), None)
+    if rr is None or rr.effective is None:
+        return None
+    one_sided_metric = rr.metric_step == rr.effective.step and (rr.metric_a is None) != (rr.metric_b is None)
+    if rr.effective.verdict != Verdict.STRUCTURAL and not one_sided_metric:
+        return None
+    step = rr.effective.step
+    counts, labelled = [], False
+    for run in (run_a, run_b):
+        cols = ("rank", "step", "kind", "microbatch", "call_hash")
+        got = collect(scan(run, "records", [rr.rank], step, step, cols).filter(pl.col("kind") == "batch"))
+        counts.append(got["call_hash"].n_unique())
+        labelled = labelled or bool((got["microbatch"] >= 0).any())
+    return ForwardCalls(rr.rank, step, counts[0], counts[1], labelled)

@@ -18,7 +18,7 @@ from detfp_format.contract import COMPONENT_SEP, split_component
 __all__ = ["note", "parts_of"]
 
 #: Kinds named by their record's name (a parameter FQN), not by an argument of a call.
-_NAMED_KINDS = ("param", "grad", "optimizer_state", "probe")
+_NAMED_KINDS = ("param", "grad", "optimizer_state", "probe", "state")
 
 
 def parts_of(ex: Extract) -> tuple[Component, ...]:

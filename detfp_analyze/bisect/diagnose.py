@@ -14,9 +14,11 @@ pattern (result.PATTERNS):
 * ``single_rank`` / ``rank_subset``: the difference started on one or some ranks; the
   parallel coordinates those ranks share say where to look (topology, placement, input
   distribution, reduction order).
+* ``control_flow``: every diverged rank's first difference is structural (a record on one
+  side only, calls in another number or order): the runs made other calls, not other values.
 * ``no_origin``: no rank is an origin or a source: only receivers, unobserved producers,
-  structural or metric-only divergences, so the origin is outside the captured window,
-  ranks or ops.
+  metric-only divergences (or structural ones beside them), so the origin is outside the
+  captured window, ranks or ops.
 
 ``origin_ranks`` are ranks whose difference started locally (verdict origin or source),
 never ranks that only received it. ``op`` is an op's name only: a source is named by its
@@ -44,6 +46,7 @@ _SOURCE_HINT = {
     "optimizer_state": "the restored optimizer state (checkpoint save/load of the inner state)",
     "grad": "gradients produced outside the capture",
     "probe": "the code feeding the probe, which the capture did not see",
+    "state": "the state the run started from (initialization or checkpoint load of parameters, buffers, optimizer state)",
 }
 _COORDS = ("tp", "pp", "dp", "cp", "ep")
 
@@ -87,6 +90,16 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
         verdicts[eff.verdict if eff else Verdict.METRIC_ONLY] += 1
     origin = sorted(r.rank for r in diverged if r.effective is not None and r.effective.verdict in _LOCAL)
     counts = dict(verdicts)
+    if not origin and set(verdicts) == {Verdict.STRUCTURAL}:
+        return Diagnosis(
+            Pattern.CONTROL_FLOW,
+            (),
+            f"every diverged rank's first difference is structural ({verdicts[Verdict.STRUCTURAL]} rank(s)): the runs "
+            "made other calls (configuration, data-dependent branches, micro-batching), not other values",
+            None,
+            {},
+            counts,
+        )
     if not origin:
         parts = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
         hint = []

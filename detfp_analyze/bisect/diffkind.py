@@ -3,8 +3,10 @@
 Kinds, decided in this order: ``structure`` (record on one side only or out of order),
 ``error`` (a digest failed on a side: no evidence of values), ``arguments`` (the call's
 non-tensor arguments differ; by value, ``lr 0.1 -> 0.2``, where the runs recorded their
-texts), ``permutation`` (row digests
-equal as multisets but in a different order), ``values`` (everything else).
+texts), ``dtype`` and ``shape`` (the tensor's dtype or shape differs: another computation, not
+another rounding of the same one), ``layout`` (a tensor subclass whose parts are all equal
+differs as a whole), ``permutation`` (row digests equal as multisets but in a different order),
+``values`` (everything else).
 
 Magnitude comes from what was captured: moments give |Δsum| and Δabsmax; dumps (raw bytes
 of both sides) give the exact number of differing elements, the first differing flat
@@ -145,6 +147,14 @@ def args_changes(text_a: str | None, text_b: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _short_dtype(dtype: str | None) -> str:
+    return (dtype or "?").removeprefix("torch.")
+
+
+def _shape_text(shape: tuple[int, ...] | None) -> str:
+    return "[" + "x".join(str(n) for n in shape) + "]" if shape is not None else "?"
+
+
 def _f(x: Any) -> float | None:
     return None if x is None else float(x)
 
@@ -166,6 +176,9 @@ def classify(
     *,
     tensors_same: bool = False,
     args_same: bool = True,
+    dtypes: tuple[str | None, str | None] = (None, None),
+    shapes: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
+    layout: bool = False,
 ) -> ValueDiff:
     """Kind and magnitude of one divergent record.
 
@@ -173,7 +186,8 @@ def classify(
     digest_hi/lo, args_digest, dtype, rows, m_sum, m_absmax), None for the missing side;
     ``dumps``: raw bytes of both sides; ``args_text``: the call's argument texts on both sides
     (the ``args`` table), when recorded; ``tensors_same`` / ``args_same``: the aligned pair's
-    ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``.
+    ``rule.TENSORS_EQUAL`` / ``rule.ARGS_EQUAL``; ``dtypes`` / ``shapes``: the record's dtype and
+    shape on each side; ``layout``: the record is a tensor subclass's whole whose parts all match.
     """
     if state in rule.STRUCTURAL or a is None or b is None:
         where: dict[str, str] = {  # a RecordState is its value: a plain state string looks it up
@@ -183,6 +197,7 @@ def classify(
         }
         side = where.get(state, "both runs, in a different order")
         return ValueDiff(DiffKind.STRUCTURE, detail=f"record present in {side}")
+    meta: dict[str, Any] = {"dtype_a": dtypes[0], "dtype_b": dtypes[1], "shape_a": shapes[0], "shape_b": shapes[1]}
     sums = (_f(a.get("m_sum")), _f(b.get("m_sum")))
     maxs = (_f(a.get("m_absmax")), _f(b.get("m_absmax")))
     moments: dict[str, Any] = {}
@@ -192,7 +207,7 @@ def classify(
         moments.update(absmax_a=maxs[0], absmax_b=maxs[1], d_absmax=maxs[1] - maxs[0])  # type: ignore[operator]
     if "error" in (a.get("status"), b.get("status")):
         why = a.get("error") or b.get("error") or "digest failed"
-        return ValueDiff(DiffKind.ERROR, detail=f"digest error ({why}): no evidence either way", **moments)
+        return ValueDiff(DiffKind.ERROR, detail=f"digest error ({why}): no evidence either way", **moments, **meta)
     dump_fields: dict[str, Any] = {}
     confirmed = "fingerprint"
     if dumps is not None:
@@ -214,7 +229,25 @@ def classify(
             detail=f"arguments differ: {what} ({tail})",
             **moments,
             **dump_fields,
+            **meta,
         )
+    if None not in dtypes and dtypes[0] != dtypes[1]:
+        da, db = (_short_dtype(x) for x in dtypes)
+        return ValueDiff(
+            DiffKind.DTYPE, confirmed, detail=f"the dtype differs ({da} -> {db}): an autocast dtype or a cast changed",
+            **moments, **meta,
+        )  # fmt: skip
+    if None not in shapes and shapes[0] != shapes[1]:
+        sa, sb = (_shape_text(x) for x in shapes)
+        return ValueDiff(
+            DiffKind.SHAPE, confirmed, detail=f"the shape differs ({sa} -> {sb}): a size in the configuration or a "
+            "reshape changed", **moments, **meta,
+        )  # fmt: skip
+    if layout:
+        return ValueDiff(
+            DiffKind.LAYOUT, confirmed, detail="every part of the tensor is equal and the whole differs: its layout "
+            "(a DTensor's placements or mesh, a subclass's non-tensor attributes) changed", **meta,
+        )  # fmt: skip
     perm, rows_differing = _permutation(a.get("rows"), b.get("rows"))
     if perm:
         return ValueDiff(
@@ -224,6 +257,7 @@ def classify(
             detail=f"same rows in a different order ({rows_differing} rows moved)",
             **moments,
             **dump_fields,
+            **meta,
         )
     parts = []
     if "abs_dsum" in moments:
@@ -245,5 +279,11 @@ def classify(
     if not parts:
         parts.append("magnitude unknown (capture moments or dumps to see it)")
     return ValueDiff(
-        DiffKind.VALUES, confirmed, rows_differing=rows_differing, detail=", ".join(parts), **moments, **dump_fields
+        DiffKind.VALUES,
+        confirmed,
+        rows_differing=rows_differing,
+        detail=", ".join(parts),
+        **moments,
+        **dump_fields,
+        **meta,
     )

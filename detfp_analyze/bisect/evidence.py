@@ -16,9 +16,10 @@ import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect import align as _align
+from detfp_analyze.bisect.discriminator import Discriminator, DiscriminatorRow
 from detfp_analyze.bisect.reads import collect, collect_pair
 from detfp_analyze.bisect.records import CallKey, Found, RecordKey
-from detfp_analyze.bisect.result import Diagnosis, Discriminator, DiscriminatorRow, RankResult
+from detfp_analyze.bisect.result import Diagnosis, RankResult
 from detfp_analyze.bisect.vocab import Level
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import names_for, to_polars

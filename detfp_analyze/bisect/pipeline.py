@@ -61,6 +61,7 @@ def bisect(
     progress: Progress | None = None,
     engine: Engine | None = None,
     reads: ReadPaths | None = None,
+    allow_incomplete: bool = False,
 ) -> BisectResult:
     """Find, per rank, the first record where ``run_a`` and ``run_b`` differ, and why.
 
@@ -73,12 +74,15 @@ def bisect(
     (``engine.local``, the default, or ``detfp_analyze.spark.engine(spark)``); the result is the same.
     ``reads``: which summaries the capture stored the search may read instead of the records
     (``reads.ReadPaths``; default: every one both runs hold); the result is the same.
+    ``allow_incomplete``: a run that ended before the other (a step that raised, a capture that
+    never closed) with nothing differing before its end is ``identical`` over the steps both hold
+    (the ending is still reported), not status ``ended_early``.
     Raises IncomparableError (blocking manifest difference, no common step) and
     SelectionError (bad ranks/steps/level).
     """
     # Thousands of diverged ranks make millions of rows and records, none in a cycle (_gcpause).
     with _gcpause.paused():
-        return _bisect(run_a, run_b, ranks, steps, level, force, ignore_env, progress, engine, reads)
+        return _bisect(run_a, run_b, ranks, steps, level, force, ignore_env, progress, engine, reads, allow_incomplete)
 
 
 def _bisect(
@@ -92,6 +96,7 @@ def _bisect(
     progress: Progress | None,
     engine: Engine | None,
     reads: ReadPaths | None,
+    allow_incomplete: bool,
 ) -> BisectResult:
     if level not in LEVELS:
         raise SelectionError(f"level {level!r} is not one of {', '.join(LEVELS)}; pick one of those")
@@ -135,10 +140,13 @@ def _bisect(
     diverged = [rr for rr in ordered if rr.status == Status.DIVERGED]
     rng_only = _clues.rng_only(run_a, run_b, ordered, scope.window)
     status = Status.RNG_ONLY if rng_only else Status.DIVERGED if diverged else Status.IDENTICAL
+    if status == Status.IDENTICAL and ends and not allow_incomplete:
+        status = Status.ENDED_EARLY  # what both hold matched, but a run that died is not a pass
     capture = (_clues.capture_of(run_a, scope.ranks), _clues.capture_of(run_b, scope.ranks))
     offset = _clues.step_offset(run_a, run_b, ordered, scope.range_a, scope.range_b) if diverged else None
+    first = min((rr.step for rr in diverged if rr.step is not None), default=None)
     clues = _cause.Clues(
-        settings=_settings.settings(diffs),
+        settings=_clues.settings_at(run_a, run_b, scope.ranks, _settings.settings(diffs), first),
         endings=ends,
         offset=offset,
         rng_only=rng_only,
@@ -146,6 +154,7 @@ def _bisect(
         capture_a=capture[0],
         capture_b=capture[1],
         resume_step=scope.resume.first_common_step if scope.resume.resumed else None,
+        calls=_clues.forward_calls(run_a, run_b, ordered) if diverged else None,
     )
     diag = _cause.weigh(diag, ordered, clues, status, hazard_reads)
     disc = None
@@ -178,6 +187,7 @@ def _bisect(
         discriminator=disc,
         notes=tuple(sorted(set(notes))),
         complete=not any(r.completeness is not None and r.completeness.gaps for r in (run_a, run_b)),
+        endings=ends,
     )
 
 

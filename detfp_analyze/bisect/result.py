@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from detfp_analyze import _gcpause
+from detfp_analyze.bisect.discriminator import Discriminator
 from detfp_analyze.bisect.vocab import (
     CAUSES,
     DIFF_KINDS,
@@ -33,7 +34,7 @@ from detfp_analyze.io.envdiff import EnvDiff
 
 __all__ = [
     "CAUSES", "DIFF_KINDS", "LEVELS", "PATTERNS", "REPORT_VERSION", "STATUSES", "VERDICTS", "BisectResult", "Capture",
-    "Component", "Diagnosis", "Discriminator", "DiscriminatorRow", "Divergence", "Kernels", "RankResult", "ResumeInfo",
+    "Component", "Diagnosis", "Divergence", "Ending", "Kernels", "RankResult", "ResumeInfo",
     "ValueDiff", "Window", "check_cause", "check_pattern", "check_status", "check_verdict",
 ]  # fmt: skip
 
@@ -41,7 +42,10 @@ __all__ = [
 #: ``cause``/``headline``/``next_steps``, a rank's ``hazard_confirmed``, the window's ``capture_*``,
 #: the resume's ``step_offset``, the pattern ``all_ranks_same_source``; a divergence names the parts
 #: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
-REPORT_VERSION = 2
+#: 3: ``status`` "ended_early" and the report's ``endings``; the difference kinds ``dtype``,
+#: ``shape`` and ``layout`` with ``ValueDiff.dtype_a``/``dtype_b``/``shape_a``/``shape_b``; the
+#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; the record kind ``state``.
+REPORT_VERSION = 3
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
 
@@ -117,6 +121,11 @@ class ValueDiff:
     args_changes: tuple[str, ...] = ()
     #: The part of a tensor subclass whose values these are (``"scale"``), None for a whole tensor.
     component: str | None = None
+    #: The record's dtype and shape on each side (kinds ``dtype`` and ``shape`` name what changed).
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
     #: One line for humans.
     detail: str = ""
 
@@ -371,39 +380,20 @@ class ResumeInfo:
 
 
 @dataclass(frozen=True)
-class DiscriminatorRow:
-    """Instances of the origin op sharing one (dtype, shape, module, phase)."""
+class Ending:
+    """A run that ended before the other: its last step did not finish, or its capture is incomplete."""
 
-    dtype: str | None
-    shape: tuple[int, ...] | None
-    module: str
-    phase: str
-    #: Calls whose records all matched / whose output differed.
-    clean: int
-    divergent: int
-
-    def to_json_dict(self) -> dict[str, Any]:
-        return _fields_json(self)
-
-
-@dataclass(frozen=True)
-class Discriminator:
-    """Every instance of the origin op in the divergent step of the origin ranks, grouped."""
-
-    #: The op name.
-    op: str
-    #: The ranks and steps looked at.
+    #: "A" or "B".
+    side: str
+    #: The step it ended in (its records stop there, or are not held from there on).
+    step: int
+    #: Ranks it ended on, sorted.
     ranks: tuple[int, ...]
-    steps: tuple[int, ...]
-    rows: tuple[DiscriminatorRow, ...]
+    #: Why, as the capture said it ("step 3 raised RuntimeError: ...", "the capture closed incomplete: ...").
+    reason: str
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "ranks": list(self.ranks),
-            "steps": list(self.steps),
-            "rows": [r.to_json_dict() for r in self.rows],
-        }
+        return {"run": self.side, "step": self.step, "ranks": list(self.ranks), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -434,6 +424,9 @@ class BisectResult:
     #: False when a run was opened with allow_incomplete and held less than its commit logs
     #: promise: only the steps both runs hold completely were compared (the rest is in notes).
     complete: bool = True
+    #: Runs that ended before the other (a step that raised, a capture that never closed), by
+    #: run, step and reason: status ``ended_early`` when nothing both hold differs.
+    endings: tuple[Ending, ...] = ()
 
     def __post_init__(self) -> None:
         check_status(self.status)
@@ -447,7 +440,8 @@ class BisectResult:
 
     @property
     def diverged(self) -> bool:
-        """Not bitwise identical: values differ (``diverged``) or only an RNG state does (``rng_only``)."""
+        """Not a pass: values differ (``diverged``), only an RNG state does (``rng_only``), or a run
+        ended before the other (``ended_early``)."""
         return self.status != Status.IDENTICAL
 
     def rank(self, rank: int) -> RankResult:
@@ -482,4 +476,5 @@ class BisectResult:
             "discriminator": None if self.discriminator is None else self.discriminator.to_json_dict(),
             "notes": list(self.notes),
             "complete": self.complete,
+            "endings": [e.to_json_dict() for e in self.endings],
         }

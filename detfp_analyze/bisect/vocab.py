@@ -41,6 +41,9 @@ class Status(StrEnum):
     #: An RNG state differs and no value or metric does (nothing drew from the generator in the
     #: compared steps).
     RNG_ONLY = "rng_only"
+    #: Everything both runs hold matched, but a run ended before the other (a step that raised,
+    #: a capture that never closed): not a pass unless the comparison allows an incomplete run.
+    ENDED_EARLY = "ended_early"
 
 
 class Verdict(StrEnum):
@@ -64,6 +67,8 @@ class Pattern(StrEnum):
     ALL_RANKS_DIFFERENT_OPS = "all_ranks_different_ops"
     RANK_SUBSET = "rank_subset"
     SINGLE_RANK = "single_rank"
+    #: Every diverged rank's first difference is structural: other calls, not other values.
+    CONTROL_FLOW = "control_flow"
     NO_ORIGIN = "no_origin"
     UNDETERMINED = "undetermined"
 
@@ -78,6 +83,10 @@ class Cause(StrEnum):
     SETTING = "setting"
     UNINITIALIZED = "uninitialized"
     ARGUMENT = "argument"
+    #: The first difference is of dtype, shape or layout (``DiffKind``): another computation.
+    DTYPE = "dtype"
+    SHAPE = "shape"
+    LAYOUT = "layout"
     DATA = "data"
     RNG = "rng"
     RESTORE = "restore"
@@ -95,6 +104,13 @@ class DiffKind(StrEnum):
     VALUES = "values"
     PERMUTATION = "permutation"
     ARGUMENTS = "arguments"
+    #: The tensor's dtype differs (an autocast dtype, a cast): not a rounding of the same computation.
+    DTYPE = "dtype"
+    #: The tensor's shape differs (a size in the configuration, a reshape).
+    SHAPE = "shape"
+    #: A tensor subclass whose every part is equal differs as a whole: its non-tensor layout
+    #: (a DTensor's placements or mesh) changed.
+    LAYOUT = "layout"
     STRUCTURE = "structure"
     ERROR = "error"
 

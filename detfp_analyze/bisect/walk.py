@@ -458,6 +458,9 @@ def _same_calls(run_a: Run, run_b: Run, pairs: Mapping[int, int]) -> set[int]:
     def calls(run: Run) -> pl.LazyFrame:
         per_call = (
             _records(run, pairs, _SAME_CALLS_COLUMNS)
+            # The state a capture starts from is no call of the step: one run may hold it alone
+            # (a resumed run's first step: ``rule.UNSTARTED``).
+            .filter(~pl.col("kind").is_in(rule.START_KINDS))
             .select("rank", *rule.FAMILY, "call_hash", sig.alias("sig"))
             .group_by("rank", *rule.FAMILY, "call_hash")
             .agg(pl.col("sig").sort().str.join("\x1e").alias("call"))

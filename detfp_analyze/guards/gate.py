@@ -9,7 +9,9 @@ A rank's divergence is expected when one expectation matches its first divergent
 when that record is a likely false root, the next clean one; a rank whose metrics alone differ
 is matched by an expectation's ``metric``. An expectation's ``status`` matches the comparison's
 outcome (``result.STATUSES``): ``status = "rng_only"`` alone expects every diverged rank as long
-as only an RNG state differs and no value does. Patterns are shell globs (``blocks.*.attn``,
+as only an RNG state differs and no value does; ``status = "ended_early"`` alone expects the ranks
+of a run that ended before the other (its step is the step it ended in) when nothing both runs
+hold differs. A run that ended early is otherwise unexpected: a gate never passes a run that died. Patterns are shell globs (``blocks.*.attn``,
 ``aten::index_add*``); ``steps`` and ``ranks`` are selectors (``"3-5,9"``, ``"10-"``, an int or a
 list). bisect finds each rank's *first* divergence: a difference that starts after an expected
 one on the same rank is hidden behind it, so a gate that expects a change at step 3 cannot see
@@ -94,6 +96,8 @@ class GateResult:
     unexpected_ranks: tuple[int, ...]
     #: Every expectation in file order, with the ranks it matched.
     matches: tuple[ExpectationMatch, ...]
+    #: The comparison's status was ``ended_early``: the ranks gated are those of the run that ended.
+    ended_early: bool = False
 
     @property
     def passed(self) -> bool:
@@ -251,8 +255,12 @@ def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: 
     hits: dict[int, list[int]] = {e.index: [] for e in expectations}
     expected: list[int] = []
     unexpected: list[int] = []
+    # A run that ended early (and nothing before its end differs): its ranks, at the step it ended in.
+    ended = {}
+    if result.status == Status.ENDED_EARLY:
+        ended = {rank: e.step for e in sorted(result.endings, key=lambda x: -x.step) for rank in e.ranks}
     for r in result.ranks:
-        if r.status != Status.DIVERGED:
+        if r.status != Status.DIVERGED and r.rank not in ended:
             continue
         records = [d for d in (r.first, r.next_clean if r.first is not None and r.first.hazards else None) if d]
         matched = False
@@ -260,7 +268,10 @@ def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: 
             if not _glob(result.status, e.status):
                 continue
             if e.status is not None and e.metric is None and not any(getattr(e, f) is not None for f in RECORD_FIELDS):
-                ok = _in(e.steps, r.step) and _in(e.ranks, r.rank)  # the status alone: every diverged rank
+                step = ended.get(r.rank, r.step)  # the status alone: every diverged (or ended) rank
+                ok = _in(e.steps, step) and _in(e.ranks, r.rank)
+            elif r.rank in ended:
+                ok = False  # nothing differs there for a record or metric pattern to match
             else:
                 ok = any(_matches_record(e, d, r.rank) for d in records) if records else _matches_metric(e, r)
             if ok:
@@ -273,6 +284,7 @@ def evaluate(result: BisectResult, expectations: Sequence[Expectation], source: 
         expected_ranks=tuple(expected),
         unexpected_ranks=tuple(unexpected),
         matches=tuple(ExpectationMatch(e, tuple(hits[e.index])) for e in expectations),
+        ended_early=bool(ended),
     )
 
 
@@ -281,9 +293,11 @@ def render_gate(gate: GateResult) -> str:
     if gate.passed and not gate.expected_ranks:
         head = "gate: pass (no divergence)"
     elif gate.passed:
-        head = f"gate: pass (every divergence expected: ranks {format_ranks(list(gate.expected_ranks))})"
+        what = "the early end expected" if gate.ended_early else "every divergence expected"
+        head = f"gate: pass ({what}: ranks {format_ranks(list(gate.expected_ranks))})"
     else:
-        head = f"gate: FAIL (unexpected divergence on ranks {format_ranks(list(gate.unexpected_ranks))})"
+        what = "a run ended early" if gate.ended_early else "unexpected divergence"
+        head = f"gate: FAIL ({what} on ranks {format_ranks(list(gate.unexpected_ranks))})"
     lines = [f"{head}; expectations from {gate.source}"]
     for m in gate.matches:
         e = m.expectation

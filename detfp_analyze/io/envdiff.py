@@ -7,7 +7,9 @@ reported once (``rank`` None); a fact that varies by rank (parallel coordinates,
 names, local ranks) is compared rank by rank and reported per rank where it differs.
 Keys that always differ between two launches and say nothing about numerics (rank,
 segment, the command line, the output directory) are left out; ``start_step`` is the
-resume logic's business (``resume.py``).
+resume logic's business (``resume.py``), ``settings_changed_at`` the settings'
+(``bisect/settings.py``). A settings or versions key that no manifest of one run holds was not
+recorded by that run's capture (an earlier release): not a difference.
 
 ``blocking`` entries (world size, parallel layout and process groups, digest and schema
 versions) make a comparison meaningless: every record would differ or records would be
@@ -45,7 +47,11 @@ __all__ = [
 ]
 
 #: Top-level manifest keys that never say anything about numerics (always differ per rank or launch).
-_IGNORED = frozenset({"rank", "segment", "start_step", "command"})
+_IGNORED = frozenset({"rank", "segment", "start_step", "command", "settings_changed_at"})
+#: Objects whose keys a newer capture records more of (the settings catalogue, library versions):
+#: a key no manifest of one run holds was not recorded there, which is no difference (a
+#: recorded null is: a library installed in one run only).
+_CATALOGUED = ("determinism.", "versions.")
 #: Capture options naming where the trace went: always differ between two runs.
 _IGNORED_CAPTURE = frozenset({"capture.out", "capture.dir", "capture.run_dir", "capture.path"})
 #: Keys (exact or prefix before a dot) whose difference makes a bitwise comparison meaningless.
@@ -181,6 +187,8 @@ def manifest_diff(
 
     fa, fb = [flat_a[r] for r in ranks], [flat_b[r] for r in ranks]
     for key in keys:
+        if key.startswith(_CATALOGUED) and (all(key not in f for f in fa) or all(key not in f for f in fb)):
+            continue
         raw_a, raw_b = [f.get(key) for f in fa], [f.get(key) for f in fb]
         # One value object on every rank of each run (a run index shares them): one comparison.
         shared = len(set(map(id, raw_a))) == 1 and len(set(map(id, raw_b))) == 1
@@ -203,6 +211,8 @@ def _diff_pairs(pairs: Mapping[Any, tuple[dict, dict]]) -> tuple[EnvDiff, ...]:
     out = []
     for rank, (fa, fb) in pairs.items():
         for key in sorted(fa.keys() | fb.keys()):
+            if key.startswith(_CATALOGUED) and (key not in fa or key not in fb):
+                continue
             if _canon(fa.get(key)) != _canon(fb.get(key)):
                 out.append(EnvDiff(key, fa.get(key), fb.get(key), rank, _is_blocking(key)))
     return tuple(out)

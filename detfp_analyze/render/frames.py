@@ -214,7 +214,8 @@ def module_frame(
     A module runs in the forward and again in the backward (and the optimizer and the step's start
     and end at the root): each (module, phase) is its own column, in execution order, so a
     module's backward sits after every forward, and nothing left of a rank's first difference ran
-    after it. Phase ``step`` is two columns: ``step start`` (RNG states) and ``step end``.
+    after it. Phase ``step`` is two columns: ``step start`` (RNG states, the state a capture starts
+from) and ``step end``.
 
     Columns: ``rank``, ``position``, ``module`` ('' is the root), ``phase``, ``column`` (the
     column's label: the module, with `` (phase)`` unless forward), ``module_index`` (Int64: the
@@ -321,7 +322,7 @@ def _first_marks(result: BisectResult, step: int) -> pl.DataFrame:
         d = r.effective
         if d is not None and d.step == step:
             seq = d.seq_a if d.seq_a is not None else d.seq_b
-            part = d.phase if d.phase != "step" else "step start" if d.kind == "rng_state" else "step end"
+            part = d.phase if d.phase != "step" else "step start" if d.kind in _STEP_START else "step end"
             rows.append((r.rank, d.module, part, state_of(d.verdict, r.rank), seq))
     return pl.DataFrame(
         rows,
@@ -336,13 +337,18 @@ def _first_marks(result: BisectResult, step: int) -> pl.DataFrame:
     )
 
 
+#: Kinds of phase ``step`` recorded at the step's start (the rest of that phase is its end).
+_STEP_START = ("rng_state", "state")
+
+
 def _phase_part(phase: pl.Expr, kind: pl.Expr) -> pl.Expr:
-    """The phase a module column stands for: phase ``step`` holds the RNG states at the step's start
-    and the parameters (and a loss reduction) at its end, two columns apart in execution order."""
+    """The phase a module column stands for: phase ``step`` holds the RNG states (and the state a
+    capture starts from) at the step's start and the parameters (and a loss reduction) at its end,
+    two columns apart in execution order."""
     return (
         pl.when(phase != "step")
         .then(phase)
-        .when(kind == "rng_state")
+        .when(kind.is_in(_STEP_START))
         .then(pl.lit("step start"))
         .otherwise(pl.lit("step end"))
     )

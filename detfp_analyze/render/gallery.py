@@ -141,6 +141,8 @@ def _no_discriminator(result: BisectResult) -> str:
         return "no origin op to discriminate (the runs are identical)"
     if result.status == Status.RNG_ONLY:
         return "no origin op to discriminate: only an RNG state differs, no value"
+    if result.status == Status.ENDED_EARLY:
+        return "no origin op to discriminate: a run ended early and nothing both runs hold differs"
     rep = next((r.effective for r in result.ranks if r.rank in result.diagnosis.origin_ranks and r.effective), None)
     if rep is not None and rep.verdict == Verdict.SOURCE:
         return f"no origin op to discriminate: the difference enters at a source ({rep.kind} {rep.op}), not at an op"

@@ -71,6 +71,7 @@ code,pre{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 pre{background:var(--soft);border:1px solid var(--line);padding:8px 10px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 .status{display:inline-block;font-weight:600;padding:3px 10px;border-radius:12px;color:#fff}
 .status.diverged{background:var(--bad)}.status.identical{background:var(--ok)}.status.rng_only{background:#b8860b}
+.status.ended_early{background:#b8860b}
 #headline{font-size:15px;font-weight:600}
 .muted{color:var(--muted)}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
@@ -174,6 +175,8 @@ def _where(d: Divergence | None) -> tuple[str, str, str, str]:
         return "", "", "", ""
     module = "" if d.module is None else (d.module or "<root>")
     op = "" if d.op is None else f"{d.kind}:{d.op}"
+    if d.kind == "state":  # the state a run starts from: before the step, not a call in it
+        return f"before step {d.step}", module, op, d.arg
     return d.phase, module, op, f"{d.role} {d.arg}".strip()
 
 

@@ -53,6 +53,8 @@ def render_env(
 
 
 def _where(d: Divergence) -> str:
+    if d.kind == "state" and d.op:  # the state a run starts from: before the step, not a call in it
+        return f"state before step {d.step}: {d.op} ({d.arg})"
     parts = [d.phase]
     if d.module is not None:
         parts.append(d.module or "<root>")
@@ -118,11 +120,26 @@ def _rank_groups(ranks: Sequence[RankResult]) -> list[tuple[list[int], RankResul
     return out
 
 
+def metric_text(rr: RankResult) -> str:
+    """``loss differs from step 3``; a metric one run records more often (micro-batches):
+    ``loss has a value in run B only in step 0 (its values before that match)``."""
+    if rr.metric_a is None and rr.metric_b is not None:
+        side = "B"
+    elif rr.metric_b is None and rr.metric_a is not None:
+        side = "A"
+    else:
+        return f"{rr.metric_name} differs from step {rr.metric_step}"
+    return f"{rr.metric_name} has a value in run {side} only in step {rr.metric_step} (its values before that match)"
+
+
 def status_line(r: BisectResult) -> str:
     """``status: ...``: the outcome, the first step, the pattern and the cause."""
     dg = r.diagnosis
     if r.status == Status.IDENTICAL:
         return "status: identical" + ("" if dg.cause == Cause.NONE else f"; cause {dg.cause}")
+    if r.status == Status.ENDED_EARLY:
+        ends = "; ".join(f"run {e.side} ended at step {e.step}" for e in r.endings)
+        return f"status: ended_early ({ends}; what both runs hold matched); cause {dg.cause}"
     if r.status == Status.RNG_ONLY:
         return f"status: rng_only (an RNG state differs, no value or metric does), from step {r.first_step}; cause {dg.cause}"
     return f"status: diverged, first at step {r.first_step}; pattern {dg.pattern}; cause {dg.cause}"
@@ -171,7 +188,7 @@ def render_text(result: BisectResult) -> str:
             continue
         metric = ""
         if rr.metric_step is not None:
-            metric = f"; {rr.metric_name} differs from step {rr.metric_step}"
+            metric = f"; {metric_text(rr)}"
         if rr.first is None:
             step = rr.record_step if rr.record_step is not None else rr.step
             verdict = rr.verdict or "records differ"
@@ -204,7 +221,9 @@ def render_text(result: BisectResult) -> str:
     if r.diff is not None:
         part = f" in component {r.diff.component}" if r.diff.component else ""
         lines.append(f"difference at rank {r.diff_rank}: {r.diff.kind}{part}, confirmed by {r.diff.confirmed}")
-        if r.diff.detail:
+        # The rank's own block said it already (its "difference:" line): each detail once.
+        shown = {d.diff.detail for rr in r.ranks for d in (rr.first, rr.next_clean) if d is not None and d.diff}
+        if r.diff.detail and r.diff.detail not in shown:
             lines.append(f"  {r.diff.detail}")
     if r.discriminator is not None and r.discriminator.rows:
         ds = r.discriminator

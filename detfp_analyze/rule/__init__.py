@@ -18,8 +18,11 @@ and that SQL ``first_divergence`` names bisect's record on every rank.
 * ``differs``: otherwise. A call whose arguments differ differs on every record, whatever the
   tensors did: the call site passed another value, a local start (diffkind ``arguments``).
 
-**State in the rank-step's alignment** (``STATES``): a match, or one of two refinements that
-make differences structural instead of a cascade of value mismatches: ``shifted`` (a record
+**State in the rank-step's alignment** (``STATES``): a match, or ``unknown`` for a record of
+``START_KINDS`` (the state a capture starts from) that one run only holds (``UNSTARTED``: only
+that run's capture started or reloaded at that step: a resumed run, another ``steps=``
+selection, a capture of an earlier release; nothing to compare it with), or one of two
+refinements that make differences structural instead of a cascade of value mismatches: ``shifted`` (a record
 that differs or is one-sided, in a call-site family, same ``FAMILY`` columns, with a different
 non-zero number of calls on the two sides: occurrence counters no longer line up) and
 ``reordered`` (both sides hold it, not ``unknown``, but the k-th record both sides hold is not
@@ -35,8 +38,8 @@ hazard says a tensor's bytes are no evidence; an argument is a value the call si
 difference there is evidence whatever the tensors held); a call is when any of its records is. A step *changes a value* when
 a record not under a hazard is ``VALUE`` evidence, unless its first divergence is reordered or
 shifted and the step holds the same calls up to their order within each family (per family, the
-multisets of calls, each the sorted ``SIGNATURE`` of its records, are equal: DDP's bucket order,
-a resumed run's first-iteration work). Steps are walked in order, restricted to the compared
+multisets of calls, each the sorted ``SIGNATURE`` of its records, are equal, ``START_KINDS``
+records left out: DDP's bucket order, a resumed run's first-iteration work). Steps are walked in order, restricted to the compared
 ranks and common steps:
 
 * a step that changes no value is passed over;
@@ -74,10 +77,12 @@ __all__ = [
     "SHIFTABLE",
     "SHIFTED",
     "SIGNATURE",
+    "START_KINDS",
     "STATES",
     "STRUCTURAL",
     "TENSORS_EQUAL",
     "UNKNOWN",
+    "UNSTARTED",
     "VALUE",
     "RecordState",
     "check_state",
@@ -128,6 +133,8 @@ SHIFTABLE = _values(DIFFERS, ONLY_A, ONLY_B)
 FAMILY = ("microbatch", "phase", "module", "kind", "name")
 #: Kinds holding the state a resume restores: compared first at a resume boundary step.
 BOUNDARY_KINDS = ("param", "optimizer_state", "rng_state")
+#: Kinds recorded where a run's capture starts (or reloads a checkpoint): the state before a step.
+START_KINDS = ("state",)
 
 
 def present(side: str) -> Expr:
@@ -176,6 +183,10 @@ VALUE: Expr = Any(
         ),
     ),
 )
+
+#: A record of the state a capture starts from that one run only holds: ``unknown`` in the
+#: alignment (no evidence either way). Columns: ``match`` (the pair's MATCH) and ``kind``.
+UNSTARTED: Expr = All(one_of(Col("match"), ONE_SIDED), one_of(Col("kind"), START_KINDS))
 
 #: One run's record carries a hazard flag (a likely false root). Column: hazards (a list).
 RECORD_HAZARD: Expr = NonEmpty(Col("hazards"))

@@ -34,7 +34,7 @@ WHERE rank IN (SELECT rank FROM _scope_ranks)
 -- @column digest_lo_b  Low 64 bits of the digest in B.
 -- @column hazard_a     The record carries a hazard flag in A.
 -- @column hazard_b     The record carries a hazard flag in B.
--- @column state        The match, or reordered (matched records in another order) or shifted (a call-site family with another number of calls): detfp_analyze.rule.STATES.
+-- @column state        The match, or unknown for a state-before-step record one run only holds (detfp_analyze.rule.UNSTARTED), or reordered (matched records in another order) or shifted (a call-site family with another number of calls): detfp_analyze.rule.STATES.
 -- @column o1           The lesser of the record's two positions (the walk's order).
 -- @column o2           The greater of the record's two positions.
 -- @column prio         0 for restored state (detfp_analyze.rule.BOUNDARY_KINDS) at a resume boundary step, else 1: compared first.
@@ -97,6 +97,7 @@ moved AS (
 SELECT
   j.*,
   CASE
+    WHEN ${unstarted} THEN '${unknown}'
     WHEN m.key_hash IS NOT NULL AND j.match <> '${unknown}' THEN '${reordered}'
     WHEN s.rank IS NOT NULL AND j.match IN (${shiftable}) THEN '${shifted}'
     ELSE j.match
@@ -112,14 +113,17 @@ LEFT JOIN moved AS m
   ON m.rank = j.rank AND m.step = j.step AND m.key_hash = j.key_hash;
 
 -- Private: per run, rank-step and call-site family, the sorted calls, each the sorted signatures
--- of its records (detfp_analyze.rule.SIGNATURE): the same-calls test of a reordered step.
+-- of its records (detfp_analyze.rule.SIGNATURE): the same-calls test of a reordered step. The
+-- state a capture starts from (detfp_analyze.rule.START_KINDS) is no call of the step.
 -- @column run      Which run: 'a' or 'b'.
 -- @column calls    The family's calls, each its records' signatures joined, sorted.
 CREATE VIEW _family_calls AS
 WITH rec AS (
   SELECT 'a' AS run, rank, step, ${family}, call_hash, ${signature} AS sig FROM _a_scoped
+  WHERE kind NOT IN (${start_kinds})
   UNION ALL
   SELECT 'b' AS run, rank, step, ${family}, call_hash, ${signature} AS sig FROM _b_scoped
+  WHERE kind NOT IN (${start_kinds})
 ),
 calls AS (
   SELECT run, rank, step, ${family}, call_hash, string_agg(sig, chr(30) ORDER BY sig) AS call
@@ -146,22 +150,34 @@ GROUP BY ALL;
 -- decision for the step.
 -- @column value            The record is evidence that a value differs (detfp_analyze.rule.VALUE).
 -- @column call_hz          A record of its call is under a hazard (hz: a likely false root).
--- @column call_inputs      Number of input records of the same call (same rank, step, call_hash).
+-- @column call_inputs      Number of input records of the same call (same rank, step, call_hash); for a module's output, whose inputs are recorded by its module_input (or batch) call, that call's: bisect's count.
 -- @column inputs_differing Number of those inputs whose match is not 'same'.
 -- @column clean_key        key_hash of the step's first divergent record whose call carries no hazard, by (o1, o2, key_hash).
 -- @column n_values         Records of the step not under a hazard that are evidence a value differs.
 -- @column changes_value    The step changes a value: n_values > 0, unless its first divergence is reordered or shifted and the calls are the same up to order.
 -- @column false_root       Its first divergence is under a hazard and no divergence lies outside hazard calls.
 CREATE VIEW _step_walk AS
-WITH rows AS MATERIALIZED (
+WITH counted AS (
   SELECT
     *,
     ${value} AS value,
     bool_or(hz) OVER (PARTITION BY rank, step, call_hash) AS call_hz,
-    count(*) FILTER (WHERE role = 'input') OVER (PARTITION BY rank, step, call_hash) AS call_inputs,
+    count(*) FILTER (WHERE role = 'input') OVER (PARTITION BY rank, step, call_hash) AS own_inputs,
     count(*) FILTER (WHERE role = 'input' AND match <> '${same}') OVER (PARTITION BY rank, step, call_hash)
-      AS inputs_differing
+      AS own_differing,
+    -- A module boundary is two calls: its inputs are its module_input (batch at the root) twin's.
+    count(*) FILTER (WHERE role = 'input' AND kind IN ('module_input', 'batch'))
+      OVER (PARTITION BY rank, step, microbatch, phase, module, name, occurrence) AS twin_inputs,
+    count(*) FILTER (WHERE role = 'input' AND kind IN ('module_input', 'batch') AND match <> '${same}')
+      OVER (PARTITION BY rank, step, microbatch, phase, module, name, occurrence) AS twin_differing
   FROM _aligned
+),
+rows AS MATERIALIZED (
+  SELECT
+    * EXCLUDE (own_inputs, own_differing, twin_inputs, twin_differing),
+    CASE WHEN kind = 'module_output' AND own_inputs = 0 THEN twin_inputs ELSE own_inputs END AS call_inputs,
+    CASE WHEN kind = 'module_output' AND own_inputs = 0 THEN twin_differing ELSE own_differing END AS inputs_differing
+  FROM counted
 ),
 first AS (
   SELECT *

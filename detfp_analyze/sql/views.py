@@ -24,7 +24,10 @@ DuckDB would let ``COPY`` overwrite one of the allowed shard files themselves.
 The SQL files are the API. Each view has a header comment and an ``-- @column name doc`` line
 per column it adds; connect() copies them into DuckDB (``COMMENT ON``), filling contract
 columns from ``detfp_format.contract``, so ``duckdb_views()`` and ``duckdb_columns()``
-document every view and column. Views prefixed ``_`` are private helpers.
+document every view and column. Views prefixed ``_`` are private helpers: connect() creates them
+in the schema ``detfp_private`` (``PRIVATE``) and qualifies every reference to them, so the
+user's listings (``SHOW TABLES``, ``duckdb_views()`` of schema ``main``, not internal) hold the public
+views only.
 """
 
 from __future__ import annotations
@@ -50,7 +53,12 @@ from detfp_format import contract
 from detfp_format.arrowschema import arrow_schema
 from detfp_format.types import duckdb_type
 
-__all__ = ["ViewDoc", "connect", "query", "two_run_views", "view_docs"]
+__all__ = ["PRIVATE", "ViewDoc", "connect", "query", "two_run_views", "view_docs"]
+
+#: The schema of the private helper views (names prefixed ``_``), out of the user's listing.
+PRIVATE = "detfp_private"
+#: An identifier that may name a private view (``_aligned``; not ``a._x`` or ``x_y``).
+_PRIVATE_REF = re.compile(r"(?<![\w.])(_\w+)")
 
 _SHARD_DOC = "Path of the Parquet shard the row was read from (provenance)."
 _VIEW_RE = re.compile(r"CREATE\s+VIEW\s+(\w+)", re.IGNORECASE)
@@ -96,6 +104,7 @@ def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
         "match": to_sql(rule.MATCH, qualified, dialect),
         "value": to_sql(rule.VALUE, suffixed, dialect),
         "hazard": to_sql(rule.HAZARD, suffixed, dialect),
+        "unstarted": to_sql(rule.UNSTARTED, lambda col: f"j.{col.name}", dialect),
         "record_hazard": to_sql(rule.RECORD_HAZARD, suffixed, dialect),
         "signature": f"concat_ws(chr(31), {sig})",
         "family": ", ".join(fam),
@@ -105,6 +114,7 @@ def rule_fragments(dialect: str = "duckdb") -> dict[str, str]:
         "divergent": _sql_list(rule.DIVERGENT),
         "shiftable": _sql_list(rule.SHIFTABLE),
         "boundary_kinds": _sql_list(rule.BOUNDARY_KINDS),
+        "start_kinds": _sql_list(rule.START_KINDS),
         **{s: s for s in rule.STATES},
     }
 
@@ -209,13 +219,23 @@ class _Views:
 
     def __init__(self, con: duckdb.DuckDBPyConnection):
         self.con = con
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {PRIVATE}")
+        #: Private views created so far: references to them are qualified with their schema.
+        self.private: set[str] = set()
         self.known: dict[str, str] = {}
         #: Views created and not yet documented, in creation order: (name, doc, explicit docs).
         self.pending: list[tuple[str, str, dict[str, str]]] = []
 
     def create(self, name: str, sql: str, doc: str, explicit: dict[str, str]) -> None:
+        sql = _PRIVATE_REF.sub(lambda m: f"{PRIVATE}.{m[1]}" if m[1] in self.private else m[1], sql)
+        if name.startswith("_"):
+            sql = re.sub(rf"CREATE\s+VIEW\s+{name}\b", f"CREATE VIEW {PRIVATE}.{name}", sql, count=1)
+            self.private.add(name)
         self.con.execute(sql)
         self.pending.append((name, doc, explicit))
+
+    def qualified(self, name: str) -> str:
+        return f"{PRIVATE}.{name}" if name in self.private else name
 
     def document(self) -> None:
         """COMMENT ON every view created since the last call and each of its columns. The columns
@@ -226,8 +246,8 @@ class _Views:
         con, names = self.con, [n for n, _, _ in self.pending]
         rows = con.execute(
             "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND schema_name = current_schema() AND list_contains(?, table_name) ORDER BY column_index",
-            [names],
+            "AND schema_name IN (current_schema(), ?) AND list_contains(?, table_name) ORDER BY column_index",
+            [PRIVATE, names],
         ).fetchall()
         columns: dict[str, list[str]] = {n: [] for n in names}
         for view, col in rows:
@@ -236,12 +256,12 @@ class _Views:
         for name, doc, explicit in self.pending:  # creation order: derived views inherit docs
             table = _contract_table(name)
             seed = _table_docs(table) if table else {}
-            comments.append(f"COMMENT ON VIEW {name} IS {_lit(doc)}")
+            comments.append(f"COMMENT ON VIEW {self.qualified(name)} IS {_lit(doc)}")
             for col in columns[name]:
                 cdoc = explicit.get(col) or seed.get(col) or self.known.get(col, "")
                 self.known.setdefault(col, cdoc)
                 if cdoc:
-                    comments.append(f"COMMENT ON COLUMN {name}.{col} IS {_lit(cdoc)}")
+                    comments.append(f"COMMENT ON COLUMN {self.qualified(name)}.{col} IS {_lit(cdoc)}")
         self.pending.clear()
         con.execute(";\n".join(comments))  # one round trip: connect() documents hundreds of columns
 
@@ -417,6 +437,5 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
                 f"{', '.join(two_run_views())}"
             ) from None
         raise QueryError(
-            f"query failed: {reason}; list the views with: SELECT view_name FROM duckdb_views() "
-            "WHERE NOT internal (docs/sql.md)"
+            f"query failed: {reason}; list the views with: SHOW TABLES (docs/sql.md)"
         ) from None

@@ -207,14 +207,16 @@ class WatchedModels:
         self._refs.append(weakref.ref(model))
 
     @staticmethod
-    def named_params(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    def base(model: torch.nn.Module) -> torch.nn.Module:
+        """The model its own code names (a DDP wrapper is transparent)."""
+        inner = getattr(model, "module", None)
+        return inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "DistributedDataParallel" else model
+
+    @classmethod
+    def named_params(cls, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """(FQN, parameter) of a watched model, as its own code names them (a DDP wrapper is
         transparent); a wrapper that swaps parameters in (FSDP2's DTensors) is named as it is now."""
-        inner = getattr(model, "module", None)
-        base = (
-            inner if isinstance(inner, torch.nn.Module) and type(model).__name__ == "DistributedDataParallel" else model
-        )
-        return base.named_parameters(remove_duplicate=True)
+        return cls.base(model).named_parameters(remove_duplicate=True)
 
     def name_params(self, model: torch.nn.Module) -> None:
         for name, p in self.named_params(model):

@@ -87,10 +87,17 @@ def _call_tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
 class ModuleHooks:
     """Hook functions shared by per-module (``watch``) and global (launcher, ``watch_all``)
     registration. ``on_root``: called with a module that runs forward as a root for the first
-    time under the global hooks (the session names and watches it)."""
+    time under the global hooks (the session names and watches it); ``on_forward``: called when
+    a root module's forward begins (the manifest reads the autocast state it runs under)."""
 
-    def __init__(self, ctx: CaptureContext, on_root: Callable[[torch.nn.Module], None]) -> None:
+    def __init__(
+        self,
+        ctx: CaptureContext,
+        on_root: Callable[[torch.nn.Module], None],
+        on_forward: Callable[[], None] = lambda: None,
+    ) -> None:
         self.ctx = ctx
+        self._on_forward = on_forward
         self.rec = ctx.rec
         self.scope = ctx.scope
         self.caps = ctx.caps
@@ -172,13 +179,14 @@ class ModuleHooks:
             if not self.caps.module_boundaries:
                 return  # level metrics: only roots (their input is the batch)
         else:
-            pending = self.ctx.pending_step
-            if pending.number is not None:
-                pending.touch()  # the first forward of a step begins it (after the script seeded)
+            # Named first: the step this forward begins records the state the model starts from.
             if id(module) not in self.paths:
                 with self.rec.guard("naming modules", busy=False):
                     self.name_tree(module)
                 self._on_root(module)
+            pending = self.ctx.pending_step
+            if pending.number is not None:
+                pending.touch()  # the first forward of a step begins it (after the script seeded)
         self.pre(module, args, _caller_kwargs())
 
     def _global_post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
@@ -230,6 +238,9 @@ class ModuleHooks:
 
     def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
         rec = self.rec
+        if not self.scope.stack and rec.in_step and not rec.busy:
+            with rec.guard("reading the autocast state", busy=False):
+                self._on_forward()  # selected or not: a setting is the run's, not a step's
         if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping or torch.compiler.is_compiling():
             return  # (bookkeeping: a framework's own pass, e.g. a pipeline stage inferring shapes)
         entry = self.paths.get(id(module))

@@ -1,7 +1,8 @@
 """Step boundaries and optimizer boundaries: what runs at the edges of a training step.
 
-``StepBoundaries.begin`` selects the step (``steps=``), writes the ``step_begin`` event and the
-RNG states, starts the profiler for a step whose kernels are recorded and enters the dispatch
+``StepBoundaries.begin`` selects the step (``steps=``), writes the ``step_begin`` event, the state
+the capture starts from when it is due (``startstate``: the first captured step, and the first
+after a checkpoint load) and the RNG states, starts the profiler for a step whose kernels are recorded and enters the dispatch
 mode (level ops); ``end`` leaves the mode, takes every digest still waiting, lets DDP's reduced
 gradients join the stream, records the parameters of the watched models and the ``step_end``
 event, and applies the flush policy (a full window, or one older than 20 s). The optimizer's
@@ -23,6 +24,7 @@ from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.pipelining import StageInference
+from detfp_capture._sources.startstate import StartState
 from detfp_format import contract
 
 if TYPE_CHECKING:  # imported by the Session only at the levels that use them
@@ -79,6 +81,8 @@ class StepBoundaries:
         #: Reads the process group once it appears (``Session._learn_place``): the rank and world
         #: size, and a launcher's part of the run directory waiting for its rank opened.
         self.learn_place = learn_place
+        #: The state the capture starts from (parameters, buffers, optimizer state), when due.
+        self.start = StartState(ctx)
         self.mode_entered = False
         self.kernels: Any = None  # kernels.KernelCapture of the running step
         #: The last step begun was selected (a metric right after its block is filed under it).
@@ -122,6 +126,8 @@ class StepBoundaries:
             rec.drain_foreign()
             rec.event("step_begin")
             rec.phase = "step"
+            if self.start.due:
+                self.start.record()
             self._record_rng()
             rec.phase = "forward"
         if guard.failed:

@@ -48,7 +48,7 @@ def install_sources(
     """Install the sources ``ctx.caps`` asks for; everything patched is restored with
     ``ctx.patches`` (the tracer and the hooks also have their own ``uninstall``/``remove``)."""
     caps = ctx.caps
-    hooks = ModuleHooks(ctx, on_root=on_root)
+    hooks = ModuleHooks(ctx, on_root=on_root, on_forward=manifest.forward_begins)
     stage_inference = pipelining.StageInference(ctx)
     stage_inference.maybe_install()
     tracer: Any = None

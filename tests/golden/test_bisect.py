@@ -123,7 +123,7 @@ def test_structural_extra_call(tmp_path):
         "b_only",
         "structure",
     )
-    assert res.diagnosis.pattern == "no_origin"
+    assert res.diagnosis.pattern == "control_flow"
 
 
 def test_structural_shifted_occurrence_is_not_a_value_cascade(tmp_path):

@@ -53,7 +53,6 @@ def test_text_report_golden(pair):
         "  next: compare what those ranks do differently: their batch, device and host, their place in each reduction\n"
         '  next: compare the kernels under it: bisect --level kernel --steps 1 on runs that captured them (Session("NEW_DIR", level="ops", steps="1", kernels="1") in the script)\n'
         "difference at rank 0: values, confirmed by fingerprint\n"
-        "  magnitude unknown (capture moments or dumps to see it)\n"
         "discriminator: aten::mm.default on ranks 0, step(s) 1\n"
         "  divergent    1 clean    0  forward l1 torch.float32 [4]\n"
         "  divergent    1 clean    0  forward l2 torch.float32 [4]\n"

@@ -193,7 +193,8 @@ def test_a_run_that_raised_ended_there(runs, form):
     run = open_run(b)  # the explicit form was closed at exit: nothing is missing
     assert run.completeness is not None and not run.completeness.gaps
     res = pair(runs["single"] / "a", b)
-    expect(res.status == "identical" and res.diagnosis.cause == "ended_early", "ended, not diverged", res)
+    expect(res.status == "ended_early" and res.diagnosis.cause == "ended_early", "ended, not diverged", res)
+    expect(pair(runs["single"] / "a", b, allow_incomplete=True).status == "identical", "allowed: identical", res)
     head = res.diagnosis.headline
     want = f"Run B ended at step {CRASH}: step {CRASH} raised RuntimeError: user bug at step {CRASH}"
     expect(head.startswith(want) and f"steps 0-{CRASH - 1}" in head, head, res)

@@ -50,7 +50,11 @@ def test_metrics_level_records(tmp_path):
     assert m["bits"].to_list() == losses
     assert [struct.unpack("<Q", struct.pack("<d", v))[0] for v in m["value"]] == losses
     recs = read(tmp_path / "r")
-    assert set(recs["kind"]) == {"rng_state", "batch", "param"}
+    assert set(recs["kind"]) == {"state", "rng_state", "batch", "param"}
+    # The state the run starts from, once, first in step 0: every parameter (and the optimizer's state).
+    state = recs.filter(pl.col("kind") == "state")
+    assert (state["step"] == 0).all() and state["seq"].max() < recs.filter(pl.col("kind") == "rng_state")["seq"].min()
+    assert state.filter(pl.col("arg") == "param")["name"].to_list() == [n for n, _ in Net().named_parameters()]
     # The data fed to the root module: the cheapest evidence that a run's input differs.
     batch = recs.filter(pl.col("kind") == "batch")
     assert batch.select("step", "module", "role").rows() == [(0, "", "input"), (1, "", "input")]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from detfp_analyze.bisect.cause import Clues, Ending, HazardRead, confirm_hazards, trim_endings, weigh
+from detfp_analyze.bisect.cause import Clues, HazardRead, confirm_hazards, trim_endings, weigh
 from detfp_analyze.bisect.diagnose import diagnose
 from detfp_analyze.bisect.result import (
     BisectResult,
     Capture,
     Divergence,
+    Ending,
     RankResult,
     ResumeInfo,
     ValueDiff,
@@ -129,3 +130,53 @@ def test_the_gate_expects_a_status():
     assert not evaluate(_result("diverged", rng), [only]).passed  # values differ too: not expected
     narrow = replace(only, kind="batch")
     assert not evaluate(_result("rng_only", rng), [narrow]).passed  # with other fields, both must match
+
+
+def test_a_dtype_change_is_autocasts_or_a_casts_never_a_thread_counts():
+    """Issue 42: a dtype difference is its own kind; only autocast (or a library) explains it."""
+    vd = ValueDiff("dtype", dtype_a="torch.bfloat16", dtype_b="torch.float16", detail="the dtype differs")
+    d = div(diff_kind="dtype", diff=vd, kind="module_output", op="Conv2d", module="patch", phase="forward", step=0)
+    plain = cause_of(ranks(d, d))
+    assert plain.cause == "dtype" and plain.headline.startswith(
+        "The dtype of the output of patch (Conv2d, forward, step 0) differs on every rank (0-1) (bfloat16 -> float16)"
+    )
+    threads = cause_of(ranks(d, d), Clues(settings=settings([THREADS])))
+    assert threads.cause == "dtype" and "without explaining this difference: determinism.num_threads" in threads.explanation
+    auto = settings([EnvDiff("determinism.autocast.cpu.dtype", "torch.bfloat16", "torch.float16")])
+    assert [s.group for s in auto] == ["autocast"]
+    named = cause_of(ranks(d, d), Clues(settings=(*settings([THREADS]), *auto)))
+    assert named.cause == "setting" and named.headline.startswith("determinism.autocast.cpu.dtype differs")
+    assert named.headline.endswith("(its dtype: bfloat16 -> float16).")
+    shape = div(diff_kind="shape", diff=ValueDiff("shape", shape_a=(8, 10), shape_b=(8, 12)))
+    assert cause_of(ranks(shape)).headline.startswith("The shape of aten::mm.default in l1 (backward, step 1) differs "
+                                                      "in this process ([8x10] -> [8x12])")  # fmt: skip
+
+
+def test_forward_calls_that_differ_name_the_accumulation_and_a_setting_note_is_said_once():
+    from detfp_analyze.bisect.cause import ForwardCalls
+
+    d = div(step=0)
+    got = cause_of(ranks(d, d), Clues(calls=ForwardCalls(0, 0, 2, 4, labelled=False)))
+    assert got.cause == "control_flow" and got.headline.startswith("Control flow differs: forward calls per step: A 2, "
+                                                                   "B 4 (step 0) on every rank (0-1)")  # fmt: skip
+    assert any("session.microbatch(i)" in s for s in got.next_steps)
+    labelled = cause_of(ranks(d, d), Clues(calls=ForwardCalls(0, 0, 2, 4, labelled=True)))
+    assert not any("session.microbatch(i)" in s for s in labelled.next_steps)
+    assert cause_of(ranks(d, d), Clues(calls=ForwardCalls(0, 0, 2, 2, labelled=False))).cause == "op"
+    per_rank = tuple(EnvDiff("env.OMP_NUM_THREADS", "1", "2", r) for r in (0, 1))
+    identical = weigh(diagnose(ranks(None, None), {}), ranks(None, None), Clues(settings=settings(per_rank)), "identical")
+    assert identical.explanation.count("OMP_NUM_THREADS") == 1 and "without explaining" not in identical.explanation
+    assert "A setting differs, and every value matched anyway: env.OMP_NUM_THREADS [ranks 0-1]" in identical.explanation
+
+
+def test_a_subclass_whose_parts_all_match_differs_by_its_layout():
+    from detfp_analyze.bisect.diffkind import classify
+
+    side = {"status": "ok", "digest_hi": 1, "digest_lo": 2}
+    v = classify("differs", side, {**side, "digest_lo": 3}, layout=True, dtypes=("torch.float32",) * 2)
+    assert v.kind == "layout" and "its layout" in v.detail
+    d = div(diff_kind="layout", diff=v, kind="param", op="fc.weight", phase="step")
+    got = cause_of(ranks(d))
+    assert got.cause == "layout" and "with every part equal: its layout changed" in got.headline
+    dt = classify("differs", side, {**side, "digest_lo": 3}, dtypes=("torch.bfloat16", "torch.float16"))
+    assert (dt.kind, dt.dtype_a, dt.dtype_b) == ("dtype", "torch.bfloat16", "torch.float16")

@@ -194,8 +194,11 @@ def test_allow_incomplete_compares_complete_steps_and_still_finds_a_real_differe
     early = runs(tmp_path / "early", planted={(1, "aten::add.Tensor"): hexdigest("x")})
     for b in (late, early):
         _cut_close(b)  # rank 1 killed during step 3: steps 3- are not held completely
-    # A difference inside the incomplete steps is not a finding, and not "identical" either: complete is false.
+    # A difference inside the incomplete steps is not a finding, and not "identical" either: the run
+    # ended early (status ended_early unless the comparison allows it too), and complete is false.
     res = bisect(open_run(a), open_run(late, allow_incomplete=True))
+    assert (res.status, res.complete) == ("ended_early", False)
+    res = bisect(open_run(a), open_run(late, allow_incomplete=True), allow_incomplete=True)
     assert (res.status, res.complete) == ("identical", False)
     assert any("steps 3 and later not compared" in n for n in res.notes)
     # A difference in a step both runs hold completely is still found exactly there.

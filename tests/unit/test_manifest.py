@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from detfp_capture.manifest import collect_manifest, determinism_settings, git_info, numerics_env
+from detfp_capture.numerics import SETTINGS, Catalogue
 from detfp_format import contract
 from detfp_format.writer import write_manifest
 
@@ -18,17 +19,19 @@ def test_manifest_has_exactly_the_contract_keys_and_is_json(tmp_path):
         rank=1, world_size=4, segment=2, start_step=7, parallel={"dp": 1, "dp_size": 4},
         groups={"tp": (0, 1), "dp": [1, 3]}, capture={"level": "ops"},
     )  # fmt: skip
-    assert list(m) == [*contract.MANIFEST_KEYS, *contract.MANIFEST_OPTIONAL_KEYS]
+    # settings_changed_at is written only once a setting changes during the run.
+    assert list(m) == [*contract.MANIFEST_KEYS, *(k for k in contract.MANIFEST_OPTIONAL_KEYS if k != "settings_changed_at")]
     assert m["commit_log"] == 1
     assert (m["rank"], m["world_size"], m["segment"], m["start_step"]) == (1, 4, 2, 7)
     assert m["groups"] == {"dp": [1, 3], "tp": [0, 1]} and m["parallel"] == {"dp": 1, "dp_size": 4}
     assert m["schema_version"] == contract.SCHEMA_VERSION and m["digest_version"] == contract.DIGEST_VERSION
     assert m["versions"]["torch"] == torch.__version__ and m["versions"]["python"]
-    assert set(m["determinism"]) == {
+    assert set(m["determinism"]) >= {
         "deterministic_algorithms", "deterministic_warn_only", "cudnn_deterministic", "cudnn_benchmark",
         "cuda_matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision", "fill_uninitialized_memory",
-        "num_threads", "num_interop_threads",
+        "num_threads", "num_interop_threads", "backends.mkldnn.enabled", "autocast.cpu.dtype",
     }  # fmt: skip
+    assert set(m["determinism"]) == {k for k, _ in SETTINGS} | set(Catalogue().autocast())
     assert set(m["host"]) == {"hostname", "device_count", "devices", "cpu", "local_rank"}
     assert set(m["git"]) == {"commit", "dirty", "root"}
     json.dumps(m, allow_nan=False)

@@ -19,7 +19,7 @@ import detfp_analyze
 #: name -> its parameters as ``name``, ``*name`` (keyword-only) and ``=default``.
 FUNCTIONS = {
     "bisect": "run_a, run_b, *ranks=None, *steps=None, *level='op', *force=False, *ignore_env=(), *progress=None, "
-    "*engine=None, *reads=None",
+    "*engine=None, *reads=None, *allow_incomplete=False",
     "certify": "run, *checks=None",
     "connect": "a, b=None, *allow_missing_ranks=False, *allow_incomplete=False, *allow_file_access=False, "
     "*database=':memory:'",
@@ -32,7 +32,7 @@ FUNCTIONS = {
 #: result type -> its fields, in order.
 RESULTS = {
     "BisectResult": ("label_a", "label_b", "status", "env_diff", "first_step", "ranks", "diagnosis", "diff",
-                     "diff_rank", "window", "resume", "discriminator", "notes", "complete"),
+                     "diff_rank", "window", "resume", "discriminator", "notes", "complete", "endings"),
     "RankResult": ("rank", "status", "step", "metric_step", "metric_name", "metric_a", "metric_b", "record_step",
                    "first", "next_clean", "hazard_confirmed"),
     "Divergence": ("step", "microbatch", "phase", "module", "kind", "op", "occurrence", "role", "arg", "presence",
@@ -84,7 +84,7 @@ def test_the_other_classes_and_the_report_version():
     for name, module in CLASSES.items():
         assert inspect.isclass(getattr(detfp_analyze, name)) and getattr(detfp_analyze, name).__module__ == module
     assert issubclass(detfp_analyze.DetfpError, Exception)
-    assert detfp_analyze.REPORT_VERSION == 2
+    assert detfp_analyze.REPORT_VERSION == 3
 
 
 def test_every_analyze_export_resolves():

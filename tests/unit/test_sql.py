@@ -135,6 +135,21 @@ def test_digest_hex_and_unions(pair):
     assert shard.startswith(str(open_run(a).path)) and "/records/rank=2/" in shard
 
 
+def test_the_users_listing_holds_the_public_views_only(pair):
+    """Private helpers (``_aligned``, ...) live in their own schema (issue 42: 23 of them were listed
+    beside the 17 public views); the public views still read them, and they can be named qualified."""
+    from detfp_analyze.sql.views import PRIVATE, two_run_views
+
+    _, _, con = pair
+    listed = sorted(r[0] for r in rows(con, "SHOW TABLES"))
+    main = sorted(r[0] for r in rows(con, "SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' AND NOT internal"))
+    assert listed == main and not [v for v in main if v.startswith("_")]
+    assert set(two_run_views()) <= set(main)
+    private = {r[0] for r in rows(con, f"SELECT view_name FROM duckdb_views() WHERE schema_name = '{PRIVATE}'")}
+    assert {"_aligned", "_step_walk", "_scope_window", "_a_records_src"} <= private
+    assert rows(con, f"SELECT count(*) > 0 FROM {PRIVATE}._aligned") == [(True,)]
+
+
 def test_every_view_and_column_documented(pair):
     _, _, con = pair
     undocumented = rows(

@@ -22,6 +22,7 @@ __all__ = [
     "COLLECTIVE_KINDS",
     "COPY_OPS",
     "DERIVED_KINDS",
+    "PARAMS_UNCOMPARED",
     "VIEW_OPS",
     "LocalVerdict",
     "Pending",
@@ -120,6 +121,16 @@ class StepFacts:
 #: Kinds that show the capture saw the model run in the step: with one of them and no ``batch``
 #: record, the data the step was fed is unseen.
 _MODEL_KINDS = frozenset({"module_input", "module_output", "op", "compiled", "param"})
+
+#: depends_on of a module's output that differs with matching inputs where the capture begins
+#: without a record of the state it starts from: its parameters were never compared.
+PARAMS_UNCOMPARED = "the parameters and buffers of"
+_UNCOMPARED_WHY = (
+    "were not compared before this call (the trace holds no record of the state the run starts from: a capture of "
+    "an earlier release, or a model the session did not watch), so another initialization or checkpoint explains "
+    "this as well as the module's kernels; recapture with this release and session.watch(model) (the state before "
+    "the first step is recorded), or at level ops, where each parameter is an input of an op"
+)
 
 #: depends_on when the step's batch was not captured.
 _BATCH_UNSEEN = (
@@ -270,6 +281,18 @@ def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
 _LAUNCHED_KINDS = ("collective", "p2p")
 
 
+def _start_state(rec: Aligned) -> LocalVerdict:
+    """A record of the state the capture starts from (kind ``state``) differs: a source."""
+    what = {"param": "parameter", "buffer": "buffer", "optimizer_state": "optimizer state"}.get(rec.arg, rec.arg)
+    return LocalVerdict(
+        verdict=Verdict.SOURCE,
+        consumer=None,
+        contradiction=None,
+        explanation=f"the state before step {rec.step}, {what} {rec.name}, differs: the run started from another "
+        "state (its initialization, or the checkpoint loaded into it), before any computation",
+    )
+
+
 def _own_code(rec: Aligned, label: str, facts: StepFacts, module: str) -> LocalVerdict:
     """Verdict of an input made by ``module``'s own code, which levels below ops do not capture."""
     if batch_unseen(facts):
@@ -316,6 +339,8 @@ def local_verdict(
             contradiction=None,
             explanation=f"{label} ({role} {rec.arg}) is {where}: control flow differed (config or data)",
         )
+    if kind == "state":
+        return _start_state(rec)
     if kind in _SOURCE_KINDS:
         return LocalVerdict(
             verdict=Verdict.SOURCE,
@@ -395,6 +420,10 @@ def local_verdict(
             "the op writes into a destination that is not compared (write-only or still uninitialized): if it does "
             "not write every element, the rest is uninitialized memory"
         )
+    elif kind == "module_output" and "op" not in facts.kinds and facts.entry and "state" not in facts.kinds:
+        # Below level ops a module's parameters are no input record of its call: where the capture
+        # begins, only the state records (``state``) compare them before the first forward.
+        depends = f"{PARAMS_UNCOMPARED} {rec.module or '<root>'} {_UNCOMPARED_WHY}"
     return LocalVerdict(
         verdict=Verdict.ORIGIN,
         consumer=None,
