@@ -19,16 +19,23 @@ barriers are never records, nor is the set-up of groups.
 
 Functional collectives (``torch.ops._c10d_functional``: C++ calls into the process group, never
 these methods) are ``funcol``'s; DDP's C++ reducer is ``ddp``'s comm hook.
+
+Groups are named stably across runs (``group_name``): the user's ``group_names``, ``world`` for
+the default group, the dimension of a ``DeviceMesh`` a group was made for (``mesh_dp`` ->
+``dp``) or Megatron-Core's description of it (``TENSOR_MODEL_PARALLEL_GROUP`` -> ``tp``), else
+``ranks:<sorted ranks>``.
 """
 
 from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 
 __all__ = [
     "ENTRIES",
@@ -39,6 +46,7 @@ __all__ = [
     "Method",
     "Named",
     "entry",
+    "group_name",
     "method_tensors",
     "parameters",
 ]
@@ -237,3 +245,42 @@ def parameters(frame: FrameType) -> dict[str, Any]:
     names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
     local = frame.f_locals
     return {k: local[k] for k in names if k in local}
+
+
+#: ``ProcessGroup.group_desc`` of the groups Megatron-Core's ``parallel_state`` makes -> the
+#: short name a report says (the layout's usual name).
+_DESCRIBED = {
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
+    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+    "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
+    "CONTEXT_PARALLEL_GROUP": "cp",
+    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+    "EXPERT_DATA_PARALLEL_GROUP": "edp",
+    "EXPERT_TENSOR_PARALLEL_GROUP": "etp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp_dp",
+    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp_cp",
+    "MODEL_PARALLEL_GROUP": "mp",
+    "EMBEDDING_GROUP": "embd",
+    "POSITION_EMBEDDING_GROUP": "pos_embd",
+    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp_cp",
+}
+
+
+def group_name(group: Any, names: Mapping[str, Any]) -> tuple[str, list[int]]:
+    """Stable logical name of a process group and its global ranks."""
+    world = dist.group.WORLD
+    if group is None:
+        group = world
+    ranks = sorted(int(r) for r in dist.get_process_group_ranks(group))
+    for name, g in names.items():
+        if g is group:
+            return name, ranks
+    if group is world:
+        return "world", ranks
+    desc = str(getattr(group, "group_desc", "") or "")
+    if desc.startswith("mesh_") and len(desc) > 5:
+        return desc[5:], ranks
+    if desc in _DESCRIBED:
+        return _DESCRIBED[desc], ranks
+    return "ranks:" + ",".join(map(str, ranks)), ranks

@@ -34,7 +34,6 @@ Capture issues no collective of its own.
 from __future__ import annotations
 
 import functools
-import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,10 +44,13 @@ import torch.distributed as dist
 from detfp_capture._recorder.call import MODULE, NAME, STEP, Call
 from detfp_capture._recorder.slot import storage_ptrs
 from detfp_capture._sources import c10d
+from detfp_capture._sources.c10d import group_name
 from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.handles import Method, Work
 from detfp_capture._sources.patches import unrecorded
+from detfp_format import contract
 
-__all__ = ["REDUCTIONS", "CollectiveTracer", "Wrapper", "group_name"]
+__all__ = ["REDUCTIONS", "CollectiveTracer"]
 
 #: Public names of the collectives that reduce (``funcol``'s records, by name).
 REDUCTIONS = frozenset(
@@ -63,162 +65,6 @@ REDUCTIONS = frozenset(
         "reduce_scatter_tensor_coalesced",
     }
 )
-
-#: ``ProcessGroup.group_desc`` of the groups Megatron-Core's ``parallel_state`` makes -> the
-#: short name a report says (the layout's usual name).
-_DESCRIBED = {
-    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
-    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
-    "DATA_PARALLEL_GROUP": "dp",
-    "DATA_PARALLEL_GROUP_WITH_CP": "dp_cp",
-    "CONTEXT_PARALLEL_GROUP": "cp",
-    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
-    "EXPERT_DATA_PARALLEL_GROUP": "edp",
-    "EXPERT_TENSOR_PARALLEL_GROUP": "etp",
-    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp_dp",
-    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp_cp",
-    "MODEL_PARALLEL_GROUP": "mp",
-    "EMBEDDING_GROUP": "embd",
-    "POSITION_EMBEDDING_GROUP": "pos_embd",
-    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp_cp",
-}
-
-
-def group_name(group: Any, names: Mapping[str, Any]) -> tuple[str, list[int]]:
-    """Stable logical name of a process group and its global ranks."""
-    world = dist.group.WORLD
-    if group is None:
-        group = world
-    ranks = sorted(int(r) for r in dist.get_process_group_ranks(group))
-    for name, g in names.items():
-        if g is group:
-            return name, ranks
-    if group is world:
-        return "world", ranks
-    desc = str(getattr(group, "group_desc", "") or "")
-    if desc.startswith("mesh_") and len(desc) > 5:
-        return desc[5:], ranks
-    if desc in _DESCRIBED:
-        return _DESCRIBED[desc], ranks
-    return "ranks:" + ",".join(map(str, ranks)), ranks
-
-
-class Wrapper:
-    """A wrapper that compares equal to the function it wraps (torch keys tables by op packets)
-    and passes every other attribute through (an op packet's ``.default``)."""
-
-    def __init__(self, orig: Callable, fn: Callable) -> None:
-        self.__wrapped__ = orig
-        self._fn = fn
-        self.__name__ = getattr(orig, "__name__", "collective")
-        self.__qualname__ = getattr(orig, "__qualname__", self.__name__)
-        self.__doc__ = getattr(orig, "__doc__", None)
-        self.__module__ = getattr(orig, "__module__", "torch.distributed")
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._fn(*args, **kwargs)
-
-    def release(self) -> None:
-        """At the session's close (``Patches.restore``): call the original from now on, and drop
-        the recording function (and, through its closure, the session)."""
-        self._fn = self.__wrapped__
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self.__wrapped__
-
-    def __hash__(self) -> int:
-        return hash(self.__wrapped__)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "__wrapped__":  # not set yet
-            raise AttributeError(name)
-        return getattr(self.__wrapped__, name)
-
-
-class _Method:
-    """A ProcessGroup method replaced while a session is open: bound to each group as the
-    original is. Released at close, it calls the original (a bound method kept meanwhile)."""
-
-    def __init__(self, attr: Any, orig: Callable, fn: Callable) -> None:
-        #: The class attribute it replaces (pybind's instancemethod: what close puts back).
-        self.attr = attr
-        self.orig = orig
-        self.fn = fn
-
-    def __get__(self, obj: Any, cls: Any = None) -> Any:
-        return self if obj is None else types.MethodType(self.fn, obj)
-
-    def __call__(self, pg: Any, *args: Any, **kwargs: Any) -> Any:  # ProcessGroup.allreduce(pg, ...)
-        return self.fn(pg, *args, **kwargs)
-
-    def release(self) -> None:
-        self.fn = self.orig
-
-
-class _Work(dist.Work):
-    """The program's handle on a recorded call: ``wait()`` also records what the call wrote.
-    A ``Work`` itself (FSDP2 waits only for ``isinstance(work, Work)``); everything else is the
-    backend's work's."""
-
-    def __init__(self, work: Any, on_wait: Callable[[], None], scope: Any) -> None:
-        super().__init__()
-        self._work = work
-        self._on_wait: Callable[[], None] | None = on_wait
-        self._scope = scope
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        scope = self._scope
-        scope.bookkeeping += 1  # the backend's own ops finishing the call (gloo's copies out) are not the program's
-        try:
-            result = self._work.wait(*args, **kwargs)
-        finally:
-            scope.bookkeeping -= 1
-        cb, self._on_wait = self._on_wait, None
-        if cb is not None:
-            cb()
-        return result
-
-    def get_future(self, *a: Any, **k: Any) -> Any:
-        return self._work.get_future(*a, **k)
-
-    def get_future_result(self, *a: Any, **k: Any) -> Any:
-        return self._work.get_future_result(*a, **k)
-
-    def is_completed(self) -> Any:
-        return self._work.is_completed()
-
-    def is_success(self) -> Any:
-        return self._work.is_success()
-
-    def exception(self) -> Any:
-        return self._work.exception()
-
-    def result(self) -> Any:
-        return self._work.result()
-
-    def source_rank(self) -> Any:
-        return self._work.source_rank()
-
-    def _source_rank(self) -> Any:
-        return self._work._source_rank()
-
-    def synchronize(self) -> Any:
-        return self._work.synchronize()
-
-    def block_current_stream(self) -> Any:
-        return self._work.block_current_stream()
-
-    def boxed(self) -> Any:
-        return self._work.boxed()
-
-    def _get_op_type(self) -> Any:
-        return self._work._get_op_type()
-
-    def _get_duration(self) -> Any:
-        return self._work._get_duration()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_work"], name)
 
 
 def _holds_tensor(v: Any) -> bool:
@@ -241,6 +87,9 @@ def _index(params: Mapping[str, Any]) -> dict[int, str]:
     return out
 
 
+#: Phases in which a reducing collective reduces the step's gradients.
+_GRADIENT_PHASES = frozenset({"backward", "step", "optimizer"})
+
 #: Parameters that say how, not what: never part of a call's arguments.
 _HOW = frozenset({"group", "async_op", "async_ops"})
 
@@ -252,7 +101,7 @@ class CollectiveTracer:
         self.ctx = ctx
         self.rec = ctx.rec
         self.scope = ctx.scope
-        self.saved: dict[str, _Method] = {}
+        self.saved: dict[str, Method] = {}
         #: Logical group name -> its global ranks, for the manifest.
         self.groups: dict[str, list[int]] = {}
         #: A group was named for the first time since the manifest was last written.
@@ -269,6 +118,10 @@ class CollectiveTracer:
         self.reductions = 0
         self.reduced: set[str] = set()
         self.reported_unseen = False
+        #: Data-parallel groups reported once for a step that reduced nothing over them.
+        self.reported_groups: set[str] = set()
+        #: id of each DeviceMesh whose groups are named (``mesh_groups``).
+        self.meshes: set[int] = set()
 
     # ------------------------------------------------------------------ install
     def install(self) -> None:
@@ -287,10 +140,10 @@ class CollectiveTracer:
 
     def _replace(self, cls: Any, name: str, make: Callable[[Callable], Callable]) -> None:
         attr = cls.__dict__.get(name)
-        if attr is None or isinstance(attr, _Method):  # absent in this torch, or another session's
+        if attr is None or isinstance(attr, Method):  # absent in this torch, or another session's
             return
         orig = getattr(cls, name)
-        m = _Method(attr, orig, make(orig))
+        m = Method(attr, orig, make(orig))
         self.saved[name] = m
         setattr(cls, name, m)
 
@@ -362,11 +215,11 @@ class CollectiveTracer:
             outs = [(where.get(id(t), p), t) for p, t in outs]
             other = {k: v for k, v in params.items() if k not in _HOW and not _holds_tensor(v)}
             asynchronous = bool(params.get("async_op", True))
-        name = f"{named.name}@{self.name_of(pg)}"
+        gname = self.name_of(pg)
+        name = f"{named.name}@{gname}"
         module, phase = self.scope.where()
-        if spec.reduces and phase in ("backward", "optimizer"):
-            self.reductions += 1
-            self.reduced.add(name.rsplit("@", 1)[1])
+        if spec.reduces:
+            self.reduction(phase, gname)
         hz = self.ctx.hazards
         flags = hz.flag_all([t for _, t in ins]) if hz is not None and hz.active else None
         call = rec.record_call(
@@ -387,9 +240,9 @@ class CollectiveTracer:
             self._complete(call, outs, [], None)
             return work
         if not asynchronous:  # c10d waits for it now
-            return _Work(work, lambda: self._complete(call, outs, [], None), self.scope)
+            return Work(work, lambda: self._complete(call, outs, [], None), self.scope)
         tensors = self._pending_writes(call, outs, work)
-        proxy = _Work(work, lambda: self._complete(call, outs, tensors, key), self.scope)
+        proxy = Work(work, lambda: self._complete(call, outs, tensors, key), self.scope)
         key = id(proxy)
         self.pending[key] = (call[NAME], call[MODULE])
         return proxy
@@ -454,25 +307,66 @@ class CollectiveTracer:
             if work is None:
                 complete()
                 return work
-            proxy = _Work(work, complete, self.scope)
+            proxy = Work(work, complete, self.scope)
             key = id(proxy)
             self.pending[key] = ("coalesced block", "")
             return proxy
 
         return end
 
+    def reduction(self, phase: str, group: str) -> None:
+        """A reducing collective over ``group`` ran in ``phase``: one of the step's gradient
+        reductions when it ran in the backward, after it (FSDP2's last reduce-scatter, a hand-written
+        all-reduce of the gradients before ``optimizer.step()``) or in the optimizer."""
+        if phase in _GRADIENT_PHASES:
+            self.reductions += 1
+            self.reduced.add(group)
+
+    def mesh_groups(self) -> None:
+        """Name the groups of every ``DeviceMesh`` the watched parameters live on (FSDP2, TP: a
+        2-D mesh's ``dp`` dimension), so the manifest and the reduction check know the layout
+        even where no collective of the program used a group yet."""
+        for model in self.ctx.models:
+            for _, p in model.named_parameters():
+                mesh: Any = getattr(p, "device_mesh", None)
+                names = getattr(mesh, "mesh_dim_names", None)
+                if names and id(mesh) not in self.meshes:
+                    self.meshes.add(id(mesh))
+                    for dim in names:
+                        self.name_of(mesh.get_group(dim))
+
     # ------------------------------------------------------------------ step end
     def step_end(self, grads_seen: bool) -> None:
         """At a step end: a multi-rank step whose optimizer read gradients (``grads_seen``) that
-        met no reduction capture saw is reported once; async works never waited are an event."""
+        met no reduction capture saw is reported once, and so, once per group, is a data-parallel
+        group (``contract.DATA_PARALLEL_GROUPS``) no gradient reduction ran over while others did
+        (a 2-D mesh whose tp all-reduces were seen and whose dp reduction was not); async works
+        never waited are an event."""
         world = self.ctx.world_size
-        if world > 1 and grads_seen and not self.reductions and not self.reported_unseen:
-            self.reported_unseen = True
-            self.not_captured(
-                f"step {self.rec.step} of this {world}-rank job reduced no gradient that capture saw "
-                "(no DDP comm hook, no reduce collective in backward): if the job is data parallel, its "
-                "gradient reduction is not captured (a wrapper capture does not know, or one created by C++)"
-            )
+        if world > 1 and grads_seen:
+            with self.rec.guard("the layout's groups"):
+                self.mesh_groups()
+            step = self.rec.step
+            if not self.reductions and not self.reported_unseen:
+                self.reported_unseen = True
+                self.not_captured(
+                    f"step {step} of this {world}-rank job reduced no gradient that capture saw "
+                    "(no DDP comm hook, no reduce collective in backward): if the job is data parallel, its "
+                    "gradient reduction is not captured (a wrapper capture does not know, or one created by C++)"
+                )
+            elif self.reductions:
+                for g, ranks in sorted(self.groups.items()):
+                    if g in self.reduced or g in self.reported_groups or len(ranks) < 2:
+                        continue
+                    if g.startswith(contract.DATA_PARALLEL_GROUPS):
+                        self.reported_groups.add(g)
+                        self.not_captured(
+                            f"step {step} reduced gradients over {', '.join(sorted(self.reduced))} but none over the "
+                            f"data-parallel group {g} (ranks {','.join(map(str, ranks))}) that capture saw: its "
+                            "gradient reduction is not captured (issued from C++ or compiled code, or through a "
+                            "wrapper capture does not know)",
+                            g,
+                        )
         self.reductions = 0
         self.reduced = set()
         if self.pending:
@@ -486,10 +380,11 @@ class CollectiveTracer:
             )
         self.pending.clear()
 
-    def not_captured(self, detail: str) -> None:
-        """A gradient reduction capture cannot record: an event (``certify`` reports it as
-        "gradient reduction not captured") and one warning per session."""
-        self.rec.event("reduction_not_captured", "", "", None, detail)
+    def not_captured(self, detail: str, group: str = "") -> None:
+        """A gradient reduction capture cannot record (over ``group`` when it knows which): an
+        event (``certify`` reports it as "gradient reduction not captured") and one warning per
+        session."""
+        self.rec.event("reduction_not_captured", group, "", None, detail)
         if not self.reported_unseen:
             self.reported_unseen = True
             warnings.warn(f"detfp: gradient reduction not captured on rank {self.rec.rank}: {detail}", stacklevel=3)

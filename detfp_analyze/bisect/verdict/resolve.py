@@ -39,6 +39,7 @@ from detfp_analyze.bisect.verdict.peers import (
 )
 from detfp_analyze.io.reader import Run
 from detfp_analyze.ranks import without
+from detfp_format import contract
 
 __all__ = ["RankVerdicts", "Verdict", "resolve", "uncaptured_exchange"]
 
@@ -49,10 +50,6 @@ def _gradient_like(rec: Aligned) -> bool:
     return rec.kind in DERIVED_KINDS or rec.phase in ("optimizer", "step")
 
 
-#: Group names of data parallelism (what a gradient reduction runs over), by convention.
-_DATA_PARALLEL = ("dp", "fsdp", "hsdp", "ddp", "data", "replicate", "shard")
-
-
 def _through(mine: tuple[tuple[str, tuple[int, ...]], ...], started: tuple[int, ...], rank: int, gradient: bool) -> str:
     """The name of the groups (of ``rank``'s, ``mine``) through which the peers that differed first
     (``started``) reach it, joined with ``+``; with none, the group a difference would have come
@@ -60,7 +57,7 @@ def _through(mine: tuple[tuple[str, tuple[int, ...]], ...], started: tuple[int, 
     peers = set(started) - {rank}
     names = [n for n, g in mine if peers & set(g)]
     if not names and gradient:
-        names = [n for n, _ in mine if n.startswith(_DATA_PARALLEL)][:1]
+        names = [n for n, _ in mine if n.startswith(contract.DATA_PARALLEL_GROUPS)][:1]
     return "+".join(names) or "world"
 
 
