@@ -32,6 +32,7 @@ __all__ = [
     "HAZARDS",
     "INPUTLESS_KINDS",
     "KINDS",
+    "LOADER_BATCH",
     "MANIFEST_DIR",
     "MANIFEST_KEYS",
     "MANIFEST_OPTIONAL_KEYS",
@@ -298,6 +299,9 @@ KINDS = (
     "compiled",
     "batch",
 )
+#: The name of a ``batch`` record of what a ``DataLoader``'s worker processes delivered, as the
+#: main process received it (level ops: receiving it is not recorded, its timing is the workers').
+LOADER_BATCH = "DataLoader"
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
 INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch")

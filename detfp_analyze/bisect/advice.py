@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
 from detfp_analyze.bisect.vocab import Cause, DiffKind, Pattern, Verdict
 from detfp_analyze.ranks import format_ranks
-from detfp_format.contract import CAPTURE_LEVELS
+from detfp_format.contract import CAPTURE_LEVELS, LOADER_BATCH
 
 __all__ = ["Advice", "at", "deeper", "from_divergence", "recapture", "who"]
 
@@ -109,9 +109,10 @@ def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
 def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
     resumed = d.step == resume_step
     if d.kind == "batch":
+        what = "a DataLoader delivered" if d.op == LOADER_BATCH else f"fed to {d.op}"
         return Advice(
             Cause.DATA,
-            f"The data differs: the batch fed to {d.op} differs at step {d.step} {where}, before any computation "
+            f"The data differs: the batch {what} differs at step {d.step} {where}, before any computation "
             "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
             (
                 "compare the data pipelines: sampler and shuffle seeds, worker seeding, augmentation, and the loader "

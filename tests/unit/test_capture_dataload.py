@@ -51,9 +51,11 @@ def test_receiving_a_workers_batch_is_not_recorded(tmp_path):
     assert r.filter(pl.col("name").is_in(["aten::empty.memory_format", "aten::set_.source_Storage_storage_offset"])).height == 0
     per_step = r.filter(pl.col("kind") == "op").group_by("step").agg(pl.len()).sort("step")["len"].to_list()
     assert len(set(per_step)) == 1, per_step
-    # The batch itself is recorded, with its values, where the model takes it.
-    batch = r.filter(pl.col("kind") == "batch").sort("step")
-    assert batch.height == 3 and batch["status"].to_list() == ["ok"] * 3
+    # The batch itself is recorded, with its values: as the loader delivered it (the step's first
+    # record of the data), and where the model takes it.
+    batch = r.filter(pl.col("kind") == "batch").sort("seq")
+    assert batch.select("step", "name").rows() == [(s, n) for s in range(3) for n in ("DataLoader", "Linear")]
+    assert batch["status"].to_list() == ["ok"] * 6
 
 
 def test_a_forked_worker_records_nothing(tmp_path):
