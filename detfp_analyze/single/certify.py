@@ -59,8 +59,8 @@ __all__ = ["NOTE_KINDS", "CertifyResult", "Problem", "certify"]
 
 #: Kinds reported as notes: true of healthy runs, so they never make certify fail. A trailing
 #: forward without an optimizer step (an evaluation at the end, a Trainer's end-of-training
-#: gathers) is how most training scripts end; bisect leaves such a step out of the comparison
-#: anyway, and a CI gate that failed on it would fail on every such run.
+#: gathers) is how most training scripts end (bisect compares it like any step both runs hold),
+#: and a CI gate that failed on it would fail on every such run.
 NOTE_KINDS = frozenset({"partial_step"})
 
 #: Event types reported one problem per event, under their own name.
