@@ -63,8 +63,12 @@ class DataWorkers:
         rec, scope = self.ctx.rec, self.ctx.scope
         quiet = unrecorded(rec, scope)(orig)
 
+        pending = self.ctx.pending_step
+
         def next_data(it: Any) -> Any:
             batch = quiet(it)
+            if pending.number is not None and not rec.busy:
+                pending.touch()  # launcher mode: the data of the next step begins it
             if rec.live and not rec.busy and not scope.bookkeeping:
                 with rec.guard("a DataLoader batch"):
                     tensors: list[tuple[str, torch.Tensor]] = []
