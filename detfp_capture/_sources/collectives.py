@@ -239,8 +239,17 @@ class CollectiveTracer:
         if work is None:
             self._complete(call, outs, [], None)
             return work
-        if not asynchronous:  # c10d waits for it now
-            return Work(work, lambda: self._complete(call, outs, [], None), self.scope)
+        if not asynchronous:
+            # c10d waits for it the moment this returns: waiting here is the same wait (its own
+            # then finds the work complete), and no handle of ours is needed.
+            scope = self.scope
+            scope.bookkeeping += 1  # the backend's own ops finishing the call are not the program's
+            try:
+                work.wait()
+            finally:
+                scope.bookkeeping -= 1
+            self._complete(call, outs, [], None)
+            return work
         tensors = self._pending_writes(call, outs, work)
         proxy = Work(work, lambda: self._complete(call, outs, tensors, key), self.scope)
         key = id(proxy)
