@@ -46,7 +46,7 @@ from detfp_capture._recorder.slot import storage_ptrs
 from detfp_capture._sources import c10d
 from detfp_capture._sources.c10d import group_name
 from detfp_capture._sources.context import CaptureContext
-from detfp_capture._sources.handles import Method, Work
+from detfp_capture._sources.handles import Method, Waited, Work
 from detfp_capture._sources.patches import unrecorded
 from detfp_format import contract
 
@@ -240,16 +240,12 @@ class CollectiveTracer:
             self._complete(call, outs, [], None)
             return work
         if not asynchronous:
-            # c10d waits for it the moment this returns: waiting here is the same wait (its own
-            # then finds the work complete), and no handle of ours is needed.
-            scope = self.scope
-            scope.bookkeeping += 1  # the backend's own ops finishing the call are not the program's
-            try:
-                work.wait()
-            finally:
-                scope.bookkeeping -= 1
+            # c10d waits for it the moment this returns: waiting here is the same wait, and its
+            # own wait next finds the work complete (``Waited``: still the library's work).
+            waited = Waited(work, self.scope)
+            waited.wait()
             self._complete(call, outs, [], None)
-            return work
+            return waited
         tensors = self._pending_writes(call, outs, work)
         proxy = Work(work, lambda: self._complete(call, outs, tensors, key), self.scope)
         key = id(proxy)

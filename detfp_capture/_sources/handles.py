@@ -5,7 +5,9 @@
 * ``Method``: a ProcessGroup method replaced by a recording one, bound to each group as the
   original is (a pybind class keeps an ``instancemethod`` in its dictionary: close puts that back);
 * ``Work``: the program's handle on a recorded collective, itself a ``torch.distributed.Work``
-  (FSDP2 waits only for ``isinstance(work, Work)``), whose ``wait()`` records what the call wrote.
+  (FSDP2 waits only for ``isinstance(work, Work)``), whose ``wait()`` records what the call wrote;
+* ``Waited``: what a synchronous call returns to the c10d function that made it (which only
+  waits for it again): that wait runs as the library's work (gloo copies the output again).
 
 Each is released at close (``release``): one the program or torch kept calls the original from
 then on and holds nothing of the session.
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["Method", "Work", "Wrapper"]
+__all__ = ["Method", "Waited", "Work", "Wrapper"]
 
 
 class Wrapper:
@@ -138,3 +140,26 @@ class Work(dist.Work):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_work"], name)
+
+
+class Waited:
+    """A synchronous call's work, already waited for and recorded: the wait the c10d function
+    makes next runs unrecorded (``scope.bookkeeping``; gloo's reduce-scatter copies its output
+    again there). A plain object: that function only waits for it and drops it."""
+
+    __slots__ = ("_scope", "_work")
+
+    def __init__(self, work: Any, scope: Any) -> None:
+        self._work = work
+        self._scope = scope
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        scope = self._scope
+        scope.bookkeeping += 1
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            scope.bookkeeping -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)

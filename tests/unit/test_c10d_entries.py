@@ -152,3 +152,31 @@ def test_work_of_an_async_call_is_a_work(tmp_path, gloo1):
         ("all_gather_single@world", "output", "output_tensor"),
     ]
     assert read(tmp_path / "r", "events").filter(pl.col("type") == "pending_collective").height == 0
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_the_backends_own_ops_inside_a_collective_are_not_the_programs(tmp_path, gloo1):
+    """At level ops, what the backend runs on the caller's thread to do a collective (the c10d
+    op it dispatches, gloo's ``split``/``copy_`` of a reduce-scatter, its copy out again at the
+    wait torch makes) is the library's work: the program's ops are around the collective's own
+    record, and the output record holds what the collective wrote."""
+    from detfp_capture import digest
+
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        x = torch.arange(8.0) * 2
+        out = torch.zeros(8)
+        dist.reduce_scatter_tensor(out, x)
+        _ = out + 1
+    r = read(tmp_path / "r")
+    assert r.filter(pl.col("kind") == "op").unique("name", maintain_order=True)["name"].to_list() == [
+        "aten::arange.default",
+        "aten::detach.default",
+        "aten::mul.Tensor",
+        "aten::zeros.default",
+        "aten::add.Tensor",
+    ]
+    rs = r.filter(pl.col("kind") == "collective")
+    assert rs["role"].to_list() == ["input", "output"]
+    assert [f"{hi:016x}{lo:016x}" for hi, lo in rs.select("digest_hi", "digest_lo").rows()] == [
+        digest.fingerprint(x).digest
+    ] * 2
