@@ -24,6 +24,7 @@ __all__ = [
     "CALL_KEY_COLUMNS",
     "CAPTURE_LEVELS",
     "COMPONENT_SEP",
+    "DATA_PARALLEL_GROUPS",
     "DIGEST_ALGORITHM",
     "DIGEST_VERSION",
     "DIGEST_VERSIONS",
@@ -31,6 +32,7 @@ __all__ = [
     "HAZARDS",
     "INPUTLESS_KINDS",
     "KINDS",
+    "LOADER_BATCH",
     "MANIFEST_DIR",
     "MANIFEST_KEYS",
     "MANIFEST_OPTIONAL_KEYS",
@@ -300,6 +302,9 @@ KINDS = (
     "batch",
     "state",
 )
+#: The name of a ``batch`` record of what a ``DataLoader``'s worker processes delivered, as the
+#: main process received it (level ops: receiving it is not recorded, its timing is the workers').
+LOADER_BATCH = "DataLoader"
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.
 INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "batch", "state")
@@ -310,6 +315,11 @@ INPUTLESS_KINDS = ("param", "grad", "optimizer_state", "rng_state", "probe", "ba
 ROLES = ("input", "output", "value", "dest")
 #: ``step``: outside forward/backward/optimizer (step-start RNG, step-end parameters).
 PHASES = ("forward", "backward", "recompute", "optimizer", "step")
+#: Prefixes of the manifest ``groups`` names that say data parallelism (``dp``, ``dp_cp``,
+#: ``dp_shard``, ``fsdp``, Megatron-Core's ``edp``...): what a gradient reduction runs over. The
+#: capture reports a step that reduced no gradient over such a group; the analysis looks there
+#: first for the reduction that carried a difference into what the optimizer reads.
+DATA_PARALLEL_GROUPS = ("dp", "fsdp", "hsdp", "ddp", "edp", "data")
 
 #: Capture levels (the manifest's ``capture.level``), cheapest first: each records everything the
 #: one before it does. The capture gives each its capabilities; the analysis and its advice name
@@ -468,7 +478,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "segment": "int: process launch (0 first, +1 per appended resume).",
     "start_step": "int|null: first step this segment captures (a resumed run's checkpoint step).",
     "parallel": "object: this rank's parallel coordinates {tp, pp, dp, cp, ep: int} and sizes {tp_size, ...} where known.",
-    "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used.",
+    "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used (and "
+    "every dimension of a `DeviceMesh` its watched parameters live on). A name that starts with one of "
+    "`DATA_PARALLEL_GROUPS` (`dp`, `fsdp`, `hsdp`, `ddp`, `edp`, `data`: `dp`, `dp_cp`, `dp_shard`...) says data "
+    "parallelism: a gradient reduction runs over it.",
     "versions": "object: torch, cuda, cudnn, nccl, python, os, detfp, and the numerics libraries numpy, triton, transformer_engine, flash_attn, apex, xformers, torchao, deepspeed, megatron_core, intel_extension_for_pytorch (null when not installed).",
     "host": "object: hostname, device_count, devices (names), cpu (model string), local_rank.",
     "determinism": "object: the numerics settings in force when the first step begins (detfp_capture.numerics): deterministic_algorithms, deterministic_warn_only, cudnn_deterministic, cudnn_benchmark, cuda_matmul_allow_tf32, cudnn_allow_tf32, float32_matmul_precision, fill_uninitialized_memory, num_threads, num_interop_threads; `backends.<module>.<flag>` for every torch.backends flag that selects a kernel or a precision; `autocast.<device>.enabled`, `autocast.<device>.dtype` (null when disabled) and `autocast.cache_enabled` as the first step's forward runs. Runs of earlier releases hold the first ten keys only.",

@@ -11,7 +11,9 @@ diagnosis, the representative divergence and how the runs were captured:
   begins): the data pipeline, the seeding, the checkpoint; never the kernel level;
 * ``op``: an origin at an op (every rank, or one process: then the caveat that one process
   cannot tell a nondeterministic kernel from a local cause), with the kernel-level next steps;
-* ``collective``: an origin at a collective whose group's inputs all matched;
+* ``collective``: an origin at a collective's output whose group's inputs all matched (an
+  origin at a collective's input is the code before it on that rank, never the reduction order:
+  ``rank_local`` or ``op``, by the pattern);
 * ``rank_local``: an origin on one rank or a subset (with the coordinates they share);
 * ``control_flow``: a record on one side only, or (``micro_batches``) the step ran forward another
   number of times (gradient accumulation); ``uncaptured``: nothing captured starts it.
@@ -29,7 +31,7 @@ from detfp_analyze.bisect.result import Capture, Diagnosis, Divergence
 from detfp_analyze.bisect.verdict.local import PARAMS_UNCOMPARED
 from detfp_analyze.bisect.vocab import Cause, DiffKind, Pattern, Verdict
 from detfp_analyze.ranks import format_ranks
-from detfp_format.contract import CAPTURE_LEVELS
+from detfp_format.contract import CAPTURE_LEVELS, LOADER_BATCH
 
 __all__ = ["Advice", "at", "deeper", "from_divergence", "micro_batches", "recapture", "type_change", "who"]
 
@@ -54,13 +56,20 @@ def who(ranks: Sequence[int], compared: int) -> str:
     return f"on rank {ranks[0]}" if len(ranks) == 1 else f"on ranks {format_ranks(ranks)}"
 
 
+#: Record kinds of calls a module's code launches with tensors it made (their input records).
+_LAUNCHED = ("collective", "p2p")
+
+
 def at(d: Divergence) -> str:
     """A divergence named for a sentence: ``aten::mm.default in l1 (backward, step 1)``, ``the
-    optimizer step for fc.weight (step 0)``, ``batch CharGPT (step 0)``."""
+    optimizer step for fc.weight (step 0)``, ``batch CharGPT (step 0)``, ``the input of
+    all_reduce@tp in mlp (forward, step 1)``."""
     if d.kind == "state" and d.op:
         return f"state before step {d.step}: {d.op}"
     if d.phase == "optimizer" and d.kind in ("param", "grad", "optimizer_state") and d.op:
         return f"the optimizer step for {d.op.split('.state[')[0]} (step {d.step})"
+    if d.kind in _LAUNCHED and d.op and d.role in ("input", "output"):
+        return f"the {d.role} of {d.op} in {d.module or '<root>'} ({d.phase}, step {d.step})"
     if d.kind in ("module_output", "module_input") and d.module is not None:
         side = "output" if d.kind == "module_output" else "input"
         what = f"{d.op}, " if d.op else ""
@@ -106,9 +115,10 @@ def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
 def _source(d: Divergence, where: str, resume_step: int | None) -> Advice:
     resumed = d.step == resume_step
     if d.kind == "batch":
+        what = "a DataLoader delivered" if d.op == LOADER_BATCH else f"fed to {d.op}"
         return Advice(
             Cause.DATA,
-            f"The data differs: the batch fed to {d.op} differs at step {d.step} {where}, before any computation "
+            f"The data differs: the batch {what} differs at step {d.step} {where}, before any computation "
             "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
             (
                 "compare the data pipelines: sampler and shuffle seeds, worker seeding, augmentation, and the loader "
@@ -300,11 +310,16 @@ def from_divergence(
             "differently.",
             ("compare the configurations, and any branch on data, on the rank or on the step",),
         )
-    if d.verdict == Verdict.ORIGIN and d.kind in ("collective", "reduced_grad"):
+    # A collective's input (below level ops) was made by the code before it on that rank: the
+    # difference starts there, on the rank's side of the collective, never in its reduction.
+    made = d.kind in (*_LAUNCHED, "module_input") and d.role == "input"
+    how = "which the code before it on that rank made" if made else "with matching inputs"
+    if d.verdict == Verdict.ORIGIN and d.kind in ("collective", "reduced_grad") and d.role != "input":
+        what = at(d) if d.kind == "collective" else f"the gradient reduction of {d.op} ({d.phase}, step {d.step})"
         return Advice(
             Cause.COLLECTIVE,
-            f"The collective {at(d)} is the first difference, and every rank of its group had matching inputs: its "
-            "reduction order or algorithm differs (NCCL_ALGO or NCCL_PROTO, ring or tree, topology).",
+            f"{what[:1].upper()}{what[1:]} is the first difference, and every rank of its group had matching inputs: "
+            "its reduction order or algorithm differs (NCCL_ALGO or NCCL_PROTO, ring or tree, topology).",
             (
                 "pin the collective's algorithm and protocol (NCCL_ALGO, NCCL_PROTO) in both runs",
                 "compare the process layout and hosts of the two launches",
@@ -312,10 +327,14 @@ def from_divergence(
         )
     if d.verdict == Verdict.ORIGIN and diag.pattern in (Pattern.SINGLE_RANK, Pattern.RANK_SUBSET):
         share = ", ".join(f"{k}={v}" for k, v in sorted(diag.shared_coordinates.items()))
+        one = diag.pattern == Pattern.SINGLE_RANK
+        if share:
+            share = f" (its coordinates: {share})" if one else f" (they share {share})"
         return Advice(
             Cause.RANK_LOCAL,
-            f"Only {where.split(' ', 1)[1]} starts the difference, at {at(d)} with matching inputs"
-            + (f" (they share {share})" if share else "")
+            f"Only {where.split(' ', 1)[1]} {'starts' if one else 'start'} the difference, at {at(d)}"
+            + (f", {how}" if made else f" {how}")
+            + share
             + ": look at what differs there (its input data, placement, topology, reduction order).",
             (
                 "compare what those ranks do differently: their batch, device and host, their place in each reduction",
@@ -341,6 +360,14 @@ def from_divergence(
                 "): the state before the first step is compared first",
                 *_deeper_steps(d, capture),
             ),
+        )
+    if d.verdict == Verdict.ORIGIN and made:
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, made on each rank by the code before it (not captured at this "
+            "level) from matching inputs: that code or its kernels are nondeterministic (float atomics, split-K, tile "
+            "scheduling).",
+            _deeper_steps(d, capture),
         )
     if d.verdict == Verdict.ORIGIN:
         return Advice(

@@ -69,9 +69,11 @@ def _where(d: Divergence) -> str:
 def _div_key(d: Divergence | None) -> tuple:
     if d is None:
         return ()
+    # The peers a receiver's difference came from are part of what a line says: ranks that
+    # received from different peers (a 2-D mesh's dp receivers) get a line each.
     return (
         d.step, d.verdict, d.phase, d.module, d.kind, d.op, d.role, d.arg, d.diff_kind, d.hazards, d.presence,
-        d.components,
+        d.components, d.peers_differing,
     )  # fmt: skip
 
 

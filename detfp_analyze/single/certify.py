@@ -23,7 +23,9 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
 * ``reduction_not_captured``, ``setting_changed``: capture events (a gradient reduction capture
   could not record, a determinism setting changed between steps). A reduction is missing only
   where ranks replicate each other: on a run whose ranks hold different parameters (pipeline
-  stages, tensor-parallel shards; ``replicas.replicated``) the event is not a problem;
+  stages, tensor-parallel shards; ``replicas.replicated``) the event is not a problem, unless it
+  names the data-parallel group whose reduction capture did not see (a 2-D mesh: the step's tp
+  reductions were seen, its dp reduction was not; the problem's module names the group);
 * ``step_sums``: a launch's commit lines state step folds (``io.stepsums``) that differ from
   the fold of its rollups or metrics shards (rewritten after their commit, or a faulty writer):
   the bisect decides which steps differ from those folds, so it could miss a difference there;
@@ -57,8 +59,8 @@ __all__ = ["NOTE_KINDS", "CertifyResult", "Problem", "certify"]
 
 #: Kinds reported as notes: true of healthy runs, so they never make certify fail. A trailing
 #: forward without an optimizer step (an evaluation at the end, a Trainer's end-of-training
-#: gathers) is how most training scripts end; bisect leaves such a step out of the comparison
-#: anyway, and a CI gate that failed on it would fail on every such run.
+#: gathers) is how most training scripts end (bisect compares it like any step both runs hold),
+#: and a CI gate that failed on it would fail on every such run.
 NOTE_KINDS = frozenset({"partial_step"})
 
 #: Event types reported one problem per event, under their own name.
@@ -268,11 +270,14 @@ def _sequence(run: Run) -> list[Problem]:
 def _event_problems(run: Run, events: pl.DataFrame) -> list[Problem]:
     out = []
     rows = events.filter(pl.col("type").is_in(_EVENT_KINDS)).sort("rank", "step", "seq")
-    unseen = rows.filter(pl.col("type") == "reduction_not_captured")
+    # An event that names no group: whether the job is data parallel at all is decided here.
+    unseen = rows.filter((pl.col("type") == "reduction_not_captured") & (pl.col("name").fill_null("") == ""))
     if unseen.height and replicated(run.scan("records"), {r: run.manifest(r) for r in run.ranks}) is False:
         # No rank replicates another (pipeline stages, tensor-parallel shards): there is no data
-        # parallelism whose gradient reduction capture could have missed.
-        rows = rows.filter(pl.col("type") != "reduction_not_captured")
+        # parallelism whose gradient reduction capture could have missed. An event naming a
+        # data-parallel group stays: the capture knew that layout (FSDP2 shards its parameters
+        # over dp, so no two ranks hold the same ones there either).
+        rows = rows.filter(~((pl.col("type") == "reduction_not_captured") & (pl.col("name").fill_null("") == "")))
     for r in rows.iter_rows(named=True):
         what = _EVENT_PREFIX.get(r["type"], "") + (r["detail"] or r["name"] or r["type"])
         if r["type"] == "pending_collective" and r["count"] is not None and not r["detail"]:

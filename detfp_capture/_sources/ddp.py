@@ -165,8 +165,7 @@ class DDPReduction:
         rec = self.rec
         if rec.busy:
             return None
-        self.tracer.reductions += 1
-        self.tracer.name_of(group)
+        self.tracer.reduction("backward", self.tracer.name_of(group))
         with rec.guard("DDP comm hook", busy=False), rec.on_any_thread():
             return [_started(g) for g in bucket.gradients()]
         return None

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from detfp_capture._recorder.hazards import UNINIT, storage_key
 from detfp_capture._recorder.hot import append_fast, record_op
 from detfp_capture._recorder.slot import NATIVE, _hostpath
+from detfp_capture._sources.c10d import group_name
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.ops import (
     _OUT_NAMES,
@@ -78,6 +79,9 @@ class CaptureMode(TorchDispatchMode):
         #: For a step whose kernels are recorded: call -> profiler range around the op (set by
         #: the step boundaries for that step, else None).
         self.kernel_range: Any = None
+        #: A functional collective's process-local group name -> its logical name.
+        self.group_names: dict[Any, str] = {}
+        self.ctx_group_names = ctx.group_names
 
     def install(self, patches: Patches) -> None:
         """Observe what the mode cannot see (``patches``): autocast entry, explicit
@@ -194,6 +198,8 @@ class CaptureMode(TorchDispatchMode):
                 return None, info, None, False, None
             return None
         rec.busy = True
+        if info.group_arg is not None:
+            args = self._named_group(args, kwargs, info.group_arg)
         tensors, other = gather(args, kwargs, info.dest_pos, info.dest_kw)
         source = None  # an exact-copy op's input (tensor, Slot) when it was digested plainly
         # No digest waits for a batch during a backward: a waiting digest holds its tensor, and
@@ -233,6 +239,24 @@ class CaptureMode(TorchDispatchMode):
             rec.before_write(written_storages(info, args, kwargs))
         rec.busy = False
         return call, info, phase, taint, source
+
+    def _named_group(self, args: tuple, kwargs: dict, pos: int) -> tuple:
+        """``args`` with a functional collective's group (a process-local name: a counter of the
+        groups this process created) given as its logical name (``c10d.group_name``)."""
+        given = args[pos] if pos < len(args) else kwargs.get("group_name")
+        name = self.group_names.get(given)
+        if name is None:
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                name = group_name(_resolve_process_group(given), self.ctx_group_names)[0]  # type: ignore[arg-type]  # a GroupName is a str (NewType)
+            except Exception:  # not a group this process knows: keep what was given
+                name = str(given)
+            self.group_names[given] = name
+        if pos < len(args):
+            return (*args[:pos], name, *args[pos + 1 :])
+        kwargs["group_name"] = name
+        return args
 
     def _inputs(
         self, info: OpInfo, module: str, tensors: list, args: tuple, kwargs: dict

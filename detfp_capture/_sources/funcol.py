@@ -34,8 +34,9 @@ import torch
 
 from detfp_capture._recorder.call import MODULE, NAME
 from detfp_capture._recorder.slot import storage_ptrs
-from detfp_capture._sources.collectives import REDUCTIONS, CollectiveTracer, Wrapper
+from detfp_capture._sources.collectives import REDUCTIONS, CollectiveTracer
 from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.handles import Wrapper
 
 __all__ = ["FUNCTIONAL", "FunctionalCollectives"]
 
@@ -151,11 +152,12 @@ class FunctionalCollectives:
             with guard:
                 a = dict(zip(names, args, strict=False))
                 a.update(kwargs)
-                name = f"{spec.name}@{self._group(a.get('group_name'))}"
+                gname = self._group(a.get("group_name"))
+                name = f"{spec.name}@{gname}"
                 ins = _tensors(a.get(spec.input), spec.input)
                 module, phase = self.scope.where()
-                if phase in ("backward", "optimizer") and spec.name in REDUCTIONS:
-                    self.tracer.reductions += 1
+                if spec.name in REDUCTIONS:
+                    self.tracer.reduction(phase, gname)
                 other = {k: v for k, v in a.items() if k not in skip}
                 hz = self.ctx.hazards
                 flags = hz.flag_all([t for _, t in ins]) if hz is not None and hz.active else None

@@ -69,7 +69,8 @@ class AutoSteps:
 
     def close_trailing(self) -> None:
         """At close inside a step: forwards after the last optimizer step (an evaluation) form a
-        step no optimizer step ended; say so (``partial_step``): the analysis leaves it out."""
+        step no optimizer step ended; say so (``partial_step``): a run that ends there while the
+        other goes on ended early (``clues.endings``); two that both end so are compared there too."""
         rec = self.ctx.rec
         if self.trailing and rec.selected:
             rec.event(
@@ -78,7 +79,7 @@ class AutoSteps:
                 "",
                 None,
                 f"step {rec.step} ended at close without an optimizer step (an evaluation or a "
-                "trailing forward); it is not compared",
+                "trailing forward); its records are compared as far as both runs hold them",
             )
 
     def _begin(self, n: int) -> None:

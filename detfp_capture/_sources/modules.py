@@ -35,7 +35,32 @@ from detfp_capture._sources import graph
 from detfp_capture._sources.backward import GradHooks
 from detfp_capture._sources.context import CaptureContext, ModuleFrame
 
-__all__ = ["ModuleHooks", "flatten_tensors"]
+__all__ = ["ModuleHooks", "class_name", "flatten_tensors"]
+
+#: A module class -> the class name its records carry (``class_name``).
+_CLASS_NAMES: dict[type, str] = {}
+
+
+def class_name(module: torch.nn.Module) -> str:
+    """The name of the class the program made ``module`` from. FSDP2's ``fully_shard`` (and the
+    composable ``replicate``) swap a module's class for one they generate, ``FSDP<Name>`` (or
+    ``DDP<Name>``) with bases (their marker class, the original): the records name the original,
+    so a report says ``Llama``, the program's class, and a sharded run names its modules as an
+    unsharded one does."""
+    cls = type(module)
+    name = _CLASS_NAMES.get(cls)
+    if name is None:
+        name = cls.__name__
+        bases = cls.__bases__
+        if (
+            len(bases) == 2
+            and bases[0].__module__.startswith("torch.distributed.")
+            and name.endswith(bases[1].__name__)
+            and name != bases[1].__name__
+        ):
+            name = bases[1].__name__
+        _CLASS_NAMES[cls] = name
+    return name
 
 
 def _hook_callers() -> frozenset:
@@ -270,7 +295,7 @@ class ModuleHooks:
                 kind = "batch" if root and phase == "forward" else ("compiled" if compiled else "module_input")
                 rec.record_call(
                     kind,
-                    type(module).__name__,
+                    class_name(module),
                     path,
                     phase,
                     [("input", a, t) for a, t in tensors],
@@ -278,7 +303,7 @@ class ModuleHooks:
                     hazards=self._hazards([t for _, t in tensors]),
                 )
                 if boundaries and phase != "recompute" and torch.is_grad_enabled():
-                    side = self.grads.hook_inputs(type(module).__name__, path, [t for _, t in tensors])
+                    side = self.grads.hook_inputs(class_name(module), path, [t for _, t in tensors])
                     if side is not None:
                         # (NamedTuple._replace costs ~2 us: a frame is rebuilt with its last field.)
                         stack[-1] = ModuleFrame(*stack[-1][:-1], side)
@@ -321,7 +346,7 @@ class ModuleHooks:
             if selected:
                 rec.record_call(
                     "compiled" if compiled else "module_output",
-                    type(module).__name__,
+                    class_name(module),
                     path,
                     phase,
                     [("output", a, t) for a, t in tensors],
@@ -330,7 +355,7 @@ class ModuleHooks:
                 )
                 if phase != "recompute" and torch.is_grad_enabled():
                     outs = [t for _, t in tensors]
-                    self.grads.hook_outputs(type(module).__name__, path, outs, frame.inputs)
+                    self.grads.hook_outputs(class_name(module), path, outs, frame.inputs)
                     self.grads.bind(frame.grads, outs, frame.inputs)
             if tag:
                 graph.mark_graph([t for _, t in tensors], frame.inputs, path, frame.walks)

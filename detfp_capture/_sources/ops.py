@@ -104,6 +104,9 @@ WRITE_NO_READ = frozenset(
 # Outputs that are a kernel's opaque workspace for its own backward (reserve space), left partly
 # uninitialized by the kernel's C++ allocation: recorded without a digest (never evidence).
 WORKSPACE_OUTPUTS = {
+    # FSDP2's all-gather buffer: this rank's slice copied in, the rest filled by the all-gather
+    # that follows (its record, kind collective, digests the buffer once it completed).
+    "fsdp::all_gather_copy_in": frozenset({1}),
     "aten::mkldnn_rnn_layer": frozenset({3}),
     "aten::_cudnn_rnn": frozenset({3}),
     "aten::miopen_rnn": frozenset({4}),
@@ -154,6 +157,7 @@ class OpInfo:
         "dest_kw",
         "dest_pos",
         "empty",
+        "group_arg",
         "meta_read",
         "name",
         "no_read",
@@ -208,6 +212,12 @@ class OpInfo:
         # views=True), nor for ops that read only their inputs' shape (empty_like, new_zeros).
         self.reads = not self.skip and not self.meta_read
         self.workspace = WORKSPACE_OUTPUTS.get(base, frozenset())
+        # A functional collective's group is named by a process-local counter (the order groups
+        # were created in this process): its records name the group as every record does.
+        self.group_arg = next(
+            (i for i, a in enumerate(schema.arguments) if a.name == "group_name" and base.startswith(_FUNCTIONAL)),
+            None,
+        )
         # A collective returns before its (possibly asynchronous) write completes: its outputs
         # are counted, not digested (the collective's own record, kind collective, is taken at
         # wait(); a functional collective's result is digested where wait_tensor returns it).
@@ -219,7 +229,9 @@ class OpInfo:
         # The ops the native record path takes (``_hostpath.op_pre``/``op_post``; the others go
         # through CaptureMode._pre/_post in Python): inputs all read and recorded as they are,
         # not an exact copy; outputs neither workspaces, fresh allocations nor non-blocking copies.
-        self.plain_in = not (self.dest_pos or self.dest_kw or self.unread is not None or self.copies_input)
+        self.plain_in = not (
+            self.dest_pos or self.dest_kw or self.unread is not None or self.copies_input or self.group_arg is not None
+        )
         self.plain_out = not (self.workspace or self.empty or self.nonblocking)
 
 

@@ -119,19 +119,19 @@ def watch_storage_resizes(patches: Patches, rec: Any) -> None:
 
 
 def unrecorded(rec: Any, scope: Any) -> Callable[[Any], Any]:
-    """A ``Patches.wrap`` maker: the method runs as a framework's own work, not recorded
+    """A ``Patches.wrap`` maker: the method (or function) runs as a framework's own work, not recorded
     (``scope.bookkeeping``: the dispatch mode and the module hooks pass). It writes buffers
     unseen, so digests waiting for a batch are taken before it and cached ones dropped after it.
     ``rec``: the ``Recorder``; ``scope``: the ``Scope``."""
 
     def wrap(orig: Any) -> Any:
-        def method(obj: Any, *a: Any, **k: Any) -> Any:
+        def method(*a: Any, **k: Any) -> Any:  # a method (the object first) or a function
             if not rec.selected or rec.failed:
-                return orig(obj, *a, **k)
+                return orig(*a, **k)
             rec.settle()
             scope.bookkeeping += 1
             try:
-                return orig(obj, *a, **k)
+                return orig(*a, **k)
             finally:
                 scope.bookkeeping -= 1
                 rec.vcache.clear()

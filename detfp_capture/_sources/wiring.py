@@ -1,8 +1,9 @@
 """The record sources a ``Session`` installs for its level's capabilities, wired to one context.
 
-Which sources run follows from ``CaptureContext.caps`` alone: module hooks and the pipeline
-stages' shape-inference guard always; the collective tracer, the functional collectives and
-DDP's reduction at ``boundaries`` and up (``caps.collectives``); the dispatch mode at ``ops``;
+Which sources run follows from ``CaptureContext.caps`` alone: module hooks, the pipeline
+stages' shape-inference guard and the data loader's workers (``dataload``) always; the
+collective tracer, the functional collectives and DDP's reduction at ``boundaries`` and up
+(``caps.collectives``); the dispatch mode at ``ops``;
 the step and optimizer boundaries last, holding the others (they enter the mode at a step's
 start and leave it at its end). Kept apart from ``session`` so that the facade validates,
 opens and closes, and this module alone says what a level installs.
@@ -19,6 +20,7 @@ import torch
 from detfp_capture._recorder.manifest import RunManifest
 from detfp_capture._sources import pipelining
 from detfp_capture._sources.context import CaptureContext
+from detfp_capture._sources.dataload import DataWorkers
 from detfp_capture._sources.modules import ModuleHooks
 from detfp_capture._sources.steps import StepBoundaries
 
@@ -51,6 +53,7 @@ def install_sources(
     hooks = ModuleHooks(ctx, on_root=on_root, on_forward=manifest.forward_begins)
     stage_inference = pipelining.StageInference(ctx)
     stage_inference.maybe_install()
+    DataWorkers(ctx).install()  # restored with ctx.patches
     tracer: Any = None
     ddp: Any = None
     mode: Any = None

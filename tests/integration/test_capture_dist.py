@@ -12,16 +12,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from tests.fixtures.fault_child import FORKSERVER_PRELOAD
 from tests.fixtures.models import Net, bits, read
 
 
 def test_collectives_named_grouped_and_restored(tmp_path, gloo1):
-    orig = dist.all_reduce
+    orig = dist.ProcessGroup.__dict__["allreduce"]
     dp = dist.new_group([0])
     with Session(tmp_path / "r", "boundaries", group_names={"dp": dp}) as s:
-        assert dist.all_reduce is not orig
+        # Below the Python names: the ProcessGroup's methods every entry point ends in.
+        assert dist.ProcessGroup.__dict__["allreduce"] is not orig
         with s.step(0):
             t = torch.arange(4.0)
             dist.all_reduce(t)
@@ -35,7 +37,7 @@ def test_collectives_named_grouped_and_restored(tmp_path, gloo1):
             dist.all_reduce_coalesced([t, o])
             # P2POp validates its op against c10d's own isend: the wrapper must pass.
             dist.P2POp(dist.isend, t, 0)
-    assert dist.all_reduce is orig
+    assert dist.ProcessGroup.__dict__["allreduce"] is orig
     r = read(tmp_path / "r").filter(pl.col("kind") == "collective")
     calls = r.select("name", "occurrence", "role", "arg").rows()
     assert calls == [
@@ -132,3 +134,75 @@ def test_ddp_two_ranks_no_perturbation_and_buckets(tmp_path):
     red = red.sort("name", "rank")
     by_rank = red.group_by("name").agg(pl.col("digest_hi").n_unique().alias("n"))
     assert (by_rank["n"] == 1).all()
+
+
+def _collective_worker(rank: int, world: int, init: str, out: str, q) -> None:
+    """Two ranks: a coalesced all-reduce (``_coalescing_manager``, as Megatron-Core's DDP reduces
+    its buckets), then a step whose data-parallel gradient reduction capture does not see (a
+    functional all-reduce through the op overload itself, as compiled code calls it) while its
+    tp reduction is seen."""
+    import torch.distributed.distributed_c10d as c10d
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        ones = [dist.new_group([r]) for r in range(world)]  # every rank creates every group, in order
+        tp = ones[rank]  # a tensor-parallel group of one rank: its reduction changes nothing
+        net = torch.nn.Linear(4, 1, bias=False)
+        w = net.weight
+        opt = torch.optim.SGD([w], lr=0.1)
+        with Session(out, "boundaries", group_names={"dp": dist.group.WORLD, "tp": tp}) as s:
+            s.watch(net)
+            s.watch_optimizer(opt)
+            with s.step(0):
+                a, b = torch.full((4,), float(rank + 1)), torch.full((2,), float(10 * (rank + 1)))
+                with c10d._coalescing_manager():
+                    dist.all_reduce(a)
+                    dist.all_reduce(b)
+            with s.step(1):
+                net(torch.full((1, 4), float(rank + 1))).sum().backward()
+                dist.all_reduce(w.grad, group=tp)  # seen: over tp
+                pg = dist.group.WORLD.group_name
+                red = torch.ops._c10d_functional.all_reduce.default(w.grad, "sum", pg)
+                w.grad.copy_(torch.ops._c10d_functional.wait_tensor.default(red))  # unseen: over dp
+                opt.step()
+        q.put((rank, a.tolist(), b.tolist()))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multirank
+def test_coalesced_block_and_a_layout_whose_reduction_capture_did_not_see(tmp_path):
+    """A coalesced block is one call: its inputs at the block's exit, its outputs once the block
+    completed (the reduced values, not the rank's own inputs); and ``certify`` names the
+    data-parallel group no gradient reduction capture saw ran over, while one over tp was seen."""
+    from detfp_analyze.single.certify import certify
+    from detfp_capture import digest
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    q = ctx.Queue()
+    init = tempfile.mktemp(dir=tmp_path)
+    procs = [ctx.Process(target=_collective_worker, args=(r, 2, init, str(tmp_path / "run"), q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {r: (a, b) for r, a, b in (q.get(timeout=240) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    assert got == {r: ([3.0] * 4, [30.0] * 2) for r in (0, 1)}
+    runs = open_run(tmp_path / "run").scan("records").filter(pl.col("kind") == "collective").collect()
+    for rank in (0, 1):
+        rows = runs.filter((pl.col("rank") == rank) & (pl.col("step") == 0)).sort("seq")
+        assert rows.select("name", "role", "arg").rows() == [
+            ("all_reduce_coalesced@dp", "input", "tensors[0]"),
+            ("all_reduce_coalesced@dp", "input", "tensors[1]"),
+            ("all_reduce_coalesced@dp", "output", "tensors[0]"),
+            ("all_reduce_coalesced@dp", "output", "tensors[1]"),
+        ]
+        want = [torch.full((4,), float(rank + 1)), torch.full((2,), 10.0 * (rank + 1)), torch.full((4,), 3.0), torch.full((2,), 30.0)]
+        have = [f"{hi:016x}{lo:016x}" for hi, lo in rows.select("digest_hi", "digest_lo").rows()]
+        assert have == [digest.fingerprint(t).digest for t in want]
+    problems = [p for p in certify(tmp_path / "run").problems if p.kind == "reduction_not_captured"]
+    assert [(p.rank, p.step) for p in problems] == [(0, 1), (1, 1)]
+    for p in problems:
+        assert "step 1 reduced gradients over tp but none over the data-parallel group dp (ranks 0,1)" in p.detail

@@ -8,7 +8,10 @@ for both, without ``use_deterministic_algorithms``):
   reduce-scatters, all-reduces, forward and backward), watched after ``parallelize_module``;
   ``tp_early`` watches before it (as the launcher's global hooks do), at level boundaries;
 * ``ep``: a top-2 MoE layer with two experts per rank, tokens dispatched and combined by the
-  functional ``all_to_all_single_autograd``.
+  functional ``all_to_all_single_autograd``;
+* ``cp``: context parallelism, a causal ring attention written here (each rank holds a chunk of
+  the sequence; keys and values travel around the ring by ``batch_isend_irecv``, the gradients
+  back), the replicated weights' gradients averaged by an all-reduce as each is accumulated.
 
 Scenarios, at levels boundaries and ops, each with its exact answer:
 
@@ -23,7 +26,10 @@ Scenarios, at levels boundaries and ops, each with its exact answer:
   code made; at ops the split-K op). EP: the tie-break of tokens routed to one expert, so the
   dispatch moves the same rows in another order (at boundaries the origin is the MoE layer, at
   the dispatch's input, diff kind ``permutation``; at ops the ``torch.arange`` whose arguments
-  changed).
+  changed). CP: the key projection's split-K order -> rank 1 ``origin`` there, rank 0 a
+  ``receiver`` of the keys rank 1 sent it (``batch_irecv``);
+* ``data`` (CP): one token of rank 1's chunk of the sequence changed from step 1 -> rank 1
+  ``source`` (the batch), rank 0 a ``receiver`` at the ring's receive, ``single_rank`` [1].
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ MEMBERS: dict[str, tuple[dict[str, Any], tuple[str, ...], dict[str, Any]]] = {
     "tp": ({"family": "tp"}, ("boundaries", "ops"), {"order": "rev"}),
     "tp_early": ({"family": "tp", "watch": "early"}, ("boundaries",), {"order": "rev"}),
     "ep": ({"family": "ep", "rows": "^all_to_all_single@"}, ("boundaries", "ops"), {"tiebreak": True}),
+    "cp": ({"family": "cp"}, ("boundaries", "ops"), {"order": "rev"}),
 }
 #: Where rank 1 starts the one-rank difference: level -> (module, kind, role, op) of the origin.
 ORIGIN = {
@@ -53,12 +60,15 @@ ORIGIN = {
     ("tp_early", "boundaries"): ("layer.mlp.down_proj", "module_output", "output", "Linear"),
     ("ep", "boundaries"): ("moe", "collective", "input", "all_to_all_single@world"),
     ("ep", "ops"): ("moe", "op", "output", "aten::arange.start_step"),
+    ("cp", "boundaries"): ("attn.k", "module_output", "output", "SplitLinear"),
+    ("cp", "ops"): ("attn.k", "op", "output", "detfp_zoo::split_k_mm.default"),
 }
-#: Where rank 0 receives it: (module, op) of the collective's output.
+#: Where rank 0 receives it: (module, op, kind) of the collective's output.
 RECEIVER = {
-    "tp": ("layer.mlp.down_proj", "reduce_scatter_tensor@world"),
-    "tp_early": ("layer.mlp", "reduce_scatter_tensor@world"),
-    "ep": ("moe", "all_to_all_single@world"),
+    "tp": ("layer.mlp.down_proj", "reduce_scatter_tensor@world", "collective"),
+    "tp_early": ("layer.mlp", "reduce_scatter_tensor@world", "collective"),
+    "ep": ("moe", "all_to_all_single@world", "collective"),
+    "cp": ("attn", "batch_irecv@world", "p2p"),
 }
 #: Where every rank starts the all-ranks difference: (member, level) -> (module, op).
 NONDET = {
@@ -67,7 +77,11 @@ NONDET = {
     ("tp_early", "boundaries"): ("layer.mlp.down_proj", "Linear"),
     ("ep", "boundaries"): ("moe.experts.0", "Expert"),
     ("ep", "ops"): ("moe.experts.0", "detfp_zoo::split_k_mm.default"),
+    ("cp", "boundaries"): ("attn.k", "SplitLinear"),
+    ("cp", "ops"): ("attn.k", "detfp_zoo::split_k_mm.default"),
 }
+#: Members with a one-replica data change (one token of rank 1's batch).
+DATA = ("cp",)
 
 
 def plan(member: str, root: Path) -> list[dict[str, Any]]:
@@ -87,6 +101,8 @@ def plan(member: str, root: Path) -> list[dict[str, Any]]:
             job("nondet", order="rev"),
             job("onerank", plant_ranks=[1], **onerank),
         ]
+        if member in DATA:
+            jobs.append(job("data", data_ranks=[1]))
     return jobs
 
 
@@ -123,7 +139,7 @@ def _onerank(root: Path, member: str, lvl: str) -> None:
     d = res.diagnosis
     expect(res.first_step == PLANT, "onerank: the step", res)
     expect(d.pattern == "single_rank" and d.origin_ranks == (1,), "onerank: single_rank on rank 1", res)
-    r0, r1 = res.rank(0).effective, res.rank(1).effective
+    r1 = res.rank(1).effective
     module, kind, role, op = ORIGIN[(member, lvl)]
     expect(
         r1 is not None
@@ -133,12 +149,32 @@ def _onerank(root: Path, member: str, lvl: str) -> None:
     )
     if (member, lvl) == ("ep", "boundaries"):
         expect(r1.diff_kind == "permutation", "onerank: the dispatch moves the same rows in another order", res)
+    _receiver(res, member)
+
+
+def _receiver(res: Any, member: str) -> None:
+    """Rank 0 receives rank 1's difference at the collective (or the ring's receive) that carried it."""
+    r0 = res.rank(0).effective
+    module, op, kind = RECEIVER[member]
     expect(
-        r0 is not None and (r0.verdict, r0.step, r0.kind, r0.role) == ("receiver", PLANT, "collective", "output"),
-        "onerank: rank 0 receives it at a collective's output",
+        r0 is not None and (r0.verdict, r0.step, r0.kind, r0.role) == ("receiver", PLANT, kind, "output"),
+        f"rank 0 receives it at a {kind}'s output",
         res,
     )
-    expect(_site(r0) == RECEIVER[member] and r0.peers_differing == (1,), f"onerank: at {RECEIVER[member]}", res)
+    # A receive has no peer inputs to test: the sender's data differed.
+    peers = () if kind == "p2p" else (1,)
+    expect(_site(r0) == (module, op) and r0.peers_differing == peers, f"rank 0 at {module} {op}", res)
+
+
+def _data(root: Path, member: str, lvl: str) -> None:
+    if member not in DATA:
+        return
+    res = pair(root / member / lvl / "a", root / member / lvl / "data")
+    d = res.diagnosis
+    expect((res.first_step, d.pattern, d.origin_ranks, d.cause) == (PLANT, "single_rank", (1,), "data"), "data", res)
+    r1 = res.rank(1).effective
+    expect(r1 is not None and (r1.verdict, r1.kind, r1.op) == ("source", "batch", "CPNet"), "data: rank 1 source", res)
+    _receiver(res, member)
 
 
 CHECKS: dict[str, Callable[[Path, str, str], None]] = {
@@ -146,6 +182,7 @@ CHECKS: dict[str, Callable[[Path, str, str], None]] = {
     "onoff": _onoff,
     "nondet": _nondet,
     "onerank": _onerank,
+    "data": _data,
 }
 _CASES = [(m, lvl) for m, (_, levels, _) in MEMBERS.items() for lvl in levels]
 

@@ -12,6 +12,7 @@ from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.verdict.local import LocalVerdict
 from detfp_analyze.bisect.verdict.peers import (
     _LOCAL_STARTS,
+    Start,
     cross_rank,
     group_starts,
     group_states,
@@ -67,21 +68,32 @@ def test_group_verdict_per_rank_equals_a_pass_over_its_peers(group, states, comp
 @FAST
 @given(
     group=st.sets(st.integers(0, 12), min_size=1),
-    starts=st.dictionaries(st.integers(0, 12), st.tuples(st.integers(2, 4), st.sampled_from(["origin", "receiver"]))),
+    starts=st.dictionaries(
+        st.integers(0, 12),
+        st.tuples(st.integers(2, 4), st.integers(0, 3), st.sampled_from(["origin", "source", "receiver", "structural"])),
+    ),
     compared=st.sets(st.integers(0, 12)),
     reduction=st.booleans(),
+    phase=st.integers(0, 3),
 )
-def test_cross_rank_per_rank_equals_a_pass_over_its_peers(group, starts, compared, reduction):
+def test_cross_rank_per_rank_equals_a_pass_over_its_peers(group, starts, compared, reduction, phase):
     members = tuple(sorted(group))
     local = LocalVerdict(verdict="reduction" if reduction else "unobserved_producer", consumer=None, contradiction=None, explanation="local")
-    shared = group_starts(members, STEP, starts, compared)
+    firsts = {r: Start(*v) for r, v in starts.items()}
+    shared = group_starts(members, (STEP, phase), firsts, compared)
     for r in members:
         peers = [p for p in members if p != r]
         unknown = tuple(p for p in peers if p not in compared)
+        # A peer counts when its first difference comes before this point in program order
+        # (whatever its verdict), or at this very point where it started (origin or source).
         started = tuple(
             p
             for p in peers
-            if p in starts and (starts[p][0] < STEP or (starts[p][0] == STEP and starts[p][1] in _LOCAL_STARTS))
+            if p in firsts
+            and (
+                (firsts[p].step, firsts[p].phase) < (STEP, phase)
+                or ((firsts[p].step, firsts[p].phase) == (STEP, phase) and firsts[p].verdict in _LOCAL_STARTS)
+            )
         )
         test = cross_rank(r, STEP, local, "op", "g", shared)
         if started:

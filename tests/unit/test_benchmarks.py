@@ -7,9 +7,10 @@
 * no flag is named after an issue number;
 * ``benchlib``: a measured child's peak memory is its own (not the benchmark's), a planted
   answer is checked rank by rank;
-* three benchmarks run end to end at their smallest, as scripts: ``bisect_ranks.py`` (the measured
+* four benchmarks run end to end at their smallest, as scripts: ``bisect_ranks.py`` (the measured
   CLI and the planted answer's check), ``capture_flush.py`` (which had stopped running when
-  ``capture_overhead.Runner`` grew a second model) and ``capture_gc.py`` (children per tree).
+  ``capture_overhead.Runner`` grew a second model), ``capture_gc.py`` and
+  ``capture_collectives.py`` (children per tree).
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def test_a_planted_answer_is_checked_rank_by_rank(benchlib):
         ("bisect_ranks.py", ["--ranks", "8", "--records", "50"], "| ok\n"),
         ("capture_flush.py", ["--steps", "1", "--flushes", "1", "--warmup", "0", *SMALL], "per record"),
         ("capture_gc.py", ["--levels", "ops", "--rounds", "1", "--steps", "4", "--window", "2", "--warmup", "1"], "\nops "),
+        (
+            "capture_collectives.py",
+            ["--levels", "boundaries", "--rounds", "1", "--steps", "1", "--calls", "2", "--blocks", "1"],
+            "\nboundaries ",
+        ),
     ],
 )
 def test_a_benchmark_runs_at_its_smallest(tmp_path, script, args, says):

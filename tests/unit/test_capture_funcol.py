@@ -158,3 +158,22 @@ def test_a_wrapper_torch_kept_while_the_session_was_open_holds_nothing_of_it_aft
     assert torch.equal(out, t)
     kept[2](t)
     assert torch.equal(t, torch.ones(4))
+
+
+def test_a_functional_collectives_group_is_named_at_level_ops_not_numbered(tmp_path, gloo1):
+    """At level ops a ``_c10d_functional`` op's ``group_name`` is the process's own counter of
+    the groups it created (a job that builds its mesh again, or creates its groups in another
+    process's order, numbers them differently): its records carry the group's logical name, so
+    two identical runs compare identical (a 2-D mesh's tp reduce-scatter was an ``argument``
+    difference, '23' -> '27')."""
+    from detfp_analyze.bisect import bisect
+    from detfp_analyze.io.reader import open_run
+
+    for run in ("a", "b"):
+        tp = dist.new_group([0])  # a new group each run: a new process-local name
+        with Session(tmp_path / run, "ops", group_names={"tp": tp}) as s, s.step(0):
+            out = funcol.all_reduce(torch.arange(4.0) * 2, "sum", tp)
+            _ = out + 1
+    ops = read(tmp_path / "a").filter(pl.col("name") == "_c10d_functional::all_reduce.default")
+    assert ops.height > 0
+    assert bisect(open_run(tmp_path / "a"), open_run(tmp_path / "b")).status == "identical"

@@ -4,7 +4,8 @@ Each test plants the case that broke on real training code and fails on the code
 a custom op under autocast at level ops (capture changed its numbers), a DTensor parameter (a
 digest error), a storage freed under a waiting digest (FSDP's ``resize_(0)``: a crash), a
 DistributedDataParallel created around a module watched bare (its reduction unseen), a module
-compiled in place (its boundary unseen), and the optimizer's hyperparameters recorded by value.
+compiled in place (its boundary unseen), the optimizer's hyperparameters recorded by value, and
+modules FSDP2 sharded named by the class the program wrote (not the class ``fully_shard`` made).
 """
 
 from __future__ import annotations
@@ -217,3 +218,35 @@ def test_mapping_batches_are_flattened_like_dicts():
         ("kwargs.batch.input_ids", True),
         ("kwargs.batch.extra.mask", True),
     ]
+
+
+def test_modules_sharded_by_fsdp2_keep_their_class_name(tmp_path, gloo1):
+    """``fully_shard`` swaps a module's class for a generated ``FSDP<Name>``: the batch and the
+    module records name ``Name``, as an unsharded run of the same model does (a report said
+    "the batch fed to FSDPLlama")."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.l(x)
+
+    names = {}
+    for label in ("plain", "fsdp"):
+        m = Tiny()
+        if label == "fsdp":
+            mesh = init_device_mesh("cpu", (1,))
+            fully_shard(m.l, mesh=mesh)
+            fully_shard(m, mesh=mesh)
+            assert type(m).__name__ == "FSDPTiny"
+        with Session(tmp_path / label, "boundaries") as s:
+            s.watch(m)
+            with s.step(0):
+                m(torch.ones(2, 4)).sum().backward()
+        r = read(tmp_path / label).filter(pl.col("kind").is_in(["batch", "module_output"]))
+        names[label] = r.select("kind", "name", "module").unique(maintain_order=True).rows()
+    assert names["fsdp"] == names["plain"] == [("batch", "Tiny", ""), ("module_output", "Linear", "l"), ("module_output", "Tiny", "")]

@@ -89,20 +89,23 @@ class _LateWrite(TorchDispatchMode):
 def test_inplace_collective_digests_its_input_before_the_asynchronous_write(tmp_path, gloo1):
     """c10d schemas carry no alias annotations: an all-reduce still writes its tensor, later, on
     the backend's thread. The digest of the value it reduces (here the output of the mul_ just
-    before it, waiting for a batch) must be taken before the collective starts."""
+    before it, waiting for a batch) must be taken before the collective starts, and the value it
+    wrote at its completion; the backend's own ``c10d::`` op is not a record of the program."""
     from detfp_capture import digest
 
     t = torch.ones(1 << 12)
     with _LateWrite(), Session(tmp_path / "r", "ops") as s, s.step(0):
         t.mul_(3.0)
-        # c10d's own function, as DDP's comm hooks and FSDP2 call it: no wrapper settles first.
+        # c10d's own function, as DDP's comm hooks and FSDP2 call it.
         work = c10d.all_reduce(t, async_op=True)
         work.wait()
         t.add_(1.0)
     r = read(tmp_path / "r").sort("seq")
     mul_out = r.filter((pl.col("name") == "aten::mul_.Tensor") & (pl.col("role") == "output"))
-    red_in = r.filter(pl.col("name").str.starts_with("c10d::allreduce_") & (pl.col("role") == "input"))
-    want = digest.fingerprint(torch.full((1 << 12,), 3.0)).digest
-    for row in (mul_out, red_in):
+    red = r.filter(pl.col("name") == "all_reduce@world")
+    assert red["role"].to_list() == ["input", "output"]
+    assert r.filter(pl.col("name").str.starts_with("c10d::")).height == 0
+    for row, value in ((mul_out, 3.0), (red[0], 3.0), (red[1], 103.0)):
         assert row["status"].to_list() == ["ok"]
+        want = digest.fingerprint(torch.full((1 << 12,), value)).digest
         assert f"{row['digest_hi'][0]:016x}{row['digest_lo'][0]:016x}" == want

@@ -180,3 +180,41 @@ def test_a_subclass_whose_parts_all_match_differs_by_its_layout():
     assert got.cause == "layout" and "with every part equal: its layout changed" in got.headline
     dt = classify("differs", side, {**side, "digest_lo": 3}, dtypes=("torch.bfloat16", "torch.float16"))
     assert (dt.kind, dt.dtype_a, dt.dtype_b) == ("dtype", "torch.bfloat16", "torch.float16")
+
+
+def _with_coords(rs, coords):
+    return weigh(diagnose(rs, coords), rs, Clues(), "diverged")
+
+
+def test_headlines_of_origins_by_the_side_of_a_collective_and_of_rank_subsets():
+    """The first sentence of an origin on some ranks: the verb agrees with them ("Only rank 2
+    starts", "Only ranks 2-3 start"), one rank's coordinates are its own ("its coordinates"),
+    several ranks' those they share; an origin at a collective's input is the code before it
+    on that rank (``rank_local``, or ``op`` on every rank), never the reduction order; only an
+    origin at its output, every rank's input matching, is the collective's."""
+    coords = {r: {"dp": r // 2, "tp": r % 2} for r in range(4)}
+    rs_in = div(kind="collective", op="reduce_scatter_tensor@tp", role="input", arg="input", phase="forward", module="mlp")
+    one = _with_coords(ranks(None, None, rs_in, div("receiver")), coords)
+    assert one.cause == "rank_local"
+    assert one.headline == (
+        "Only rank 2 starts the difference, at the input of reduce_scatter_tensor@tp in mlp (forward, step 1), which "
+        "the code before it on that rank made (its coordinates: dp=1, tp=0): look at what differs there (its input "
+        "data, placement, topology, reduction order)."
+    )
+    two = _with_coords(ranks(div("receiver"), div("receiver"), div(), div()), coords)
+    assert two.cause == "rank_local"
+    assert two.headline.startswith(
+        "Only ranks 2-3 start the difference, at aten::mm.default in l1 (backward, step 1) with matching inputs "
+        "(they share dp=1): "
+    )
+    every = cause_of(ranks(rs_in, rs_in))
+    assert every.cause == "op" and every.headline.startswith(
+        "The input of reduce_scatter_tensor@tp in mlp (forward, step 1) is the first difference on every rank (0-1), "
+        "made on each rank by the code before it"
+    )
+    rs_out = replace(rs_in, role="output", arg="output")
+    out = cause_of(ranks(rs_out, rs_out))
+    assert out.cause == "collective" and out.headline.startswith(
+        "The output of reduce_scatter_tensor@tp in mlp (forward, step 1) is the first difference, and every rank of "
+        "its group had matching inputs"
+    )

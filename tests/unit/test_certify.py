@@ -273,7 +273,7 @@ def test_partial_step_is_a_note_not_a_problem(tmp_path):
     from detfp_analyze._cli.certify import format_certify
 
     ranks = clean()
-    detail = "step 1 ended at close without an optimizer step (an evaluation or a trailing forward); it is not compared"
+    detail = "step 1 ended at close without an optimizer step (an evaluation or a trailing forward); its records are compared as far as both runs hold them"
     ranks[0] = merge(step(0, 0), step(0, 1, events=[dict(step=1, type="partial_step", detail=detail)]))
     write_run(tmp_path / "r", ranks)
     res = certify(tmp_path / "r")

@@ -7,14 +7,21 @@
   without input records (``reduced_grad``) by the peer's own first divergence.
 * ``p2p_receiver``: a receive has no peer call with the same key (the peer ran a send): its
   output differing with matching local inputs means the sender's data differed.
-* ``cross_rank``: a difference an uncaptured cross-rank reduction may have carried is a receiver
-  when a peer started a difference at that step or before, else an origin (or, unproven, a receiver).
+* ``cross_rank``: a difference an exchange capture did not see may have carried (a gradient
+  reduction, a collective issued from C++) is a receiver when a peer in any group of the rank
+  had a difference before it: at an earlier step, earlier in the same step (``PHASE_ORDER``:
+  forward, backward, optimizer, step end), whatever that peer's own verdict (a receiver carries
+  a difference too: on a 2-D mesh a rank's dp peer may only have received it from its tp peer),
+  or in the same phase when that difference started there (origin or source). Else an origin
+  (or, unproven, a receiver). The ranks' first differences are all known before any test runs
+  (``resolve``), so no answer depends on the order ranks are looked at.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.records import CallKey, Found
@@ -23,7 +30,9 @@ from detfp_analyze.bisect.vocab import Verdict
 from detfp_analyze.ranks import format_ranks, without
 
 __all__ = [
+    "PHASE_ORDER",
     "GroupTest",
+    "Start",
     "cross_rank",
     "group_of",
     "group_starts",
@@ -31,6 +40,8 @@ __all__ = [
     "group_verdict",
     "p2p_receiver",
     "peer_state_from_found",
+    "phase_order",
+    "rank_groups",
 ]
 
 
@@ -47,6 +58,17 @@ def group_of(
     if ranks is None:
         return (gname if gname in groups else "world"), tuple(sorted(world))
     return gname, tuple(sorted(int(r) for r in ranks))
+
+
+def rank_groups(
+    rank: int, groups: Mapping[str, Sequence[int]], world: Sequence[int]
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(name, ranks) of every group ``rank`` belongs to (dp, tp, cp, pp, ep, named ones; sorted by
+    name), or the world when the manifests name none: where a difference can reach it from."""
+    mine = tuple(
+        (name, tuple(sorted(int(r) for r in ranks))) for name, ranks in sorted(groups.items()) if rank in ranks
+    )
+    return mine or (("world", tuple(sorted(world))),)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,20 +154,40 @@ def group_verdict(
 #: Verdicts that say a rank started the difference itself.
 _LOCAL_STARTS = (Verdict.ORIGIN, Verdict.SOURCE)
 
+#: The order of a step's phases in the program: a difference from an earlier phase can reach a
+#: later one (a forward difference reaches the gradients the optimizer reads).
+PHASE_ORDER = {"forward": 0, "backward": 1, "recompute": 1, "optimizer": 2, "step": 3}
+
+
+def phase_order(phase: str) -> int:
+    """``PHASE_ORDER`` of ``phase`` (an unknown one counts as the forward: the earliest)."""
+    return PHASE_ORDER.get(phase, 0)
+
+
+class Start(NamedTuple):
+    """Where a compared rank's first difference is, and its verdict (before the cross-rank test)."""
+
+    step: int
+    #: ``PHASE_ORDER`` of its phase.
+    phase: int
+    verdict: str
+
 
 def group_starts(
-    group: Sequence[int], step: int, starts: Mapping[int, tuple[int, str]], compared: Collection[int]
+    group: Sequence[int], at: tuple[int, int], starts: Mapping[int, Start], compared: Collection[int]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(started, unknown): the members of ``group`` (sorted) that started a difference at or
-    before ``step`` (``cross_rank``), and those not compared. ``starts``: compared rank ->
-    (step, verdict) of its first difference; ``compared``: a set (a membership test per member).
-    One answer serves every member's cross-rank test at that step (``cross_rank`` leaves the
-    asking rank out)."""
+    """(started, unknown): the members of ``group`` (sorted) whose first difference can have reached
+    a record at ``at`` (step, ``PHASE_ORDER``) through an exchange capture did not see, and those
+    not compared (``cross_rank``). ``starts``: compared rank -> its ``Start``; ``compared``: a set.
+    A member counts when its difference comes earlier (any verdict: a receiver carries it on),
+    or at the same point where it started there (origin or source). One answer serves every
+    member's cross-rank test at that point (``cross_rank`` leaves the asking rank out)."""
     started = tuple(
         sorted(
             p
             for p in group
-            if (got := starts.get(p)) is not None and (got[0] < step or (got[0] == step and got[1] in _LOCAL_STARTS))
+            if (got := starts.get(p)) is not None
+            and ((got.step, got.phase) < at or ((got.step, got.phase) == at and got.verdict in _LOCAL_STARTS))
         )
     )
     return started, tuple(sorted(p for p in group if p not in compared))
@@ -158,24 +200,27 @@ def cross_rank(
     label: str,
     gname: str,
     states: tuple[tuple[int, ...], tuple[int, ...]],
+    gradient: bool = True,
 ) -> GroupTest | None:
-    """The cross-rank test for a first difference that an uncaptured cross-rank reduction may
-    have carried (local verdict ``reduction``, or ``unobserved_producer`` in a multi-rank job).
+    """The cross-rank test for a first difference that an exchange capture did not see may have
+    carried (local verdict ``reduction``, or ``unobserved_producer`` in a multi-rank job).
 
-    ``states``: ``group_starts`` of the rank's group at ``step``. A peer started the difference
-    when its first difference comes at an earlier step, or at the same step as a local start
-    (origin or source). Any such peer makes this rank a ``receiver``; otherwise a ``reduction``
-    is an ``origin`` when every peer was compared (a ``receiver`` that cannot be proven
-    otherwise when some were not), and an ``unobserved_producer`` stays one (None).
+    ``states``: ``group_starts`` of the ranks of the rank's groups (``gname`` names them) at its
+    first difference; ``gradient``: that difference is of what the optimizer reads or writes (a
+    gradient reduction carries it) rather than of the forward or backward (a collective does).
+    Any peer counted there makes this rank a ``receiver``; otherwise a ``reduction`` is an
+    ``origin`` when every peer was compared (a ``receiver`` that cannot be proven otherwise when
+    some were not), and an ``unobserved_producer`` stays one (None).
     """
     started, unknown = (without(x, rank) for x in states)
     if started:
+        how = "a gradient reduction" if gradient else "a collective in the forward or backward"
         return GroupTest(
             verdict=Verdict.RECEIVER,
             peers_differing=started,
             peers_unknown=unknown,
-            explanation=f"{label}: ranks {format_ranks(started)} of group {gname} started a difference at or before step {step}, "
-            "and an uncaptured cross-rank reduction (data-parallel gradients) carries it here",
+            explanation=f"{label}: {_ranks(started)} of group {gname} differed earlier (at step {step} or before), "
+            f"and an exchange capture did not see ({how}) carries the difference here",
         )
     if local.verdict != Pending.REDUCTION:
         return None
@@ -184,10 +229,15 @@ def cross_rank(
             verdict=Verdict.RECEIVER,
             peers_differing=(),
             peers_unknown=unknown,
-            explanation=f"{label}: no compared rank of group {gname} started a difference, but ranks {format_ranks(unknown)} were "
+            explanation=f"{label}: no compared rank of group {gname} differed before it, but {_ranks(unknown)} were "
             "not compared, so a local start cannot be proven; treat it as received until they are",
         )
     return GroupTest(verdict=Verdict.ORIGIN, peers_differing=(), peers_unknown=(), explanation=local.explanation)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0-2``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
 def p2p_receiver(label: str, group: str | None) -> GroupTest:

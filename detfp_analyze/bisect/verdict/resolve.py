@@ -2,8 +2,11 @@
 
 Three passes over what the walk found: each rank's own records (``local.local_verdict``); the
 group-wide test of collectives, from the peers' inputs to the same call (``evidence.peer_inputs``,
-``peers.group_verdict``, ``peers.p2p_receiver``); then the cross-rank test of differences an
-uncaptured reduction may have carried, from every rank's first difference (``peers.cross_rank``).
+``peers.group_verdict``, ``peers.p2p_receiver``); then, once every rank's first difference and
+its verdict so far are known, the cross-rank test of differences an exchange capture did not see
+may have carried, over every group the rank belongs to (``peers.rank_groups``,
+``peers.cross_rank``): on a 2-D mesh a rank's difference can come through its tp group, its dp
+group, or both in turn.
 The answer is a ``RankVerdicts`` per rank (its ``first`` record's ``Verdict`` and, past a likely
 false root, its ``next_clean``'s): one of ``result.VERDICTS`` (an internal value left over fails
 loudly), with its explanation, what it depends on and its group.
@@ -24,15 +27,19 @@ from detfp_analyze.bisect.scope import Scope
 from detfp_analyze.bisect.verdict.local import DERIVED_KINDS, LocalVerdict, Pending, StepFacts, local_verdict
 from detfp_analyze.bisect.verdict.peers import (
     GroupTest,
+    Start,
     cross_rank,
     group_of,
     group_starts,
     group_states,
     group_verdict,
     p2p_receiver,
+    phase_order,
+    rank_groups,
 )
 from detfp_analyze.io.reader import Run
 from detfp_analyze.ranks import without
+from detfp_format import contract
 
 __all__ = ["RankVerdicts", "Verdict", "resolve", "uncaptured_exchange"]
 
@@ -41,6 +48,17 @@ def _gradient_like(rec: Aligned) -> bool:
     """A record a data-parallel gradient reduction may have carried a difference into: what the
     optimizer reads and writes, and anything after the backward."""
     return rec.kind in DERIVED_KINDS or rec.phase in ("optimizer", "step")
+
+
+def _through(mine: tuple[tuple[str, tuple[int, ...]], ...], started: tuple[int, ...], rank: int, gradient: bool) -> str:
+    """The name of the groups (of ``rank``'s, ``mine``) through which the peers that differed first
+    (``started``) reach it, joined with ``+``; with none, the group a difference would have come
+    through: a data-parallel one for what the optimizer reads, else the world."""
+    peers = set(started) - {rank}
+    names = [n for n, g in mine if peers & set(g)]
+    if not names and gradient:
+        names = [n for n, _ in mine if n.startswith(contract.DATA_PARALLEL_GROUPS)][:1]
+    return "+".join(names) or "world"
 
 
 def uncaptured_exchange(rec: Aligned, group: str) -> str:
@@ -167,25 +185,28 @@ def resolve(
                 )
             test = group_verdict(r, label, group[0], group[1], answers[ak])
         tests[key] = test
-    # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it.
-    starts: dict[int, tuple[int, str]] = {}
+    # 3. The cross-rank test, from every rank's first difference as the diagnosis will see it:
+    # all of them known first, so no rank's answer depends on which was looked at before it.
+    starts: dict[int, Start] = {}
     for r, f in found.items():
         start: _Slot = (r, "next") if f.start is f.next_clean else (r, "first")
         test = tests[start]
-        starts[r] = (f.start.record.step, test.verdict if test is not None else local[start].verdict)
-    met: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        rec = f.start.record
+        starts[r] = Start(rec.step, phase_order(rec.phase), test.verdict if test is not None else local[start].verdict)
+    met: dict[tuple[tuple[int, int], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     for key, lv in local.items():
         if lv.verdict != Pending.REDUCTION and not (lv.verdict == vocab.Verdict.UNOBSERVED_PRODUCER and world > 1):
             continue
         rec = extracts[key].record
-        if _gradient_like(rec):  # a data-parallel gradient reduction carries it: its group
-            g = group_of(rec.name, "reduced_grad", _evidence.groups_of(run_a, key[0], every), ranks_all)
-        else:  # an exchange inside the model's forward or backward: any group, so any rank
-            g = ("world", tuple(ranks_all))
-        if (rec.step, g[1]) not in met:
-            met[(rec.step, g[1])] = group_starts(g[1], rec.step, starts, compared_set)
-        ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", g[0], met[(rec.step, g[1])])
+        mine = rank_groups(key[0], _evidence.groups_of(run_a, key[0], every), ranks_all)
+        peers = tuple(sorted({p for _, g in mine for p in g}))
+        at = (rec.step, phase_order(rec.phase))
+        if (at, peers) not in met:
+            met[(at, peers)] = group_starts(peers, at, starts, compared_set)
+        gradient = _gradient_like(rec)
+        gname = _through(mine, met[(at, peers)][0], key[0], gradient)
+        ct = cross_rank(key[0], rec.step, lv, f"{rec.kind} {rec.name}", gname, met[(at, peers)], gradient)
         if ct is not None:
-            groups[key], tests[key] = g, ct
+            groups[key], tests[key] = (gname, peers), ct
     final = {key: _final(extracts[key].record, lv, groups.get(key), tests[key]) for key, lv in local.items()}
     return {r: RankVerdicts(final[(r, "first")], final.get((r, "next"))) for r in found}
