@@ -478,10 +478,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "segment": "int: process launch (0 first, +1 per appended resume).",
     "start_step": "int|null: first step this segment captures (a resumed run's checkpoint step).",
     "parallel": "object: this rank's parallel coordinates {tp, pp, dp, cp, ep: int} and sizes {tp_size, ...} where known.",
-    "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used (and "
-    "every dimension of a `DeviceMesh` its watched parameters live on). A name that starts with one of "
-    "`DATA_PARALLEL_GROUPS` (`dp`, `fsdp`, `hsdp`, `ddp`, `edp`, `data`: `dp`, `dp_cp`, `dp_shard`...) says data "
-    "parallelism: a gradient reduction runs over it.",
+    "groups": "object: logical process-group name -> list of global ranks, for the groups this rank used (and every dimension of a `DeviceMesh` its watched parameters live on). A name that starts with one of `DATA_PARALLEL_GROUPS` (`dp`, `fsdp`, `hsdp`, `ddp`, `edp`, `data`: `dp`, `dp_cp`, `dp_shard`...) says data parallelism: a gradient reduction runs over it.",
     "versions": "object: torch, cuda, cudnn, nccl, python, os, detfp, and the numerics libraries numpy, triton, transformer_engine, flash_attn, apex, xformers, torchao, deepspeed, megatron_core, intel_extension_for_pytorch (null when not installed).",
     "host": "object: hostname, device_count, devices (names), cpu (model string), local_rank.",
     "determinism": "object: the numerics settings in force when the first step begins (detfp_capture.numerics): deterministic_algorithms, deterministic_warn_only, cudnn_deterministic, cudnn_benchmark, cuda_matmul_allow_tf32, cudnn_allow_tf32, float32_matmul_precision, fill_uninitialized_memory, num_threads, num_interop_threads; `backends.<module>.<flag>` for every torch.backends flag that selects a kernel or a precision; `autocast.<device>.enabled`, `autocast.<device>.dtype` (null when disabled) and `autocast.cache_enabled` as the first step's forward runs. Runs of earlier releases hold the first ten keys only.",
