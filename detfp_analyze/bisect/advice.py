@@ -260,6 +260,63 @@ def _structural_what(d: Divergence) -> str:
     )
 
 
+def _no_record(diag: Diagnosis, where: str, capture: Capture | None) -> Advice:
+    """No record differs: bisect stopped at the step level, or only metrics differ."""
+    if diag.pattern == Pattern.UNDETERMINED:
+        return Advice(
+            Cause.UNDETERMINED,
+            "bisect stopped at the step level, so no record names a cause yet.",
+            ("rerun bisect with --level op for verdicts, a pattern and a cause",),
+        )
+    nxt = deeper(capture)
+    more = (f"recapture the first differing step at level {nxt}: {recapture(capture, nxt, 0)}",) if nxt else ()
+    return Advice(
+        Cause.UNCAPTURED,
+        f"Metrics differ {where} but no captured record does: the difference starts in code the capture did not "
+        "record.",
+        (*more, "or probe the suspect tensors with session.probe"),
+    )
+
+
+def _origin(d: Divergence, where: str, compared: int, made: bool, capture: Capture | None) -> Advice:
+    """An origin on every compared rank (or in one process): the op, the code before a
+    collective, or a state the capture did not compare."""
+    if compared <= 1:
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first call whose output differs although its inputs matched: a nondeterministic kernel "
+            "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
+            "tell which.",
+            ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
+        )
+    if d.depends_on and d.depends_on.startswith(PARAMS_UNCOMPARED):
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, with matching inputs everywhere, but its parameters were not "
+            "compared before the call: another initial state (init seed, checkpoint) explains it as well as a "
+            "nondeterministic kernel.",
+            (
+                f"recapture with this release ({recapture(capture, (capture.level if capture else None) or 'ops', 0)}"
+                "): the state before the first step is compared first",
+                *_deeper_steps(d, capture),
+            ),
+        )
+    if made:
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, made on each rank by the code before it (not captured at this "
+            "level) from matching inputs: that code or its kernels are nondeterministic (float atomics, split-K, tile "
+            "scheduling).",
+            _deeper_steps(d, capture),
+        )
+    return Advice(
+        Cause.OP,
+        f"{at(d)} is the first difference {where}, with matching inputs everywhere: the op or its kernel is "
+        "nondeterministic (float atomics, split-K, tile scheduling).",
+        _deeper_steps(d, capture),
+    )
+
+
 def from_divergence(
     diag: Diagnosis,
     d: Divergence | None,
@@ -271,20 +328,7 @@ def from_divergence(
     """The cause the first divergence ``d`` names (``where``: ``who``'s phrase for the ranks;
     ``resume_step``: the step run B resumed at, when it was resumed)."""
     if d is None:
-        if diag.pattern == Pattern.UNDETERMINED:
-            return Advice(
-                Cause.UNDETERMINED,
-                "bisect stopped at the step level, so no record names a cause yet.",
-                ("rerun bisect with --level op for verdicts, a pattern and a cause",),
-            )
-        nxt = deeper(capture)
-        more = (f"recapture the first differing step at level {nxt}: {recapture(capture, nxt, 0)}",) if nxt else ()
-        return Advice(
-            Cause.UNCAPTURED,
-            f"Metrics differ {where} but no captured record does: the difference starts in code the capture did not "
-            "record.",
-            (*more, "or probe the suspect tensors with session.probe"),
-        )
+        return _no_record(diag, where, capture)
     if d.diff_kind == DiffKind.ARGUMENTS or (d.diff is not None and d.diff.kind == DiffKind.ARGUMENTS):
         changes = (
             ", ".join(d.diff.args_changes) if d.diff is not None and d.diff.args_changes else "a non-tensor argument"
@@ -341,41 +385,8 @@ def from_divergence(
                 *_deeper_steps(d, capture),
             ),
         )
-    if d.verdict == Verdict.ORIGIN and compared <= 1:
-        return Advice(
-            Cause.OP,
-            f"{at(d)} is the first call whose output differs although its inputs matched: a nondeterministic kernel "
-            "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
-            "tell which.",
-            ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
-        )
-    if d.verdict == Verdict.ORIGIN and d.depends_on and d.depends_on.startswith(PARAMS_UNCOMPARED):
-        return Advice(
-            Cause.OP,
-            f"{at(d)} is the first difference {where}, with matching inputs everywhere, but its parameters were not "
-            "compared before the call: another initial state (init seed, checkpoint) explains it as well as a "
-            "nondeterministic kernel.",
-            (
-                f"recapture with this release ({recapture(capture, (capture.level if capture else None) or 'ops', 0)}"
-                "): the state before the first step is compared first",
-                *_deeper_steps(d, capture),
-            ),
-        )
-    if d.verdict == Verdict.ORIGIN and made:
-        return Advice(
-            Cause.OP,
-            f"{at(d)} is the first difference {where}, made on each rank by the code before it (not captured at this "
-            "level) from matching inputs: that code or its kernels are nondeterministic (float atomics, split-K, tile "
-            "scheduling).",
-            _deeper_steps(d, capture),
-        )
     if d.verdict == Verdict.ORIGIN:
-        return Advice(
-            Cause.OP,
-            f"{at(d)} is the first difference {where}, with matching inputs everywhere: the op or its kernel is "
-            "nondeterministic (float atomics, split-K, tile scheduling).",
-            _deeper_steps(d, capture),
-        )
+        return _origin(d, where, compared, made, capture)
     # unobserved_producer or receiver everywhere: nothing captured starts the difference.
     nxt = deeper(capture)
     steps = (f"recapture step {d.step} at level {nxt}: {recapture(capture, nxt, d.step)}",) if nxt else ()
