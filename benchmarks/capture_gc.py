@@ -44,10 +44,13 @@ def child(args) -> dict:
     import torch
 
     from capture_host import SHAPE, Trainer
-    from detfp_capture import Session
+    from detfp_capture import Session, _config
     from detfp_capture._sources import steps as _steps
 
-    _steps.FLUSH_SECONDS = float("inf")  # flushes where a window ends (settle)
+    # Record-count flushes only: a tree before issue 43 also flushed a window 20 s old,
+    # this one a window of FLUSH_STEPS steps (either tree may be the one measured).
+    _steps.FLUSH_SECONDS = float("inf")
+    _config.FLUSH_STEPS = 1 << 62
     torch.set_num_threads(1)
     targs = types.SimpleNamespace(seed=args.seed, steps=args.window, **SHAPE)
     count = [0, 0, 0]

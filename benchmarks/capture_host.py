@@ -126,10 +126,13 @@ def child(args) -> dict:
     benchlib.import_tree(Path(args.tree))
     import torch
 
-    from detfp_capture import Session
+    from detfp_capture import Session, _config
     from detfp_capture._sources import steps as _steps
 
-    _steps.FLUSH_SECONDS = float("inf")  # flushes only where a block ends (see settle)
+    # Record-count flushes only: a tree before issue 43 also flushed a window 20 s old,
+    # this one a window of FLUSH_STEPS steps (either tree may be the one measured).
+    _steps.FLUSH_SECONDS = float("inf")
+    _config.FLUSH_STEPS = 1 << 62
     torch.set_num_threads(1)
     gemm = benchlib.time_gemms(time.process_time)  # host cost is CPU time here
     with tempfile.TemporaryDirectory(prefix="detfp-host-") as tmp:
@@ -175,10 +178,13 @@ def profile(args) -> None:
     benchlib.import_tree(ROOT)
     import torch
 
-    from detfp_capture import Session
+    from detfp_capture import Session, _config
     from detfp_capture._sources import steps as _steps
 
+    # Record-count flushes only: a tree before issue 43 also flushed a window 20 s old,
+    # this one a window of FLUSH_STEPS steps (either tree may be the one measured).
     _steps.FLUSH_SECONDS = float("inf")
+    _config.FLUSH_STEPS = 1 << 62
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="detfp-host-") as tmp:
         session = Session(str(Path(tmp) / "run"), level=args.profile)

@@ -18,6 +18,7 @@ __all__ = [
     "MissingRankError",
     "NotARunError",
     "OptionalDependencyError",
+    "OutputError",
     "QueryError",
     "SchemaVersionError",
     "SelectionError",
@@ -82,6 +83,11 @@ class EngineError(DetfpError):
 
 class QueryError(DetfpError):
     """A SQL query failed; the message carries DuckDB's one-line reason."""
+
+
+class OutputError(DetfpError):
+    """A file the user asked for (``--html``, ``plot --out``, ``export --perfetto``, ``sql -o``)
+    cannot be written; the message names that output, never the trace."""
 
 
 class OptionalDependencyError(DetfpError, ImportError):

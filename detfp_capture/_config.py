@@ -24,6 +24,7 @@ from detfp_format.selectors import parse_selector as _parse_selector
 
 __all__ = [
     "DIGEST_VERSION_ENV",
+    "FLUSH_STEPS",
     "LEVELS",
     "LEVEL_CAPABILITIES",
     "Capabilities",
@@ -36,6 +37,11 @@ __all__ = [
 
 #: The environment variable that sets the digest version of captures that do not pass one.
 DIGEST_VERSION_ENV = "DETFP_DIGEST_VERSION"
+#: Step ends per flush window, at most (``flush_steps``'s default). A window is committed at a
+#: step end once it holds this many steps or ``flush_records`` records: what a killed job loses
+#: is bounded in steps, and the window boundaries are a function of the job alone (a clock would
+#: put them where the machine's speed did, and the trace's layout with them).
+FLUSH_STEPS = 50
 
 
 def choose_digest_version(value: Any = None) -> int:
@@ -192,6 +198,9 @@ class CaptureConfig:
     append: bool = False
     #: Flush (resolve digests, hand a window to the writer) every this many records.
     flush_records: int = 65536
+    #: A step end also flushes once the window holds this many step ends (a count, never a
+    #: clock: the windows are a function of the job, docs/capture.md "Flush windows").
+    flush_steps: int = FLUSH_STEPS
     #: Digest the outputs of view and metadata-only ops too (default: counted, not digested).
     views: bool = False
     #: First step of this launch (manifest start_step); None when unknown.
@@ -228,6 +237,7 @@ class CaptureConfig:
             "poison": self.poison,
             "append": self.append,
             "flush_records": self.flush_records,
+            "flush_steps": self.flush_steps,
             "views": self.views,
         }
 
@@ -245,6 +255,7 @@ def make_config(
     poison: Any = False,
     append: Any = False,
     flush_records: Any = 65536,
+    flush_steps: Any = None,
     views: Any = False,
     start_step: Any = None,
     digest_version: Any = None,
@@ -257,6 +268,9 @@ def make_config(
             raise ConfigError(f"{name}={val!r}: expected True or False")
     if isinstance(flush_records, bool) or not isinstance(flush_records, int) or flush_records < 1:
         raise ConfigError(f"flush_records={flush_records!r}: expected a positive number of records per flush")
+    flush_steps = FLUSH_STEPS if flush_steps is None else flush_steps
+    if isinstance(flush_steps, bool) or not isinstance(flush_steps, int) or flush_steps < 1:
+        raise ConfigError(f"flush_steps={flush_steps!r}: expected a positive number of steps per flush window")
     if start_step is not None and (isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0):
         raise ConfigError(f"start_step={start_step!r}: expected a non-negative step number")
     if dumps is True:
@@ -275,6 +289,7 @@ def make_config(
         poison=poison,
         append=append,
         flush_records=flush_records,
+        flush_steps=flush_steps,
         views=views,
         start_step=start_step,
         digest_version=choose_digest_version(digest_version),

@@ -93,6 +93,8 @@ class Session:
         parallel: this rank's parallel coordinates for the manifest, e.g. ``{"dp": 1, "tp": 0}``.
         group_names: logical name -> ProcessGroup, used to name collectives (``"tp"``, ``"dp"``).
         flush_records: resolve digests and write a window every this many records (bounds memory).
+        flush_steps: a step end also writes the window once it holds this many steps (default 50;
+            bounds what a killed job loses: 1 commits every step, for jobs of long steps).
         views: also digest view and metadata-only ops (default: counted, not digested).
         start_step: first step of this launch for the manifest (default: the first ``step(n)``).
         digest_version: version of the tensor digests (docs/digest.md; default 2, or the
@@ -121,6 +123,7 @@ class Session:
         parallel: dict[str, Any] | None = None,
         group_names: dict[str, Any] | None = None,
         flush_records: int = 65536,
+        flush_steps: int | None = None,
         views: bool = False,
         start_step: int | None = None,
         digest_version: int | None = None,
@@ -137,6 +140,7 @@ class Session:
             poison=poison,
             append=append,
             flush_records=flush_records,
+            flush_steps=flush_steps,
             views=views,
             start_step=start_step,
             digest_version=digest_version,

@@ -18,8 +18,8 @@ from detfp_format.types import arrow_type as _arrow_type
 
 __all__ = ["SCHEMA_VERSION_KEY", "TABLE_KEY", "arrow_schema", "arrow_type", "parquet_options"]
 
-#: Schema-metadata key holding the contract's SCHEMA_VERSION (as ASCII decimal).
-SCHEMA_VERSION_KEY = b"detfp.schema_version"
+#: Schema-metadata key holding the contract's SCHEMA_VERSION (as ASCII decimal), as pyarrow's bytes.
+SCHEMA_VERSION_KEY = contract.SCHEMA_VERSION_KEY.encode()
 #: Schema-metadata key holding the table name.
 TABLE_KEY = b"detfp.table"
 

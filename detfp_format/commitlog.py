@@ -18,7 +18,9 @@ Completeness contract (docs/trace-format.md §5a, docs/reliability.md). Next to 
   manifest key ``step_sums``): per step of the window, its records' rollup folded over the
   window's blocks (count, digest errors, key XOR, value XOR: ``step_sums``) and its metrics
   (count, sum of ``metric_hash`` mod 2^64). The folds combine across windows, so a reader
-  decides which (rank, step)s differ from the commit logs alone and reads only those shards;
+  decides which (rank, step)s differ from the commit logs alone and reads only those shards. A
+  line whose folds do not count its ``records`` and ``metrics`` rows contradicts itself and is
+  unreadable (``LogState.contradictions``);
 * ``{"t": "fail", "window": W, "reason": "..."}`` when the writer stops at window W (disk full,
   file-size limit, permissions): W and every later window are lost;
 * ``{"t": "close", "windows": N, "status": "ok" | "incomplete", "reason": str | null}`` last,
@@ -40,6 +42,8 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from detfp_format import strictjson
 
 __all__ = [
     "COMMIT_LOG_MAX_BYTES",
@@ -148,7 +152,7 @@ def _decode(line: bytes) -> dict | None:
     try:
         if int(head, 16) != zlib.crc32(body):
             return None
-        rec = json.loads(body)
+        rec = strictjson.loads(body)  # the writer's strict JSON: a bare NaN is damage
     except (ValueError, UnicodeDecodeError):
         return None
     return rec if isinstance(rec, dict) and isinstance(rec.get("t"), str) else None
@@ -178,6 +182,8 @@ class LogState:
     #: window -> step -> SUM_FIELDS values, for the readable window lines that carry a
     #: well-formed ``sums`` field (a malformed one is left out: readers then read the shards).
     sums: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    #: Windows whose line was unreadable because its step folds do not count the rows it commits.
+    contradictions: list[int] = field(default_factory=list)
 
 
 def _int(v: Any) -> int | None:
@@ -208,13 +214,17 @@ def _record(state: LogState, rec: dict) -> bool:
             if lo is None or hi is None or lo > hi:
                 return False
             span = (lo, hi)
+        sums = _sums(rec.get("sums"), span)
+        if sums is not None and not _counted(sums, counts):
+            # The line contradicts itself (which half is right is unknown): not trusted at all.
+            state.contradictions.append(w)
+            return False
         state.windows[w] = (counts, span)  # type: ignore[assignment]
         facts = _facts(rec.get("shards"), counts)
         if facts is not None:
             state.shards[w] = facts
         elif w in state.shards:  # a later line for the same window without facts: trust neither
             del state.shards[w]
-        sums = _sums(rec.get("sums"), span)
         if sums is not None:
             state.sums[w] = sums
         elif w in state.sums:
@@ -270,6 +280,15 @@ def _sums(raw: Any, span: tuple[int, int] | None) -> dict[int, tuple[int, ...]] 
             return None
         out[step] = tuple(v)
     return out
+
+
+def _counted(sums: Mapping[int, tuple[int, ...]], counts: Mapping[str, int | None]) -> bool:
+    """Whether a window line's step folds count the rows it commits: its records' (the folds are of
+    the window's rollups, one row per record) and its metrics'. A line restated with other row
+    counts (a buggy writer, an edit) fails, and is then not trusted at all."""
+    return sum(v[0] for v in sums.values()) == (counts.get("records") or 0) and sum(
+        v[4] for v in sums.values()
+    ) == (counts.get("metrics") or 0)
 
 
 def parse(data: bytes) -> LogState:

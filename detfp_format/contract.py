@@ -44,6 +44,7 @@ __all__ = [
     "ROLLUP_SALTS",
     "ROLLUP_VERSION",
     "SCHEMA_VERSION",
+    "SCHEMA_VERSION_KEY",
     "STATUSES",
     "TABLES",
     "Column",
@@ -61,6 +62,8 @@ __all__ = [
 
 #: Version of the table layout. Bump on any change to a column's name, type or meaning.
 SCHEMA_VERSION = 1
+#: The shard footer's key-value metadata key holding SCHEMA_VERSION (ASCII decimal).
+SCHEMA_VERSION_KEY = "detfp.schema_version"
 #: Every version of the tensor digest this release computes and reads (docs/digest.md), with
 #: the algorithm's name: 1, the tree of int8 GEMMs (kept to compare runs captured with it); 2,
 #: the tree of multilinear hashes designed for memory bandwidth. A new version gets a new

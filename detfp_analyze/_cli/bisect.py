@@ -19,7 +19,16 @@ from typing import Annotated, Any
 import typer
 
 from detfp_analyze._cli import engine as _engine
-from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, EXIT_DIVERGED, EXIT_OK, echo, fail, handle_errors
+from detfp_analyze._cli.common import (
+    ALLOW_INCOMPLETE_HELP,
+    EXIT_DIVERGED,
+    EXIT_OK,
+    echo,
+    fail,
+    handle_errors,
+    one_line,
+    write_output,
+)
 from detfp_analyze._cli.selection import parse_ranks, parse_steps, rank_values
 from detfp_analyze.bisect import ReadPaths, bisect
 from detfp_analyze.bisect.result import LEVELS
@@ -109,7 +118,7 @@ def command(
         typer.Option(
             "--no-step-sums",
             help="Compare the metrics and rollups shards, not the step folds the commit lines state (slower; "
-            "for a run where certify reports step_sums).",
+            "the same report: what is read is still checked against the folds).",
         ),
     ] = False,
     no_stored_rollups: Annotated[
@@ -165,8 +174,8 @@ def command(
     if html is not None:
         from detfp_analyze.render.html import html_report
 
-        html.write_text(html_report(result, a, b), encoding="utf-8")
-        print(f"detfp-analyze: wrote {html}", file=sys.stderr)  # stdout stays the report alone
+        write_output(html, html_report(result, a, b), "--html")
+        print(f"detfp-analyze: {one_line(f'wrote {html}')}", file=sys.stderr)  # stdout stays the report alone
     if as_json:
         doc = result.to_json_dict()
         if gate is not None:

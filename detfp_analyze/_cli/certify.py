@@ -6,7 +6,6 @@ directory is not a usable run. Text and JSON are byte-stable (problems sorted, n
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,7 @@ import typer
 from detfp_analyze._cli.common import EXIT_DIVERGED, EXIT_OK, echo, handle_errors
 from detfp_analyze.io.uri import is_remote
 from detfp_analyze.single.certify import CertifyResult, Problem, certify
+from detfp_format import strictjson
 
 __all__ = ["command", "format_certify"]
 
@@ -48,7 +48,7 @@ def command(
     """Check one run before comparing it: ranks, steps, sequence, hazards, pending collectives, determinism."""
     res = certify(run if is_remote(run) else Path(run))  # a local path shown as before: Path-normalised
     if as_json:
-        typer.echo(json.dumps(res.to_json_dict(), indent=2))
+        typer.echo(strictjson.dumps(res.to_json_dict(), indent=2))
     else:
         echo(format_certify(res))
     raise typer.Exit(EXIT_OK if res.ok else EXIT_DIVERGED)

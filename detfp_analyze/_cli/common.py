@@ -7,18 +7,21 @@ exit 2 with one line on stderr (``DETFP_DEBUG=1`` shows the traceback of the las
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from detfp_analyze import _gcpause
-from detfp_analyze.errors import DetfpError
+from detfp_analyze.errors import DetfpError, OutputError
 
 try:  # typer >= 0.20 vendors click
     from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -44,6 +47,7 @@ __all__ = [
     "fail",
     "handle_errors",
     "one_line",
+    "write_output",
 ]
 
 #: Runs identical / single run has no problems.
@@ -82,6 +86,30 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def write_output(
+    path: Path, data: str | bytes | Callable[[Path], None], option: str, *, parents: bool = False
+) -> None:
+    """Write the output file ``path`` that ``option`` named: ``data`` (text as UTF-8, bytes), or
+    ``data(path)`` for a writer of its own (Parquet); ``parents``: make its directory first. An
+    OSError is an ``OutputError`` naming the output (the trace was read fine: "cannot read a file
+    of the trace" would send the user to the wrong place)."""
+    try:
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if callable(data):
+            data(path)
+        elif isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        reason = exc.strerror or " ".join(str(exc).split())[:120] or type(exc).__name__
+        raise OutputError(
+            f"{option} {path}: cannot write it ({type(exc).__name__}: {reason}); pick a path in a directory "
+            "that exists and that you can write to"
+        ) from None
+
+
 def _unexpected(exc: Exception) -> str:
     """One line for an exception no library function turned into a typed error."""
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
@@ -97,6 +125,17 @@ def _unexpected(exc: Exception) -> str:
     return f"internal error ({reason}); this is a bug in detfp, please report it (DETFP_DEBUG=1 shows the traceback)"
 
 
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """``warnings.showwarning`` for the commands: the standard one line, on stderr, with control
+    characters escaped (``one_line``): a library's warning can quote a name from the trace (a
+    font without a glyph for a character of a module's name), and stderr is a terminal too."""
+    text = f"{filename}:{lineno}: {category.__name__}: {one_line(str(message))}\n"
+    with contextlib.suppress(OSError):  # stderr gone (a closed pipe): a warning is not worth a failure
+        (file if file is not None else sys.stderr).write(text)
+
+
 def handle_errors(fn: F) -> F:
     """Turn any DetfpError raised by ``fn`` into one line on stderr and exit code 2; any other
     exception too (never a traceback, never exit 1: see the module docstring)."""
@@ -104,8 +143,10 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            # The whole command, report included: its bulk of objects forms no cycle (_gcpause).
-            with _gcpause.paused():
+            # The whole command, report included: its bulk of objects forms no cycle (_gcpause);
+            # a library's warning (matplotlib's, pyarrow's) is printed with its text escaped.
+            with _gcpause.paused(), warnings.catch_warnings():
+                warnings.showwarning = _show_warning
                 return fn(*args, **kwargs)
         except DetfpError as exc:
             # One line only: a multi-line message would break log scrapers and CI annotations.

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
+from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors, write_output
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, RunA, RunB, compare
 from detfp_analyze._cli.selection import OPEN_END, parse_ranks, parse_steps, rank_values
 from detfp_analyze.ranks import format_ranks
@@ -78,10 +78,9 @@ def command(
             "or raise --max-records"
         )
     obj = trace(a, b, result, steps=window, ranks=chosen)
-    perfetto.parent.mkdir(parents=True, exist_ok=True)
-    perfetto.write_text(dumps_trace(obj), encoding="utf-8")
-    typer.echo(
+    write_output(perfetto, dumps_trace(obj), "--perfetto", parents=True)
+    echo(
         f"wrote {perfetto}: {len(obj['traceEvents'])} events, {len(chosen)} rank(s), steps {window[0]}-{window[1]}; "
-        "open it at https://ui.perfetto.dev (it runs in your browser) or chrome://tracing"
+        "open it at https://ui.perfetto.dev (it runs in your browser) or chrome://tracing\n"
     )
     raise typer.Exit(EXIT_OK)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
+from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect.result import LEVELS
 from detfp_analyze.guards.golden import GoldenUpdate, update_golden
 from detfp_analyze.render import jsontext
@@ -73,5 +73,5 @@ def update(
     if as_json:
         typer.echo(jsontext.dumps(u.to_json_dict()))
     else:
-        typer.echo(render_update(u), nl=False)
+        echo(render_update(u))  # names from the traces: escaped
     raise typer.Exit(EXIT_OK)

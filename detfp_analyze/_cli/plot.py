@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_OK, fail, handle_errors
+from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors, write_output
 from detfp_analyze._cli.compare import Force, Level, MissingRanks, Ranks, RunA, RunB, Steps, compare
 from detfp_analyze._deps import require
 from detfp_analyze.render.draw import figure_bytes
@@ -24,11 +24,10 @@ __all__ = ["command", "write_pictures"]
 
 def write_pictures(pics, out: Path, fmt: str) -> list[str]:
     """Write each picture as ``out/<name>.<fmt>``; return the lines to print."""
-    out.mkdir(parents=True, exist_ok=True)
     lines = []
     for p in pics.figures:
         path = out / f"{p.name}.{fmt}"
-        path.write_bytes(figure_bytes(p.figure, fmt))
+        write_output(path, figure_bytes(p.figure, fmt), "--out", parents=True)
         lines.append(f"wrote {path}: {p.caption}")
     lines.extend(f"skipped {name}: {why}" for name, why in pics.skipped)
     return lines
@@ -58,5 +57,5 @@ def command(
     a, b, result = compare(run_a, run_b, ranks, steps, level, force, allow_missing_ranks)
     pics = bisect_pictures(result, a, b, max_rows=max_rows)
     for line in write_pictures(pics, out, fmt):
-        typer.echo(line)
+        echo(line + "\n")  # captions name ops and modules of the trace: escaped
     raise typer.Exit(EXIT_OK)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -21,7 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from detfp_analyze._cli import engine as _engine
-from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, fail, handle_errors
+from detfp_analyze._cli.common import ALLOW_INCOMPLETE_HELP, echo, fail, handle_errors, write_output
+from detfp_format import strictjson
 
 if TYPE_CHECKING:  # pyarrow is imported by the command itself: other commands start without it
     import pyarrow as pa
@@ -39,11 +38,12 @@ class Format(str, Enum):
 
 
 def _cell(v: Any) -> Any:
-    """A JSON-able value: bytes as hex, non-finite floats as strings, nested values recursively."""
+    """A JSON-able value: bytes as hex, non-finite floats as their ``strictjson.NONFINITE`` strings,
+    nested values recursively."""
     if isinstance(v, bytes):
         return v.hex()
     if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
+        return strictjson.finite(v)
     if isinstance(v, list):
         return [_cell(x) for x in v]
     if isinstance(v, dict):
@@ -57,7 +57,7 @@ def _text(v: Any) -> str:
     if isinstance(v, float):
         return repr(v)  # shortest exact round-trip form: never hides a 1-ULP difference
     if isinstance(v, (list, dict)):
-        return json.dumps(_cell(v))
+        return strictjson.dumps(_cell(v))
     if isinstance(v, bytes):
         return v.hex()
     return str(v)
@@ -92,7 +92,7 @@ def _csv(t: pa.Table) -> str:
 
 
 def _json(t: pa.Table) -> str:
-    return json.dumps([_cell(r) for r in t.to_pylist()], indent=1) + "\n"
+    return strictjson.dumps([_cell(r) for r in t.to_pylist()], indent=1) + "\n"
 
 
 @handle_errors
@@ -156,10 +156,11 @@ def command(
             fail("--format parquet writes binary data; pass --output FILE.parquet")
         import pyarrow.parquet as pq
 
-        pq.write_table(result, output)
+        write_output(output, lambda path: pq.write_table(result, path), "--output")
         return
     text = {Format.table: format_table, Format.csv: _csv, Format.json: _json}[fmt](result)
     if output is None:
-        sys.stdout.write(text)
+        # On a terminal (names from the trace escaped; JSON escapes them itself); a file (-o) holds the data as it is.
+        echo(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        write_output(output, text, "--output")

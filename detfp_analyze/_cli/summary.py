@@ -6,7 +6,6 @@ Exit 0 on a readable run, 2 with one line on stderr for a bad run directory.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from detfp_analyze._cli.common import echo, handle_errors
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.io.uri import is_remote
 from detfp_analyze.single.summary import format_summary, summarize, summary_dict
+from detfp_format import strictjson
 
 
 @handle_errors
@@ -33,6 +33,6 @@ def command(
         open_run(Path(run) if local else run, allow_missing_ranks=allow_missing_ranks, allow_incomplete=True)
     )
     if as_json:
-        typer.echo(json.dumps(summary_dict(summary), indent=2, sort_keys=False))
+        typer.echo(strictjson.dumps(summary_dict(summary), indent=2, sort_keys=False))
     else:
         echo(format_summary(summary))

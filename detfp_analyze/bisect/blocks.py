@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from detfp_analyze.io.binding import Fold
 from detfp_analyze.io.reader import Run
 from detfp_format import contract
 
@@ -49,12 +50,22 @@ class Slice:
     #: pick there. The walk reads the head first and the rest only where the head does not settle
     #: the pick (``walk``). None when the head is the whole slice.
     head: tuple[int, int] | None = None
+    #: The fold of the blocks the slice covers on A's and B's side, and of those its head covers:
+    #: what its records must fold to when read (``io.binding``: rows not what was committed are
+    #: refused). None: not known.
+    folds: tuple[Fold, Fold] | None = None
+    head_folds: tuple[Fold, Fold] | None = None
 
     def span(self, side: int, head: bool = False) -> tuple[int, int]:
         """The seq span a read of this slice covers on ``side`` (0: A, 1: B); with ``head``, only
         its head (the whole slice when it has none)."""
         lo, hi = (self.seq_a, self.seq_b)[side]
         return (lo, self.head[side]) if head and self.head is not None else (lo, hi)
+
+    def fold(self, side: int, head: bool = False) -> Fold | None:
+        """The fold a read of ``span(side, head)`` must give (None: not known)."""
+        folds = self.head_folds if head and self.head is not None else self.folds
+        return None if folds is None else folds[side]
 
 
 def available(run_a: Run, run_b: Run, ranks: Sequence[int]) -> bool:
@@ -113,6 +124,17 @@ def slices(
     differs = (pl.col("n") != pl.col("n_b")) | (pl.col("ox") != pl.col("ox_b"))
     first, last = i.filter(differs).first(), i.filter(differs).last()
     start = (first - 1).clip(lower_bound=0).fill_null(0)
+    in_slice, in_head = i.is_between(start, last.fill_null(0)), i.is_between(start, first.fill_null(0))
+
+    def folded(part: pl.Expr, side: str, name: str) -> list[pl.Expr]:
+        """The fold (n, n_err, kx, vx) of the blocks ``part`` selects on one side."""
+        return [
+            pl.col(f"n{side}").filter(part).sum().alias(f"{name}_n"),
+            pl.col(f"n_err{side}").filter(part).sum().alias(f"{name}_e"),
+            pl.col(f"kx{side}").filter(part).bitwise_xor().alias(f"{name}_kx"),
+            pl.col(f"vx{side}").filter(part).bitwise_xor().alias(f"{name}_vx"),
+        ]
+
     g = j.group_by("rank", "step", maintain_order=True).agg(
         (pl.col("n").null_count() + pl.col("n_b").null_count()).alias("nulls"),
         (pl.col("n").sum() == pl.col("n_b").sum()).alias("same_n"),
@@ -129,7 +151,15 @@ def slices(
         pl.col("seq_hi_b").get(first.fill_null(0)).alias("head_b"),
         pl.col("kinds").bitwise_or().fill_null(0).alias("kinds"),
         pl.col("kinds_b").bitwise_or().fill_null(0).alias("kinds_b"),
+        *folded(in_slice, "", "fa"),
+        *folded(in_slice, "_b", "fb"),
+        *folded(in_head, "", "ha"),
+        *folded(in_head, "_b", "hb"),
     )
+
+    def fold_of(row: dict, name: str) -> Fold:
+        return Fold(*(int(row[f"{name}_{c}"] or 0) for c in ("n", "e", "kx", "vx")))
+
     out: dict[tuple[int, int], Slice] = {}
     for row in g.iter_rows(named=True):
         if row["nulls"]:
@@ -145,5 +175,7 @@ def slices(
             row["start"] > 0,
             _kinds(int(row["kinds"]) | int(row["kinds_b"])),
             head if head != (int(row["hi_a"]), int(row["hi_b"])) else None,
+            (fold_of(row, "fa"), fold_of(row, "fb")),
+            (fold_of(row, "ha"), fold_of(row, "hb")),
         )
     return out

@@ -29,6 +29,7 @@ from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import HOLD_ROWS, ROLLUP_BATCH, chunks, collect_pair, densest, scan
 from detfp_analyze.bisect.records import CallKey
 from detfp_analyze.bisect.walk import Progress
+from detfp_analyze.io import binding as _binding
 from detfp_analyze.io.reader import Run
 
 __all__ = ["Asks", "Engine", "LocalStages", "Stages", "local"]
@@ -128,6 +129,10 @@ class LocalStages:
                 _narrow.step_rollup(scan(self.a, "records", batch, lo, hi)),
                 _narrow.step_rollup(scan(self.b, "records", batch, lo, hi)),
             )
+            # The step rollups are the commit lines' step folds (io.binding): what was read
+            # must be what was committed.
+            _binding.check_steps(self.a, "records", ra, _binding.Span(batch, lo, hi))
+            _binding.check_steps(self.b, "records", rb, _binding.Span(batch, lo, hi))
             _narrow.add_candidates(ra, rb, out, errors)
             if progress:
                 progress(stage, i + 1, len(batches))

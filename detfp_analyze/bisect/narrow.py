@@ -17,13 +17,17 @@ Pipeline (pure functions over polars LazyFrames, so they can be tested on in-mem
    candidate: the exact walk (``align.py``) decides, e.g. a record skipped on one side
    and digested on the other flags the step but is no evidence.
 
-The XOR of row hashes is safe because key_hash is unique within (rank, step); the hash
-seed is fixed, and both runs are hashed in the same process.
+The XOR of row hashes is safe because key_hash is unique within (rank, step); the hashes are
+the contract's rollup hashes (``contract.rollup_hashes``), fixed across processes, so a step's
+rollup equals the step fold its commit lines state and every read is checked against it
+(``io.binding``).
 """
 
 from __future__ import annotations
 
 import polars as pl
+
+from detfp_analyze.io import binding as _binding
 
 __all__ = [
     "METRIC_KEY", "ROLLUP_COLUMNS", "add_candidates", "divergent_steps", "metric_divergence", "step_rollup",
@@ -33,8 +37,6 @@ __all__ = [
 METRIC_KEY = ("rank", "step", "microbatch", "name", "occurrence")
 #: The only records columns a rollup reads.
 ROLLUP_COLUMNS = ("rank", "step", "key_hash", "status", "digest_hi", "digest_lo", "args_digest")
-
-_SEED = 0x5EED
 
 
 def metric_divergence(metrics_a: pl.LazyFrame, metrics_b: pl.LazyFrame) -> pl.DataFrame:
@@ -71,19 +73,10 @@ def step_rollup(records: pl.LazyFrame) -> pl.LazyFrame:
 
     Columns: rank, step, n (records), kx (XOR of key hashes: structure), vx (XOR of
     hashes of key, status, digest and args digest: values), n_err (records with status error).
+    The hashes are the rollups table's (``contract.rollup_hashes``, ``io.binding.fold``), so a
+    step's rollup is the step fold its commit lines state: a read is checked against it.
     """
-    key = pl.col("key_hash").hash(_SEED)
-    value = pl.struct("key_hash", "status", "digest_hi", "digest_lo", "args_digest").hash(_SEED)
-    return (
-        records.select(ROLLUP_COLUMNS)
-        .group_by("rank", "step")
-        .agg(
-            pl.len().alias("n"),
-            key.bitwise_xor().alias("kx"),
-            value.bitwise_xor().alias("vx"),
-            (pl.col("status") == "error").sum().alias("n_err"),
-        )
-    )
+    return _binding.fold(records.select(ROLLUP_COLUMNS))
 
 
 def divergent_steps(rollup_a: pl.DataFrame, rollup_b: pl.DataFrame) -> pl.DataFrame:

@@ -23,7 +23,7 @@ import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.result import ResumeInfo
-from detfp_analyze.io.reader import Run
+from detfp_analyze.io.reader import Run, ShardInfo
 from detfp_analyze.rule.to_polars import names_for, to_polars
 
 __all__ = ["BOUNDARY_KINDS", "boundary_counts", "boundary_steps", "plan_window", "step_range"]
@@ -39,15 +39,62 @@ _step_min, _step_max = attrgetter("step_min"), attrgetter("step_max")
 def step_range(
     run: Run, ranks: Iterable[int], tables: Sequence[str] = ("records", "metrics")
 ) -> tuple[int, int] | None:
-    """Inclusive (first, last) step captured by ``ranks`` of ``run`` over ``tables``; None when empty."""
+    """Inclusive (first, last) step captured by ``ranks`` of ``run`` over ``tables``; None when
+    empty. Steps the run leaves out (``Run.excluded``: not held completely, with
+    ``allow_incomplete``) are not in it: the range is what a comparison reads, per rank."""
     wanted = set(ranks)
+    excluded = getattr(run, "excluded", {})
+    cut = {r for r in wanted if r in excluded}
+    if not cut:
+        return _raw_range(run, wanted, tables)
+    # The ranks with steps left out one by one (their shards' range less those steps at either
+    # end: one pass over the shards, by rank), the others together.
+    per: dict[int, list[ShardInfo]] = {r: [] for r in cut}
+    for table in tables:
+        for s in getattr(run, "shards", {}).get(table, ()):
+            if s.rank in per:
+                per[s.rank].append(s)
+    spans = [_trimmed(_raw_range(run, [r], tables, per[r]), excluded[r]) for r in sorted(cut)]
+    spans.append(_raw_range(run, wanted - cut, tables) if wanted - cut else None)
+    held = [s for s in spans if s is not None]
+    return (min(a for a, _ in held), max(b for _, b in held)) if held else None
+
+
+def _trimmed(span: tuple[int, int] | None, ranges: Sequence[tuple[int, int | None]]) -> tuple[int, int] | None:
+    """``span`` less the excluded ``ranges`` (inclusive; None: open-ended) at both ends; None when
+    nothing is left. A range inside the span leaves the ends as they are (its steps are read as
+    absent, and named in the notes)."""
+    if span is None:
+        return None
+    lo, hi = span
+    moved = True
+    while moved and lo <= hi:
+        moved = False
+        for a, b in ranges:
+            end = hi if b is None else b
+            if a <= lo <= end:
+                lo, moved = end + 1, True
+            if a <= hi <= end:
+                hi, moved = a - 1, True
+    return (lo, hi) if lo <= hi else None
+
+
+def _raw_range(
+    run: Run, wanted: Iterable[int], tables: Sequence[str], mine: Sequence[ShardInfo] | None = None
+) -> tuple[int, int] | None:
+    """The step range of ``wanted``'s shards (footers; a scan where they lack statistics);
+    ``mine``: those shards of ``tables`` already picked out."""
+    wanted = set(wanted)
     lo: int | None = None
     hi: int | None = None
     every = wanted.issuperset(getattr(run, "ranks", ()))
     for table in tables:
-        shards = getattr(run, "shards", {}).get(table, ())
-        if not every:
-            shards = [s for s in shards if s.rank in wanted]
+        if mine is not None:
+            shards = [s for s in mine if s.table == table]
+        else:
+            shards = getattr(run, "shards", {}).get(table, ())
+            if not every:
+                shards = [s for s in shards if s.rank in wanted]
         # Whole columns of the shards' step ranges (hundreds of thousands of shards at seed scale).
         firsts, lasts = list(map(_step_min, shards)), list(map(_step_max, shards))
         if None in firsts or None in lasts:

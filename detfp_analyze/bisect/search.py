@@ -35,6 +35,7 @@ from detfp_analyze.bisect.records import Found
 from detfp_analyze.bisect.result import ResumeInfo
 from detfp_analyze.bisect.scope import Scope
 from detfp_analyze.bisect.walk import Progress, walk
+from detfp_analyze.io import binding as _binding
 from detfp_analyze.io import stepsums as _stepsums
 from detfp_analyze.io.reader import Run
 
@@ -96,6 +97,23 @@ def rollup_candidates(
     return out
 
 
+def _bind_metrics(runs: tuple[Run, Run], splits: Sequence[tuple[int, int]]) -> None:
+    """The metrics rows of each rank's first differing step ((rank, step) pairs: the values the
+    report names) against the metrics folds of those steps (``io.binding.check_metrics``; a read of
+    a few rows per rank, from the shards the metric reads just opened)."""
+    if not splits:
+        return
+    by_step: dict[int, list[int]] = {}
+    for r, s in splits:
+        by_step.setdefault(s, []).append(r)
+    for run in runs:
+        if not any(_stepsums.usable(run, r) for r, _ in splits):
+            continue
+        cols = _binding.METRIC_COLUMNS
+        parts = [run.scan("metrics", ranks=rs, steps=[s], columns=cols) for s, rs in sorted(by_step.items())]
+        _binding.check_metrics(run, pl.concat(parts).collect(), list(splits))
+
+
 def _stored_blocks(
     st: Stages,
     rollups: bool,
@@ -109,7 +127,14 @@ def _stored_blocks(
     if not rollups:
         return None
     read = (ranks, lo, hi) if sums is None else _stepsums.record_reads(*sums, ranks=ranks, lo=lo, hi=hi)
-    return st.block_rollups(*read) if read else None
+    if not read:
+        return None
+    blocks = st.block_rollups(*read)
+    # The blocks' step rollups are the commit lines' step folds: what was read must be what was
+    # committed (io.binding; a slice's records are then checked against these blocks).
+    for run, side in zip((st.a, st.b), blocks, strict=True):
+        _binding.check_steps(run, "rollups", _blocks.step_rollup(side), _binding.Span(*read))
+    return blocks
 
 
 def _candidates(
@@ -162,6 +187,13 @@ def search(
     m_read = (compared, lo, hi) if sums is None else _stepsums.metric_reads(*sums)
     m = st.metric_divergence(*m_read).to_dicts() if m_read else []
     metrics = {int(r["rank"]): MetricSplit(int(r["step"]), r["name"], r["value_a"], r["value_b"]) for r in m}
+    # The rows behind the answer are what was committed: the splits the reads found, and where
+    # both runs hold folds (used for the reads or not), the steps the folds say differ first.
+    firsts = {(r, s.step) for r, s in metrics.items()}
+    folds = sums if sums is not None else _stepsums.pair(run_a, run_b, compared, lo, hi)
+    if folds is not None:
+        firsts.update(_stepsums.metric_firsts(*folds).items())
+    _bind_metrics((run_a, run_b), sorted(firsts))
     # The first differing record cannot come after the step where every metric split, unless
     # the capture missed it: search up to that bound first, the rest only where needed.
     bound = min(max(max((s.step for s in metrics.values()), default=hi), lo), hi)

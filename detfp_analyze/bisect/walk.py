@@ -32,6 +32,7 @@ from detfp_analyze.bisect import enrich as _enrich
 from detfp_analyze.bisect.blocks import Slice
 from detfp_analyze.bisect.reads import chunks, collect_pair, walk_batch
 from detfp_analyze.bisect.records import Aligned, CallKey, Extract, Found, RecordKey
+from detfp_analyze.io import binding as _binding
 from detfp_analyze.io import integrity as _integrity
 from detfp_analyze.io.reader import Run
 from detfp_analyze.rule.to_polars import to_polars
@@ -127,9 +128,26 @@ def _read_pairs(
             for i, run in enumerate((run_a, run_b))
         )
     )
+    _bind(run_a, a, pairs, cut, 0, head)
+    _bind(run_b, b, pairs, cut, 1, head)
     _integrity.check_stream(a, run_a.label)
     _integrity.check_stream(b, run_b.label)
     return _align.prepare(a, one_step_per_rank=True), _align.prepare(b, one_step_per_rank=True)
+
+
+def _bind(
+    run: Run, read: pl.DataFrame, pairs: Mapping[int, int], cut: Mapping[int, Slice], side: int, head: bool
+) -> None:
+    """Refuse records read that are not what their windows committed (``io.binding``): a whole
+    step against the step fold its commit lines state, a slice (or its head) against the fold of
+    the stored rollups' blocks it covers. No extra I/O: the columns hashed are read anyway."""
+    folds = _binding.fold(read)
+    whole = [(r, s) for r, s in pairs.items() if r not in cut]
+    if whole:
+        _binding.check_steps(run, "records", folds.filter(~pl.col("rank").is_in(list(cut))), whole)
+    expected = {(r, pairs[r]): f for r, c in cut.items() if (f := c.fold(side, head)) is not None}
+    if expected:
+        _binding.check_spans(run, folds.filter(pl.col("rank").is_in(list(cut))), expected)
 
 
 @dataclass(frozen=True)

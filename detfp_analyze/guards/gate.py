@@ -21,7 +21,6 @@ a second, unexpected change from step 3 on; keep expectations narrow and golden 
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from detfp_analyze.bisect.result import STATUSES, VERDICTS, BisectResult, Diverg
 from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.errors import ExpectationError
 from detfp_analyze.ranks import format_ranks
+from detfp_format import strictjson
 from detfp_format.contract import KINDS, PHASES
 
 __all__ = ["Expectation", "ExpectationMatch", "GateResult", "evaluate", "load_expectations", "render_gate"]
@@ -155,8 +155,8 @@ def _in(selector: str | None, n: int | None) -> bool:
 def _parse(path: Path, text: str) -> Any:
     if path.suffix.lower() == ".json":
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
+            return strictjson.loads(text)
+        except ValueError as exc:  # a JSONDecodeError, or a bare NaN (strict RFC 8259)
             raise ExpectationError(f"{path}: not valid JSON ({exc}); fix the syntax") from None
     if sys.version_info >= (3, 11):
         import tomllib

@@ -38,20 +38,9 @@ if TYPE_CHECKING:  # the reader imports this module
     from detfp_analyze.io.reader import Run
 
 __all__ = [
-    "GAP_KINDS",
-    "Completeness",
-    "Gap",
-    "SegmentState",
-    "StepRanges",
-    "check",
-    "committed_shards",
-    "cutoffs",
-    "format_steps",
-    "held_ranks",
-    "read_logs",
-    "refusal",
-    "restrict_pair",
-]
+    "GAP_KINDS", "Completeness", "Gap", "SegmentState", "StepRanges", "check", "committed_shards", "cutoffs",
+    "format_steps", "held_ranks", "read_logs", "refusal", "restrict_pair",
+]  # fmt: skip
 
 #: Kinds of gap, each a way a run can hold less than it claims (docs/reliability.md).
 GAP_KINDS = (
@@ -194,14 +183,17 @@ def _read_log(st: Store, path: Location, shown: str, manifest: Mapping[str, Any]
             f"{commitlog.COMMIT_LOG_VERSION}); analyze it with the detfp release that wrote it"
         )
     try:
-        data = st.read_limited(path, commitlog.COMMIT_LOG_MAX_BYTES, regular=False)
+        data = st.read_limited(path, commitlog.COMMIT_LOG_MAX_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise ManifestError(
             f"{shown}: commit log {name_of(path)} unreadable ({type(exc).__name__}); check permissions"
         ) from None
-    assert data is not None  # regular=False: bytes or an OSError
+    if data is None:  # a pipe, a device, a directory: never opened (a pipe would block the read)
+        raise ManifestError(
+            f"{shown}: commit log {name_of(path)} is not a regular file; delete it or re-run the capture"
+        )
     if len(data) > commitlog.COMMIT_LOG_MAX_BYTES:
         raise ManifestError(
             f"{shown}: commit log {name_of(path)} is larger than {commitlog.COMMIT_LOG_MAX_BYTES >> 20} MiB; "
@@ -288,8 +280,9 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
     r, s = seg.rank, seg.segment
     name = commitlog.commit_log_relpath(r, s).rsplit("/", 1)[1]
     if log.bad_lines and not (log.torn_tail and log.bad_lines == 1 and log.close is None):
+        why = f" (window {log.contradictions[0]}'s rows differ from its step folds)" if log.contradictions else ""
         seg.gaps.append(Gap("damaged_commit_log", r, s, None, None, None, None,
-                            f"{log.bad_lines} line(s) of {name} cannot be read; windows they committed are not trusted"))  # fmt: skip
+                            f"{log.bad_lines} line(s) of {name} cannot be read{why}; windows they committed are not trusted"))  # fmt: skip
     committed = log.windows
     for w, (rows, span) in sorted(committed.items()):
         on_disk = {f.table: f for f in seg.files.get(w, ())}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from detfp_analyze.errors import DetfpError
-from detfp_analyze.io.store import Location, Store
+from detfp_analyze.io.store import Location, Store, open_regular
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -89,7 +89,10 @@ def footer_bytes(st: Store | None, loc: Location) -> bytes | str:
     read is the file system failing (network, credentials): NotARunError naming the run, not a
     verdict on the shard. OSError of a local file: the caller's."""
     if st is None or st.local:
-        with open(loc, "rb") as f:
+        opened = open_regular(loc)
+        if opened is None:  # swapped for a pipe or a device since it was listed: never waited on
+            return "not a regular file"
+        with opened as f:
             size = f.seek(0, os.SEEK_END)
 
             def read_local(offset: int, n: int) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any
 from detfp_analyze.errors import DuplicateRankError, ManifestError, NotARunError, SchemaVersionError
 from detfp_analyze.io.footers import partitions, shown_name, visible
 from detfp_analyze.io.store import Location, Store, name_of
-from detfp_format import contract
+from detfp_format import contract, strictjson
 
 __all__ = ["FIX_RUN", "MAX_MANIFEST_BYTES", "read_manifests"]
 
@@ -102,7 +102,7 @@ def _load_manifest(st: Store, path: Location, shown: str) -> dict:
     except UnicodeDecodeError:
         raise ManifestError(f"{shown}: not UTF-8 text; restore the file or re-run the capture") from None
     try:
-        manifest = json.loads(text)
+        manifest = strictjson.loads(text, unique=True)  # RFC 8259: no bare NaN; no name twice
     except json.JSONDecodeError as exc:
         raise ManifestError(
             f"{shown}: not valid JSON ({exc.msg} at line {exc.lineno}); restore the file or re-run the capture"

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +40,8 @@ from typing import Any, cast
 
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.footers import CommittedShard, partitions, visible
-from detfp_analyze.io.store import Location, Store
-from detfp_format import commitlog, contract
+from detfp_analyze.io.store import Location, Store, open_regular
+from detfp_format import commitlog, contract, strictjson
 
 __all__ = [
     "INDEX_DIR",
@@ -58,8 +57,9 @@ __all__ = [
 ]
 
 #: Version of the index layout; an index of another version is rebuilt, never read. (2: the
-#: seal; 3: the shard facts in ``shards.arrow``, SHA-256 file digests.)
-INDEX_VERSION = 3
+#: seal; 3: the shard facts in ``shards.arrow``, SHA-256 file digests; 4: a window line whose
+#: step folds do not count its rows is unreadable, ``commitlog.LogState.contradictions``.)
+INDEX_VERSION = 4
 #: The index's directory inside a run (underscore: every reader of the run skips it).
 INDEX_DIR = "_detfp_index"
 _MAIN, _FOLDS, _SHARDS, _SEAL = "index.json", "folds.arrow", "shards.arrow", "index.seal"
@@ -128,11 +128,10 @@ def _digests(paths: list[Path], pool: ThreadPoolExecutor | None = None) -> list[
 
     def one(p: Path) -> tuple[int, str] | None:
         try:
-            with open(p, "rb") as f:
-                data = f.read()
+            data = _read(p)
         except OSError:
             return None
-        return len(data), _digest(data)
+        return None if data is None else (len(data), _digest(data))
 
     # In chunks of 64 files per task: ThreadPoolExecutor.map ignores its chunksize, and a task
     # (a future, a lock, a wake-up) per file cost as much as hashing a small one.
@@ -141,6 +140,15 @@ def _digests(paths: list[Path], pool: ThreadPoolExecutor | None = None) -> list[
         with ThreadPoolExecutor(max_workers=_HASHERS) as own:
             return _digests(paths, own)
     return [got for part in pool.map(lambda ps: [one(p) for p in ps], parts) for got in part]
+
+
+def _read(p: Path) -> bytes | None:
+    """A regular file's bytes (``store.open_regular``: a pipe or a device is None, never waited on)."""
+    f = open_regular(p)
+    if f is None:
+        return None
+    with f:
+        return f.read()
 
 
 #: Threads reading and hashing files (``_digests``, the seal).
@@ -175,7 +183,7 @@ def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], t
             m = found[r][s]
             keys = []
             for k, v in m.items():
-                text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+                text = strictjson.dumps(v, ensure_ascii=False, separators=(",", ":"))
                 keys.append([k, values.setdefault(text, len(values))])
             doc_manifests.append([r, s, keys])
     # No Exception is left among the logs: a failed read returned above.
@@ -212,20 +220,20 @@ def _shard_schema() -> dict[str, Any]:
 
 def _strip(log: commitlog.LogState) -> commitlog.LogState:
     return commitlog.LogState(log.opened, log.version, log.windows, log.failure, log.close, log.bad_lines,
-                              log.torn_tail, {}, {})  # fmt: skip
+                              log.torn_tail, {}, {}, log.contradictions)  # fmt: skip
 
 
 def _log_doc(log: commitlog.LogState) -> list:
     return [
         log.opened, log.version,
         [[w, rows, span] for w, (rows, span) in sorted(log.windows.items())],
-        log.failure, log.close, log.bad_lines, log.torn_tail,
+        log.failure, log.close, log.bad_lines, log.torn_tail, log.contradictions,
     ]  # fmt: skip
 
 
 def _log_state(d: list) -> commitlog.LogState:
     """The LogState of a ``_log_doc``: without its folds and shard facts (``Indexed``)."""
-    opened, version, windows, failure, close, bad, torn = d
+    opened, version, windows, failure, close, bad, torn, contradictions = d
     wins = {w: (rows, None if span is None else (span[0], span[1])) for w, rows, span in windows}
     return commitlog.LogState(
         opened=opened,
@@ -237,6 +245,7 @@ def _log_state(d: list) -> commitlog.LogState:
         torn_tail=torn,
         shards={},
         sums={},
+        contradictions=[int(w) for w in contradictions],
     )
 
 
@@ -269,7 +278,7 @@ def write(root: Path, doc: Mapping[str, Any], tables: tuple[Any, Any]) -> Path:
         try:
             d.mkdir(parents=True, exist_ok=True)
             folds, shards = (_ipc(t) for t in tables)
-            main = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            main = strictjson.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
             # The seal is renamed last: a reader between the renames sees a seal that does not
             # match, and parses the run's files as without an index.
             seal = _seal(main, folds, shards).encode()
@@ -306,7 +315,9 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
 
     from detfp_analyze.io import stepsums
 
-    main, folds_bytes, shards_bytes, seal = ((d / n).read_bytes() for n in (_MAIN, _FOLDS, _SHARDS, _SEAL))
+    main, folds_bytes, shards_bytes, seal = (_read(d / n) for n in (_MAIN, _FOLDS, _SHARDS, _SEAL))
+    if main is None or folds_bytes is None or shards_bytes is None or seal is None:
+        return None  # a pipe or a device where an index file should be: never read, not trusted
     # The seal and the run's manifests and commit logs are hashed together (hashing releases the
     # GIL); nothing the index holds is used unless both agree.
     with ThreadPoolExecutor(max_workers=_HASHERS) as pool:
@@ -316,7 +327,7 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
         hashed = _digests([on_disk[r] for r in rels], pool)
         if seal.decode("ascii") != sealed.result():
             return None  # damaged, partly rewritten, or of another version
-    doc = json.loads(main)
+    doc = strictjson.loads(main)
     if not isinstance(doc, dict) or doc.get("version") != INDEX_VERSION:
         return None
     indexed = {rel: (size, digest) for rel, size, digest in doc["files"]}
@@ -328,7 +339,7 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
     values = doc["values"]
     if not all(isinstance(v, str) for v in values):
         return None
-    parsed = json.loads("[" + ",".join(values) + "]")
+    parsed = strictjson.loads("[" + ",".join(values) + "]")
     if len(parsed) != len(values):
         return None
     found: dict[int, dict[int, dict]] = {}

@@ -26,11 +26,12 @@ from typing import Any
 
 import polars as pl
 
-from detfp_format import commitlog
+from detfp_format import commitlog, contract
 
 __all__ = [
-    "FOLD_SCHEMA", "Folds", "Sums", "as_dict", "differing", "from_logs", "held", "metric_reads", "mismatches", "pair",
-    "record_reads", "rollup_rows", "shard_folds",
+    "FOLD_SCHEMA", "HASH_COLUMNS", "RECORD_FOLD_COLUMNS", "Folds", "Sums", "as_dict", "committed", "differing", "fold",
+    "from_logs", "hashes", "held", "metric_firsts", "metric_reads", "mismatches", "pair", "record_folds", "record_reads", "rollup_rows",
+    "shard_folds", "usable",
 ]  # fmt: skip
 
 #: One row per (rank, segment, step) of a launch's folds: commitlog.SUM_FIELDS folded over its windows.
@@ -107,6 +108,63 @@ _AGG = [pl.col("n").sum(), pl.col("n_err").sum(), pl.col("kx").bitwise_xor(), pl
         pl.col("m_n").sum(), pl.col("m_h").sum()]  # fmt: skip
 
 
+#: Columns of a ``fold`` frame: rank, step and the records' fold (``commitlog.SUM_FIELDS``' first four).
+RECORD_FOLD_COLUMNS = ("rank", "step", "n", "n_err", "kx", "vx")
+#: What ``hashes`` reads of each record.
+HASH_COLUMNS = ("key_hash", "status", "digest_hi", "digest_lo", "args_digest")
+
+
+def _u64(v: int) -> pl.Expr:
+    return pl.lit(v, dtype=pl.UInt64)
+
+
+def _mixed(frame: Any, name: str, x: pl.Expr) -> Any:
+    """``frame`` with column ``name`` = ``contract._mix(x)`` (the splitmix64 finalizer; polars'
+    unsigned multiplication wraps, and a floor division by 2^k is the shift). Each round is a
+    column of its own: the finalizer reads its operand three times, so one nested expression of
+    the five rounds of a value hash would hold thousands of copies of its inputs."""
+    c = pl.col(name)
+    frame = frame.with_columns(x.alias(name))
+    frame = frame.with_columns(((c ^ (c // _u64(1 << 30))) * _u64(0xBF58476D1CE4E5B9)).alias(name))
+    frame = frame.with_columns(((c ^ (c // _u64(1 << 27))) * _u64(0x94D049BB133111EB)).alias(name))
+    return frame.with_columns((c ^ (c // _u64(1 << 31))).alias(name))
+
+
+def hashes(records: pl.DataFrame | pl.LazyFrame) -> Any:
+    """``records`` (``HASH_COLUMNS``; ``status`` as text or as the ``Enum`` of ``contract.STATUSES``)
+    with two UInt64 columns more, ``_kh`` and ``_vh``: the key and value hashes of
+    ``contract.rollup_hashes`` (the frame's kind: lazy in, lazy out)."""
+    k_salt, _, _, null = contract.ROLLUP_SALTS
+    # A status outside the contract hashes as one more index: its fold cannot match the commit.
+    codes = list(range(len(contract.STATUSES)))
+    status = (
+        pl.col("status")
+        .cast(pl.String)
+        .replace_strict(list(contract.STATUSES), codes, default=len(codes), return_dtype=pl.UInt64)
+    )
+    args = pl.col("args_digest").str.to_integer(base=16, dtype=pl.UInt64, strict=False).fill_null(_u64(null))
+    k, v = pl.col("_kh"), pl.col("_vh")
+    out = _mixed(records, "_kh", pl.col("key_hash").cast(pl.UInt64) ^ _u64(k_salt))
+    out = _mixed(out, "_vh", k ^ status)
+    out = _mixed(out, "_vh", v ^ pl.col("digest_hi").cast(pl.UInt64).fill_null(_u64(null)))
+    out = _mixed(out, "_vh", v ^ pl.col("digest_lo").cast(pl.UInt64).fill_null(_u64(null)))
+    return _mixed(out, "_vh", v ^ args)
+
+
+def fold(records: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = ("rank", "step")) -> Any:
+    """Per ``by`` group, the fold of ``records`` (``RECORD_FOLD_COLUMNS``; the frame's kind: lazy
+    in, lazy out), unsorted; needs ``by`` and ``HASH_COLUMNS``."""
+    lazy = isinstance(records, pl.LazyFrame)
+    lf = hashes((records if lazy else records.lazy()).select(*by, *HASH_COLUMNS))
+    out = lf.group_by(*by).agg(
+        pl.len().cast(pl.Int64).alias("n"),
+        (pl.col("status").cast(pl.String) == "error").sum().cast(pl.Int64).alias("n_err"),
+        pl.col("_kh").bitwise_xor().alias("kx"),
+        pl.col("_vh").bitwise_xor().alias("vx"),
+    )
+    return out if lazy else out.collect()
+
+
 def _folded(run: Any, ranks: Sequence[int] | None, lo: int | None = None, hi: int | None = None) -> Sums | None:
     """(rank, step) folds of ``ranks`` (None: all) over steps ``lo``..``hi`` (None: all), each
     launch's steps superseded by a later launch left out (as ``Run.scan`` leaves their rows out);
@@ -133,6 +191,20 @@ def _folded(run: Any, ranks: Sequence[int] | None, lo: int | None = None, hi: in
     if any(len(run.manifests.get(r, ())) > 1 for r in wanted):
         lf = lf.group_by("rank", "step").agg(_AGG)
     return _by_rank_step(lf.select("rank", "step", *_FIELDS).collect())
+
+
+def usable(run: Any, rank: int) -> bool:
+    """Whether every launch of ``rank`` in ``run`` committed step folds (what ``committed`` needs)."""
+    folds: Folds = run.step_sums
+    return rank in run.manifests and all((rank, m["segment"]) in folds.usable for m in run.manifests[rank])
+
+
+def committed(run: Any, ranks: Sequence[int], lo: int, hi: int) -> Sums:
+    """The committed folds of ``ranks`` (each ``usable``) over steps ``lo``..``hi``, superseded steps
+    left out: what the rows ``run.scan`` returns of those steps must fold to (``io.binding``)."""
+    got = _folded(run, ranks, lo, hi)
+    assert got is not None, "committed() of a rank without step folds"
+    return got
 
 
 def _by_rank_step(frame: pl.DataFrame) -> pl.DataFrame:
@@ -208,6 +280,12 @@ def record_reads(
     return _reads(pairs)
 
 
+def metric_firsts(a: Sums, b: Sums) -> dict[int, int]:
+    """rank -> its first step whose metrics folds differ (the ranks where one does)."""
+    firsts = _differ(a, b, _FIELDS[4:]).group_by("rank").agg(pl.col("step").min())
+    return {int(r): int(s) for r, s in firsts.iter_rows()}
+
+
 def metric_reads(a: Sums, b: Sums) -> tuple[list[int], int, int] | None:
     """(ranks, first step, last step) covering each rank's first step whose metrics differ: the
     only metrics read (a rank's first split is its first such step, the folds of the steps before
@@ -256,19 +334,31 @@ def shard_folds(run: Any, ranks: Sequence[int]) -> dict[tuple[int, int], tuple[i
     return {k: tuple(v) for k, v in out.items()}
 
 
+def record_folds(run: Any, ranks: Sequence[int]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The records' folds of ``ranks`` computed from the records shards (one streaming pass over
+    ``HASH_COLUMNS``): what the committed folds' first four fields must equal."""
+    lf = run.scan("records", ranks=ranks, columns=("rank", "step", *HASH_COLUMNS))
+    got = fold(lf).collect(engine="streaming")
+    return {(r, s): tuple(v) for r, s, *v in got.select(*RECORD_FOLD_COLUMNS).iter_rows()}
+
+
 def mismatches(run: Any) -> list[tuple[int, int, str]]:
     """(rank, step, table) wherever a rank's committed folds differ from its shards' (``held``
-    against ``shard_folds``), sorted: shards rewritten after their commit, or a faulty writer.
-    The bisect trusts the folds; ``certify`` checks them with this."""
+    against ``shard_folds`` and ``record_folds``), sorted: shards rewritten or replaced after their
+    commit, or a faulty writer. The bisect trusts the folds and checks what it reads against them
+    (``io.binding``); ``certify`` checks every shard with this."""
     ranks, committed_frame = held(run)
     if not ranks:
         return []
     committed = as_dict(committed_frame)
     shards = shard_folds(run, ranks)
+    records = record_folds(run, ranks)
     zero = (0,) * len(commitlog.SUM_FIELDS)
     out = []
-    for key in sorted(committed.keys() | shards.keys()):
+    for key in sorted(committed.keys() | shards.keys() | records.keys()):
         c, s = committed.get(key, zero), shards.get(key, zero)
+        if c[:4] != records.get(key, zero[:4]):
+            out.append((*key, "records"))
         if c[:4] != s[:4]:
             out.append((*key, "rollups"))
         if c[4:] != s[4:]:

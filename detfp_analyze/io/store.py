@@ -23,15 +23,16 @@ from __future__ import annotations
 import operator
 import os
 import posixpath
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from detfp_analyze.errors import NotARunError
 from detfp_analyze.io.uri import filesystem, is_remote, local_path, scheme
 
-__all__ = ["Entry", "Location", "Store", "name_of", "store"]
+__all__ = ["Entry", "Location", "Store", "name_of", "open_regular", "store"]
 
 #: A file or directory of a run: a ``Path`` on the local file system, a URI string elsewhere.
 Location = Path | str
@@ -156,14 +157,15 @@ class Store:
         return None if entry is None else entry.size
 
     # ------------------------------------------------------------------ reading
-    def read_limited(self, loc: Location, limit: int, regular: bool = True) -> bytes | None:
+    def read_limited(self, loc: Location, limit: int) -> bytes | None:
         """Up to ``limit`` + 1 bytes of a file (the caller refuses more than ``limit``); None when
-        ``regular`` and it is not a regular file. OSError (FileNotFoundError when absent) when it
-        cannot be read."""
+        it is not a regular file (``open_regular``: a pipe, a device, a directory; never opened
+        so that the read could block). OSError (FileNotFoundError when absent) when it cannot be read."""
         if isinstance(loc, Path):
-            with open(loc, "rb") as f:
-                if regular and not os.path.isfile(loc):
-                    return None
+            f = open_regular(loc)
+            if f is None:
+                return None
+            with f:
                 return f.read(limit + 1)
         kind = self.kind(loc)
         if kind == "missing":
@@ -237,6 +239,27 @@ def store(path: str | os.PathLike[str], label: str, fs: Any = None) -> Store:
     # and a trailing slash: the prefix of every file location of the run.
     root = text.split("?", 1)[0].rstrip("/")
     return Store(root, label, resolved, fs_root.rstrip("/"))
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO | None:
+    """``path`` opened for reading when it is a regular file (symbolic links followed, as
+    everywhere in a run), else None. Never blocks and never opens anything else: a named pipe
+    opened for reading waits for a writer forever, and opening a device can act on it, so the
+    path is ``stat``ed first and only a regular file is opened, non-blocking, then checked again
+    on the descriptor (a file swapped for a pipe in between is refused, not waited on).
+    OSError (FileNotFoundError when absent) when it cannot be read."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)  # the usual semantics for the reads (a regular file never blocks anyway)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def name_of(loc: Location) -> str:

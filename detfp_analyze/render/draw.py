@@ -23,11 +23,12 @@ from typing import Any, Literal, cast
 import polars as pl
 
 from detfp_analyze._deps import require
+from detfp_analyze.io.footers import shown_name
 from detfp_analyze.render.frames import STATE_COLORS, STATE_HELP, STATES, check_state
 
 __all__ = [
-    "binned_grid",
-    "discriminator_figure", "figure_bytes", "metric_figure", "rank_module_figure", "rank_step_figure"]
+    "binned_grid", "discriminator_figure", "escape_texts", "figure_bytes", "metric_figure", "rank_module_figure",
+    "rank_step_figure"]
 
 _CODE = {s: i for i, s in enumerate(STATES)}
 
@@ -42,6 +43,42 @@ def _new_figure(
     fig = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(fig)
     return fig
+
+
+def escape_texts(fig: Any) -> Any:
+    """``fig`` with every text in it (titles, labels, tick labels, legends, annotations) shown as
+    ``io.footers.shown_name`` shows a name: control characters from a trace (a module or probe
+    named with ``\\x1b``) drawn as visible escapes, never handed to the font machinery, which
+    has no glyph for them and says so on stderr with the raw character in its warning."""
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
+
+    for text in fig.findobj(Text):
+        raw = text.get_text()
+        shown = shown_name(raw) if raw else raw
+        if shown != raw:
+            text.set_text(shown)
+    # Tick labels given as names are redrawn from their formatter at every draw: escape its names
+    # (a list of them, or the function that names a tick).
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for fmt in (axis.get_major_formatter(), axis.get_minor_formatter()):
+                if isinstance(fmt, FixedFormatter):
+                    fmt.seq = [shown_name(s) if isinstance(s, str) else s for s in fmt.seq]
+                elif isinstance(fmt, FuncFormatter) and not getattr(fmt.func, "_escaped", False):
+                    fmt.func = _escaping(fmt.func)
+    return fig
+
+
+def _escaping(name: Any) -> Any:
+    """A tick-naming function whose names come out as ``shown_name`` shows them."""
+
+    def escaped(x: Any, pos: Any = None) -> Any:
+        text = name(x, pos)
+        return shown_name(text) if isinstance(text, str) and text else text
+
+    escaped._escaped = True  # type: ignore[attr-defined]
+    return escaped
 
 
 def _bins(n: int, most: int) -> tuple[int, int]:
@@ -196,7 +233,7 @@ def rank_step_figure(
                 )
     n = len(origin_ranks)
     ax.set_title(title or f"state per rank and step ({npos} ranks; {n} origin rank{'s' if n != 1 else ''} marked)")
-    return fig
+    return escape_texts(fig)
 
 
 def rank_module_figure(
@@ -252,7 +289,7 @@ def rank_module_figure(
     _rank_axis(ax, _layout_rows(frame), rper, nrows)
     at = "" if step is None else f" at step {step}"
     ax.set_title(title or f"where each rank's first difference appeared{at} ({len(cols)} columns, {npos} ranks)")
-    return fig
+    return escape_texts(fig)
 
 
 def metric_figure(
@@ -342,7 +379,7 @@ def metric_figure(
             seen.setdefault(lab, h)
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncols=3, fontsize=8, frameon=False)
     fig.suptitle(title or "metrics of A and B", fontsize=11, y=1 - 0.2 / height)
-    return fig
+    return escape_texts(fig)
 
 
 def discriminator_figure(
@@ -375,7 +412,7 @@ def discriminator_figure(
     where = f" on rank{'s' if len(ranks) > 1 else ''} {_short(ranks)}" if ranks else ""
     at = f", step(s) {', '.join(map(str, steps))}" if steps else ""
     ax.set_title(f"discriminator: {op}{where}{at}{more}", fontsize=10)
-    return fig
+    return escape_texts(fig)
 
 
 def _short(ranks: tuple[int, ...]) -> str:
@@ -390,6 +427,7 @@ def figure_bytes(fig: Any, fmt: str = "png") -> bytes:
 
     if fmt not in ("png", "svg"):
         raise ValueError(f"format {fmt!r}: use png or svg")
+    escape_texts(fig)  # a figure built elsewhere, or changed since it was made
     buf = io.BytesIO()
     if fmt == "png":
         fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})

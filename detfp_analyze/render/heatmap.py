@@ -26,7 +26,7 @@ from detfp_analyze import rule
 from detfp_analyze._deps import require
 from detfp_analyze.bisect.result import BisectResult
 from detfp_analyze.io.reader import Run, as_run
-from detfp_analyze.render.draw import binned_grid
+from detfp_analyze.render.draw import binned_grid, escape_texts
 from detfp_analyze.render.frames import MATCH_COLUMNS, STATE_COLORS, STATES, match_expr, rank_step_frame
 
 __all__ = ["STATES", "bisect_frame", "divergence_frame", "divergence_heatmap"]
@@ -171,7 +171,7 @@ def divergence_heatmap(
     ax.set_yticks(ticks, [_rank_label(lo + t * per_bin, per_bin) for t in ticks])
     ax.set_ylabel("rank" if per_bin == 1 else f"rank ({per_bin} per row, worst shown)")
     ax.set_title(title or f"divergence by rank and step: {value}")
-    return fig
+    return escape_texts(fig)
 
 
 def _nice_ticks(n: int, most: int = 16) -> list[int]:

@@ -14,7 +14,6 @@ picture so inline figures never share an id. The script (sorting, filtering) is 
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -29,6 +28,7 @@ from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.recipes import Recipe
 from detfp_analyze.render.report import capture_text, status_line
+from detfp_format import strictjson
 
 if TYPE_CHECKING:
     from detfp_analyze.io.reader import Run
@@ -311,7 +311,7 @@ def render_html(
     )
     if r.env_diff:
         env_rows = [[f"<code>{_e(d.key)}</code>", _e("all" if d.rank is None else d.rank),
-                     f"<code>{_e(json.dumps(d.a, sort_keys=True))}</code>", f"<code>{_e(json.dumps(d.b, sort_keys=True))}</code>",
+                     f"<code>{_e(strictjson.dumps(d.a, sort_keys=True))}</code>", f"<code>{_e(strictjson.dumps(d.b, sort_keys=True))}</code>",
                      _e("yes" if d.blocking else "")] for d in r.env_diff]  # fmt: skip
         env = _table(
             [("key", "text"), ("rank", "text"), ("A", "text"), ("B", "text"), ("blocking", "text")],
@@ -346,7 +346,7 @@ def render_html(
         sec.append(
             '<section id="notes"><h2>Notes</h2><ul>' + "".join(f"<li>{_e(n)}</li>" for n in r.notes) + "</ul></section>"
         )
-    payload = json.dumps(r.to_json_dict(), sort_keys=True, allow_nan=True).replace("</", "<\\/")
+    payload = strictjson.dumps(r.to_json_dict(), sort_keys=True).replace("</", "<\\/")
     nav = "".join(
         f'<a href="#{s}">{s}</a>'
         for s in ("diagnosis", "commands", "pictures", "ranks", "environment", "discriminator")

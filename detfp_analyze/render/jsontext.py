@@ -1,15 +1,18 @@
-"""The CLI's indented JSON text: the bytes ``json.dumps(doc, indent=2, sort_keys=True)`` writes, faster.
+"""The CLI's indented JSON text: the bytes ``json.dumps(finite(doc), indent=2, sort_keys=True)`` writes, faster.
 
-With ``indent`` set, the standard library encodes in Python, one generator step per value. A
-bisect report of N ranks names every rank's group (N members each): about N^2 integers, 17.8 MB
-of text at 1,024 ranks. Here a list of scalars is written by one ``str.join`` over C-level
-encoders (a long list of integers once per distinct content and depth: the ranks of one group
-share it), and everything else as the standard encoder does, so the text is byte-identical
+Strict RFC 8259 JSON (``detfp_format.strictjson``): a non-finite float value is written as the
+string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, never as a bare word. With
+``indent`` set, the standard library encodes in Python, one generator step per value. A bisect
+report of N ranks names every rank's group (N members each): about N^2 integers, 17.8 MB of text
+at 1,024 ranks. Here a list of scalars is written by one ``str.join`` over C-level encoders (a long
+list of integers once per distinct content and depth: the ranks of one group share it), and
+everything else as the standard encoder does, so the text is byte-identical
 (``tests/property/test_jsontext.py`` holds it to ``json.dumps`` on random documents).
 """
 
 from __future__ import annotations
 
+import math
 from json.encoder import encode_basestring_ascii as _text
 from typing import Any
 
@@ -32,7 +35,8 @@ def _float(o: float) -> str:
 
 
 def _scalar(o: Any) -> str | None:
-    """The text of a JSON scalar (the standard encoder's tests, in its order); None otherwise."""
+    """The text of a JSON scalar (the standard encoder's tests, in its order; a non-finite float as
+    its ``NONFINITE`` string); None otherwise."""
     if isinstance(o, str):
         return _text(o)
     if o is None:
@@ -43,16 +47,19 @@ def _scalar(o: Any) -> str | None:
         return "false"
     if isinstance(o, int):
         return int.__repr__(o)
-    if isinstance(o, float):
-        return _float(o)
+    if isinstance(o, float):  # a non-finite value as its strictjson.NONFINITE string
+        return _float(o) if math.isfinite(o) else '"' + _float(o) + '"'
     return None
 
 
 def _key(k: Any) -> str:
     """A dict key as the standard encoder turns it into text (no ``skipkeys``): a text as it is,
-    any other scalar as its value's text (the encoder's key and value tests agree on those)."""
+    any other scalar as its value's text (the encoder's key and value tests agree on those; a
+    key is a string anyway, so a non-finite float key is its bare word)."""
     if isinstance(k, str):
         return k
+    if isinstance(k, float):
+        return _float(k)
     text = _scalar(k)
     if text is None:
         raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
@@ -120,7 +127,8 @@ def _write(o: Any, depth: int, out: list[str], memo: _Memo) -> None:
 
 
 def dumps(doc: Any) -> str:
-    """``json.dumps(doc, indent=2, sort_keys=True)``, byte for byte (TypeError where it raises one)."""
+    """``json.dumps(finite(doc), indent=2, sort_keys=True)``, byte for byte (TypeError where it
+    raises one): strict JSON, indented."""
     out: list[str] = []
     _write(doc, 0, out, {})
     return "".join(out)

@@ -22,7 +22,6 @@ so the caller can refuse a trace too large to open.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from detfp_analyze.bisect.result import BisectResult, check_verdict
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.render.frames import match_expr
 from detfp_analyze.render.layout import rank_layout
+from detfp_format import strictjson
 
 __all__ = ["count_records", "dumps_trace", "trace"]
 
@@ -247,7 +247,8 @@ def trace(
 def dumps_trace(obj: dict[str, Any]) -> str:
     """The trace as JSON text, one event per line, keys sorted: the same bytes for the same trace."""
     head = {k: v for k, v in obj.items() if k != "traceEvents"}
-    lines = [json.dumps(e, sort_keys=True, ensure_ascii=False, separators=(",", ":")) for e in obj["traceEvents"]]
+    opts: dict[str, Any] = {"sort_keys": True, "ensure_ascii": False, "separators": (",", ":")}
+    lines = [strictjson.dumps(e, **opts) for e in obj["traceEvents"]]
     body = ",\n".join(lines)
-    rest = json.dumps(head, sort_keys=True, ensure_ascii=False, separators=(",", ":"))[1:-1]
+    rest = strictjson.dumps(head, **opts)[1:-1]
     return '{"traceEvents":[\n' + body + "\n]," + rest + "}\n"

@@ -27,8 +27,9 @@ missing rank). Checks, each a pure function over the run's lazy scans and manife
   names the data-parallel group whose reduction capture did not see (a 2-D mesh: the step's tp
   reductions were seen, its dp reduction was not; the problem's module names the group);
 * ``step_sums``: a launch's commit lines state step folds (``io.stepsums``) that differ from
-  the fold of its rollups or metrics shards (rewritten after their commit, or a faulty writer):
-  the bisect decides which steps differ from those folds, so it could miss a difference there;
+  the fold of its records, rollups or metrics shards (replaced or rewritten after their commit, or
+  a faulty writer): the bisect decides which steps differ from those folds, so it could miss a
+  difference there (and refuses records it reads that differ from them, ``io.binding``);
 * ``partial_step`` (a note, not a problem): a trailing step without an optimizer step;
 * ``determinism``: the manifest's determinism settings (deterministic algorithms off or
   warn-only, cuDNN benchmark on, and on CUDA: cuDNN deterministic off, CUBLAS_WORKSPACE_CONFIG
@@ -181,8 +182,8 @@ def _completeness(run: Run) -> list[Problem]:
 def _step_sums(run: Run) -> list[Problem]:
     return [
         Problem("step_sums", r, s, None, f"the commit lines' step fold of the {table} differs from the {table} "
-                "shards (rewritten after their window was committed?); bisect this run with --no-step-sums "
-                "or re-run the capture")
+                "shards (replaced or rewritten after their window was committed?): a bisect that reads them "
+                "refuses them; restore the shard or re-run the capture")
         for r, s, table in _stepsums.mismatches(run)
     ]  # fmt: skip
 

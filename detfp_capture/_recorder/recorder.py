@@ -97,6 +97,8 @@ class Recorder:
         #: The writer's failure was warned about (``check_writer``).
         self.warned_writer = False
         self.flushes = 0
+        #: Step ends since the window began (the step-end flush policy: ``StepBoundaries.end``).
+        self.window_steps = 0
         self.records_in_step = 0
         self.need_flush = False
         self._tensor_opts = cfg.rows.enabled or cfg.moments.enabled or cfg.dumps.enabled
@@ -424,6 +426,7 @@ class Recorder:
             self.need_flush = True
             return
         self.need_flush = False
+        self.window_steps = 0
         if not self.in_step:
             # Inside a step, foreign records join the stream at deterministic points (end of
             # backward, optimizer, step end), never wherever a flush happens to fall.

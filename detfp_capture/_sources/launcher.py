@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="replace an earlier run in --out (refused if it is not a detfp run)"
     )
     p.add_argument("--flush-records", type=int, default=65536, help="records per flush window")
+    p.add_argument(
+        "--flush-steps",
+        type=int,
+        default=None,
+        help="steps per flush window, at most (default 50; 1: commit every step)",
+    )
     p.add_argument("--views", action="store_true", help="also digest view and metadata-only ops")
     # Set by the launcher on a re-execution of the script it follows (children.py): the process's
     # rank is its process group's, whatever its environment says.
@@ -152,6 +158,8 @@ def followed_options(ns: argparse.Namespace) -> list[str]:
     framework may start it elsewhere), and ``--followed``."""
     out = ["--out", os.path.abspath(ns.out), "--level", ns.level, "--start-step", str(ns.start_step)]
     out += ["--flush-records", str(ns.flush_records)]
+    if ns.flush_steps is not None:
+        out += ["--flush-steps", str(ns.flush_steps)]
     if ns.digest_version is not None:
         out += ["--digest-version", str(ns.digest_version)]
     for flag, value in (
@@ -234,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             append=ns.append,
             overwrite=ns.overwrite,
             flush_records=ns.flush_records,
+            flush_steps=ns.flush_steps,
             views=ns.views,
             start_step=ns.start_step,
             digest_version=ns.digest_version,

@@ -5,14 +5,14 @@ the capture starts from when it is due (``startstate``: the first captured step,
 after a checkpoint load) and the RNG states, starts the profiler for a step whose kernels are recorded and enters the dispatch
 mode (level ops); ``end`` leaves the mode, takes every digest still waiting, lets DDP's reduced
 gradients join the stream, records the parameters of the watched models and the ``step_end``
-event, and applies the flush policy (a full window, or one older than 20 s). The optimizer's
-pre/post-step hooks (``optimizer_pre``/``optimizer_post``) record its params, grads and state.
+event, and applies the flush policy (a full window, or one holding ``flush_steps`` steps: counts,
+never a clock). The optimizer's pre/post-step hooks (``optimizer_pre``/``optimizer_post``) record
+its params, grads and state.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +32,7 @@ if TYPE_CHECKING:  # imported by the Session only at the levels that use them
     from detfp_capture._sources.ddp import DDPReduction
     from detfp_capture._sources.dispatch import CaptureMode
 
-__all__ = ["FLUSH_SECONDS", "StepBoundaries", "hyperparameters"]
-
-#: A step end flushes at least this often (seconds), even when the window is not full.
-FLUSH_SECONDS = 20.0
+__all__ = ["StepBoundaries", "hyperparameters"]
 
 
 def hyperparameters(group: dict) -> tuple | None:
@@ -92,7 +89,6 @@ class StepBoundaries:
         self._regions_scans = 0  # step begins that looked for modules compiled in place
         self._grads_seen = False  # the optimizer read gradients this step (CollectiveTracer.step_end)
         self._opt_stepped = False  # a watched optimizer stepped since the last step-end params
-        self._last_flush = time.monotonic()
 
     # ================================================================== steps
     def begin(self, n: int) -> None:
@@ -193,11 +189,13 @@ class StepBoundaries:
         rec.in_step = False
         rec.selected = False
         self.hooks.release_nodes()
-        # A step end flushes when the window is full or old: one resolve and one shard per
-        # window instead of per step keeps the cheap levels cheap; close() flushes the rest.
-        now = time.monotonic()
-        if rec.need_flush or rec.dumps or now - self._last_flush >= FLUSH_SECONDS:
-            self._last_flush = now
+        # A step end flushes when the window is full or holds flush_steps steps: one resolve and
+        # one shard per window instead of per step keeps the cheap levels cheap; close() flushes
+        # the rest. Counts, never a clock: where a window ends is a function of the job, so two
+        # runs of one job write the same windows (the rollups' rows, the seq of events a flush
+        # adds) however fast the machine ran each (docs/capture.md, "Flush windows").
+        rec.window_steps += 1
+        if rec.need_flush or rec.dumps or rec.window_steps >= self.ctx.cfg.flush_steps:
             rec.flush_safely()
         if self.tracer is not None and self.tracer.groups_changed:
             self.tracer.groups_changed = False

@@ -1,5 +1,6 @@
-"""``render.jsontext.dumps`` writes exactly the bytes of ``json.dumps(doc, indent=2, sort_keys=True)``
-(the CLI's reports are byte-stable, and the fast writer must not be a second format)."""
+"""``render.jsontext.dumps`` writes exactly the bytes of ``json.dumps(finite(doc), indent=2,
+sort_keys=True)`` (the CLI's reports are byte-stable, and the fast writer must not be a second
+format), and that text is strict RFC 8259 JSON: no bare ``NaN`` or ``Infinity``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detfp_analyze.render.jsontext import dumps
+from detfp_format.strictjson import NONFINITE, finite, loads
+from detfp_format.strictjson import dumps as strict_dumps
 
 scalars = st.one_of(
     st.none(),
@@ -38,14 +41,16 @@ documents = st.recursive(
 @settings(max_examples=600, deadline=None, derandomize=True)
 @given(documents)
 def test_the_text_is_json_dumps_indented_and_sorted(doc):
-    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
+    text = dumps(doc)
+    assert text == json.dumps(finite(doc), indent=2, sort_keys=True, allow_nan=False)
+    loads(text)  # strict JSON: parses without the bare words NaN and Infinity
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.dictionaries(keys, scalars, max_size=4))
 def test_keys_of_every_kind_and_refusals_agree(doc):
     try:
-        want = json.dumps(doc, indent=2, sort_keys=True)
+        want = json.dumps(finite(doc), indent=2, sort_keys=True)
     except TypeError:  # keys of mixed types cannot be sorted
         with pytest.raises(TypeError):
             dumps(doc)
@@ -68,7 +73,7 @@ def test_special_numbers_and_int_subclasses():
         A = 3
 
     doc = {"x": [math.nan, math.inf, -math.inf, 0.1, -0.0, 10**30, E.A, True, 1], "y": [E.A, 2], "z": [[], {}, ()]}
-    assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
+    assert dumps(doc) == json.dumps(finite(doc), indent=2, sort_keys=True)
 
 
 # Long lists of integers are written once per content and depth: the same list at other depths,
@@ -86,3 +91,16 @@ def test_repeated_long_integer_lists_keep_their_text_at_every_depth(xs, depth):
     for _ in range(depth):
         doc = {"x": doc, "y": list(xs)}
     assert dumps(doc) == json.dumps(doc, indent=2, sort_keys=True)
+
+
+def test_non_finite_values_are_strings_and_the_bare_words_are_refused():
+    doc = {"metric_b": float("nan"), "up": float("inf"), "down": [float("-inf"), 1.5], "n": 3}
+    want = {"metric_b": "NaN", "up": "Infinity", "down": ["-Infinity", 1.5], "n": 3}
+    assert loads(dumps(doc)) == want
+    assert loads(strict_dumps(doc, sort_keys=True)) == want
+    assert set(NONFINITE.values()) == {"NaN", "Infinity", "-Infinity"}
+    for bare in ("NaN", "[Infinity]", '{"a": -Infinity}'):
+        with pytest.raises(ValueError, match="is not JSON"):
+            loads(bare)
+    with pytest.raises(ValueError):  # a value finite() did not see is refused, never written bare
+        json.dumps(float("nan"), allow_nan=False)

@@ -171,7 +171,7 @@ def test_a_followed_process_gets_every_option_of_its_launch():
         "--append",
         "--overwrite",
     ]
-    argv += ["--flush-records", "99", "--views", "--digest-version", "1"]
+    argv += ["--flush-records", "99", "--flush-steps", "7", "--views", "--digest-version", "1"]
     ns = parser.parse_args(argv)
     back = parser.parse_args(followed_options(ns))
     assert vars(back) == {**vars(ns), "out": os.path.abspath("o"), "followed": True}

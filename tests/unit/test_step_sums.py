@@ -95,7 +95,8 @@ def _line(rec: dict) -> bytes:
     ],
 )
 def test_malformed_sums_are_left_out(sums):
-    rec = {"t": "window", "window": 0, "rows": {"records": 1}, "steps": [1, 2], "sums": sums}
+    # Rows as the good folds below count them (a line whose folds do not count its rows is unreadable).
+    rec = {"t": "window", "window": 0, "rows": {"records": 1, "metrics": 2}, "steps": [1, 2], "sums": sums}
     state = commitlog.parse(_line({"t": "open", "version": 1}) + _line(rec))
     assert state.windows and 0 not in state.sums and state.bad_lines == 0
     good = dict(rec, sums={"1": [1, 0, (1 << 64) - 1, 1, 2, 3]})
@@ -251,9 +252,10 @@ def test_certify_finds_shards_that_disagree_with_their_committed_folds(tmp_path)
         (0, 2, "the commit lines' step fold of the metrics"),
         (2, 1, "the commit lines' step fold of the rollups"),
     ]
-    # The advice names the bisect flag that reads the shards, and that flag finds what the folds hide.
+    # The advice: the shards no longer hold what was committed; a bisect that reads them refuses them
+    # (io.binding), the one that reads only the folds answers what was committed.
     detail = next(x.detail for x in certify(p.b).problems if x.kind == "step_sums")
-    assert "bisect this run with --no-step-sums or re-run the capture" in detail
+    assert "restore the shard or re-run the capture" in detail
     from typer.testing import CliRunner
 
     from detfp_analyze.cli import app
@@ -261,6 +263,8 @@ def test_certify_finds_shards_that_disagree_with_their_committed_folds(tmp_path)
     def cli(*flags: str):
         return CliRunner().invoke(app, ["bisect", str(p.a), str(p.b), "--json", *flags])
 
-    assert cli().exit_code == 0  # the folds agree: identical
-    split = json.loads(cli("--no-step-sums").stdout)
-    assert [(r["rank"], r["metric_step"]) for r in split["ranks"] if r["status"] == "diverged"] == [(0, 2)]
+    assert cli().exit_code == 0  # the folds agree: identical, what the runs committed
+    # Reading the shards, the bisect meets rows that are not the committed ones: refused, naming the
+    # first (issue 43; before, it answered on them).
+    got = cli("--no-step-sums")
+    assert got.exit_code == 2 and "rank=0/" in got.stderr and "are not what its window committed" in got.stderr
