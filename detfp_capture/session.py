@@ -192,15 +192,12 @@ class Session:
             except ConfigError:
                 self._release_digest_version()
                 raise
-        caps = cfg.caps
-        hazards = None
-        if caps.hazards or cfg.poison:
-            # Per run (the directory differs between the two runs): docs/capture.md, poison.
-            pattern = poison_pattern(str(self.out_dir.resolve())) if cfg.poison else None
-            hazards = HazardTracker(rec, pattern)
+        # The poison pattern is per run (the directory differs between the two runs): docs/capture.md, poison.
+        pattern = poison_pattern(str(self.out_dir.resolve())) if cfg.poison else None
+        hazards = HazardTracker(rec, pattern) if cfg.caps.hazards or cfg.poison else None
         self._ctx = ctx = CaptureContext(
             cfg=cfg,
-            caps=caps,
+            caps=cfg.caps,
             place=place,
             rec=rec,
             scope=Scope(rec, cfg.modules),
@@ -427,8 +424,7 @@ class Session:
         """Flush now (tests and benchmarks; capture flushes by itself at step ends)."""
         self._rec.flush_safely()
 
-    def _live_value(self) -> bool:
-        # Metrics and probes right after a step block still belong to that step.
+    def _live_value(self) -> bool:  # metrics and probes right after a step block still belong to it
         return not self._inert and not self._closed and not self._rec.failed and self._boundaries().selected
 
     def _on_root(self, module: torch.nn.Module) -> None:
@@ -442,8 +438,8 @@ class Session:
             self._ddp.maybe_hook(module)
 
     def _on_fail(self) -> None:
-        """Capture failed (``Recorder.fail``). The dispatch mode cannot be left from inside one of
-        its own callbacks: it passes ops through from now on. The profiler stops."""
+        """Capture failed (``Recorder.fail``): the profiler stops (the dispatch mode, which cannot
+        be left from inside its own callbacks, passes ops through from now on)."""
         if self._steps is not None:
             self._steps.stop_kernels()
 
