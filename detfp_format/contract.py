@@ -281,7 +281,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
 #: a gradient after its data-parallel reduction (e.g. DDP buckets); ``param``/``grad``/
 #: ``optimizer_state``: optimizer boundary; ``rng_state``: a generator state at step start;
 #: ``probe``: Session.probe; ``compiled``: a torch.compile region boundary; ``batch``: data
-#: fed to the root module (the model input).
+#: fed to the root module (the model input); ``kernel``: a kernel torch.compile generated (its
+#: name Inductor's), inside a compiled region.
 KINDS = (
     "op",
     "module_input",
@@ -296,6 +297,7 @@ KINDS = (
     "probe",
     "compiled",
     "batch",
+    "kernel",
 )
 #: Kinds whose records have no inputs: a difference there entered from outside the
 #: captured region (data pipeline, restore, RNG), the analysis calls it a ``source``.

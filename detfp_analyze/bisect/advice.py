@@ -59,6 +59,10 @@ def at(d: Divergence) -> str:
         side = "output" if d.kind == "module_output" else "input"
         what = f"{d.op}, " if d.op else ""
         return f"the {side} of {d.module or '<root>'} ({what}{d.phase}, step {d.step})"
+    if d.kind == "kernel" and d.op:
+        fused = f", fusing aten {', '.join(d.fused)}" if d.fused else ""
+        mod = f" in {d.module or '<root>'}" if d.module is not None else ""
+        return f"kernel {d.op} (torch.compile{fused}){mod} ({d.phase}, step {d.step})"
     if d.kind != "op" and d.op:
         mod = f" in {d.module or '<root>'}" if d.module else ""
         return f"{d.kind} {d.op}{mod} ({d.phase}, step {d.step})"
@@ -85,7 +89,13 @@ def recapture(c: Capture | None, level: str, step: int, kernels: bool = False) -
 
 
 def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
-    """Where an op or module origin goes next: the kernel under an op, else the op under a module."""
+    """Where an op or module origin goes next: the kernel under an op, else the op under a module;
+    a compiled kernel is as deep as capture goes: its code and how it was compiled."""
+    if d.kind == "kernel":
+        return (
+            f"compare how {d.op or 'the kernel'} was compiled in both runs: its generated code (TORCH_LOGS=output_code), "
+            "the Inductor settings and autotuning choices, and the thread count it was compiled for",
+        )
     if d.kind == "op" and d.op is None:
         return ("rerun bisect with --level op to name the op",)
     if d.kind == "op":
@@ -219,6 +229,13 @@ def from_divergence(
             "(float atomics, split-K, thread scheduling) or something else local to this process; one process cannot "
             "tell which.",
             ("run the same pair again: the same op named again points at its kernel", *_deeper_steps(d, capture)),
+        )
+    if d.verdict == Verdict.ORIGIN and d.kind == "kernel":
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, with matching inputs everywhere: the compiled kernel is "
+            "nondeterministic (float atomics, split reductions, autotuned tiles) or was compiled differently.",
+            _deeper_steps(d, capture),
         )
     if d.verdict == Verdict.ORIGIN:
         return Advice(

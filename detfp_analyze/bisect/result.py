@@ -40,8 +40,9 @@ __all__ = [
 #: Version of the JSON report (``report_version``). 2: ``status`` "rng_only", the diagnosis's
 #: ``cause``/``headline``/``next_steps``, a rank's ``hazard_confirmed``, the window's ``capture_*``,
 #: the resume's ``step_offset``, the pattern ``all_ranks_same_source``; a divergence names the parts
-#: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
-REPORT_VERSION = 2
+#: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``). 3: a
+#: divergence at a kernel torch.compile generated names the ATen ops it fused (``Divergence.fused``).
+REPORT_VERSION = 3
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
 
@@ -193,6 +194,9 @@ class Divergence:
     #: For a part of a tensor subclass, or for the whole when its parts were recorded: every
     #: innermost part of that whole, in record order, with how it compares.
     components: tuple[Component, ...] = ()
+    #: For a kernel torch.compile generated (kind ``kernel``): the ATen ops it fused, as its
+    #: name lists them (``('add', 'native_layer_norm')``); empty otherwise.
+    fused: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_verdict(self.verdict)

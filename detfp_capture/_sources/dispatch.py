@@ -11,9 +11,10 @@ metadata-only ops are counted (records with status ``skipped``) but not digested
 Phase and module come from the scope (``Scope.op_where``): inside a checkpoint recompute the
 module stack says so; otherwise an op that runs while autograd executes a node is ``backward``
 and takes its module from the node's tag (``graph``); otherwise the innermost module and the
-recorder's phase. While the tracer does its own tensor work (``rec.busy``), inside a watched
-compiled module or DDP's own work, or while dynamo traces (``ignore_compile_internals``) or
-compiles (``_compiling``), ops pass straight through. The handler is also called from C++ that
+recorder's phase. While the tracer does its own tensor work (``rec.busy``), inside DDP's own
+work, or while dynamo traces (``ignore_compile_internals``) or compiles (``_compiling``), ops pass
+straight through; compiled code's own ATen calls (its GEMMs, fallbacks, custom ops) are recorded
+as any op, next to its generated kernels (``inductor``). The handler is also called from C++ that
 cannot pass a Python exception on (a Python-dispatched tensor's ``prim.device``): only the op
 itself may raise out of it; capture's own failures take the guard's policy.
 """
@@ -124,7 +125,7 @@ class CaptureMode(TorchDispatchMode):
             kwargs = {}
         rec = self.rec
         scope = self.scope
-        if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping or _compiling():
+        if rec.busy or not rec.selected or rec.failed or scope.bookkeeping or _compiling():
             return self._call(func, args, kwargs)
         # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path). Their
         # failures follow the guard's policy (``guard.Guard``: capture off, training goes on),

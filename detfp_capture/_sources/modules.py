@@ -246,14 +246,8 @@ class ModuleHooks:
             root = not stack
             tensors = _call_tensors(args, kwargs)
             stack.append(ModuleFrame(id(module), path, phase, [t for _, t in tensors], graph.walks()))
-            # Counted with the stack, selected or not: post() undoes it when it pops the module
-            # (a compiled module that modules= left out once drove the count below zero, which
-            # stopped op capture for the rest of the run).
             if compiled is None:
                 compiled = type(module).__name__ == "OptimizedModule"
-            if compiled:
-                scope.compiled_depth += 1
-                scope.saw_compiled = True
             boundaries = self.caps.module_boundaries
             if (boundaries or (root and phase == "forward")) and scope.module_selected(path):
                 kind = "batch" if root and phase == "forward" else ("compiled" if compiled else "module_input")
@@ -297,8 +291,6 @@ class ModuleHooks:
         path, phase = frame.path, frame.phase
         if compiled is None:
             compiled = type(module).__name__ == "OptimizedModule"
-        if compiled:
-            self.scope.compiled_depth -= 1  # whatever happens below: pre() counted it with the push
         if failed or rec.busy or not rec.selected or rec.failed:  # (not compiling: returned above)
             return
         with rec.guard("forward hook of {!r}", path):

@@ -103,7 +103,7 @@ def test_a_scale_change_is_named_at_the_op_that_reads_it(runs):
     assert "components: scale of input args[1] differs, qdata equal" in text
     assert "difference at rank 0: values in component scale" in text
     doc = json.loads(json.dumps(res.to_json_dict()))
-    assert doc["report_version"] == REPORT_VERSION == 2
+    assert doc["report_version"] == REPORT_VERSION == 3
     first = doc["ranks"][0]["first"]
     assert (first["component"], first["components"]) == (
         "scale",

@@ -14,12 +14,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from detfp_analyze.io.reader import open_run
+from detfp_capture import Session
+from tests.fixtures.models import digest_hi, read
 from tests.fixtures.zoo.harness import ROOT
 
 #: A subclass that dispatches its device to Python, called from C++ (``DelayedError`` wraps it in
@@ -123,3 +128,253 @@ def test_capture_failure_on_a_cpp_path_is_an_event_never_an_abort(from_cpp):
     assert proc.stderr.count("detfp capture disabled") == 1, proc.stderr[-3000:]
     err = _events(root / "planted").filter(pl.col("type") == "capture_error")
     assert err.height == 1 and err["detail"][0].startswith("dispatch of prim.device.default: RuntimeError: planted")
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels of compiled code, on a wrapper module of Inductor's shape (no compiler needed): the
+# C++ kernel is a Python function writing through numpy, as a kernel writes through raw pointers
+# (no dispatcher, no version counter); the module is loaded through Inductor's own loader.
+
+#: How Inductor defines a C++ kernel in its wrapper (text only here: capture reads the definitions).
+_DEFINITION = """cpp_fused_add_mul_0 = async_compile.cpp_pybinding(['const float*', 'float*', 'float*', 'const int64_t'], r'''
+#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C"  void  kernel(const float* in_ptr0,
+                       float* in_out_ptr0,
+                       float* out_ptr0,
+                       const int64_t ks0)
+{
+}
+''')
+"""
+
+_WRAPPER = textwrap.dedent(
+    '''
+    import torch
+    from types import SimpleNamespace
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    empty_strided_cpu = torch._C._dynamo.guards._empty_strided_cpu
+    reinterpret_tensor = torch._C._dynamo.guards._reinterpret_tensor
+    extern_kernels = SimpleNamespace(mul=torch.mul)
+
+    _DEFINITIONS = """
+    @KERNELS@"""
+
+
+    def cpp_fused_add_mul_0(in_ptr0, in_out_ptr0, out_ptr0, ks0):
+        with _disable_current_modes():  # no op the dispatcher sees
+            a, io, o = in_ptr0.numpy(), in_out_ptr0.numpy(), out_ptr0.numpy()
+            io[:ks0] = a[:ks0] * 2 + (io[:ks0] if WRITTEN[0] else 0)
+            o[:ks0] = a[:ks0] + 1
+
+
+    WRITTEN = [False]
+
+
+    def call(x):
+        buf0 = empty_strided_cpu((4,), (1,), torch.float32)
+        extern_kernels.mul(x, 3.0, out=buf0)
+        buf1 = empty_strided_cpu((2, 2), (2, 1), torch.float32)
+        buf2 = reinterpret_tensor(buf1, (4,), (1,), 0); del buf1  # reuse
+        buf3 = empty_strided_cpu((4,), (1,), torch.float32)
+        WRITTEN[0] = False
+        cpp_fused_add_mul_0(x, buf2, buf3, 4)  # a fresh buffer reused in place: written, not read
+        WRITTEN[0] = True
+        cpp_fused_add_mul_0(x, buf0, buf3, 4)  # the GEMM's output updated in place: read, then written
+        return buf2, buf0, buf3
+    '''
+).replace("@KERNELS@", _DEFINITION)
+
+
+@pytest.fixture
+def wrapper(tmp_path):
+    """A wrapper module of Inductor's shape, loaded through ``PyCodeCache`` (the loader capture watches)."""
+    from torch._inductor.codecache import PyCodeCache
+
+    path = tmp_path / "cwrapper.py"
+    path.write_text(_WRAPPER)
+
+    def load():
+        return PyCodeCache.load_by_key_path(f"detfp-test-{tmp_path.name}", str(path))
+
+    return load
+
+
+def _kernel_rows(run) -> pl.DataFrame:
+    return read(run).filter(pl.col("kind") == "kernel").select("step", "name", "occurrence", "role", "arg", "digest_hi")
+
+
+def test_wrapper_code_reads_each_kernels_arguments_and_fused_ops():
+    from detfp_capture._sources.wrapper_code import ArgRole, cpp_kernels, fused_ops
+
+    sig = cpp_kernels(_WRAPPER, {"add", "mul"}.__contains__)["cpp_fused_add_mul_0"]
+    assert sig.params == ("in_ptr0", "in_out_ptr0", "out_ptr0", "ks0")
+    assert sig.roles == (ArgRole.READ, ArgRole.READ_WRITE, ArgRole.WRITE, ArgRole.SCALAR)
+    assert sig.aten == ("add", "mul")
+    known = {"native_layer_norm", "native_layer_norm_backward", "add", "sum", "_to_copy", "view"}.__contains__
+    assert fused_ops("cpp_fused__to_copy_add_native_layer_norm_native_layer_norm_backward_sum_view_3", known) == (
+        "_to_copy", "add", "native_layer_norm", "native_layer_norm_backward", "sum", "view",
+    )  # fmt: skip
+    assert fused_ops("triton_red_fused_native_layer_norm_0", known) == ("native_layer_norm",)
+    assert fused_ops("cpp_fused_unknown_op_1", known) == ("unknown", "op")  # words no op name starts: kept
+    assert fused_ops("extern_kernel", known) == ()
+
+
+def test_triton_kernel_signature_from_its_autotuner():
+    from types import SimpleNamespace
+
+    from detfp_capture._sources.wrapper_code import ArgRole, triton_kernel
+
+    k = SimpleNamespace(
+        run=lambda *a, **kw: None,
+        triton_meta={"signature": {"in_ptr0": "*fp32", "in_ptr1": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"}},
+        inductor_meta={"mutated_arg_names": ["in_ptr1"]},
+    )  # fmt: skip
+    sig = triton_kernel("triton_poi_fused_add_0", k, {"add"}.__contains__)
+    assert sig is not None and sig.params == ("in_ptr0", "in_ptr1", "out_ptr0", "xnumel")
+    assert sig.roles == (ArgRole.READ, ArgRole.READ_WRITE, ArgRole.WRITE, ArgRole.SCALAR)
+    assert triton_kernel("triton_helper", SimpleNamespace(), {"add"}.__contains__) is None
+
+
+def test_kernels_of_a_loaded_wrapper_are_recorded_and_restored_at_close(tmp_path, wrapper):
+    """A module loaded while the session is open (through Inductor's loader): each kernel call is
+    one ``kernel`` record call, inputs before, outputs after; a fresh buffer reused in place (even
+    through a reinterpreted view whose base is gone) is an output only, one an extern GEMM wrote
+    is an input too; closing the session puts every global back. Values as without capture."""
+    x = torch.arange(4, dtype=torch.float32)
+    with Session(tmp_path / "r", "ops") as s:
+        mod = wrapper()
+        kernel, externs, alloc = mod.cpp_fused_add_mul_0, mod.extern_kernels, mod.empty_strided_cpu
+        assert getattr(kernel, "sig", None) is not None  # the probe
+        with s.step(0):
+            got = mod.call(x)
+    assert mod.__dict__["cpp_fused_add_mul_0"] is kernel.kernel
+    assert mod.extern_kernels is externs._externs and mod.empty_strided_cpu is not alloc
+    want = mod.call(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    rows = _kernel_rows(tmp_path / "r")
+    assert rows.select("occurrence", "role", "arg").rows() == [
+        (0, "input", "in_ptr0"), (0, "output", "in_out_ptr0"), (0, "output", "out_ptr0"),
+        (1, "input", "in_ptr0"), (1, "input", "in_out_ptr0"), (1, "output", "in_out_ptr0"), (1, "output", "out_ptr0"),
+    ]  # fmt: skip
+    # The in-place input is the GEMM's output as the extern call left it (the same digest).
+    mul = read(tmp_path / "r").filter((pl.col("name") == "aten::mul.out") & (pl.col("role") == "output"))
+    second_in = rows.filter(
+        (pl.col("occurrence") == 1) & (pl.col("arg") == "in_out_ptr0") & (pl.col("role") == "input")
+    )
+    assert mul["digest_hi"].to_list() == second_in["digest_hi"].to_list()
+    # The outputs are the values the kernel wrote (not a stale digest of the same tensor object).
+    outs = rows.filter(pl.col("role") == "output")
+    assert outs.filter(pl.col("occurrence") == 1)["digest_hi"].to_list() == [digest_hi(want[1]), digest_hi(want[2])]
+    args = pl.read_parquet(open_run(tmp_path / "r").files("args"), hive_partitioning=False)["text"].to_list()
+    assert "aten=['add','mul']; ks0=4" in args
+
+
+def test_a_module_loaded_before_the_session_is_instrumented_and_unselected_steps_pass_through(tmp_path, wrapper):
+    mod = wrapper()
+    x = torch.arange(4, dtype=torch.float32)
+    with Session(tmp_path / "r", "ops", steps="1") as s:
+        for step in range(2):
+            with s.step(step):
+                mod.call(x)
+    rows = _kernel_rows(tmp_path / "r")
+    assert set(rows["step"]) == {1} and rows.height == 7
+
+
+def test_kernel_probe_failure_is_an_event_and_the_kernel_still_runs(tmp_path, wrapper, monkeypatch):
+    from detfp_capture._sources.inductor import CompiledKernels
+
+    def broken(*a, **k):
+        raise RuntimeError("planted probe failure")
+
+    mod = wrapper()
+    x = torch.arange(4, dtype=torch.float32)
+    want = mod.call(x)
+    monkeypatch.setattr(CompiledKernels, "_pre", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with Session(tmp_path / "r", "ops") as s, s.step(0):
+            got = mod.call(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert sum("capture disabled" in str(w.message) for w in caught) == 1
+    err = _events(tmp_path / "r").filter(pl.col("type") == "capture_error")
+    assert err.height == 1 and err["detail"][0].startswith("kernel cpp_fused_add_mul_0 of compiled code: RuntimeError")
+
+
+# --------------------------------------------------------------------------------------------
+# One real compile (Inductor, C++ on this CPU), shared by the tests below: a GEMM (an extern
+# kernel), then one fused kernel whose in-place output is a fresh buffer seen through a
+# reinterpreted view.
+
+
+def _f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    h = x @ w
+    return torch.nn.functional.layer_norm(torch.nn.functional.gelu(h) + b, (16,)).sum(-1)
+
+
+#: The fused kernel Inductor 2.13 makes of ``_f`` (its name lists the ATen ops it fused).
+_KERNEL = "cpp_fused_add_gelu_native_layer_norm_sum_0"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """``_f`` compiled once, in Inductor's cache of this module alone (cold, whatever ran before),
+    and its inputs; dynamo's state is reset afterwards."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    g = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(4, 8, generator=g), torch.randn(8, 16, generator=g), torch.randn(16, generator=g))
+    torch._dynamo.reset()
+    with temporary_cache_dir(str(tmp_path_factory.mktemp("inductor"))):
+        fn = torch.compile(_f)
+        fn(*inputs)  # compiled (and its module loaded) before any session opens
+        yield fn, inputs
+    torch._dynamo.reset()
+
+
+def test_compiled_function_kernels_recorded_bitwise_as_uncaptured(tmp_path, compiled):
+    fn, inputs = compiled
+    want = fn(*inputs)
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        got = fn(*inputs)
+    assert torch.equal(got, want) and torch.equal(fn(*inputs), want)
+    r = read(tmp_path / "r")
+    assert r.filter(pl.col("kind") == "op")["name"].unique().to_list() == ["aten::mm.out"]  # the extern GEMM
+    k = r.filter(pl.col("kind") == "kernel")
+    assert set(k["name"]) == {_KERNEL} and (k["status"] == "ok").all()
+    # The fresh buffer it reduces into is written, never read (its contents were garbage).
+    assert k.filter(pl.col("role") == "input")["arg"].to_list() == ["in_ptr0", "in_ptr1"]
+    assert "in_out_ptr0" in k.filter(pl.col("role") == "output")["arg"].to_list()
+    assert k.filter(pl.col("arg") == "in_out_ptr0")["digest_hi"].to_list() == [digest_hi(want)]
+
+
+def test_repeat_check_names_the_compiled_kernel_that_differs(tmp_path, compiled):
+    """A compiled function repeats bitwise; a kernel whose result differs from call to call (as
+    float atomics do on a GPU; here one ULP added on every other call) is named, with the ATen
+    ops it fused."""
+    from torch._inductor.codecache import PyCodeCache
+
+    from detfp_guards import repeat_check
+
+    fn, inputs = compiled
+    assert repeat_check(fn, *inputs, runs=2, backward=False).ok
+    mod = next(m for m in PyCodeCache.modules if _KERNEL in m.__dict__)
+    kernel = mod.__dict__[_KERNEL]
+    calls = [0]
+
+    def racy(*args):
+        kernel(*args)
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            with _disable_current_modes():  # written as a kernel writes: no op the dispatcher sees
+                args[0].numpy().view("int32")[0] += 1  # in_out_ptr0: the sums
+
+    mod.__dict__[_KERNEL] = racy
+    try:
+        res = repeat_check(fn, *inputs, runs=2, backward=False, detail=False)
+    finally:
+        mod.__dict__[_KERNEL] = kernel
+    d = res.divergence
+    assert not res.ok and (d.kind, d.op, d.role, d.arg) == ("kernel", _KERNEL, "output", "in_out_ptr0")
+    assert d.fused == ("add", "gelu", "native_layer_norm", "sum")
+    assert f"kernel {_KERNEL} (torch.compile, fusing aten add, gelu, native_layer_norm, sum)" in res.report

@@ -38,7 +38,7 @@ RESULTS = {
     "Divergence": ("step", "microbatch", "phase", "module", "kind", "op", "occurrence", "role", "arg", "presence",
                    "verdict", "diff_kind", "hazards", "seq_a", "seq_b", "dtype", "shape", "consumer", "contradiction",
                    "upstream", "group", "group_ranks", "peers_differing", "kernels", "diff", "explanation",
-                   "depends_on", "component", "components"),
+                   "depends_on", "component", "components", "fused"),
     "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts", "cause",
                   "headline", "next_steps"),
     "CertifyResult": ("label", "status", "problems", "ranks", "steps", "notes"),
@@ -84,7 +84,7 @@ def test_the_other_classes_and_the_report_version():
     for name, module in CLASSES.items():
         assert inspect.isclass(getattr(detfp_analyze, name)) and getattr(detfp_analyze, name).__module__ == module
     assert issubclass(detfp_analyze.DetfpError, Exception)
-    assert detfp_analyze.REPORT_VERSION == 2
+    assert detfp_analyze.REPORT_VERSION == 3
 
 
 def test_every_analyze_export_resolves():
