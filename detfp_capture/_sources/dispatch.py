@@ -366,6 +366,8 @@ class CaptureMode(TorchDispatchMode):
         outs = op_outputs(info, args, out)
         hz = self.hazards
         flags: dict[int, tuple[str, ...]] | None = None
+        # Outputs whose own bytes are still (partly) unwritten: recorded undigested (see below).
+        holes: set[int] | None = None
         if hz is not None:
             if info.empty or info.nonblocking or (hz.uninit and (info.writes or info.out_kwargs)):
                 # (the only ops that change the hazard state: a call per op saved otherwise)
@@ -380,6 +382,13 @@ class CaptureMode(TorchDispatchMode):
                     f = hz.flags(t)
                     if taint and UNINIT not in f:
                         f = (*f, UNINIT)  # computed from unwritten bytes it read
+                    elif UNINIT in f:
+                        # Not computed from garbage, but holding some: a buffer the op filled in
+                        # part (FSDP's all-gather copy-in fills this rank's slot of the buffer
+                        # the all-gather fills next). Those bytes differ between processes and
+                        # are no evidence: flagged, not digested, as an input read unwritten.
+                        holes = holes or set()
+                        holes.add(i)
                     if f:
                         flags[i] = f
                 flags = flags or None
@@ -402,7 +411,9 @@ class CaptureMode(TorchDispatchMode):
                     call,
                     [item],
                     hazards={0: fl} if fl else None,
-                    digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
+                    digest_it=i not in info.workspace
+                    and not (holes and i in holes)
+                    and not (info.skip or info.empty or info.async_out),
                     fresh=fresh,
                     defer=phase != "backward",
                 )
@@ -412,6 +423,17 @@ class CaptureMode(TorchDispatchMode):
             digest_it = not (info.skip or info.empty or info.async_out)
             if flags is None:
                 append_fast(rec, call, outs, digest_it, fresh, phase != "backward")
+            elif holes:
+                for i, item in enumerate(outs):
+                    fl = flags.get(i)
+                    rec.append_records(
+                        call,
+                        [item],
+                        hazards={0: fl} if fl else None,
+                        digest_it=digest_it and i not in holes,
+                        fresh=fresh,
+                        defer=phase != "backward",
+                    )
             else:
                 rec.append_records(
                     call, outs, hazards=flags, digest_it=digest_it, fresh=fresh, defer=phase != "backward"

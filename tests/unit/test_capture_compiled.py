@@ -378,3 +378,23 @@ def test_repeat_check_names_the_compiled_kernel_that_differs(tmp_path, compiled)
     assert not res.ok and (d.kind, d.op, d.role, d.arg) == ("kernel", _KERNEL, "output", "in_out_ptr0")
     assert d.fused == ("add", "gelu", "native_layer_norm", "sum")
     assert f"kernel {_KERNEL} (torch.compile, fusing aten add, gelu, native_layer_norm, sum)" in res.report
+
+
+def test_an_output_filled_in_part_is_flagged_not_digested(tmp_path):
+    """An op that fills part of a fresh buffer and returns the whole (FSDP2's all-gather copy-in
+    fills this rank's slot of the buffer the all-gather fills next) holds garbage in the rest,
+    which differs between processes: its output record is flagged ``uninitialized`` and not
+    digested. (A compiled FSDP2 job, with another allocation history in each run, showed it as a
+    difference of an identical pair.) What an op computes from garbage stays digested."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives  # noqa: F401  (defines fsdp::all_gather_copy_in)
+
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        buf = torch.empty(8)
+        _, whole = torch.ops.fsdp.all_gather_copy_in([torch.ones(2), torch.ones(2)], buf, [2, 2], 4, 1)
+        y = torch.empty(4).add_(1)  # computed from garbage
+    assert torch.equal(whole[4:], torch.ones(4)) and y.shape == (4,)
+    r = read(tmp_path / "r").filter(pl.col("role") == "output")
+    part = r.filter((pl.col("name") == "fsdp::all_gather_copy_in.default") & (pl.col("arg") == "out[1]")).row(0, named=True)
+    assert part["hazards"] == ["uninitialized"] and part["status"] == "skipped" and part["digest_hi"] is None
+    tainted = r.filter(pl.col("name") == "aten::add_.Tensor").row(0, named=True)
+    assert tainted["hazards"] == ["uninitialized"] and tainted["status"] == "ok"
