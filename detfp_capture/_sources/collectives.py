@@ -207,11 +207,13 @@ class CollectiveTracer:
         sig = inspect.signature(orig)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # first: dynamo would guard on the state read below
+                return orig(*args, **kwargs)
             rec = self.rec
             pending = self.ctx.pending_step
             if pending.number is not None and not rec.busy:
                 pending.touch()  # launcher mode: a collective of the next step begins it
-            if rec.busy or not rec.selected or rec.failed or self.in_batch or torch.compiler.is_compiling():
+            if rec.busy or not rec.selected or rec.failed or self.in_batch:
                 return orig(*args, **kwargs)
             call = None
             outs: list[tuple[str, torch.Tensor]] = []

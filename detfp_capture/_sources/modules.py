@@ -166,6 +166,8 @@ class ModuleHooks:
     # Trainer pass the whole batch that way (``model(**batch)``): they are read from the
     # frame of ``Module._call_impl`` that called the hook, which holds them as ``kwargs``.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced into a compiled region: read no capture state (see ``pre``)
         if getattr(module, "_detfp_hooked", None) is self:
             return  # watched too (Session.watch_all next to watch): its own hooks record it
         if self.scope.stack:
@@ -188,7 +190,7 @@ class ModuleHooks:
         # of a recompute raises through every module still running, so a hook that accepted
         # only the first form would be skipped (a silenced TypeError) and leave the scope's
         # module stack unbalanced for the rest of the run.
-        if getattr(module, "_detfp_hooked", None) is self:
+        if torch.compiler.is_compiling() or getattr(module, "_detfp_hooked", None) is self:
             return
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         self.post(module, args, kwargs, output)
@@ -229,8 +231,13 @@ class ModuleHooks:
             self.compiled_regions.append((weakref.ref(m), impl))
 
     def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
+        if torch.compiler.is_compiling():
+            # First, before any capture state is read: dynamo traces this hook into the graph of
+            # a compiled module, and would guard on every value read on the way (``rec.selected``
+            # flips between steps: a recompile at each, until its limit leaves the module eager).
+            return
         rec = self.rec
-        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping or torch.compiler.is_compiling():
+        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping:
             return  # (bookkeeping: a framework's own pass, e.g. a pipeline stage inferring shapes)
         entry = self.paths.get(id(module))
         if entry is None or entry[0] is None:

@@ -398,3 +398,30 @@ def test_an_output_filled_in_part_is_flagged_not_digested(tmp_path):
     assert part["hazards"] == ["uninitialized"] and part["status"] == "skipped" and part["digest_hi"] is None
     tainted = r.filter(pl.col("name") == "aten::add_.Tensor").row(0, named=True)
     assert tainted["hazards"] == ["uninitialized"] and tainted["status"] == "ok"
+
+
+@pytest.mark.parametrize("level", ["boundaries", "ops"])
+def test_selected_and_unselected_steps_share_one_compiled_graph(tmp_path, level):
+    """Dynamo traces the module hooks of a compiled module's submodules into its graph, and
+    guards on whatever they read: hooks that read capture's state (a step selected or not)
+    before seeing that dynamo traces made every change of selection a recompile (and, past
+    dynamo's limit, the module eager: other kernels than the uncaptured run's)."""
+    compiles = [0]
+
+    def counting(gm, example_inputs):
+        compiles[0] += 1
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.compile(inner, backend=counting))
+    with Session(tmp_path / "r", level, steps=[1, 3]) as s:
+        s.watch(model)
+        for step in range(4):
+            with s.step(step):
+                model(torch.randn(4, 8)).square().mean().backward()
+    torch._dynamo.reset()
+    assert compiles[0] == 1
+    r = read(tmp_path / "r")
+    assert set(r["step"]) == {1, 3} and "compiled" in set(r["kind"])
