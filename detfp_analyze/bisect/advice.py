@@ -212,11 +212,14 @@ def from_divergence(
         )
     if d.verdict == Verdict.ORIGIN and diag.pattern in (Pattern.SINGLE_RANK, Pattern.RANK_SUBSET):
         share = ", ".join(f"{k}={v}" for k, v in sorted(diag.shared_coordinates.items()))
+        what = "its input data, placement, topology, reduction order"
+        if d.kind == "kernel":
+            what += ", or how that kernel was compiled there"
         return Advice(
             Cause.RANK_LOCAL,
             f"Only {where.split(' ', 1)[1]} starts the difference, at {at(d)} with matching inputs"
             + (f" (they share {share})" if share else "")
-            + ": look at what differs there (its input data, placement, topology, reduction order).",
+            + f": look at what differs there ({what}).",
             (
                 "compare what those ranks do differently: their batch, device and host, their place in each reduction",
                 *_deeper_steps(d, capture),

@@ -425,3 +425,35 @@ def test_selected_and_unselected_steps_share_one_compiled_graph(tmp_path, level)
     assert compiles[0] == 1
     r = read(tmp_path / "r")
     assert set(r["step"]) == {1, 3} and "compiled" in set(r["kind"])
+
+
+def test_the_report_names_a_compiled_kernel_with_its_fused_ops():
+    """A first divergence at a ``kernel`` record: the headline names the kernel, its fused ATen ops
+    and its compiled region; on every rank the compiled kernel is the suspect, on one rank also
+    how it was compiled there; the next step is comparing its compilation, not a deeper level."""
+    from detfp_analyze.bisect.cause import Clues, weigh
+    from detfp_analyze.bisect.diagnose import diagnose
+    from detfp_analyze.bisect.result import Divergence, RankResult
+
+    def div(**kw) -> Divergence:
+        base = dict(step=0, microbatch=-1, phase="backward", module="vit.layers.0.mlp", kind="kernel",
+                    op="cpp_fused_gelu_gelu_backward_sum_0", occurrence=0, role="output", arg="in_out_ptr0",
+                    presence="both", verdict="origin", diff_kind="values", hazards=(), seq_a=5, seq_b=5,
+                    fused=("gelu", "gelu_backward", "sum"))  # fmt: skip
+        return Divergence(**{**base, **kw})
+
+    def advice(*firsts):
+        rs = tuple(
+            RankResult(r, "diverged", 0, record_step=0, first=d) if d else RankResult(r, "identical", None)
+            for r, d in enumerate(firsts)
+        )
+        return weigh(diagnose(rs, {}), rs, Clues(), "diverged", None)
+
+    named = "kernel cpp_fused_gelu_gelu_backward_sum_0 (torch.compile, fusing aten gelu, gelu_backward, sum) in vit.layers.0.mlp (backward, step 0)"
+    every = advice(div(), div())
+    assert every.cause == "op" and every.headline.startswith(f"{named} is the first difference on every rank")
+    assert "the compiled kernel is nondeterministic" in every.headline
+    assert any("TORCH_LOGS=output_code" in s for s in every.next_steps)
+    one = advice(None, div())
+    assert one.cause == "rank_local" and one.headline.startswith(f"Only rank 1 starts the difference, at {named}")
+    assert "or how that kernel was compiled there" in one.headline
