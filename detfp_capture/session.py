@@ -301,6 +301,8 @@ class Session:
                 )
         elif not isinstance(value, (int, float)):
             raise ConfigError(f"metric {name!r}: expected a number or a one-element tensor, got {type(value).__name__}")
+        if torch.compiler.is_compiling():
+            return  # traced into compiled code: read no capture state (see ModuleHooks.pre)
         self._note_outside_step("metric", name)
         if not self._live_value():
             return

@@ -288,7 +288,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
 #: ``probe``: Session.probe; ``compiled``: a torch.compile region boundary; ``batch``: data
 #: fed to the root module (the model input); ``state``: the state a capture starts from
 #: (parameters, buffers, optimizer state; ``arg`` says which), recorded at the begin of the first
-#: captured step and of the first one after a checkpoint load the capture saw.
+#: captured step and of the first one after a checkpoint load the capture saw; ``kernel``: a
+#: kernel torch.compile generated (its name Inductor's), inside a compiled region.
 KINDS = (
     "op",
     "module_input",
@@ -304,6 +305,7 @@ KINDS = (
     "compiled",
     "batch",
     "state",
+    "kernel",
 )
 #: The name of a ``batch`` record of what a ``DataLoader``'s worker processes delivered, as the
 #: main process received it (level ops: receiving it is not recorded, its timing is the workers').

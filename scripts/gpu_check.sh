@@ -20,7 +20,12 @@
 #    sizes and at a device-bound size of the gpt2 row (--width 2048 --seq 1024);
 # 7. the digest's throughput on 256 MiB and 1 GiB bf16/fp32 tensors as a share of the device's
 #    clone() bandwidth, versions 2 and 1 side by side (benchmarks/digest_bandwidth.py; goal >= 50%
-#    for version 2, printed, not enforced).
+#    for version 2, printed, not enforced);
+# 8. compiled code on the device: a compiled function's Triton kernels recorded at level ops (kind
+#    kernel), capture on/off bitwise equal, a repeat check passing; and the CUDA-graph digest
+#    buffer (detfp_capture/_digest/graphs.py): digests put into a captured graph, the graph
+#    replayed on three inputs, each replay's snapshot resolving to the digests of that replay's
+#    values (written without a GPU: its CPU half is unit-tested, this half never ran yet).
 # DRY_RUN=1 (with DEVICE=cpu) runs every step at small sizes: a quick check of the script itself.
 # Exits non-zero, naming the failed check, on the first failure; with KEEP_GOING=1 it runs every
 # check and names all the failures at the end (one lease on a time-boxed GPU machine shows them all).
@@ -78,7 +83,7 @@ else
 fi
 echo "ranks $NPROC, backend $BACKEND"
 
-step "1/7 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
+step "1/8 example at every level on $DEVICE (torchrun --nproc_per_node $NPROC)"
 for level in metrics boundaries ops; do
   steps=3; extra=""
   if [ "$level" = ops ]; then steps=2; extra="--capture-steps 1 --kernels 1"; fi
@@ -113,7 +118,7 @@ assert dev.height > 0, f"ops: kernels table has no {device} kernels (device type
 print("kernels: e.g.", ", ".join(sorted(set(dev["kernel"].head(200).to_list()))[:4]))
 EOF
 
-step "2/7 device digests == CPU reference digests (versions 2 and 1; single, batched, staged)"
+step "2/8 device digests == CPU reference digests (versions 2 and 1; single, batched, staged)"
 "$PY" - <<'EOF' || die "a $DEVICE digest differs from the CPU reference (see above)"
 import os, torch
 from detfp_capture import fingerprint
@@ -188,7 +193,7 @@ for version in (2, 1):
 raise SystemExit(1 if bad else 0)
 EOF
 
-step "3/7 host synchronizations per step at each level (profiler count)"
+step "3/8 host synchronizations per step at each level (profiler count)"
 "$PY" - "$WORK" <<'EOF' || die "capture synchronizes with the host per record (see counts above)"
 import os, sys, types
 from pathlib import Path
@@ -230,7 +235,7 @@ for level in ("metrics", "boundaries", "ops"):
 raise SystemExit(1 if bad else 0)
 EOF
 
-step "4/7 GPU-marked tests"
+step "4/8 GPU-marked tests"
 if [ "$DEVICE" = cuda ]; then
   # Only the files that hold GPU tests are collected: the rest of the suite needs the analysis
   # and notebook dependencies, which a GPU box carrying just torch may not have.
@@ -243,7 +248,7 @@ else
   echo "skipped on $DEVICE"
 fi
 
-step "5/7 repeat checks on $DEVICE: float atomics caught, deterministic code passes"
+step "5/8 repeat checks on $DEVICE: float atomics caught, deterministic code passes"
 CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} "$PY" - <<'EOF' || die "repeat check on $DEVICE (see above)"
 import os, torch
 from detfp_capture import repeat_check
@@ -283,7 +288,7 @@ CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8} timeout $((240 * SLO
   "$PY" benchmarks/repeat_check.py --device "$DEVICE" --trials 3 --deterministic \
   || die "benchmarks/repeat_check.py --device $DEVICE"
 
-step "6/7 capture overhead on $DEVICE"
+step "6/8 capture overhead on $DEVICE"
 if [ "$DRY_RUN" = 1 ]; then SMALL_ARGS="--models tiny --rounds 2 --warmup 1"; else SMALL_ARGS="--rounds $ROUNDS"; fi
 # shellcheck disable=SC2086
 timeout $((150 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $SMALL_ARGS --trials 1 \
@@ -293,9 +298,64 @@ echo "device-bound size: $BIG_ARGS"
 timeout $((300 * SLOW)) "$PY" benchmarks/capture_overhead.py --device "$DEVICE" $BIG_ARGS \
   || die "benchmarks/capture_overhead.py --device $DEVICE $BIG_ARGS"
 
-step "7/7 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; versions 2 and 1; goal >= 50% for 2)"
+step "7/8 digest throughput vs copy bandwidth on $DEVICE ($DIGEST_MIB MiB; versions 2 and 1; goal >= 50% for 2)"
 timeout $((240 * SLOW)) "$PY" benchmarks/digest_bandwidth.py --device "$DEVICE" --sizes-mib "$DIGEST_MIB" \
   || die "benchmarks/digest_bandwidth.py --device $DEVICE"
+
+step "8/8 compiled code on $DEVICE: Triton kernels recorded, on/off bitwise; the CUDA-graph digest buffer"
+timeout $((300 * SLOW)) "$PY" - "$WORK" <<'EOF' || die "compiled code / CUDA-graph digests on $DEVICE (see above)"
+import os, sys
+import polars as pl
+import torch
+from detfp_analyze.io.reader import open_run
+from detfp_capture import Session, digest
+from detfp_guards import repeat_check
+
+dev, work = os.environ["DEVICE"], sys.argv[1]
+torch.manual_seed(0)
+x, w, b = torch.randn(64, 128, device=dev), torch.randn(128, 256, device=dev), torch.randn(256, device=dev)
+
+def f(x, w, b):
+    return torch.nn.functional.layer_norm(torch.nn.functional.gelu(x @ w) + b, (256,)).sum(-1)
+
+fn = torch.compile(f)
+want = fn(x, w, b)
+with Session(f"{work}/compiled", "ops") as s, s.step(0):
+    got = fn(x, w, b)
+assert torch.equal(got, want), "compiled function: capture on/off not bitwise equal"
+k = open_run(f"{work}/compiled").scan("records").filter(pl.col("kind") == "kernel").collect()
+prefix = "triton_" if dev == "cuda" else "cpp_"
+assert k.height > 0 and all(n.startswith(prefix) for n in k["name"]), f"kernel records: {sorted(set(k['name']))}"
+assert (k["status"] == "ok").all(), "undigested kernel records"
+print("kernels recorded:", ", ".join(sorted(set(k["name"]))))
+assert repeat_check(fn, x, w, b, runs=3, backward=False).ok, "repeat_check on the compiled function"
+if dev != "cuda":
+    print("no CUDA graphs on", dev, "(the buffer's CPU half: tests/unit/test_graph_digests.py)")
+    raise SystemExit(0)
+from detfp_capture._digest.graphs import GraphDigests
+from detfp_capture._digest.resolve import resolve
+src = torch.zeros(4096, device=dev)
+gd = GraphDigests(dev, rows=8)
+g = torch.cuda.CUDAGraph()
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    y = src * 2 + 1  # warm-up outside the capture
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.graph(g, stream=stream):
+        y = src * 2 + 1
+        rows = [gd.put(src), gd.put(y)]
+torch.cuda.current_stream().wait_stream(stream)
+assert rows == [0, 1], rows
+for i in range(3):
+    src.copy_(torch.randn(4096, device=dev))
+    g.replay()
+    snap = gd.snapshot()
+    got = [f.digest for f in resolve([gd.pending(snap, r) for r in rows])]
+    want = [digest.fingerprint(t).digest for t in (src, src * 2 + 1)]
+    assert got == want, f"replay {i}: graph digests {got} != {want}"
+print("CUDA graph: 3 replays, each replay's digests equal its values' digests")
+EOF
 
 if [ "${#FAILED[@]}" -gt 0 ]; then
   printf '\ngpu_check: %d check(s) FAILED:\n' "${#FAILED[@]}" >&2

@@ -19,9 +19,10 @@ SPARK_FILES = "tests/integration/test_spark_*.py"
 #: Spark 267 s, example 119 s, zoo launcher 92 s, SQL equivalence 88 s, Megatron-Core zoo 57 s,
 #: faults 55 s, the parallel zoo 50 s at load 13 (30 s at load 2), torch pipelining zoo 44 s, the
 #: low-precision zoo 38 s alone at load ~2, diagnosis about 30 s at load 2 (29 CPU s);
-#: the next is 43 s).
+#: the next is 43 s). The compiled zoo (every compile tens of seconds): 680 s at load 10-13.
 LONGEST = (
     "tests/integration/test_zoo.py",
+    "tests/integration/test_zoo_compiled.py",
     SPARK_FILES,
     "tests/integration/test_example.py",
     "tests/integration/test_zoo_launcher.py",

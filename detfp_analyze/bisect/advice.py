@@ -74,6 +74,10 @@ def at(d: Divergence) -> str:
         side = "output" if d.kind == "module_output" else "input"
         what = f"{d.op}, " if d.op else ""
         return f"the {side} of {d.module or '<root>'} ({what}{d.phase}, step {d.step})"
+    if d.kind == "kernel" and d.op:
+        fused = f", fusing aten {', '.join(d.fused)}" if d.fused else ""
+        mod = f" in {d.module or '<root>'}" if d.module is not None else ""
+        return f"kernel {d.op} (torch.compile{fused}){mod} ({d.phase}, step {d.step})"
     if d.kind != "op" and d.op:
         mod = f" in {d.module or '<root>'}" if d.module else ""
         return f"{d.kind} {d.op}{mod} ({d.phase}, step {d.step})"
@@ -100,7 +104,13 @@ def recapture(c: Capture | None, level: str, step: int, kernels: bool = False) -
 
 
 def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
-    """Where an op or module origin goes next: the kernel under an op, else the op under a module."""
+    """Where an op or module origin goes next: the kernel under an op, else the op under a module;
+    a compiled kernel is as deep as capture goes: its code and how it was compiled."""
+    if d.kind == "kernel":
+        return (
+            f"compare how {d.op or 'the kernel'} was compiled in both runs: its generated code (TORCH_LOGS=output_code), "
+            "the Inductor settings and autotuning choices, and the thread count it was compiled for",
+        )
     if d.kind == "op" and d.op is None:
         return ("rerun bisect with --level op to name the op",)
     if d.kind == "op":
@@ -301,6 +311,13 @@ def _origin(d: Divergence, where: str, compared: int, made: bool, capture: Captu
                 *_deeper_steps(d, capture),
             ),
         )
+    if d.kind == "kernel":
+        return Advice(
+            Cause.OP,
+            f"{at(d)} is the first difference {where}, with matching inputs everywhere: the compiled kernel is "
+            "nondeterministic (float atomics, split reductions, autotuned tiles) or was compiled differently.",
+            _deeper_steps(d, capture),
+        )
     if made:
         return Advice(
             Cause.OP,
@@ -374,12 +391,15 @@ def from_divergence(
         one = diag.pattern == Pattern.SINGLE_RANK
         if share:
             share = f" (its coordinates: {share})" if one else f" (they share {share})"
+        what = "its input data, placement, topology, reduction order"
+        if d.kind == "kernel":
+            what += ", or how that kernel was compiled there"
         return Advice(
             Cause.RANK_LOCAL,
             f"Only {where.split(' ', 1)[1]} {'starts' if one else 'start'} the difference, at {at(d)}"
             + (f", {how}" if made else f" {how}")
             + share
-            + ": look at what differs there (its input data, placement, topology, reduction order).",
+            + f": look at what differs there ({what}).",
             (
                 "compare what those ranks do differently: their batch, device and host, their place in each reduction",
                 *_deeper_steps(d, capture),

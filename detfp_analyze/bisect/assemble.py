@@ -3,12 +3,13 @@
 Inputs: the walk's ``Found`` per rank and the metric splits (``search``), a ``Verdict`` per
 walked record (``verdict.resolve``), the dumps and kernels read for them (``evidence.gather``).
 Each record's difference kind and size come from ``diffkind.classify``; at a level above op,
-fields deeper than the level are left out. Nothing is read here but the argument texts of an
-arguments difference.
+fields deeper than the level are left out. Nothing is read here but argument texts: of an
+arguments difference, and of a compiled kernel (the ATen ops it fused).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypedDict
@@ -39,6 +40,23 @@ def _args_texts(run_a: Run, run_b: Run, ex: Extract) -> tuple[str | None, str | 
         return _evidence.arg_texts(run, [r], [digest]).get(digest) if digest else ""
 
     return text(run_a, da.get("args_digest")), text(run_b, db.get("args_digest"))
+
+
+#: A kernel record's fused ATen ops in its call's argument text (capture's ``aten=['add','mul']``).
+_FUSED = re.compile(r"(?:^|; )aten=\[([^\]]*)\]")
+
+
+def _fused(run_a: Run, run_b: Run, ex: Extract) -> tuple[str, ...]:
+    """The ATen ops a compiled kernel fused, from its call's arguments (run A's, else B's)."""
+    if ex.record.kind != "kernel":
+        return ()
+    for run, d in zip((run_a, run_b), ex.details, strict=True):
+        digest = d.get("args_digest") if d is not None else None
+        text = _evidence.arg_texts(run, [ex.record.rank], [digest]).get(digest) if digest else None
+        m = _FUSED.search(text) if text else None
+        if m is not None:
+            return tuple(re.findall(r"'([^']*)'", m.group(1)))
+    return ()
 
 
 def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Evidence, level: str) -> Divergence:
@@ -98,6 +116,7 @@ def divergence(run_a: Run, run_b: Run, ex: Extract, v: Verdict, ev: _evidence.Ev
         depends_on=v.depends_on,
         component=component,
         components=parts,
+        fused=_fused(run_a, run_b, ex),
     )
 
 

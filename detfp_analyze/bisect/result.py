@@ -44,7 +44,8 @@ __all__ = [
 #: of a tensor subclass (``Divergence.component``/``components``, ``ValueDiff.component``).
 #: 3: ``status`` "ended_early" and the report's ``endings``; the difference kinds ``dtype``,
 #: ``shape`` and ``layout`` with ``ValueDiff.dtype_a``/``dtype_b``/``shape_a``/``shape_b``; the
-#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; the record kind ``state``.
+#: pattern ``control_flow``; the causes ``dtype``, ``shape`` and ``layout``; the record kind ``state``;
+#: a divergence at a kernel torch.compile generated names the ATen ops it fused (``Divergence.fused``).
 REPORT_VERSION = 3
 #: Types a sequence of which is already plain JSON (a group's members: a report names every rank's).
 _SCALARS = frozenset({int, str, float, bool, type(None)})
@@ -202,6 +203,9 @@ class Divergence:
     #: For a part of a tensor subclass, or for the whole when its parts were recorded: every
     #: innermost part of that whole, in record order, with how it compares.
     components: tuple[Component, ...] = ()
+    #: For a kernel torch.compile generated (kind ``kernel``): the ATen ops it fused, as its
+    #: name lists them (``('add', 'native_layer_norm')``); empty otherwise.
+    fused: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_verdict(self.verdict)

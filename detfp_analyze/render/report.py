@@ -98,6 +98,8 @@ def _div_lines(d: Divergence, single: bool, indent: str, confirmed: bool = False
         )
     elif d.hazards:
         out.append(f"{indent}hazards: {', '.join(d.hazards)} (likely false root)")
+    if d.fused:
+        out.append(f"{indent}compiled kernel: fuses aten {', '.join(d.fused)}")
     if d.kernels is not None:
         k = d.kernels
         if k.same:

@@ -171,10 +171,12 @@ class CollectiveTracer:
         rec, scope = self.rec, self.scope
 
         def method(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # first: dynamo would guard on the state read below
+                return orig(pg, *args, **kwargs)
             pending = self.ctx.pending_step
             if pending.number is not None and not rec.busy:
                 pending.touch()  # launcher mode: a collective of the next step begins it
-            if rec.busy or not rec.live or scope.bookkeeping or torch.compiler.is_compiling():
+            if rec.busy or not rec.live or scope.bookkeeping:
                 return orig(pg, *args, **kwargs)
             named = c10d.entry(spec, 1)
             if named is None:  # inside an object collective, a barrier, a group's set-up

@@ -71,10 +71,6 @@ class Scope:
     def __init__(self, rec: Recorder, modules: Any) -> None:
         self.rec = rec
         self.stack: list[ModuleFrame] = []
-        #: Watched compiled modules currently running: their ops are not recorded.
-        self.compiled_depth = 0
-        #: A compiled module has run (only then is a backward node checked for being compiled).
-        self.saw_compiled = False
         #: Inside DDP's own work (bucket rebuilds, buffer syncs, the comm hook's ops): level ops
         #: skips its ops.
         self.bookkeeping = 0
@@ -113,16 +109,13 @@ class Scope:
             return stack[-1].path, stack[-1].phase
         return "", self.rec.phase
 
-    def op_where(self) -> tuple[str, str] | None:
-        """(module path, phase) of an op running now; None inside the backward of a compiled
-        region (recorded at its boundary only)."""
+    def op_where(self) -> tuple[str, str]:
+        """(module path, phase) of an op (or a compiled kernel) running now."""
         stack = self.stack
         if stack and stack[-1].phase == "recompute":
             return stack[-1].path, "recompute"
         node = torch._C._current_autograd_node()
         if node is not None:
-            if self.saw_compiled and "CompiledFunction" in node.name():
-                return None
             if not self.backward_queued:
                 self.note_backward()
             return node.metadata.get(NODE_KEY, ""), "backward"  # type: ignore[attr-defined]

@@ -70,10 +70,10 @@ class DDPReduction:
         def wrap_forward(orig: Any) -> Any:
             def forward(ddp: Any, *a: Any, **k: Any) -> Any:
                 if (
-                    id(ddp) not in hooked
+                    not torch.compiler.is_compiling()  # first: a compiled DDP guards on what is read
+                    and id(ddp) not in hooked
                     and is_watched(getattr(ddp, "module", None))
                     and not rec.closed
-                    and not torch.compiler.is_compiling()
                 ):
                     with rec.guard("hooking a DistributedDataParallel wrapper", busy=False):
                         models.name_params(ddp)

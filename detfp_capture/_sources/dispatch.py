@@ -11,9 +11,12 @@ metadata-only ops are counted (records with status ``skipped``) but not digested
 Phase and module come from the scope (``Scope.op_where``): inside a checkpoint recompute the
 module stack says so; otherwise an op that runs while autograd executes a node is ``backward``
 and takes its module from the node's tag (``graph``); otherwise the innermost module and the
-recorder's phase. While the tracer does its own tensor work (``rec.busy``), inside a watched
-compiled module or DDP's own work, or while dynamo traces (``ignore_compile_internals``), ops
-pass straight through.
+recorder's phase. While the tracer does its own tensor work (``rec.busy``), inside DDP's own
+work, or while dynamo traces (``ignore_compile_internals``) or compiles (``_compiling``), ops pass
+straight through; compiled code's own ATen calls (its GEMMs, fallbacks, custom ops) are recorded
+as any op, next to its generated kernels (``inductor``). The handler is also called from C++ that
+cannot pass a Python exception on (a Python-dispatched tensor's ``prim.device``): only the op
+itself may raise out of it; capture's own failures take the guard's policy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import weakref
 from typing import Any
 
 import torch
+import torch._guards
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
@@ -52,12 +56,33 @@ else:
     _op_pre = _op_post = None
 
 
+#: Thread-local state of torch._guards, whose ``compile_context`` is set while dynamo compiles.
+_GUARDS_TLS = torch._guards._TLS
+
 #: Autocast dispatch keys of the device types this build has (see CaptureMode._call).
 _AUTOCAST_KEYS = tuple(
     getattr(torch._C.DispatchKey, n)
     for n in ("AutocastCPU", "AutocastCUDA", "AutocastXPU", "AutocastMPS")
     if hasattr(torch._C.DispatchKey, n)
 )
+
+
+def _compiling() -> bool:
+    """Whether torch.compile is compiling on this thread. Dynamo compiles with the dispatch modes
+    taken off the stack, except where it compiles inside a DDP forward (its DDPOptimizer splits the
+    graph at bucket boundaries through another path): there the mode sees the compiler's own ops
+    on fake tensors, which pass through unrecorded."""
+    return getattr(_GUARDS_TLS, "compile_context", None) is not None
+
+
+def _in_dispatcher(func: Any) -> bool:
+    """Whether the dispatcher has a schema for ``func`` (a TorchScript prim has none)."""
+    schema = func._schema
+    try:
+        torch._C._dispatch_find_schema_or_throw(schema.name, schema.overload_name)
+    except RuntimeError:
+        return False
+    return True
 
 
 class CaptureMode(TorchDispatchMode):
@@ -104,7 +129,7 @@ class CaptureMode(TorchDispatchMode):
             kwargs = {}
         rec = self.rec
         scope = self.scope
-        if rec.busy or not rec.selected or rec.failed or scope.compiled_depth or scope.bookkeeping:
+        if rec.busy or not rec.selected or rec.failed or scope.bookkeeping or _compiling():
             return self._call(func, args, kwargs)
         # _pre and _post set rec.busy by hand (cheaper than enter/leave on this path). Their
         # failures follow the guard's policy (``guard.Guard``: capture off, training goes on),
@@ -150,26 +175,50 @@ class CaptureMode(TorchDispatchMode):
         (a custom op's Python body, a composite kernel's inner matmul) is autocast; called from
         the handler it would not be, and the numbers would change. So the autocast keys that
         were on when the op entered the dispatcher, and that have no kernel of their own for
-        this op, are turned back on for the call (only once the session has seen autocast)."""
+        this op, are turned back on for the call (only once the session has seen autocast).
+
+        Only ``func`` itself may raise here: this handler is also called from C++ code that
+        cannot pass a Python exception on (a tensor subclass's ``prim.device`` asked while
+        autograd wraps an output: std::terminate, the job killed). So capture's own preparation
+        fails by the guard's policy (``_fail``) and the op then runs plainly."""
         if not self.autocast_seen:
             return func(*args, **kwargs)
+        try:
+            keys = self._uncovered_autocast_keys(func)
+            exclude = self._exclude_without(keys) if keys else None
+        except Exception as exc:
+            self._fail(exc, func)
+            exclude = None
+        if exclude is not None:
+            with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _uncovered_autocast_keys(self, func: Any) -> tuple:
+        """The autocast keys ``func`` has no kernel for (cached per op)."""
         keys = self.autocast_keys.get(func)
         if keys is None:
             name = func.name()
-            keys = self.autocast_keys[func] = tuple(
-                k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)
-            )
-        if keys:
-            with torch._C._RestorePythonTLSSnapshot():  # type: ignore[attr-defined]  # in torch._C, not its stubs
-                on_entry = torch._C._dispatch_tls_local_exclude_set()
-            now = exclude = torch._C._dispatch_tls_local_exclude_set()
-            for k in keys:
-                if now.has(k) and not on_entry.has(k):
-                    exclude = exclude.remove(k)
-            if exclude is not now:
-                with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
-                    return func(*args, **kwargs)
-        return func(*args, **kwargs)
+            if _in_dispatcher(func):
+                keys = tuple(k for k in _AUTOCAST_KEYS if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k))
+            else:
+                # A TorchScript prim (prim::device, prim::layout: asked of a tensor subclass that
+                # dispatches its metadata to Python) is no dispatcher op: no autocast kernel.
+                keys = ()
+            self.autocast_keys[func] = keys
+        return keys
+
+    @staticmethod
+    def _exclude_without(keys: tuple) -> Any:
+        """The exclude set with the autocast ``keys`` that were on when the op entered the
+        dispatcher taken out; None when it is unchanged."""
+        with torch._C._RestorePythonTLSSnapshot():  # type: ignore[attr-defined]  # in torch._C, not its stubs
+            on_entry = torch._C._dispatch_tls_local_exclude_set()
+        now = exclude = torch._C._dispatch_tls_local_exclude_set()
+        for k in keys:
+            if now.has(k) and not on_entry.has(k):
+                exclude = exclude.remove(k)
+        return None if exclude is now else exclude
 
     def _pre(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
         """Record the op's inputs before it runs; returns (call, info, phase, taint) for
@@ -341,6 +390,8 @@ class CaptureMode(TorchDispatchMode):
         outs = op_outputs(info, args, out)
         hz = self.hazards
         flags: dict[int, tuple[str, ...]] | None = None
+        # Outputs whose own bytes are still (partly) unwritten: recorded undigested (see below).
+        holes: set[int] | None = None
         if hz is not None:
             if info.empty or info.nonblocking or (hz.uninit and (info.writes or info.out_kwargs)):
                 # (the only ops that change the hazard state: a call per op saved otherwise)
@@ -355,6 +406,13 @@ class CaptureMode(TorchDispatchMode):
                     f = hz.flags(t)
                     if taint and UNINIT not in f:
                         f = (*f, UNINIT)  # computed from unwritten bytes it read
+                    elif UNINIT in f:
+                        # Not computed from garbage, but holding some: a buffer the op filled in
+                        # part (FSDP's all-gather copy-in fills this rank's slot of the buffer
+                        # the all-gather fills next). Those bytes differ between processes and
+                        # are no evidence: flagged, not digested, as an input read unwritten.
+                        holes = holes or set()
+                        holes.add(i)
                     if f:
                         flags[i] = f
                 flags = flags or None
@@ -377,7 +435,9 @@ class CaptureMode(TorchDispatchMode):
                     call,
                     [item],
                     hazards={0: fl} if fl else None,
-                    digest_it=i not in info.workspace and not (info.skip or info.empty or info.async_out),
+                    digest_it=i not in info.workspace
+                    and not (holes and i in holes)
+                    and not (info.skip or info.empty or info.async_out),
                     fresh=fresh,
                     defer=phase != "backward",
                 )
@@ -387,6 +447,17 @@ class CaptureMode(TorchDispatchMode):
             digest_it = not (info.skip or info.empty or info.async_out)
             if flags is None:
                 append_fast(rec, call, outs, digest_it, fresh, phase != "backward")
+            elif holes:
+                for i, item in enumerate(outs):
+                    fl = flags.get(i)
+                    rec.append_records(
+                        call,
+                        [item],
+                        hazards={0: fl} if fl else None,
+                        digest_it=digest_it and i not in holes,
+                        fresh=fresh,
+                        defer=phase != "backward",
+                    )
             else:
                 rec.append_records(
                     call, outs, hazards=flags, digest_it=digest_it, fresh=fresh, defer=phase != "backward"

@@ -198,6 +198,8 @@ class ModuleHooks:
     # Trainer pass the whole batch that way (``model(**batch)``): they are read from the
     # frame of ``Module._call_impl`` that called the hook, which holds them as ``kwargs``.
     def _global_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced into a compiled region: read no capture state (see ``pre``)
         if getattr(module, "_detfp_hooked", None) is self:
             return  # watched too (Session.watch_all next to watch): its own hooks record it
         if self.scope.stack:
@@ -221,7 +223,7 @@ class ModuleHooks:
         # of a recompute raises through every module still running, so a hook that accepted
         # only the first form would be skipped (a silenced TypeError) and leave the scope's
         # module stack unbalanced for the rest of the run.
-        if getattr(module, "_detfp_hooked", None) is self:
+        if torch.compiler.is_compiling() or getattr(module, "_detfp_hooked", None) is self:
             return
         kwargs, output = rest if len(rest) == 2 else ({}, rest[0])
         self.post(module, args, kwargs, output)
@@ -262,11 +264,16 @@ class ModuleHooks:
             self.compiled_regions.append((weakref.ref(m), impl))
 
     def pre(self, module: torch.nn.Module, args: tuple, kwargs: dict, compiled: bool | None = None) -> None:
+        if torch.compiler.is_compiling():
+            # First, before any capture state is read: dynamo traces this hook into the graph of
+            # a compiled module, and would guard on every value read on the way (``rec.selected``
+            # flips between steps: a recompile at each, until its limit leaves the module eager).
+            return
         rec = self.rec
         if not self.scope.stack and rec.in_step and not rec.busy:
             with rec.guard("reading the autocast state", busy=False):
                 self._on_forward()  # selected or not: a setting is the run's, not a step's
-        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping or torch.compiler.is_compiling():
+        if rec.busy or not rec.selected or rec.failed or self.scope.bookkeeping:
             return  # (bookkeeping: a framework's own pass, e.g. a pipeline stage inferring shapes)
         entry = self.paths.get(id(module))
         if entry is None or entry[0] is None:
@@ -282,14 +289,8 @@ class ModuleHooks:
             root = not stack
             tensors = _call_tensors(args, kwargs)
             stack.append(ModuleFrame(id(module), path, phase, [t for _, t in tensors], graph.walks()))
-            # Counted with the stack, selected or not: post() undoes it when it pops the module
-            # (a compiled module that modules= left out once drove the count below zero, which
-            # stopped op capture for the rest of the run).
             if compiled is None:
                 compiled = type(module).__name__ == "OptimizedModule"
-            if compiled:
-                scope.compiled_depth += 1
-                scope.saw_compiled = True
             boundaries = self.caps.module_boundaries
             if (boundaries or (root and phase == "forward")) and scope.module_selected(path):
                 kind = "batch" if root and phase == "forward" else ("compiled" if compiled else "module_input")
@@ -333,8 +334,6 @@ class ModuleHooks:
         path, phase = frame.path, frame.phase
         if compiled is None:
             compiled = type(module).__name__ == "OptimizedModule"
-        if compiled:
-            self.scope.compiled_depth -= 1  # whatever happens below: pre() counted it with the push
         if failed or rec.busy or not rec.selected or rec.failed:  # (not compiling: returned above)
             return
         with rec.guard("forward hook of {!r}", path):

@@ -3,7 +3,7 @@
 Which sources run follows from ``CaptureContext.caps`` alone: module hooks, the pipeline
 stages' shape-inference guard and the data loader's workers (``dataload``) always; the
 collective tracer, the functional collectives and DDP's reduction at ``boundaries`` and up
-(``caps.collectives``); the dispatch mode at ``ops``;
+(``caps.collectives``); the dispatch mode and the kernels of compiled code at ``ops``;
 the step and optimizer boundaries last, holding the others (they enter the mode at a step's
 start and leave it at its end). Kept apart from ``session`` so that the facade validates,
 opens and closes, and this module alone says what a level installs.
@@ -73,9 +73,11 @@ def install_sources(
             tracer.name_of(group_names[name])
     if caps.ops:
         from detfp_capture._sources.dispatch import CaptureMode
+        from detfp_capture._sources.inductor import CompiledKernels
 
         mode = CaptureMode(ctx)
         mode.install(ctx.patches)
+        CompiledKernels(ctx).install(ctx.patches)  # restored with ctx.patches
     steps = StepBoundaries(
         ctx,
         hooks=hooks,

@@ -38,7 +38,7 @@ RESULTS = {
     "Divergence": ("step", "microbatch", "phase", "module", "kind", "op", "occurrence", "role", "arg", "presence",
                    "verdict", "diff_kind", "hazards", "seq_a", "seq_b", "dtype", "shape", "consumer", "contradiction",
                    "upstream", "group", "group_ranks", "peers_differing", "kernels", "diff", "explanation",
-                   "depends_on", "component", "components"),
+                   "depends_on", "component", "components", "fused"),
     "Diagnosis": ("pattern", "origin_ranks", "explanation", "op", "shared_coordinates", "verdict_counts", "cause",
                   "headline", "next_steps"),
     "CertifyResult": ("label", "status", "problems", "ranks", "steps", "notes"),

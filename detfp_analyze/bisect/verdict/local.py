@@ -120,7 +120,11 @@ class StepFacts:
 
 #: Kinds that show the capture saw the model run in the step: with one of them and no ``batch``
 #: record, the data the step was fed is unseen.
-_MODEL_KINDS = frozenset({"module_input", "module_output", "op", "compiled", "param"})
+_MODEL_KINDS = frozenset({"module_input", "module_output", "op", "kernel", "compiled", "param"})
+
+#: Kinds only level ops records: a call's own inputs and outputs (an ATen op; a kernel torch.compile
+#: generated, inside a compiled region).
+_OP_KINDS = frozenset({"op", "kernel"})
 
 #: depends_on of a module's output that differs with matching inputs where the capture begins
 #: without a record of the state it starts from: its parameters were never compared.
@@ -168,7 +172,7 @@ def _recapture(step: int, level: str) -> str:
 def _derived(rec: Aligned, facts: StepFacts) -> LocalVerdict:
     """Verdict of a first divergent parameter, gradient or optimizer-state record."""
     kind, phase, role, name, step = rec.kind, rec.phase, rec.role, rec.name, rec.step
-    ops = "op" in facts.kinds
+    ops = bool(_OP_KINDS & facts.kinds)
     optimizer_seen = bool({"grad", "optimizer_state"} & facts.kinds)
     many = facts.world > 1
     if kind == "param" and phase == "optimizer" and role == "input":
@@ -362,11 +366,14 @@ def local_verdict(
                 "lr, betas, eps, weight_decay, ...) on matching parameters",
             )
         return LocalVerdict(
-            verdict=Verdict.ORIGIN, consumer=None, contradiction=None, explanation=f"{label} was called with different non-tensor arguments on matching tensors"
+            verdict=Verdict.ORIGIN,
+            consumer=None,
+            contradiction=None,
+            explanation=f"{label} was called with different non-tensor arguments on matching tensors",
         )
     if kind in DERIVED_KINDS:
         return _derived(rec, facts)
-    if role == "input" and "op" not in facts.kinds:
+    if role == "input" and not _OP_KINDS & facts.kinds:
         # Below level ops the code a module runs between its submodules is not captured: a
         # submodule's input that differs first was made there by its parent (every earlier
         # record, the previous submodules' outputs included, matched), and so was a collective's
@@ -406,14 +413,23 @@ def local_verdict(
         )
     if args_differ:
         return LocalVerdict(
-            verdict=Verdict.ORIGIN, consumer=None, contradiction=None, explanation=f"{label} was called with different non-tensor arguments and its {role} differs"
+            verdict=Verdict.ORIGIN,
+            consumer=None,
+            contradiction=None,
+            explanation=f"{label} was called with different non-tensor arguments and its {role} differs",
         )
     n = len(inputs)
     depends = None
-    if compiled:
+    if compiled and _OP_KINDS & facts.kinds:
+        # At level ops the region's kernels and ATen calls are records of their own, all matched.
         depends = (
-            "the ops inside a torch.compile region are not captured: rerun the step with the region uncompiled "
-            "(TORCHDYNAMO_DISABLE=1) to see them"
+            "code inside this torch.compile region that capture could not record (a kernel of another backend "
+            "than Inductor, a CUDA graph replayed without its digests): its recorded kernels all matched"
+        )
+    elif compiled:
+        depends = (
+            "the kernels inside a torch.compile region are recorded at level ops: "
+            f"{_recapture(rec.step, 'ops')} to name the kernel"
         )
     elif any(r.role == "dest" for r in call_rows):
         depends = (
