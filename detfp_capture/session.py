@@ -294,21 +294,19 @@ class Session:
         """Record a scalar (tensor or number) exactly: float64 value plus raw bits, no host sync now."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"metric name {name!r}: expected a non-empty string")
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ConfigError(
-                    f"metric {name!r}: expected a scalar, got a tensor of shape {tuple(value.shape)}; use probe() for tensors"
-                )
-        elif not isinstance(value, (int, float)):
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise ConfigError(
+                f"metric {name!r}: expected a scalar, got a tensor of shape {tuple(value.shape)}; use probe() for tensors"
+            )
+        if not isinstance(value, torch.Tensor | int | float):
             raise ConfigError(f"metric {name!r}: expected a number or a one-element tensor, got {type(value).__name__}")
         if torch.compiler.is_compiling():
             return  # traced into compiled code: read no capture state (see ModuleHooks.pre)
         self._note_outside_step("metric", name)
         if not self._live_value():
             return
-        rec = self._rec
-        with rec.guard("metric({!r})", name):
-            rec.metric(name, value)
+        with self._rec.guard("metric({!r})", name):
+            self._rec.metric(name, value)
 
     def probe(self, name: str, tensor: torch.Tensor, rows: bool | int = False) -> None:
         """Fingerprint ``tensor`` here as kind ``probe`` (calls the dispatcher cannot see: fused kernels, MoE maps)."""

@@ -318,6 +318,32 @@ def _own_code(rec: Aligned, label: str, facts: StepFacts, module: str) -> LocalV
     )
 
 
+def _origin_depends(rec: Aligned, call_rows: Sequence[Aligned], facts: StepFacts) -> str | None:
+    """What an origin's call did not compare that could explain it as well (``depends_on``)."""
+    depends = None
+    if rec.kind == "compiled" and _OP_KINDS & facts.kinds:
+        # At level ops the region's kernels and ATen calls are records of their own, all matched.
+        depends = (
+            "code inside this torch.compile region that capture could not record (a kernel of another backend "
+            "than Inductor, a CUDA graph replayed without its digests): its recorded kernels all matched"
+        )
+    elif rec.kind == "compiled":
+        depends = (
+            "the kernels inside a torch.compile region are recorded at level ops: "
+            f"{_recapture(rec.step, 'ops')} to name the kernel"
+        )
+    elif any(r.role == "dest" for r in call_rows):
+        depends = (
+            "the op writes into a destination that is not compared (write-only or still uninitialized): if it does "
+            "not write every element, the rest is uninitialized memory"
+        )
+    elif rec.kind == "module_output" and "op" not in facts.kinds and facts.entry and "state" not in facts.kinds:
+        # Below level ops a module's parameters are no input record of its call: where the capture
+        # begins, only the state records (``state``) compare them before the first forward.
+        depends = f"{PARAMS_UNCOMPARED} {rec.module or '<root>'} {_UNCOMPARED_WHY}"
+    return depends
+
+
 def local_verdict(
     rec: Aligned,
     call_rows: Sequence[Aligned],
@@ -386,7 +412,6 @@ def local_verdict(
     inputs = [r for r in call_rows if r.role == "input"]
     differing = [r for r in inputs if r.state in rule.DIVERGENT]
     view = is_view_op(rec.name)
-    compiled = kind == "compiled"
     if role == "input" or differing:
         contradiction = f"{rec.name} only moves data;{hop}" if view else None
         return LocalVerdict(
@@ -419,27 +444,7 @@ def local_verdict(
             explanation=f"{label} was called with different non-tensor arguments and its {role} differs",
         )
     n = len(inputs)
-    depends = None
-    if compiled and _OP_KINDS & facts.kinds:
-        # At level ops the region's kernels and ATen calls are records of their own, all matched.
-        depends = (
-            "code inside this torch.compile region that capture could not record (a kernel of another backend "
-            "than Inductor, a CUDA graph replayed without its digests): its recorded kernels all matched"
-        )
-    elif compiled:
-        depends = (
-            "the kernels inside a torch.compile region are recorded at level ops: "
-            f"{_recapture(rec.step, 'ops')} to name the kernel"
-        )
-    elif any(r.role == "dest" for r in call_rows):
-        depends = (
-            "the op writes into a destination that is not compared (write-only or still uninitialized): if it does "
-            "not write every element, the rest is uninitialized memory"
-        )
-    elif kind == "module_output" and "op" not in facts.kinds and facts.entry and "state" not in facts.kinds:
-        # Below level ops a module's parameters are no input record of its call: where the capture
-        # begins, only the state records (``state``) compare them before the first forward.
-        depends = f"{PARAMS_UNCOMPARED} {rec.module or '<root>'} {_UNCOMPARED_WHY}"
+    depends = _origin_depends(rec, call_rows, facts)
     return LocalVerdict(
         verdict=Verdict.ORIGIN,
         consumer=None,
