@@ -30,12 +30,15 @@ from detfp_capture._digest.core import GAMMA, MASK64, K, mix_int, mix_t, s64
 
 __all__ = [
     "ALGORITHM",
+    "MOMENTS",
     "SEED_A",
     "SEED_B",
     "VERSION",
     "Box",
     "combine",
+    "combine_moments",
     "finalize",
+    "moments",
     "part",
     "part_t",
     "row_key",
@@ -206,3 +209,52 @@ def whole(t: torch.Tensor) -> tuple[int, int]:
     """The fingerprint (hi, lo) of an unsharded tensor: what the shards of it combine to."""
     ma, mb = part(t)
     return finalize(ma, mb, t.dtype, t.shape)
+
+
+#: The mergeable moments, in order (docs/digest.md, M.5).
+MOMENTS = ("count", "sum", "sumsq", "min", "max", "absmax", "nan", "inf")
+_EMPTY = (0.0, 0.0, 0.0, float("inf"), float("-inf"), 0.0, 0.0, 0.0)
+
+
+def moments(t: torch.Tensor) -> torch.Tensor:
+    """(8,) float64 ``MOMENTS`` of a shard, on its device (no host sync): element count, float64
+    sum and sum of squares, min and max over the values that are not NaN (+inf / -inf when there
+    are none), max |value| (0 when none), NaN and Inf counts. Complex: the real parts' sum, min
+    and max, the moduli's sum of squares and max. Integers and bool as float64 values."""
+    x = t.detach()
+    dev = x.device
+    if x.numel() == 0:
+        return torch.tensor(_EMPTY, dtype=torch.float64, device=dev)
+    if x.is_complex():
+        r = torch.view_as_real(x.resolve_conj()).to(torch.float64).reshape(-1, 2)
+        re, sq = r[:, 0], r.square().sum(1)
+    else:
+        re = x.reshape(-1).to(torch.float64)
+        sq = re.square()
+    nan = torch.isnan(sq)
+    keep = ~nan
+    finite_re = re.masked_fill(~keep, 0.0)
+    lo = re.masked_fill(~keep, float("inf")).min()
+    hi = re.masked_fill(~keep, float("-inf")).max()
+    mag = sq.masked_fill(~keep, 0.0).sqrt().max() if x.is_complex() else re.abs().masked_fill(~keep, 0.0).max()
+    count = torch.tensor(float(x.numel()), dtype=torch.float64, device=dev)
+    return torch.stack(
+        [count, finite_re.sum(), sq.masked_fill(~keep, 0.0).sum(), lo, hi, mag,
+         nan.sum().to(torch.float64), torch.isinf(sq).sum().to(torch.float64)]
+    )  # fmt: skip
+
+
+def combine_moments(parts: Iterable[Sequence[float]]) -> tuple[float, ...]:
+    """The whole tensor's ``MOMENTS`` from its shards': counts, sums and NaN/Inf counts added,
+    min/max/absmax taken. Exact but for the float64 sums, whose merged value differs from a
+    one-pass sum by at most the float64 rounding of adding the parts (M.5)."""
+    count = total = sq = nan = inf = 0.0
+    lo, hi, mag = float("inf"), float("-inf"), 0.0
+    for p in parts:
+        count += p[0]
+        total += p[1]
+        sq += p[2]
+        lo, hi, mag = min(lo, p[3]), max(hi, p[4]), max(mag, p[5])
+        nan += p[6]
+        inf += p[7]
+    return (count, total, sq, lo, hi, mag, nan, inf)

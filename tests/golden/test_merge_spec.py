@@ -178,3 +178,30 @@ def test_golden_fingerprints():
 
 
 GOLDEN_ARANGE = "ff1d052a335b21c00ae4783e83c4f22f"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.complex64, torch.bool])
+def test_moments_of_any_sharding_merge_to_the_whole(dtype):
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(37, 19, generator=g)
+    t[3, 4] = float("nan")
+    t[5, 6] = float("inf")
+    t = (t * 10).to(dtype) if not dtype.is_complex else torch.complex(t, t.flip(0))
+    whole = merge.moments(t).tolist()
+    parts = [merge.moments(p).tolist() for p in (t[:10], t[10:11], t[11:], t[:0])]
+    got = merge.combine_moments(parts)
+    for name, w, m in zip(merge.MOMENTS, whole, got, strict=True):
+        if name in ("sum", "sumsq"):
+            assert m == pytest.approx(w, rel=1e-12, abs=1e-9), name
+        else:
+            assert m == w, name
+    if dtype.is_floating_point:
+        assert (whole[6], whole[7]) == (1.0, 1.0)
+        finite = t.to(torch.float64)[torch.isfinite(t.to(torch.float64))]
+        assert whole[3] == float(finite.min()) or whole[3] == float("-inf")
+
+
+def test_moments_of_nothing_are_the_identity_of_merging():
+    empty = merge.moments(torch.zeros(0))
+    assert merge.combine_moments([empty.tolist()]) == tuple(empty.tolist())
+    assert empty.tolist() == [0.0, 0.0, 0.0, float("inf"), float("-inf"), 0.0, 0.0, 0.0]
