@@ -317,67 +317,6 @@ static void tlh2_rows(int isa, const uint8_t *x, Py_ssize_t rows, Py_ssize_t col
     tlh2_portable(x, rows, cols, stride, k, y);
 }
 
-/* Most levels a tree may have (8: up to 64^7 rows of 1024 bytes, 2^52 bytes). */
-#define MAX_LEVELS 8
-#define FANIN 64
-
-/* The whole tree of n contiguous bytes (version 2, "Levels"): the root's two sums into out.
- * Level 0 runs in chunks whose outputs fill one row of level 1 (64 outputs = 1024 bytes) in a
- * small buffer; a full row of a level is hashed at once into the next level's buffer, and at the
- * end each level's partial row is hashed bottom-up: the same rows, in the same order, as level by
- * level, without writing any level to memory. keys: `nkeys` levels' packed keys, one after the
- * other. Returns 0, or -1 when the tree needs more levels than `nkeys`. */
-static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]) {
-    Py_ssize_t rows_at[MAX_LEVELS];
-    int top = 0;
-    rows_at[0] = n > 0 ? (n + K - 1) / K : 1;
-    while (rows_at[top] > 1) {
-        if (top + 1 >= MAX_LEVELS) return -1;
-        rows_at[top + 1] = (rows_at[top] + FANIN - 1) / FANIN;
-        top++;
-    }
-    if (top >= nkeys) return -1;
-    if (top == 0) {
-        tlh2_rows(isa, x, 1, n, n, unpack(keys), out);
-        return 0;
-    }
-    uint64_t buf[MAX_LEVELS][2 * FANIN]; /* level l's input row being filled: FANIN outputs of l - 1 */
-    int count[MAX_LEVELS] = {0};
-    Py_ssize_t full = n / K, tail = n % K;
-#define CARRY(from)                                                                                           \
-    for (int l_ = (from); l_ < top && count[l_] == FANIN; l_++) {                                           \
-        tlh2_rows(isa, (const uint8_t *)buf[l_], 1, K, K, unpack(keys + (size_t)l_ * KEYS_BYTES),            \
-                  buf[l_ + 1] + 2 * count[l_ + 1]);                                                        \
-        count[l_ + 1]++;                                                                                   \
-        count[l_] = 0;                                                                                     \
-    }
-    for (Py_ssize_t r = 0; r < full;) {
-        Py_ssize_t take = full - r < FANIN - count[1] ? full - r : FANIN - count[1];
-        tlh2_rows(isa, x + r * K, take, K, K, unpack(keys), buf[1] + 2 * count[1]);
-        count[1] += (int)take;
-        r += take;
-        CARRY(1)
-    }
-    if (tail) {
-        tlh2_rows(isa, x + full * K, 1, tail, tail, unpack(keys), buf[1] + 2 * count[1]);
-        count[1]++;
-        CARRY(1)
-    }
-    for (int l = 1; l < top; l++) {
-        if (count[l] == 0) continue;
-        Py_ssize_t bytes = (Py_ssize_t)count[l] * 16;
-        tlh2_rows(isa, (const uint8_t *)buf[l], 1, bytes, bytes, unpack(keys + (size_t)l * KEYS_BYTES),
-                  buf[l + 1] + 2 * count[l + 1]);
-        count[l + 1]++;
-        count[l] = 0;
-        CARRY(l + 1)
-    }
-#undef CARRY
-    Py_ssize_t bytes = (Py_ssize_t)count[top] * 16;
-    tlh2_rows(isa, (const uint8_t *)buf[top], 1, bytes, bytes, unpack(keys + (size_t)top * KEYS_BYTES), out);
-    return 0;
-}
-
 /* ============================================================================= mergeable (mlh) */
 
 /* The mergeable fingerprint (docs/digest.md, "Mergeable fingerprints"): over a logical tensor's
@@ -407,6 +346,78 @@ static void mlh_add_rows(mlh_acc *m, const uint64_t *y, Py_ssize_t rows, uint64_
         m->acc[1] += mlh_row_key(m->seed_b, r0 + (uint64_t)i) * y[2 * i + 1];
     }
 }
+
+/* Most levels a tree may have (8: up to 64^7 rows of 1024 bytes, 2^52 bytes). */
+#define MAX_LEVELS 8
+#define FANIN 64
+
+/* The whole tree of n contiguous bytes (version 2, "Levels"): the root's two sums into out.
+ * Level 0 runs in chunks whose outputs fill one row of level 1 (64 outputs = 1024 bytes) in a
+ * small buffer; a full row of a level is hashed at once into the next level's buffer, and at the
+ * end each level's partial row is hashed bottom-up: the same rows, in the same order, as level by
+ * level, without writing any level to memory. keys: `nkeys` levels' packed keys, one after the
+ * other. Returns 0, or -1 when the tree needs more levels than `nkeys`. */
+static int tlh2_tree_acc(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                         mlh_acc *m) {
+    Py_ssize_t rows_at[MAX_LEVELS];
+    int top = 0;
+    rows_at[0] = n > 0 ? (n + K - 1) / K : 1;
+    while (rows_at[top] > 1) {
+        if (top + 1 >= MAX_LEVELS) return -1;
+        rows_at[top + 1] = (rows_at[top] + FANIN - 1) / FANIN;
+        top++;
+    }
+    if (top >= nkeys) return -1;
+    if (top == 0) {
+        tlh2_rows(isa, x, 1, n, n, unpack(keys), out);
+        if (m != NULL) mlh_add_rows(m, out, 1, 0);
+        return 0;
+    }
+    uint64_t buf[MAX_LEVELS][2 * FANIN]; /* level l's input row being filled: FANIN outputs of l - 1 */
+    int count[MAX_LEVELS] = {0};
+    Py_ssize_t full = n / K, tail = n % K;
+#define CARRY(from)                                                                                           \
+    for (int l_ = (from); l_ < top && count[l_] == FANIN; l_++) {                                           \
+        tlh2_rows(isa, (const uint8_t *)buf[l_], 1, K, K, unpack(keys + (size_t)l_ * KEYS_BYTES),            \
+                  buf[l_ + 1] + 2 * count[l_ + 1]);                                                        \
+        count[l_ + 1]++;                                                                                   \
+        count[l_] = 0;                                                                                     \
+    }
+    for (Py_ssize_t r = 0; r < full;) {
+        Py_ssize_t take = full - r < FANIN - count[1] ? full - r : FANIN - count[1];
+        tlh2_rows(isa, x + r * K, take, K, K, unpack(keys), buf[1] + 2 * count[1]);
+        if (m != NULL) mlh_add_rows(m, buf[1] + 2 * count[1], take, (uint64_t)r);
+        count[1] += (int)take;
+        r += take;
+        CARRY(1)
+    }
+    if (tail) {
+        tlh2_rows(isa, x + full * K, 1, tail, tail, unpack(keys), buf[1] + 2 * count[1]);
+        if (m != NULL) mlh_add_rows(m, buf[1] + 2 * count[1], 1, (uint64_t)full);
+        count[1]++;
+        CARRY(1)
+    }
+    for (int l = 1; l < top; l++) {
+        if (count[l] == 0) continue;
+        Py_ssize_t bytes = (Py_ssize_t)count[l] * 16;
+        tlh2_rows(isa, (const uint8_t *)buf[l], 1, bytes, bytes, unpack(keys + (size_t)l * KEYS_BYTES),
+                  buf[l + 1] + 2 * count[l + 1]);
+        count[l + 1]++;
+        count[l] = 0;
+        CARRY(l + 1)
+    }
+#undef CARRY
+    Py_ssize_t bytes = (Py_ssize_t)count[top] * 16;
+    tlh2_rows(isa, (const uint8_t *)buf[top], 1, bytes, bytes, unpack(keys + (size_t)top * KEYS_BYTES), out);
+    return 0;
+}
+
+/* The tree alone (the record path's capsule takes this one). */
+static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]) {
+    return tlh2_tree_acc(isa, x, n, keys, nkeys, out, NULL);
+}
+
+/* ============================================================================= mergeable (mlh): shards */
 
 /* Rows per call of the level function on the full rows of a run (its outputs on the stack). */
 #define MLH_CHUNK 64
@@ -552,6 +563,31 @@ static PyObject *tlh2_root(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *tlh2_root_mlh(PyObject *self, PyObject *args) {
+    unsigned long long xa, ka, ya, seed_a, seed_b;
+    Py_ssize_t n;
+    int nkeys, want = -1, rc;
+    if (!PyArg_ParseTuple(args, "KnKiKKK|i", &xa, &n, &ka, &nkeys, &ya, &seed_a, &seed_b, &want)) return NULL;
+    if (n < 0 || nkeys < 1 || (n > 0 && xa == 0) || ka == 0 || ya == 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root_mlh: bad arguments n=%zd nkeys=%d", n, nkeys);
+        return NULL;
+    }
+    int use = pick_isa(want);
+    if (use < 0) return NULL;
+    mlh_acc m = {seed_a, seed_b, {0, 0}};
+    const uint8_t *x = (const uint8_t *)(uintptr_t)xa;
+    const uint8_t *keys = (const uint8_t *)(uintptr_t)ka;
+    uint64_t *y = (uint64_t *)(uintptr_t)ya;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tlh2_tree_acc(use, x, n, keys, nkeys, y, &m);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root_mlh: %zd bytes need more than %d levels of keys", n, nkeys);
+        return NULL;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)m.acc[0], (unsigned long long)m.acc[1]);
+}
+
 static PyObject *mlh(PyObject *self, PyObject *args) {
     unsigned long long xa, ka, base, seed_a, seed_b;
     Py_ssize_t run_bytes;
@@ -623,6 +659,9 @@ static PyMethodDef methods[] = {
     {"tlh2_root", tlh2_root, METH_VARARGS,
      "tlh2_root(x_addr, nbytes, keys_addr, nlevels, y_addr, isa=-1): version 2, the root's two uint64 sums of n "
      "contiguous bytes through every level (keys: nlevels levels' packed keys, one after the other)."},
+    {"tlh2_root_mlh", tlh2_root_mlh, METH_VARARGS,
+     "tlh2_root_mlh(x_addr, nbytes, keys_addr, nlevels, y_addr, seed_a, seed_b, isa=-1): tlh2_root, and the same "
+     "bytes' mergeable fingerprint sums (ma, mb) from its level 0, in the same pass."},
     {"mlh", mlh, METH_VARARGS,
      "mlh(x_addr, run_bytes, sizes, gstrides, base, keys_addr, seed_a, seed_b, isa=-1): the mergeable "
      "fingerprint's part (ma, mb) of a shard's contiguous bytes, runs of run_bytes at global byte offsets "
@@ -653,8 +692,18 @@ static int detect_isa(void) {
 typedef struct {
     int (*tree)(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]);
     int (*pick)(int want);
+    /* The tree and, from its level 0, the mergeable sums of the same bytes (seeds in, sums out). */
+    int (*tree_mlh)(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                    const uint64_t seeds[2], uint64_t mlh[2]);
 } DetfpTreeApi;
-static DetfpTreeApi tree_api = {tlh2_tree, pick_isa};
+static int tree_mlh(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                    const uint64_t seeds[2], uint64_t mlh[2]) {
+    mlh_acc m = {seeds[0], seeds[1], {0, 0}};
+    int rc = tlh2_tree_acc(isa, x, n, keys, nkeys, out, &m);
+    mlh[0] = m.acc[0], mlh[1] = m.acc[1];
+    return rc;
+}
+static DetfpTreeApi tree_api = {tlh2_tree, pick_isa, tree_mlh};
 
 PyMODINIT_FUNC PyInit__lanes(void) {
     isa_sel = isa_best = detect_isa();

@@ -205,3 +205,17 @@ def test_moments_of_nothing_are_the_identity_of_merging():
     empty = merge.moments(torch.zeros(0))
     assert merge.combine_moments([empty.tolist()]) == tuple(empty.tolist())
     assert empty.tolist() == [0.0, 0.0, 0.0, float("inf"), float("-inf"), 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("n", [0, 5, 1024, 1025, 70_000, 64 * 64 * 1024 + 77])
+def test_the_tree_and_the_mergeable_sums_in_one_pass_equal_each_apart(n):
+    """``native.root2_mlh``: version 2's root and the whole tensor's (ma, mb) from one read."""
+    from detfp_capture._digest import native, tlh2
+
+    if not native.AVAILABLE:
+        pytest.skip("the native kernel is not built")
+    b = torch.randint(-128, 128, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(n))
+    keys = tlh2.pack_all_keys()
+    root, sums = native.root2_mlh(b, keys, merge.SEED_A, merge.SEED_B)
+    assert torch.equal(root, native.root2(b, keys))
+    assert sums == merge.part(b) == ref_sums(b.numpy().tobytes())
