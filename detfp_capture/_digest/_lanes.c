@@ -317,6 +317,36 @@ static void tlh2_rows(int isa, const uint8_t *x, Py_ssize_t rows, Py_ssize_t col
     tlh2_portable(x, rows, cols, stride, k, y);
 }
 
+/* ============================================================================= mergeable (mlh) */
+
+/* The mergeable fingerprint (docs/digest.md, "Mergeable fingerprints"): over a logical tensor's
+ * global byte stream, ma = sum_r Ra(r) * a_r and mb = sum_r Rb(r) * b_r (mod 2^64), a_r/b_r the
+ * version-2 level-0 sums of global row r (1024 bytes, keys of level 0), Ra/Rb odd 64-bit row keys
+ * from splitmix64. Linear in the words, so a shard computes its part from its own bytes placed at
+ * their global offsets (rows it covers partly: the other bytes are zeros), and the parts of every
+ * shard add up, modulo 2^64, to the whole tensor's sums. */
+#define MLH_GAMMA 0x9E3779B97F4A7C15ull
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Row r's keys: the (r + 1)-th output of splitmix64 from the seed, made odd. */
+static inline uint64_t mlh_row_key(uint64_t seed, uint64_t r) { return mix64(seed + (r + 1) * MLH_GAMMA) | 1u; }
+
+typedef struct {
+    uint64_t seed_a, seed_b;
+    uint64_t acc[2];
+} mlh_acc;
+
+/* Rows' level-0 sums y (2 per row) of the global rows r0, r0 + 1, ... into the accumulator. */
+static void mlh_add_rows(mlh_acc *m, const uint64_t *y, Py_ssize_t rows, uint64_t r0) {
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        m->acc[0] += mlh_row_key(m->seed_a, r0 + (uint64_t)i) * y[2 * i];
+        m->acc[1] += mlh_row_key(m->seed_b, r0 + (uint64_t)i) * y[2 * i + 1];
+    }
+}
+
 /* Most levels a tree may have (8: up to 64^7 rows of 1024 bytes, 2^52 bytes). */
 #define MAX_LEVELS 8
 #define FANIN 64
@@ -327,7 +357,8 @@ static void tlh2_rows(int isa, const uint8_t *x, Py_ssize_t rows, Py_ssize_t col
  * end each level's partial row is hashed bottom-up: the same rows, in the same order, as level by
  * level, without writing any level to memory. keys: `nkeys` levels' packed keys, one after the
  * other. Returns 0, or -1 when the tree needs more levels than `nkeys`. */
-static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]) {
+static int tlh2_tree_acc(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                         mlh_acc *m) {
     Py_ssize_t rows_at[MAX_LEVELS];
     int top = 0;
     rows_at[0] = n > 0 ? (n + K - 1) / K : 1;
@@ -339,6 +370,7 @@ static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *key
     if (top >= nkeys) return -1;
     if (top == 0) {
         tlh2_rows(isa, x, 1, n, n, unpack(keys), out);
+        if (m != NULL) mlh_add_rows(m, out, 1, 0);
         return 0;
     }
     uint64_t buf[MAX_LEVELS][2 * FANIN]; /* level l's input row being filled: FANIN outputs of l - 1 */
@@ -354,12 +386,14 @@ static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *key
     for (Py_ssize_t r = 0; r < full;) {
         Py_ssize_t take = full - r < FANIN - count[1] ? full - r : FANIN - count[1];
         tlh2_rows(isa, x + r * K, take, K, K, unpack(keys), buf[1] + 2 * count[1]);
+        if (m != NULL) mlh_add_rows(m, buf[1] + 2 * count[1], take, (uint64_t)r);
         count[1] += (int)take;
         r += take;
         CARRY(1)
     }
     if (tail) {
         tlh2_rows(isa, x + full * K, 1, tail, tail, unpack(keys), buf[1] + 2 * count[1]);
+        if (m != NULL) mlh_add_rows(m, buf[1] + 2 * count[1], 1, (uint64_t)full);
         count[1]++;
         CARRY(1)
     }
@@ -376,6 +410,71 @@ static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *key
     Py_ssize_t bytes = (Py_ssize_t)count[top] * 16;
     tlh2_rows(isa, (const uint8_t *)buf[top], 1, bytes, bytes, unpack(keys + (size_t)top * KEYS_BYTES), out);
     return 0;
+}
+
+/* The tree alone (the record path's capsule takes this one). */
+static int tlh2_tree(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]) {
+    return tlh2_tree_acc(isa, x, n, keys, nkeys, out, NULL);
+}
+
+/* ============================================================================= mergeable (mlh): shards */
+
+/* Rows per call of the level function on the full rows of a run (its outputs on the stack). */
+#define MLH_CHUNK 64
+
+/* One run: n contiguous local bytes whose first byte is global byte g. A row the run covers in
+ * part is hashed from a zeroed row holding the run's bytes at their places (the words the other
+ * shards hold are zeros there); its full rows are read where they lie. */
+static void mlh_run(int isa, const uint8_t *x, Py_ssize_t n, uint64_t g, keys2 k, mlh_acc *m) {
+    uint64_t y[2 * MLH_CHUNK];
+    uint64_t h = g % K;
+    if (n > 0 && h != 0) {
+        uint8_t row[K];
+        Py_ssize_t take = (Py_ssize_t)(K - h) < n ? (Py_ssize_t)(K - h) : n;
+        memset(row, 0, K);
+        memcpy(row + h, x, (size_t)take);
+        tlh2_rows(isa, row, 1, (Py_ssize_t)h + take, K, k, y);
+        mlh_add_rows(m, y, 1, g / K);
+        x += take, n -= take, g += (uint64_t)take;
+    }
+    while (n >= K) {
+        Py_ssize_t rows = n / K < MLH_CHUNK ? n / K : MLH_CHUNK;
+        tlh2_rows(isa, x, rows, K, K, k, y);
+        mlh_add_rows(m, y, rows, g / K);
+        x += rows * K, n -= rows * K, g += (uint64_t)rows * K;
+    }
+    if (n > 0) {
+        tlh2_rows(isa, x, 1, n, n, k, y);
+        mlh_add_rows(m, y, 1, g / K);
+    }
+}
+
+#define MLH_MAX_DIMS 16
+
+/* A shard's runs: local bytes are `count` runs of run_bytes each, in order; run j's global byte
+ * offset is base + sum_d i_d * gstride[d], (i_0, ..., i_{nd-1}) the row-major index of j over
+ * `sizes` (nd <= MLH_MAX_DIMS; nd = 0: one run). */
+static void mlh_box(int isa, const uint8_t *x, int nd, const Py_ssize_t *sizes, const uint64_t *gstride,
+                    Py_ssize_t run_bytes, uint64_t base, keys2 k, mlh_acc *m) {
+    Py_ssize_t idx[MLH_MAX_DIMS] = {0};
+    for (int d = 0; d < nd; d++)
+        if (sizes[d] == 0) return;
+    uint64_t g = base;
+    for (;;) {
+        mlh_run(isa, x, run_bytes, g, k, m);
+        x += run_bytes;
+        int d = nd - 1;
+        while (d >= 0) {
+            if (++idx[d] < sizes[d]) {
+                g += gstride[d];
+                break;
+            }
+            g -= gstride[d] * (uint64_t)(sizes[d] - 1);
+            idx[d] = 0;
+            d--;
+        }
+        if (d < 0) return;
+    }
 }
 
 /* ============================================================================= Python */
@@ -464,6 +563,72 @@ static PyObject *tlh2_root(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *tlh2_root_mlh(PyObject *self, PyObject *args) {
+    unsigned long long xa, ka, ya, seed_a, seed_b;
+    Py_ssize_t n;
+    int nkeys, want = -1, rc;
+    if (!PyArg_ParseTuple(args, "KnKiKKK|i", &xa, &n, &ka, &nkeys, &ya, &seed_a, &seed_b, &want)) return NULL;
+    if (n < 0 || nkeys < 1 || (n > 0 && xa == 0) || ka == 0 || ya == 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root_mlh: bad arguments n=%zd nkeys=%d", n, nkeys);
+        return NULL;
+    }
+    int use = pick_isa(want);
+    if (use < 0) return NULL;
+    mlh_acc m = {seed_a, seed_b, {0, 0}};
+    const uint8_t *x = (const uint8_t *)(uintptr_t)xa;
+    const uint8_t *keys = (const uint8_t *)(uintptr_t)ka;
+    uint64_t *y = (uint64_t *)(uintptr_t)ya;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tlh2_tree_acc(use, x, n, keys, nkeys, y, &m);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_ValueError, "tlh2_root_mlh: %zd bytes need more than %d levels of keys", n, nkeys);
+        return NULL;
+    }
+    return Py_BuildValue("(KK)", (unsigned long long)m.acc[0], (unsigned long long)m.acc[1]);
+}
+
+static PyObject *mlh(PyObject *self, PyObject *args) {
+    unsigned long long xa, ka, base, seed_a, seed_b;
+    Py_ssize_t run_bytes;
+    PyObject *sizes_o, *strides_o;
+    int want = -1;
+    if (!PyArg_ParseTuple(args, "KnO!O!KKKK|i", &xa, &run_bytes, &PyTuple_Type, &sizes_o, &PyTuple_Type, &strides_o,
+                          &base, &ka, &seed_a, &seed_b, &want))
+        return NULL;
+    Py_ssize_t nd = PyTuple_GET_SIZE(sizes_o);
+    if (nd > MLH_MAX_DIMS || PyTuple_GET_SIZE(strides_o) != nd || run_bytes < 0 || ka == 0) {
+        PyErr_Format(PyExc_ValueError, "mlh: bad arguments (%zd dims, run of %zd bytes)", nd, run_bytes);
+        return NULL;
+    }
+    Py_ssize_t sizes[MLH_MAX_DIMS];
+    uint64_t gstride[MLH_MAX_DIMS];
+    Py_ssize_t runs = 1;
+    for (Py_ssize_t d = 0; d < nd; d++) {
+        sizes[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(sizes_o, d));
+        gstride[d] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(strides_o, d));
+        if (PyErr_Occurred()) return NULL;
+        if (sizes[d] < 0) {
+            PyErr_SetString(PyExc_ValueError, "mlh: negative size");
+            return NULL;
+        }
+        runs *= sizes[d];
+    }
+    if (runs > 0 && run_bytes > 0 && xa == 0) {
+        PyErr_SetString(PyExc_ValueError, "mlh: null address");
+        return NULL;
+    }
+    int use = pick_isa(want);
+    if (use < 0) return NULL;
+    mlh_acc m = {seed_a, seed_b, {0, 0}};
+    const uint8_t *x = (const uint8_t *)(uintptr_t)xa;
+    keys2 k = unpack((const uint8_t *)(uintptr_t)ka);
+    Py_BEGIN_ALLOW_THREADS
+    if (run_bytes > 0) mlh_box(use, x, (int)nd, sizes, gstride, run_bytes, base, k, &m);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(KK)", (unsigned long long)m.acc[0], (unsigned long long)m.acc[1]);
+}
+
 static PyObject *isas(PyObject *self, PyObject *unused) {
     PyObject *out = PyTuple_New(isa_best + 1);
     if (out == NULL) return NULL;
@@ -494,6 +659,13 @@ static PyMethodDef methods[] = {
     {"tlh2_root", tlh2_root, METH_VARARGS,
      "tlh2_root(x_addr, nbytes, keys_addr, nlevels, y_addr, isa=-1): version 2, the root's two uint64 sums of n "
      "contiguous bytes through every level (keys: nlevels levels' packed keys, one after the other)."},
+    {"tlh2_root_mlh", tlh2_root_mlh, METH_VARARGS,
+     "tlh2_root_mlh(x_addr, nbytes, keys_addr, nlevels, y_addr, seed_a, seed_b, isa=-1): tlh2_root, and the same "
+     "bytes' mergeable fingerprint sums (ma, mb) from its level 0, in the same pass."},
+    {"mlh", mlh, METH_VARARGS,
+     "mlh(x_addr, run_bytes, sizes, gstrides, base, keys_addr, seed_a, seed_b, isa=-1): the mergeable "
+     "fingerprint's part (ma, mb) of a shard's contiguous bytes, runs of run_bytes at global byte offsets "
+     "base + sum_d i_d * gstrides[d] over the row-major index of sizes (level-0 keys)."},
     {"isas", isas, METH_NOARGS, "The instruction sets this CPU runs, worst first: ('portable', 'avx2', ...)."},
     {"select", select_isa, METH_VARARGS, "select(i): run instruction set isas()[i] from now on."},
     {"kernel", kernel, METH_NOARGS, "The instruction set the kernels run: 'avx512', 'avx2' or 'portable'."},
@@ -520,8 +692,18 @@ static int detect_isa(void) {
 typedef struct {
     int (*tree)(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2]);
     int (*pick)(int want);
+    /* The tree and, from its level 0, the mergeable sums of the same bytes (seeds in, sums out). */
+    int (*tree_mlh)(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                    const uint64_t seeds[2], uint64_t mlh[2]);
 } DetfpTreeApi;
-static DetfpTreeApi tree_api = {tlh2_tree, pick_isa};
+static int tree_mlh(int isa, const uint8_t *x, Py_ssize_t n, const uint8_t *keys, int nkeys, uint64_t out[2],
+                    const uint64_t seeds[2], uint64_t mlh[2]) {
+    mlh_acc m = {seeds[0], seeds[1], {0, 0}};
+    int rc = tlh2_tree_acc(isa, x, n, keys, nkeys, out, &m);
+    mlh[0] = m.acc[0], mlh[1] = m.acc[1];
+    return rc;
+}
+static DetfpTreeApi tree_api = {tlh2_tree, pick_isa, tree_mlh};
 
 PyMODINIT_FUNC PyInit__lanes(void) {
     isa_sel = isa_best = detect_isa();

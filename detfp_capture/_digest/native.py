@@ -21,6 +21,7 @@ and writes raw addresses.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -33,7 +34,7 @@ except ImportError:  # not built (no compiler or headers at install): torch's ro
     _lanes = None
 
 __all__ = [
-    "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mm", "mm2", "pair_weights", "root2",
+    "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mlh", "mm", "mm2", "pair_weights", "root2", "root2_mlh",
     "running",
 ]  # fmt: skip
 
@@ -184,3 +185,49 @@ def root2(b: torch.Tensor, keys: torch.Tensor, isa: str | None = None) -> torch.
     n = b.numel()
     _lanes.tlh2_root(b.data_ptr() if n else 0, n, keys.data_ptr(), keys.numel() // KEYS2_BYTES, y.data_ptr(), which)
     return y
+
+
+def mlh(
+    x: torch.Tensor,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...],
+    run: int,
+    base: int,
+    keys: torch.Tensor,
+    seed_a: int,
+    seed_b: int,
+    isa: str | None = None,
+) -> tuple[int, int]:
+    """The mergeable fingerprint's part (ma, mb) of a contiguous CPU tensor ``x`` whose bytes are
+    runs of ``run`` bytes at the global byte offsets ``base + sum_d i_d * strides[d]`` over the
+    row-major index of ``sizes`` (``merge.Box.runs``). ``keys``: ``tlh2.pack_keys(0)``."""
+    if _lanes is None:
+        raise RuntimeError("detfp's native digest kernel is not built")
+    if not x.is_cpu or not x.is_contiguous():
+        raise ValueError("native mlh: want a contiguous CPU tensor")
+    if x.numel() * x.element_size() != run * math.prod(sizes):
+        raise ValueError(f"native mlh: {x.numel() * x.element_size()} bytes are not {math.prod(sizes)} runs of {run}")
+    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() != KEYS2_BYTES or not keys.is_contiguous():
+        raise ValueError("native mlh: keys must be tlh2.pack_keys(0)")
+    if isa is not None and isa not in ISAS:
+        raise ValueError(f"native mlh: instruction set {isa!r} is not one of {ISAS}")
+    which = -1 if isa is None else ISAS.index(isa)
+    addr = x.data_ptr() if x.numel() else 0
+    return _lanes.mlh(addr, run, tuple(sizes), tuple(strides), base, keys.data_ptr(), seed_a, seed_b, which)
+
+
+def root2_mlh(b: torch.Tensor, keys: torch.Tensor, seed_a: int, seed_b: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """``root2`` and, from the same pass's level 0, the mergeable fingerprint's sums (ma, mb) of
+    the same bytes as a whole tensor (``merge``; one 64-bit multiply per 1 KiB row more)."""
+    if _lanes is None:
+        raise RuntimeError("detfp's native digest kernel is not built")
+    if not b.is_cpu or b.dtype is not torch.int8 or b.dim() != 1 or not b.is_contiguous():
+        raise ValueError(f"native root2_mlh: want a contiguous 1-D int8 CPU tensor, got {b.dtype} {tuple(b.shape)}")
+    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() % KEYS2_BYTES or not keys.is_contiguous():
+        raise ValueError("native root2_mlh: keys must be tlh2.pack_all_keys")
+    y = torch.empty((1, 4), dtype=torch.int32)
+    n = b.numel()
+    ab = _lanes.tlh2_root_mlh(
+        b.data_ptr() if n else 0, n, keys.data_ptr(), keys.numel() // KEYS2_BYTES, y.data_ptr(), seed_a, seed_b
+    )
+    return y, ab

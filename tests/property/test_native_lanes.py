@@ -248,7 +248,7 @@ def _sanitizer_build(tmp_path: Path) -> list[str] | None:
 
 
 def test_version_2_kernels_are_memory_safe_and_defined_under_sanitizers(tmp_path):
-    """Out-of-bounds reads or writes (a row's tail, a level's buffer) and undefined behaviour
+    """Out-of-bounds reads or writes (a row's tail, a level's buffer, a mergeable part's partial rows) and undefined behaviour
     (a signed overflow in a reduction) fail here, on every instruction set the CPU runs."""
     import subprocess
 
