@@ -127,7 +127,8 @@ def _bisect(
     ordered, more = _assemble.rank_results(run_a, run_b, scope.ranks, found.found, found.metrics, verdicts, ev, level)
     notes += more
     # 6. Diagnosis: the evidence beyond the ranks, the pattern, then the cause weighed from all of it.
-    ends = _clues.endings(run_a, run_b, scope.ranks, ordered)
+    # A rank with nothing left to compare (a run killed before its first commit there) still ended.
+    ends = _clues.endings(run_a, run_b, (*scope.ranks, *scope.empty), ordered)
     ordered, trimmed = _cause.trim_endings(ordered, ends)
     notes += trimmed
     hazard_reads = _clues.hazard_reads(run_a, run_b, ordered)

@@ -7,8 +7,9 @@ rank 1 changes its partial product (a module's own code, before the collective),
   capture records. At level boundaries rank 1 is the origin in that layer (its collective's
   input differs while everything before it matched: the layer's own code made it), rank 0 a
   receiver at the all-reduce, pattern ``single_rank`` (issue 28, item 5).
-* ``unseen``: the layer returns its partial product and its parent all-reduces it through a
-  function capture does not wrap (c10d's own, as code bound before the session calls it).
+* ``unseen``: the layer returns its partial product and its parent all-reduces it through the
+  process group's method bound before the session opened (capture wraps ``ProcessGroup``'s
+  methods while it is open: a method bound earlier is what a C++ extension's collective is to it).
   Rank 1 is the origin at the layer's output; rank 0's first difference is the next layer's
   input, a receiver through the cross-rank test, and its ``depends_on`` names a collective the
   forward ran, not a DDP or FSDP gradient reduction (issue 28, item 9).
@@ -54,6 +55,8 @@ class _Model(torch.nn.Module):
         self.inp = torch.nn.Linear(4, 8)
         self.row = _Row(seen, change)
         self.out = torch.nn.Linear(4, 2)
+        # Bound now, before the session wraps the class's methods: a collective capture does not see.
+        self._allreduce = distributed_c10d._get_default_group().allreduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.row(self.inp(x))
@@ -61,7 +64,7 @@ class _Model(torch.nn.Module):
             # A collective capture does not see (into a copy: an in-place write capture does not
             # see either would leave the cached digest of the row's output in place).
             y = y.clone()
-            distributed_c10d.all_reduce(y)
+            self._allreduce([y]).wait()
         return self.out(y)
 
 
