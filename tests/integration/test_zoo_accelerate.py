@@ -21,7 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch_runs, pair, run_checks
+from tests.fixtures.zoo.harness import (
+    ZOO,
+    check_ddp_receiver,
+    check_identical,
+    check_one_rank_kernel,
+    check_onoff,
+    expect,
+    launch_runs,
+    pair,
+    run_checks,
+)
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -58,32 +68,9 @@ def _onoff(root: Path, lvl: str) -> None:
     check_onoff(root, "off", [f"{lvl}.a", f"{lvl}.b"], [0, 1])
 
 
-def _receiver(res, what: str) -> None:
-    r0 = res.rank(0).effective
-    expect(
-        r0 is not None
-        and (r0.verdict, r0.step, r0.kind, r0.role, r0.peers_differing)
-        == ("receiver", PLANT, "reduced_grad", "output", (1,)),
-        f"{what}: rank 0 receives it through DDP's gradient reduction",
-        res,
-    )
-
-
 def _kernel(root: Path, lvl: str) -> None:
-    res = pair(root / lvl / "a", root / lvl / "kernel")
+    res = check_one_rank_kernel(root / lvl / "a", root / lvl / "kernel", PLANT, ORIGIN[lvl])
     d = res.diagnosis
-    expect(
-        (res.first_step, d.pattern, d.origin_ranks, d.cause) == (PLANT, "single_rank", (1,), "rank_local"),
-        "kernel",
-        res,
-    )
-    r1 = res.rank(1).effective
-    expect(
-        r1 is not None and (r1.verdict, r1.module, r1.kind, r1.op) == ("origin", *ORIGIN[lvl]),
-        "kernel: rank 1 origin",
-        res,
-    )
-    _receiver(res, "kernel")
     expect(d.headline.startswith("Only rank 1 starts the difference, at "), "kernel: first sentence", res)
 
 
@@ -95,7 +82,7 @@ def _data(root: Path, lvl: str) -> None:
     expect(
         r1 is not None and (r1.verdict, r1.kind, r1.op) == ("source", "batch", "TokenNet"), "data: rank 1 source", res
     )
-    _receiver(res, "data")
+    check_ddp_receiver(res, PLANT, "data")
     expect(
         d.headline == "The data differs: the batch fed to TokenNet differs at step 1 on rank 1, before any computation "
         "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",

@@ -29,11 +29,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.fixtures.zoo.harness import ZOO, check_identical, expect, launch_runs, pair, run_checks
+from tests.fixtures.zoo.harness import (
+    ZOO,
+    check_ddp_receiver,
+    check_identical,
+    check_one_rank_kernel,
+    expect,
+    launch_runs,
+    pair,
+    run_checks,
+)
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -86,32 +94,8 @@ def _onoff(root: Path, lvl: str) -> None:
         expect(got == want, f"capture on ({lvl}/{name}) vs off: {got} != {want}")
 
 
-def _receiver(res: Any, what: str) -> None:
-    r0 = res.rank(0).effective
-    expect(
-        r0 is not None
-        and (r0.verdict, r0.step, r0.kind, r0.role, r0.peers_differing)
-        == ("receiver", PLANT, "reduced_grad", "output", (1,)),
-        f"{what}: rank 0 receives it through DDP's gradient reduction",
-        res,
-    )
-
-
 def _kernel(root: Path, lvl: str) -> None:
-    res = pair(root / lvl / "a", root / lvl / "kernel")
-    d = res.diagnosis
-    expect(
-        (res.first_step, d.pattern, d.origin_ranks, d.cause) == (PLANT, "single_rank", (1,), "rank_local"),
-        "kernel",
-        res,
-    )
-    r1 = res.rank(1).effective
-    expect(
-        r1 is not None and (r1.verdict, r1.module, r1.kind, r1.op) == ("origin", *ORIGIN[lvl]),
-        "kernel: rank 1 origin",
-        res,
-    )
-    _receiver(res, "kernel")
+    check_one_rank_kernel(root / lvl / "a", root / lvl / "kernel", PLANT, ORIGIN[lvl])
 
 
 def _data(root: Path, lvl: str) -> None:
@@ -130,7 +114,7 @@ def _data(root: Path, lvl: str) -> None:
         "data: rank 1",
         res,
     )
-    _receiver(res, "data")
+    check_ddp_receiver(res, PLANT, "data")
     expect(
         d.headline == f"The data differs: the batch {what} differs at step {step} on rank 1, before any computation "
         "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
