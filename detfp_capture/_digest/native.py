@@ -168,16 +168,21 @@ def mm2(x: torch.Tensor, keys: torch.Tensor, out: torch.Tensor | None = None, is
     return _hand_back(y, out)
 
 
+def _check_tree_args(name: str, b: torch.Tensor, keys: torch.Tensor) -> None:
+    """The arguments of a whole-tree call: a contiguous 1-D int8 CPU tensor and every level's keys."""
+    if _lanes is None:
+        raise RuntimeError("detfp's native digest kernel is not built")
+    if not b.is_cpu or b.dtype is not torch.int8 or b.dim() != 1 or not b.is_contiguous():
+        raise ValueError(f"native {name}: want a contiguous 1-D int8 CPU tensor, got {b.dtype} {tuple(b.shape)}")
+    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() % KEYS2_BYTES or not keys.is_contiguous():
+        raise ValueError(f"native {name}: keys must be tlh2.pack_all_keys")
+
+
 def root2(b: torch.Tensor, keys: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     """Version 2: the root of the whole tree of a contiguous 1-D int8 tensor ``b`` (its bytes), in
     one call (no level written to memory) -> (1, 4) int32, the root's two uint64 sums. ``keys``:
     ``tlh2.pack_all_keys`` (every level's packed keys, one after the other)."""
-    if _lanes is None:
-        raise RuntimeError("detfp's native digest kernel is not built")
-    if not b.is_cpu or b.dtype is not torch.int8 or b.dim() != 1 or not b.is_contiguous():
-        raise ValueError(f"native root2: want a contiguous 1-D int8 CPU tensor, got {b.dtype} {tuple(b.shape)}")
-    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() % KEYS2_BYTES or not keys.is_contiguous():
-        raise ValueError("native root2: keys must be tlh2.pack_all_keys")
+    _check_tree_args("root2", b, keys)
     if isa is not None and isa not in ISAS:
         raise ValueError(f"native root2: instruction set {isa!r} is not one of {ISAS}")
     y = torch.empty((1, 4), dtype=torch.int32)
@@ -219,12 +224,7 @@ def mlh(
 def root2_mlh(b: torch.Tensor, keys: torch.Tensor, seed_a: int, seed_b: int) -> tuple[torch.Tensor, tuple[int, int]]:
     """``root2`` and, from the same pass's level 0, the mergeable fingerprint's sums (ma, mb) of
     the same bytes as a whole tensor (``merge``; one 64-bit multiply per 1 KiB row more)."""
-    if _lanes is None:
-        raise RuntimeError("detfp's native digest kernel is not built")
-    if not b.is_cpu or b.dtype is not torch.int8 or b.dim() != 1 or not b.is_contiguous():
-        raise ValueError(f"native root2_mlh: want a contiguous 1-D int8 CPU tensor, got {b.dtype} {tuple(b.shape)}")
-    if not keys.is_cpu or keys.dtype is not torch.uint8 or keys.numel() % KEYS2_BYTES or not keys.is_contiguous():
-        raise ValueError("native root2_mlh: keys must be tlh2.pack_all_keys")
+    _check_tree_args("root2_mlh", b, keys)
     y = torch.empty((1, 4), dtype=torch.int32)
     n = b.numel()
     ab = _lanes.tlh2_root_mlh(
