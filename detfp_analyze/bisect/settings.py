@@ -157,14 +157,21 @@ def settings(diffs: Sequence[EnvDiff]) -> tuple[Setting, ...]:
 def explains(s: Setting, d: Divergence | None, pattern: str) -> bool:
     """Whether setting ``s`` can explain the first divergence ``d`` (None: no located record,
     only metrics or receivers): the kind of change the setting makes. A source (data, RNG,
-    restored state) or a changed argument is never a setting's doing."""
+    restored state) is never a setting's doing, nor a changed argument other than an autocast
+    cast's dtype."""
     verdicts = SETTING_GROUPS[s.group][1]
     if d is None:
         return pattern in (Pattern.NO_ORIGIN, Pattern.ALL_RANKS_DIFFERENT_OPS) or Verdict.METRIC_ONLY in verdicts
-    if d.diff_kind == DiffKind.ARGUMENTS or d.verdict == Verdict.SOURCE:
-        return False
     if s.since is not None and d.step < s.since:
         return False  # changed after the difference started
+    if d.diff_kind == DiffKind.ARGUMENTS and d.verdict != Verdict.SOURCE:
+        # Autocast's casts take the dtype as an argument (aten::_to_copy's dtype at level ops): a
+        # call whose only changed arguments are dtypes is autocast's doing; any other change is
+        # the call site's.
+        changes = d.diff.args_changes if d.diff is not None else ()
+        return s.group == "autocast" and bool(changes) and all(c.startswith("dtype ") for c in changes)
+    if d.diff_kind == DiffKind.ARGUMENTS or d.verdict == Verdict.SOURCE:
+        return False
     kinds = _KIND_GROUPS.get(DiffKind(d.diff_kind))
     if kinds is not None and s.group not in kinds:
         return False

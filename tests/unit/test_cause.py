@@ -152,6 +152,20 @@ def test_a_dtype_change_is_autocasts_or_a_casts_never_a_thread_counts():
                                                       "in this process ([8x10] -> [8x12])")  # fmt: skip
 
 
+def test_an_autocast_cast_whose_dtype_argument_differs_is_the_autocast_setting_at_level_ops():
+    """At level ops an autocast dtype change shows first at the cast (aten::_to_copy's dtype
+    argument): the setting names it; another argument's change stays the call site's."""
+    cast = ValueDiff("arguments", args_changes=("dtype torch.bfloat16 -> torch.float16",))
+    d = div(diff_kind="arguments", diff=cast, op="aten::_to_copy.default", phase="forward", module="patch", step=0)
+    auto = settings([EnvDiff("determinism.autocast.cpu.dtype", "torch.bfloat16", "torch.float16")])
+    got = cause_of(ranks(d, d), Clues(settings=auto))
+    assert got.cause == "setting" and got.headline.startswith("determinism.autocast.cpu.dtype differs"), got.headline
+    assert cause_of(ranks(d, d)).cause == "argument"  # no setting differs: the call site passed another dtype
+    assert cause_of(ranks(d, d), Clues(settings=settings([THREADS]))).cause == "argument"
+    lr = replace(d, diff=ValueDiff("arguments", args_changes=("dtype torch.bfloat16 -> torch.float16", "lr 1 -> 2")))
+    assert cause_of(ranks(lr, lr), Clues(settings=auto)).cause == "argument"
+
+
 def test_forward_calls_that_differ_name_the_accumulation_and_a_setting_note_is_said_once():
     from detfp_analyze.bisect.cause import ForwardCalls
 
