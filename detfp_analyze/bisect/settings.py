@@ -87,6 +87,16 @@ _KIND_GROUPS = {
 }
 #: Keys that differ between launches without changing numbers (paths, bookkeeping).
 _NOT_NUMERICS = ("determinism.num_interop_threads", "versions.detfp", "host.hostname", "host.local_rank")
+#: Environment variables of the numerics prefixes (NCCL_*, TORCH_*) that only say how a job
+#: reports, waits, times out or is launched: a launcher sets some of them (torchrun sets
+#: TORCH_NCCL_ASYNC_ERROR_HANDLING), so a pair launched two ways differs there without a number
+#: changing.
+_NOT_NUMERICS_ENV = frozenset({
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_ENABLE_MONITORING",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "TORCH_NCCL_DESYNC_DEBUG", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+    "NCCL_SOCKET_IFNAME", "TORCH_DISTRIBUTED_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -131,7 +141,7 @@ def _group(key: str) -> str | None:
         return "algorithms"
     if key.startswith("env."):
         name = key[4:]
-        if name.endswith(("_DIR", "_PATH", "_FILE")):
+        if name.endswith(("_DIR", "_PATH", "_FILE")) or name in _NOT_NUMERICS_ENV or name.startswith("TORCHELASTIC_"):
             return None
         if name.startswith("NCCL_"):
             return "collectives"

@@ -47,7 +47,9 @@ THREADS = EnvDiff("determinism.num_threads", 1, 2)
 def test_settings_keep_what_changes_numbers_in_group_order():
     diffs = [EnvDiff("host.hostname", "a", "b"), EnvDiff("versions.torch", "2.9", "2.10"), THREADS,
              EnvDiff("env.NCCL_ALGO", None, "Tree"), EnvDiff("git.commit", "x", "y"),
-             EnvDiff("env.TORCHINDUCTOR_CACHE_DIR", "/a", "/b"), EnvDiff("determinism.num_interop_threads", 1, 2)]  # fmt: skip
+             EnvDiff("env.TORCHINDUCTOR_CACHE_DIR", "/a", "/b"), EnvDiff("determinism.num_interop_threads", 1, 2),
+             EnvDiff("env.TORCH_NCCL_ASYNC_ERROR_HANDLING", None, "1"), EnvDiff("env.TORCHELASTIC_RUN_ID", None, "x"),
+             EnvDiff("env.NCCL_DEBUG", None, "INFO")]  # fmt: skip
     got = [(s.key, s.group) for s in settings(diffs)]
     assert got == [("determinism.num_threads", "threads"), ("env.NCCL_ALGO", "collectives"),
                    ("versions.torch", "libraries")]  # fmt: skip
