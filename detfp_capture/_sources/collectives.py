@@ -180,7 +180,13 @@ class CollectiveTracer:
                 return orig(pg, *args, **kwargs)
             named = c10d.entry(spec, 1)
             if named is None:  # inside an object collective, a barrier, a group's set-up
-                return orig(pg, *args, **kwargs)
+                # The library's own exchange: its c10d op is no op of the program either (an object
+                # collective's receiving rank broadcasts into a fresh, unwritten buffer).
+                scope.bookkeeping += 1
+                try:
+                    return orig(pg, *args, **kwargs)
+                finally:
+                    scope.bookkeeping -= 1
             call = None
             outs: list[tuple[str, torch.Tensor]] = []
             asynchronous = True

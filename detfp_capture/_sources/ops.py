@@ -257,6 +257,9 @@ def unread_input(info: OpInfo, args: tuple, kwargs: dict) -> str | None:
 _FUNCTIONAL = ("_c10d_functional::", "c10d_functional::")
 #: c10d ops whose ``tensors`` argument is reduced or broadcast in place (read, then written).
 _C10D_INPLACE = frozenset({"c10d::allreduce_", "c10d::allreduce_coalesced_", "c10d::broadcast_", "c10d::reduce_"})
+#: c10d ops whose tensor is a placeholder the library allocates (``torch.empty``) and never reads
+#: for its value: write-only, so its garbage is never digested.
+_C10D_PLACEHOLDER = frozenset({"c10d::barrier", "c10d::monitored_barrier_"})
 
 
 def _c10d_writes(base: str, schema: Any) -> tuple[list[int], list[int]]:
@@ -265,7 +268,9 @@ def _c10d_writes(base: str, schema: Any) -> tuple[list[int], list[int]]:
     for i, a in enumerate(schema.arguments):
         if "Tensor" not in str(a.type):
             continue
-        if a.name.startswith("output") or (a.name == "tensors" and base.startswith("c10d::recv")):
+        if base in _C10D_PLACEHOLDER:
+            dest.append(i)  # neither read nor written: recorded, never digested
+        elif a.name.startswith("output") or (a.name == "tensors" and base.startswith("c10d::recv")):
             writes.append(i)
             dest.append(i)
         elif a.name == "tensors" and base in _C10D_INPLACE:

@@ -180,3 +180,24 @@ def test_the_backends_own_ops_inside_a_collective_are_not_the_programs(tmp_path,
     assert [f"{hi:016x}{lo:016x}" for hi, lo in rs.select("digest_hi", "digest_lo").rows()] == [
         digest.fingerprint(x).digest
     ] * 2
+
+
+def test_an_object_collectives_exchange_is_no_op_of_the_program(tmp_path, gloo1):
+    """At level ops an object collective's own exchange (the c10d op it dispatches into a buffer
+    it just allocated, unwritten on a receiving rank: other bytes in every run) is the library's
+    work, as a barrier's is: no op record, no collective record, the program's ops around it
+    recorded (a Lightning job broadcasting its log directory was an identical pair that diverged
+    at ``c10d::broadcast_`` on rank 1)."""
+    with Session(tmp_path / "r", "ops") as s, s.step(0):
+        x = torch.arange(4.0) + 1
+        dist.broadcast_object_list([{"run": str(tmp_path)}], 0)
+        dist.all_gather_object([None], {"run": str(tmp_path)})
+        dist.barrier()
+        _ = x * 2
+    r = read(tmp_path / "r")
+    names = r.filter(pl.col("kind").is_in(["op", "collective"]))["name"].unique(maintain_order=True).to_list()
+    assert not [n for n in names if n.startswith(("c10d::broadcast", "c10d::allgather", "broadcast", "all_gather"))]
+    assert "aten::mul.Tensor" in names and "aten::add.Tensor" in names
+    # A barrier's placeholder tensor (torch.empty: garbage) is recorded write-only, never digested.
+    barrier = r.filter(pl.col("name") == "c10d::barrier.default")
+    assert barrier["role"].to_list() == ["dest"] and barrier["digest_hi"].is_null().all(), barrier
