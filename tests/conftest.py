@@ -67,6 +67,16 @@ def pytest_xdist_make_scheduler(config, log):
     return OneJvmLongestFirst(config, log)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``native`` (``tests/native_half.py``: ``needs``) skips without its extension,
+    or fails where ``DETFP_REQUIRE_NATIVE=1`` and a compiler could have built it."""
+    mark = item.get_closest_marker("native")
+    if mark is not None:
+        from tests import native_half
+
+        native_half.check(mark.kwargs["available"], mark.kwargs["what"])
+
+
 @pytest.fixture
 def gloo1(tmp_path):
     """A one-rank gloo process group in this process (collectives without spawning)."""
