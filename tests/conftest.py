@@ -30,6 +30,7 @@ LONGEST = (
     "tests/golden/test_sql_bisect_equivalence.py",
     "tests/integration/test_zoo_mcore.py",
     "tests/integration/test_faults.py",
+    "tests/integration/test_record_native_asan.py",  # 55 s at load ~3: a sanitizer build, then its tests
     "tests/integration/test_zoo_parallel.py",
     "tests/integration/test_zoo_pipelining.py",
     "tests/integration/test_zoo_lowp.py",
