@@ -20,7 +20,6 @@ PACKAGES = ("detfp_format", "detfp_capture", "detfp_analyze", "detfp_guards")
 ALLOWED = {
     frozenset({"detfp_analyze.io.reader", "detfp_analyze.io.completeness", "detfp_analyze.io.runindex"}),
     frozenset({"detfp_analyze.testing.plants", "detfp_analyze.testing.synth", "detfp_analyze.testing.template"}),
-    frozenset({"detfp_capture._recorder.deferred", "detfp_capture._recorder.hot", "detfp_capture._recorder.roots"}),
 }
 
 
