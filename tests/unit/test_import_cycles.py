@@ -19,7 +19,6 @@ PACKAGES = ("detfp_format", "detfp_capture", "detfp_analyze", "detfp_guards")
 #: into a module below them).
 ALLOWED = {
     frozenset({"detfp_analyze.io.reader", "detfp_analyze.io.completeness", "detfp_analyze.io.runindex"}),
-    frozenset({"detfp_analyze.testing.plants", "detfp_analyze.testing.synth", "detfp_analyze.testing.template"}),
 }
 
 
