@@ -1,12 +1,13 @@
 """The launcher's Session (``python -m detfp_capture``): a ``Session`` that waits for its rank
 when no ``RANK`` names it (``_placement``), with global module hooks and steps counted by the
-script's optimizer steps (``_sources.launcher.AutoSteps``)."""
+script's optimizer steps (``_sources.autosteps.AutoSteps``)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from detfp_capture._sources.autosteps import AutoSteps
 from detfp_capture.session import Session
 
 __all__ = ["launcher_session"]
@@ -31,13 +32,11 @@ class _LauncherSession(Session):
 
 def launcher_session(*, followed: bool = False, **options: Any) -> _LauncherSession:
     """A Session in launcher mode (``python -m detfp_capture``): global module hooks, steps
-    counted by the script's optimizer steps (``launcher.AutoSteps``), the rank learned from the
+    counted by the script's optimizer steps (``autosteps.AutoSteps``), the rank learned from the
     process group when no ``RANK`` names it (``_placement``)."""
     session = _LauncherSession(followed=followed, **options)
     steps = session._steps  # None when inert (ranks= leaves this rank out)
     if steps is not None:
-        from detfp_capture._sources.launcher import AutoSteps
-
         session._hooks.install_global()  # level metrics: roots only
         session._auto = AutoSteps(session._ctx, steps)
         session._auto.install()

@@ -156,7 +156,7 @@ class Session:
         self._inert = not awaiting and cfg.ranks is not None and self.rank not in cfg.ranks
         self._outside_warned: set[tuple[str, str]] = set()
         self._steps: StepBoundaries | None = None
-        self._auto: Any = None  # launcher mode's step counting (launcher.AutoSteps)
+        self._auto: Any = None  # launcher mode's step counting (autosteps.AutoSteps)
         self._opt_handles: list[Any] = []
         if self._inert:
             return

@@ -10,27 +10,41 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.detfp-installed
-# setup.py and the C source: the digest's native kernel is built by the editable install, so a
-# change to either reinstalls (rebuilds) it, as does a built kernel gone missing (a `git clean`)
-# where a C compiler is there to build it.
-# A build that failed (no Python headers, say) is not retried until its sources change.
-kernel_missing=false
-unbuildable=.venv/.detfp-kernel-unbuildable
-if { command -v cc || command -v gcc; } >/dev/null 2>&1 && ! compgen -G 'detfp_capture/_digest/_lanes*.so' >/dev/null \
-  && { [ ! -f "$unbuildable" ] || [ setup.py -nt "$unbuildable" ] || [ detfp_capture/_digest/_lanes.c -nt "$unbuildable" ]; }; then
-  kernel_missing=true
-fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] \
-  || [ setup.py -nt "$stamp" ] || [ detfp_capture/_digest/_lanes.c -nt "$stamp" ] || $kernel_missing; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install --quiet -c requirements-dev.txt -e '.[dev]'
-  if compgen -G 'detfp_capture/_digest/_lanes*.so' >/dev/null; then
-    rm -f "$unbuildable"
-  else
-    touch "$unbuildable"
-    echo "bootstrap: the digest's native kernel was not built (no C compiler or Python headers); the digest uses torch's slower exact route" >&2
-  fi
   touch "$stamp"
+fi
+# The capture's optional native extensions (setup.py): the digest's kernel and the record path's
+# helpers. They are rebuilt in place when the hash of what they are built from (setup.py and every
+# C source and header under detfp_capture/: scripts/native_sources.sh) differs from the last
+# build's, or when one of them is missing (a `git clean`) where a C compiler is there to build it;
+# comparing contents, not times, so an edit to any part (_recorder/hostpath_c/*.c included) is
+# never tested against an old build, and a fresh unchanged tree costs one hash and no build.
+# A build that failed (no Python headers, say) is not retried until its sources change.
+built=.venv/.detfp-native-hash
+unbuildable=.venv/.detfp-native-unbuildable
+sources=$(bash scripts/native_sources.sh)
+extensions=(detfp_capture/_digest/_lanes detfp_capture/_recorder/_hostpath)
+missing=false
+for ext in "${extensions[@]}"; do
+  if ! compgen -G "$ext*.so" >/dev/null; then missing=true; fi
+done
+has_cc=false
+if { command -v cc || command -v gcc; } >/dev/null 2>&1; then has_cc=true; fi
+if [ "$(cat "$built" 2>/dev/null)" != "$sources" ] \
+  || { $missing && $has_cc && [ "$(cat "$unbuildable" 2>/dev/null)" != "$sources" ]; }; then
+  # --force: setuptools would skip a target newer than its listed sources, which a header or a
+  # part not in setup.py's depends is not; optional=True there, so a failed build only warns.
+  .venv/bin/python setup.py --quiet build_ext --inplace --force >/dev/null 2>&1 || true
+  rm -f "$unbuildable"
+  echo "$sources" >"$built"
+  for ext in "${extensions[@]}"; do
+    if ! compgen -G "$ext*.so" >/dev/null; then
+      echo "$sources" >"$unbuildable"
+      echo "bootstrap: the native extension $ext was not built (no C compiler or Python headers); the capture uses its Python route" >&2
+    fi
+  done
 fi
 # The Spark engine (detfp[spark], in requirements-dev.txt) needs Java 17+; its tests are in the
 # default suite. With --java (scripts/test.sh) a missing or old Java is installed from the system

@@ -30,6 +30,7 @@ LONGEST = (
     "tests/golden/test_sql_bisect_equivalence.py",
     "tests/integration/test_zoo_mcore.py",
     "tests/integration/test_faults.py",
+    "tests/integration/test_record_native_asan.py",  # 55 s at load ~3: a sanitizer build, then its tests
     "tests/integration/test_zoo_parallel.py",
     "tests/integration/test_zoo_pipelining.py",
     "tests/integration/test_zoo_lowp.py",
@@ -65,6 +66,16 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return OneJvmLongestFirst(config, log)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``native`` (``tests/native_half.py``: ``needs``) skips without its extension,
+    or fails where ``DETFP_REQUIRE_NATIVE=1`` and a compiler could have built it."""
+    mark = item.get_closest_marker("native")
+    if mark is not None:
+        from tests import native_half
+
+        native_half.check(mark.kwargs["available"], mark.kwargs["what"])
 
 
 @pytest.fixture

@@ -15,17 +15,26 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 
 from detfp_format import contract
 from detfp_format.arrowschema import arrow_schema
 
-if TYPE_CHECKING:
-    from detfp_analyze.testing.synth import SynthSpec
+__all__ = ["TemplateShape", "_Template", "_template"]
 
-__all__ = ["_Template", "_template"]
+
+class TemplateShape(Protocol):
+    """What a template is built from: the fields of ``synth.SynthSpec`` it reads (declared here,
+    below synth, which imports this module)."""
+
+    @property
+    def records(self) -> int: ...
+    @property
+    def compact(self) -> bool: ...
+    @property
+    def bucket_layers(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def _layer_optimizer(h: int) -> list[tuple]:
     ]
 
 
-def _build_calls(spec: SynthSpec) -> list[tuple]:
+def _build_calls(spec: TemplateShape) -> list[tuple]:
     """Calls of one step as (phase, module, kind, name, inputs, outputs, shape), exactly spec.records records."""
     h = 1024
 
@@ -186,7 +195,7 @@ def _flat(calls: list[tuple]) -> list[tuple]:
     return out
 
 
-def _template(spec: SynthSpec) -> _Template:
+def _template(spec: TemplateShape) -> _Template:
     recs = _flat(_build_calls(spec))[: spec.records]
     mb = -1
     occ_count: Counter = Counter()

@@ -29,9 +29,10 @@ from collections.abc import Iterator
 import torch
 
 try:
-    from detfp_capture._digest import _lanes  # type: ignore[attr-defined]  # the C extension: no stub
+    from detfp_capture._digest import _lanes  # the C extension (its types: _lanes.pyi)
 except ImportError:  # not built (no compiler or headers at install): torch's routes only
-    _lanes = None
+    # Typed as the module (the stub) for its uses, each behind AVAILABLE, which is False here.
+    _lanes = None  # type: ignore[assignment]
 
 __all__ = [
     "AVAILABLE", "FORCED", "ISA", "ISAS", "KERNEL", "PAIRS", "kernel_name", "mlh", "mm", "mm2", "pair_weights", "root2", "root2_mlh",

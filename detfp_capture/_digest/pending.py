@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,9 +27,6 @@ from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.resolve import _hex, resolve
 from detfp_capture._digest.results import DigestError, Fingerprint, Moments, _fingerprint_fast
 from detfp_capture._digest.subclass import flatten
-
-if TYPE_CHECKING:  # (batched imports this module)
-    from detfp_capture._digest.batched import BatchLanes
 
 __all__ = ["DigestError", "Fingerprint", "Moments", "Pending", "fingerprint", "resolve", "start"]
 
@@ -61,6 +58,17 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 # ---------------------------------------------------------------------------------------------
 # Small-tensor arena: one copy per tensor at start, one GEMM per arena at resolve.
+
+
+class RowHolder(Protocol):
+    """What holds a batch's rows (``batched.BatchLanes``, which imports this module): its scheme
+    and its lanes, hashed once at ``seal``; declared here so this module need not import it."""
+
+    scheme: Scheme
+    ptr_out: torch.Tensor | None
+    ptr_pos: dict[int, int]
+
+    def seal(self) -> torch.Tensor: ...
 
 
 class _Arena:
@@ -163,7 +171,7 @@ class Pending:
     # Class-level defaults keep ``start`` cheap: an instance sets only what it has.
     scheme: Scheme | None = None  # the version of ``lanes``/``rows_lanes``/``components`` (arena rows: the arena's)
     lanes: torch.Tensor | None = None  # (1, scheme.lanes) int32 final-level lanes
-    arena: _Arena | BatchLanes | None = None  # small tensors (or a batch's): their rows' holder and row
+    arena: _Arena | RowHolder | None = None  # small tensors (or a batch's): their rows' holder and row
     row: int = 0
     rows_lanes: torch.Tensor | None = None  # (R, scheme.lanes) int32 lanes of row/chunk digests
     rows_meta: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (count, shape) segments of rows_lanes

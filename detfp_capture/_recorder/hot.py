@@ -22,6 +22,7 @@ import torch
 from detfp_capture import digest
 from detfp_capture._digest.awaited import PLAIN
 from detfp_capture._digest.staging import Staging
+from detfp_capture._recorder import hostconfig
 from detfp_capture._recorder.call import NAME, Call, DumpRow, RecordSpec, TensorArg, make_call
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX
 from detfp_capture._recorder.roots import start_digests
@@ -35,10 +36,8 @@ from detfp_capture._recorder.slot import (
     dtype_str,
     gc_paused,
     shape_tuple,
-    storage_ptrs,
 )
 from detfp_capture._recorder.subclass import has_subclass
-from detfp_capture._recorder.vcache import LIMIT
 
 __all__ = [
     "append_batch",
@@ -50,9 +49,9 @@ __all__ = [
     "record_op",
 ]
 
-_NO_HAZARDS: tuple[str, ...] = ()
-_INT64 = torch.int64
-_TENSOR = torch.Tensor
+_NO_HAZARDS = hostconfig.NO_HAZARDS
+_INT64 = hostconfig.INT64
+_TENSOR = hostconfig.TENSOR
 
 
 def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
@@ -144,10 +143,7 @@ def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool
 
 
 if NATIVE:
-    _hostpath.configure(
-        PLAIN, _TENSOR, _INT64, DTYPE_STR, dtype_str, SHAPES, shape_tuple, Staging, digest, storage_ptrs,
-        _NO_HAZARDS, LIMIT,
-    )  # fmt: skip
+    hostconfig.configure()
     _native_plain = _hostpath.append_plain
 
     def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:

@@ -25,7 +25,8 @@ from detfp_capture._digest import native, tlh2, versions
 from detfp_capture._digest.batched import BATCHED, SPECIAL, STRIDED, BatchLanes, start_many
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.versions import active
-from detfp_capture._recorder.slot import _hostpath
+from detfp_capture._recorder import hostconfig
+from detfp_capture._recorder.slot import NATIVE, _hostpath
 
 __all__ = ["native_roots", "roots_first", "start_digests", "start_roots"]
 
@@ -41,11 +42,10 @@ def native_roots() -> Any:
     global _ROOTS
     if _ROOTS is None:
         _ROOTS = False
-        from detfp_capture._recorder import hot  # configures the helpers (hot imports this module)
-
         lanes = native._lanes
-        if hot.NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
+        if NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
             keys = tlh2.pack_all_keys()
+            hostconfig.configure()  # the plain appends' part, which the record-time route uses
             _hostpath.configure_roots(
                 lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys,
                 keys.numel() // native.KEYS2_BYTES, _CPU,

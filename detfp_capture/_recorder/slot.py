@@ -34,9 +34,10 @@ __all__ = [
 ]  # fmt: skip
 
 try:  # the record path's native helpers (setup.py; optional)
-    from detfp_capture._recorder import _hostpath  # type: ignore[attr-defined]  # C, no stub
+    from detfp_capture._recorder import _hostpath  # C (its types: _hostpath.pyi)
 except ImportError:  # not built: the Python class below and torch's copies, the same trace
-    _hostpath = None
+    # Typed as the module (the stub) for its uses, each behind NATIVE, which is False here.
+    _hostpath = None  # type: ignore[assignment]
 #: Whether the native Slot and byte copy are used: built, and not switched off by
 #: ``DETFP_NATIVE=0`` (the same switch as the digest's kernel: the pure-Python record path).
 NATIVE = _hostpath is not None and os.environ.get("DETFP_NATIVE", "") != "0"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from detfp_capture._recorder import slot
+from tests import native_half
 from tests.golden.test_capture_records import LEVELS, capture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def _python_route(level: str, tmp: Path, version: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not slot.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+@native_half.needs(slot.NATIVE, native_half.RECORD)
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("level", LEVELS)
 def test_native_and_python_record_paths_write_the_same_trace(level, version, tmp_path):

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from detfp_capture._digest import merge
+from tests import native_half
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -212,8 +213,7 @@ def test_the_tree_and_the_mergeable_sums_in_one_pass_equal_each_apart(n):
     """``native.root2_mlh``: version 2's root and the whole tensor's (ma, mb) from one read."""
     from detfp_capture._digest import native, tlh2
 
-    if not native.AVAILABLE:
-        pytest.skip("the native kernel is not built")
+    native_half.check(native.AVAILABLE, native_half.DIGEST)
     b = torch.randint(-128, 128, (n,), dtype=torch.int8, generator=torch.Generator().manual_seed(n))
     keys = tlh2.pack_all_keys()
     root, sums = native.root2_mlh(b, keys, merge.SEED_A, merge.SEED_B)

@@ -38,6 +38,7 @@ import pytest
 from detfp_analyze.io import stepsums
 from detfp_analyze.io.reader import open_run
 from detfp_capture._digest import native
+from tests import native_half
 from tests.fixtures.shards import fold_shards
 
 # The shared fixture launches every job inside the first test's setup: allow it more than
@@ -309,7 +310,7 @@ def test_two_unplanted_runs_are_record_for_record_identical(jobs):
     # ... across digest routes: a's launch ran the native kernel where it is built, b's torch's GEMM
     routes = {n: set(re.findall(r"^digest route: (.+)$", jobs[n][1], re.M)) for n in ("a", "b")}
     assert len(routes["a"]) == len(routes["b"]) == 1 and not next(iter(routes["b"])).startswith("native")
-    if native._lanes is not None:  # built: DETFP_NATIVE=1 makes a's launch use it
+    if native_half.present(native._lanes is not None, native_half.DIGEST):  # DETFP_NATIVE=1: a's launch used it
         assert next(iter(routes["a"])).startswith("native kernel")
 
 

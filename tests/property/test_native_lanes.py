@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from detfp_capture._digest import core, gemm, native, tlh2, versions
 from detfp_capture.digest import fingerprint
+from tests import native_half
 
 CPU = torch.device("cpu")
 V1, V2 = versions.SCHEMES[1], versions.SCHEMES[2]
-needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native digest kernel not built (no C compiler)")
+needs_native = native_half.needs(native.AVAILABLE, native_half.DIGEST)
 
 
 def pairs(level: int) -> torch.Tensor:
@@ -117,8 +118,8 @@ def test_native_refuses_what_it_cannot_read():
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("route", ["native", "int_mm", "float"])
 def test_every_route_gives_the_same_fingerprints(monkeypatch, route, version):
-    if route == "native" and not native.AVAILABLE:
-        pytest.skip("native digest kernel not built")
+    if route == "native":
+        native_half.check(native.AVAILABLE, native_half.DIGEST)
     sch = versions.SCHEMES[version]
     g = torch.Generator().manual_seed(3)
     ts = [
@@ -184,13 +185,7 @@ def test_without_the_kernel_torch_routes_are_taken(monkeypatch):
     assert torch.equal(V2.mm(x, 0), reference2(x, 0))
 
 
-def _can_build() -> bool:
-    """A C compiler and Python's headers: what building the optional extension needs."""
-    has_cc = shutil.which("cc") is not None or shutil.which("gcc") is not None
-    return has_cc and (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file()
-
-
-@pytest.mark.skipif(not _can_build(), reason="no C compiler or no Python headers here: the kernel is optional")
+@pytest.mark.skipif(not native_half.can_build(), reason="no C compiler or no Python headers here: the kernel is optional")
 def test_the_kernel_is_built_where_it_can_be():
     """``pip install -e .`` (scripts/bootstrap.sh) builds it; a silently missing build would leave
     the digest on the slower route and these tests skipped."""

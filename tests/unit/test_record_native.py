@@ -12,10 +12,18 @@ import torch
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder import slot as slot_mod
 from detfp_capture._recorder.slot import PySlot, Slot
+from tests import native_half
 
-native = pytest.mark.skipif(not slot_mod.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+native = native_half.needs(slot_mod.NATIVE, native_half.RECORD)
 
 FIELDS = PySlot.__slots__
+
+
+@pytest.mark.skipif(not native_half.can_build(), reason="no C compiler or no Python headers here: the helpers are optional")
+def test_the_record_helpers_are_built_where_they_can_be():
+    """``scripts/bootstrap.sh`` builds them; a silently missing build would leave the record path in
+    Python and its native tests skipped (``DETFP_REQUIRE_NATIVE=1`` fails those too)."""
+    assert slot_mod._hostpath is not None, "detfp_capture._recorder._hostpath is not built: rerun scripts/bootstrap.sh"
 INIT = ("pending", "hi", "lo", "extra", "ref", "version", "opt_rows", "opt_moments", "source")
 
 

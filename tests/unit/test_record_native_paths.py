@@ -21,9 +21,10 @@ from detfp_capture._recorder import slot as slot_mod
 from detfp_capture._recorder.flush import resolve_slots
 from detfp_capture._recorder.slot import Slot
 from detfp_capture._sources import dispatch, ops
+from tests import native_half
 from tests.golden.test_capture_records import capture
 
-native = pytest.mark.skipif(not slot_mod.NATIVE, reason="the native record helpers are not built (or DETFP_NATIVE=0)")
+native = native_half.needs(slot_mod.NATIVE, native_half.RECORD)
 
 
 def _python_dispatch(mp: pytest.MonkeyPatch) -> None:
