@@ -2,7 +2,7 @@
 ops (every Inductor kernel and every ATen call inside the compiled blocks recorded), and at level
 boundaries, each as a ratio to the same compiled step without capture.
 
-Model: a GPT-2-shaped decoder (token + position embedding, pre-norm blocks of causal
+Model: the GPT-2-shaped decoder of ``gpt2_shaped.py`` without dropout (token + position embedding, pre-norm blocks of causal
 self-attention and a 4x GELU MLP, final LayerNorm, LM head), each block compiled with Inductor
 (``torch.compile(block)``: C++ kernels on a CPU, Triton on CUDA), AdamW; default width 256,
 4 layers, 4 heads, vocab 512, sequence 128, batch 8. One child process per configuration and
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -43,44 +42,18 @@ def _child(args: argparse.Namespace) -> dict:
     """One configuration in this process: its step times and, at ops, what a step recorded."""
     import torch
     import torch.nn.functional as F
-    from torch import nn
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    class Block(nn.Module):
-        def __init__(self, d: int, heads: int) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            self.heads = heads
+    from gpt2_shaped import GPT2Shaped  # benchmarks/ is this script's sys.path[0]
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, s, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-            q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-            y = (att.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(1, 2).reshape(b, s, d)
-            x = x + self.proj(y)
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(args.vocab, args.width), nn.Embedding(args.seq, args.width)
-            self.blocks = nn.ModuleList(torch.compile(Block(args.width, args.heads)) for _ in range(args.layers))
-            self.ln, self.head = nn.LayerNorm(args.width), nn.Linear(args.width, args.vocab)
-
-        def forward(self, idx: torch.Tensor) -> torch.Tensor:
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            for b in self.blocks:
-                x = b(x)
-            return self.head(self.ln(x))
-
+    # The capture benchmarks' GPT-2-shaped decoder without dropout, each block compiled (torchtitan's way).
+    model = GPT2Shaped(args.vocab, args.width, args.layers, args.heads, args.seq, dropout=0.0)
+    for i, block in enumerate(model.h):
+        model.h[i] = torch.compile(block)
     dev = torch.device(args.device)
-    model = GPT().to(dev)
+    model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev) for _ in range(4)]
@@ -126,7 +99,7 @@ def _child(args: argparse.Namespace) -> dict:
 
         rec = open_run(out).scan("records").collect()
         last = rec.filter(rec["step"] == rec["step"].max())
-        inside = last.filter(last["module"].str.starts_with("blocks."))
+        inside = last.filter(last["module"].str.starts_with("h."))
         result["kernel_records"] = int((last["kind"] == "kernel").sum())
         result["op_records_in_blocks"] = int((inside["kind"] == "op").sum())
         result["records"] = last.height
