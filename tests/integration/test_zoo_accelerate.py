@@ -23,13 +23,12 @@ import pytest
 
 from tests.fixtures.zoo.harness import (
     ZOO,
-    check_ddp_receiver,
     check_identical,
+    check_one_rank_data,
     check_one_rank_kernel,
     check_onoff,
     expect,
     launch_runs,
-    pair,
     run_checks,
 )
 
@@ -75,20 +74,7 @@ def _kernel(root: Path, lvl: str) -> None:
 
 
 def _data(root: Path, lvl: str) -> None:
-    res = pair(root / lvl / "a", root / lvl / "data")
-    d = res.diagnosis
-    expect((res.first_step, d.pattern, d.origin_ranks, d.cause) == (PLANT, "single_rank", (1,), "data"), "data", res)
-    r1 = res.rank(1).effective
-    expect(
-        r1 is not None and (r1.verdict, r1.kind, r1.op) == ("source", "batch", "TokenNet"), "data: rank 1 source", res
-    )
-    check_ddp_receiver(res, PLANT, "data")
-    expect(
-        d.headline == "The data differs: the batch fed to TokenNet differs at step 1 on rank 1, before any computation "
-        "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
-        "data: first sentence",
-        res,
-    )
+    check_one_rank_data(root / lvl / "a", root / lvl / "data", PLANT, "TokenNet", "fed to TokenNet", PLANT)
 
 
 CHECKS: dict[str, Callable[[Path, str], None]] = {

@@ -34,12 +34,11 @@ import pytest
 
 from tests.fixtures.zoo.harness import (
     ZOO,
-    check_ddp_receiver,
     check_identical,
+    check_one_rank_data,
     check_one_rank_kernel,
     expect,
     launch_runs,
-    pair,
     run_checks,
 )
 
@@ -99,28 +98,13 @@ def _kernel(root: Path, lvl: str) -> None:
 
 
 def _data(root: Path, lvl: str) -> None:
-    res = pair(root / lvl / "a", root / lvl / "data")
-    d = res.diagnosis
     # At ops the batch as the loader delivered it is the first record of the data: accelerate's
     # data loader fetches one batch ahead, so step 1's batch is received during step 0.
     if lvl == "ops":
         step, batch, what = PLANT - 1, "DataLoader", "a DataLoader delivered"
     else:
         step, batch, what = PLANT, "GPT2LMHeadModel", "fed to GPT2LMHeadModel"
-    expect((res.first_step, d.pattern, d.origin_ranks, d.cause) == (step, "single_rank", (1,), "data"), "data", res)
-    r1 = res.rank(1).effective
-    expect(
-        r1 is not None and (r1.verdict, r1.step, r1.kind, r1.op) == ("source", step, "batch", batch),
-        "data: rank 1",
-        res,
-    )
-    check_ddp_receiver(res, PLANT, "data")
-    expect(
-        d.headline == f"The data differs: the batch {what} differs at step {step} on rank 1, before any computation "
-        "(sample order, loader seed, shuffling, augmentation, or that rank's shard).",
-        "data: first sentence",
-        res,
-    )
+    check_one_rank_data(root / lvl / "a", root / lvl / "data", step, batch, what, PLANT)
 
 
 CHECKS: dict[str, Callable[[Path, str], None]] = {
