@@ -22,6 +22,8 @@ setup(
         Extension(
             "detfp_capture._digest._lanes",
             sources=["detfp_capture/_digest/_lanes.c"],
+            # Its parts, #included by _lanes.c (one translation unit): a change rebuilds it.
+            depends=sorted(str(p) for p in Path("detfp_capture/_digest/lanes_c").glob("*.c")),
             optional=True,
         ),
         Extension(

@@ -143,6 +143,31 @@ def test_a_column_shard_of_a_wide_matrix_runs_row_by_row():
     assert merge.Box((64, 700), (0, 351), (64, 349)).runs(2) == ((64,), (1400,), 698, 702)
 
 
+@pytest.mark.parametrize(
+    ("shape", "cut_dims"),
+    [
+        ((6, 4096), (1,)),  # 4 column shards of 4 KiB: every run whole rows, one per tensor row
+        ((3, 4, 2048), (0, 2)),  # runs of 2 KiB over a 2-D odometer
+        ((5, 2, 256), (1,)),  # runs of exactly one row
+    ],
+)
+def test_shards_made_of_whole_rows_take_the_row_aligned_kernel(shape, cut_dims):
+    """Runs that start a global row and span whole rows go through the kernel across run
+    boundaries (lanes_c/mlh.c, mlh_box_aligned): the same sums as the reference and torch."""
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+    cuts = [[0, n // 2, n] if d in cut_dims else [0, n] for d, n in enumerate(shape)]
+    parts = []
+    for off, end in _shards(shape, cuts):
+        shard = t[tuple(slice(o, e) for o, e in zip(off, end, strict=True))]
+        box = merge.Box(shape, off, tuple(shard.shape))
+        _sizes, strides, run, base = box.runs(4)
+        assert run % 1024 == 0 and base % 1024 == 0 and all(st % 1024 == 0 for st in strides)
+        got = merge.part(shard, box)
+        assert got == _route(shard, box, "torch")
+        parts.append(got)
+    assert merge.combine(parts) == ref_sums(_bytes(t)) == merge.part(t)
+
+
 def test_a_row_shard_is_one_run():
     assert merge.Box((8, 16, 4), (2, 0, 0), (3, 16, 4)).runs(4) == ((), (), 3 * 16 * 4 * 4, 2 * 16 * 4 * 4)
 
