@@ -38,7 +38,7 @@ without them cannot be a baseline). A baseline checkout of any commit:
 
 On a shared machine the children's figures scatter by +-20% (one child against the next, same
 tree): compare medians over several rounds, and read a ratio between 0.9x and 1.1x as no change.
-``docs/capture.md`` ("Host cost per record") has the figures and where the microseconds go.
+``docs/measurements/capture-host-cost.md`` has the figures and where the microseconds go.
 """
 
 from __future__ import annotations

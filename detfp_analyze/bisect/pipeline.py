@@ -1,8 +1,10 @@
 """``bisect``: where two runs stopped being bitwise identical, rank by rank, and why.
 
-The pipeline, each stage a module of this package handing the next a typed value:
+The pipeline, each stage a module of this package handing the next a typed value, numbered once
+here (``STAGES``; docs/report.md, docs/architecture.md and the package's docstring number theirs
+from it, which tests/unit/test_bisect_stages.py checks):
 
-1. comparable? ``io.envdiff`` (digests of different versions always raise IncomparableError; other
+1. comparable: ``io.envdiff`` (digests of different versions always raise IncomparableError; other
    blocking manifest differences unless forced);
 2. scope: the compared ranks, the common step window, the resume boundaries (``scope.plan``);
 3. search: metrics bound the steps, per-(rank, step) rollups pick candidate steps, and the
@@ -47,6 +49,9 @@ from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.ranks import format_ranks
 
 __all__ = ["BisectResult", "Progress", "ReadPaths", "bisect"]
+
+#: The stages in order, each numbered by its place here (1-based) wherever they are listed.
+STAGES = ("comparable", "scope", "search", "verdicts", "evidence", "diagnosis")
 
 
 def bisect(

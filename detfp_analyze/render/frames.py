@@ -25,7 +25,7 @@ import polars as pl
 
 from detfp_analyze import rule
 from detfp_analyze.bisect.narrow import METRIC_KEY
-from detfp_analyze.bisect.result import VERDICTS, BisectResult, Divergence, RankResult
+from detfp_analyze.bisect.result import VERDICTS, BisectResult, RankResult
 from detfp_analyze.bisect.vocab import Status
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.reader import Run, as_run
@@ -429,11 +429,3 @@ def discriminator_frame(result: BisectResult) -> pl.DataFrame:
             )
         )
     return pl.DataFrame(rows, schema=schema, orient="row")
-
-
-def divergence_label(d: Divergence) -> str:
-    """``step S phase module kind:name`` of a divergence, for captions."""
-    parts = [f"step {d.step}", d.phase, d.module or "<root>" if d.module is not None else ""]
-    if d.op is not None:
-        parts.append(f"{d.kind}:{d.op}")
-    return " ".join(p for p in parts if p)

@@ -9,9 +9,14 @@ Members (``tests/fixtures/zoo/compiled_train.py``, one torchrun launch of 2 rank
 * ``gpt2``: GPT-2 compiled in place (``model.compile()``) under DDP with a compiled AdamW step, at
   level ops, in float32.
 
-Inductor's cache is a folder of this test's own, so the first job to compile a graph compiles it
-(run ``a`` of the ViT's ops pair, under capture) and the later ones load it: the identical pair is
-one cold and one warm compile. Scenarios and their expected answers:
+Inductor's cache: the first pair, ``vit`` at ops (``COLD``), compiles in a folder of this
+launch's own, so its run ``a`` compiles every graph cold (under capture) and ``b`` loads them:
+one identical pair of a cold and a warm compile on every run of the suite. Every later job uses
+a folder kept between runs of the suite (``tests/cached.py``; Inductor keys its entries by the
+graph, its options and the versions, so what is found is what would have been compiled), seeded
+with the first pair's entries: cold-vs-warm is not their point, and a rerun of the suite on one
+machine compiles nothing again (``DETFP_TEST_CACHE`` set to a fresh folder makes it). Scenarios
+and their expected answers:
 
 * ``identical``: two identical runs -> ``identical``; ``onoff``: losses and final parameters
   bitwise equal with capture on and off; ``clean``: capture never failed (no ``capture_error``),
@@ -37,6 +42,7 @@ import polars as pl
 import pytest
 
 from detfp_analyze.io.reader import open_run
+from tests import cached
 from tests.fixtures.zoo.harness import ZOO, check_identical, check_onoff, expect, launch, pair, run_checks
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1500)]
@@ -62,6 +68,8 @@ MEMBERS: dict[str, tuple[dict[str, Any], dict[str, tuple[str, ...]]]] = {
     ),
     "gpt2": ({"model": "gpt2"}, {"ops": ("identical", "onoff", "clean")}),
 }
+#: The pair compiled cold and warm in the launch's own Inductor cache: (member, level).
+COLD = ("vit", "ops")
 #: Jobs a scenario needs besides the pair ``a``/``b``.
 _PLANTS = {"order": {"plant": "order", "plant_rank": 1}, "simd": {"plant": "simd", "plant_rank": 1}}
 
@@ -71,9 +79,10 @@ def _job(root: Path, member: str, base: dict[str, Any], lvl: str, name: str, **k
     return {**base, "name": f"{member}.{lvl}.{name}", "out": out, "level": lvl, **kw}
 
 
-def plan(root: Path) -> list[dict[str, Any]]:
-    """Every job: per member, its run ``a`` of its first level (the first compile, under capture),
-    the run without capture, then the rest."""
+def plan(root: Path, kept: Path) -> list[dict[str, Any]]:
+    """Every job: the ``COLD`` pair first, in the launch's Inductor cache (``root/inductor``); then
+    per member its run ``a`` of its first level, the run without capture and the rest, in the
+    kept cache ``kept``, which the first of them seeds with the launch's."""
     jobs = []
     for member, (opts, levels) in MEMBERS.items():
         base = {**opts, "steps": STEPS, "plant_step": PLANT}
@@ -82,16 +91,20 @@ def plan(root: Path) -> list[dict[str, Any]]:
             mine += [_job(root, member, base, lvl, "a"), _job(root, member, base, lvl, "b")]
             mine += [_job(root, member, base, lvl, s, **_PLANTS[s]) for s in scenarios if s in _PLANTS]
         jobs += [mine[0], {**base, "name": f"{member}.off"}, *mine[1:]]
-    return jobs
+    cold = [j for j in jobs if j["name"] in (f"{COLD[0]}.{COLD[1]}.a", f"{COLD[0]}.{COLD[1]}.b")]
+    rest = [{**j, "inductor_cache": str(kept)} for j in jobs if j not in cold]
+    rest[0]["inductor_seed"] = str(root / "inductor")
+    return [*cold, *rest]
 
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("zoo_compiled")
-    # Inductor's cache of this launch alone: whatever ran before on this machine, the first
-    # compile of each graph is cold and the next ones warm, the same on every run of the suite.
+    # Inductor's cache of this launch alone for the COLD pair: whatever ran before on this
+    # machine, its run a compiles cold and its run b loads, the same on every run of the suite.
+    (root / "inductor").mkdir()
     env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
-    launch(SCRIPT, plan(root), root, "all", env=env, timeout=1400)
+    launch(SCRIPT, plan(root, cached.folder("inductor")), root, "all", env=env, timeout=1400)
     return root
 
 

@@ -1,7 +1,8 @@
-"""The architecture maps keep up with the packages: every module of every package is on its map
-(docs/architecture.md for the analysis, the format and the guards; docs/architecture-capture.md
-for the capture), and every module keeps the shape the maps promise (a docstring saying its one
-job, under ~500 lines)."""
+"""The architecture maps keep up with the packages: every package has its page
+(docs/architecture.md for the analysis, docs/architecture-capture.md, docs/architecture-format.md,
+docs/architecture-guards.md), the index (docs/architecture-index.md) links every page, every
+module of every package is on its package's map, and every module keeps the shape the maps
+promise (a docstring saying its one job, under ~500 lines)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = {
-    name: (ROOT / "docs" / name).read_text(encoding="utf-8") for name in ("architecture.md", "architecture-capture.md")
-}
-#: Package -> (its map, whether the map names modules with the package prefix).
+#: Package -> (its page, whether the map names modules with the package prefix).
 MAPS = {
     "detfp_analyze": ("architecture.md", False),
     "detfp_capture": ("architecture-capture.md", False),
-    "detfp_format": ("architecture.md", True),
-    "detfp_guards": ("architecture.md", True),
+    "detfp_format": ("architecture-format.md", True),
+    "detfp_guards": ("architecture-guards.md", True),
+}
+INDEX = "architecture-index.md"
+DOCS = {
+    name: (ROOT / "docs" / name).read_text(encoding="utf-8") for name in sorted({m[0] for m in MAPS.values()} | {INDEX})
 }
 MODULES = sorted((pkg, p.relative_to(ROOT / pkg).as_posix()) for pkg in MAPS for p in (ROOT / pkg).rglob("*.py"))
 #: Ceiling on a module's length (the house rule says ~500 lines).
@@ -72,6 +74,15 @@ def test_functions_stay_readable():
 
 #: Ceiling on a function's length, docstring included.
 MAX_FUNCTION = 120
+
+
+def test_every_package_has_its_page_and_the_index_links_each():
+    packages = sorted(p.parent.name for p in ROOT.glob("detfp_*/__init__.py"))
+    assert packages == sorted(MAPS), f"a package without an architecture page: {sorted(set(packages) - set(MAPS))}"
+    linked = set(re.findall(r"\]\(([\w.-]+\.md)\)", DOCS[INDEX]))
+    for package, (page, _) in MAPS.items():
+        assert page in linked, f"docs/{INDEX} does not link {package}'s page {page}"
+        assert INDEX in DOCS[page], f"docs/{page} does not link back to the index {INDEX}"
 
 
 @pytest.mark.parametrize("doc", sorted(DOCS))

@@ -5,7 +5,9 @@ of the shards, and reports do not depend on whether anything was held.
   ``Run.scan_spans`` give: rows, order, columns and types, for any subset of ranks and columns;
   reads of what is not held go to the run;
 * ``LocalStages.prefetch`` holds each rank's first candidate step only within ``HOLD_ROWS``;
-* every sample pair and golden plant gives the same report held or not (``HOLD_ROWS = 0``).
+* every sample pair and golden plant gives the same report held or not (``HOLD_ROWS = 0``), and
+  the held bisect of each pair that diverged did serve reads from memory (a comparison of two
+  bisects that held nothing would pass whatever holding did).
 """
 
 from __future__ import annotations
@@ -90,11 +92,35 @@ def _report(a, b, **kw) -> str:
     return json.dumps(bisect(a, b, **kw).to_json_dict(), sort_keys=True)
 
 
+def _walked(report: str) -> bool:
+    """Whether the report's walk read records (a pair that diverged; an identical pair stops at
+    the step sums, with nothing to hold)."""
+    return json.loads(report)["status"] != "identical"
+
+
+def _served(monkeypatch, a, b, **kw) -> tuple[str, int]:
+    """The report of ``bisect(a, b)`` and how many of its reads were served from held records."""
+    served = [0]
+    real = HeldRun._of
+
+    def counted(self, step, ranks):
+        served[0] += 1
+        return real(self, step, ranks)
+
+    with monkeypatch.context() as m:
+        m.setattr(HeldRun, "_of", counted)
+        return _report(a, b, **kw), served[0]
+
+
 def _held_or_not(monkeypatch, a, b, **kw) -> None:
-    held = _report(a, b, **kw)
+    """The report is the same held or not, and the held bisect did serve reads from memory
+    whenever its walk read records (without that the comparison would be of two unheld runs);
+    with ``HOLD_ROWS = 0`` none is served."""
+    held, served = _served(monkeypatch, a, b, **kw)
+    assert served > 0 or not _walked(held), f"a diverged pair's walk served nothing from held records: {held[:300]}"
     with monkeypatch.context() as m:
         m.setattr(_engine, "HOLD_ROWS", 0)
-        assert _report(a, b, **kw) == held
+        assert _served(monkeypatch, a, b, **kw) == (held, 0)
 
 
 @pytest.mark.parametrize(("name", "x", "y"), SAMPLE_PAIRS)
@@ -110,3 +136,10 @@ def test_golden_plants_and_a_seed_pair_report_the_same_held_or_not(planted_pairs
         opts = {"allow_missing_ranks": True, "allow_incomplete": True}
         _held_or_not(monkeypatch, open_run(p.a, **opts), open_run(p.b, **opts))
     _held_or_not(monkeypatch, *pair)
+
+
+def test_the_check_fails_when_nothing_is_held(pair, monkeypatch):
+    """The comparison above is not vacuous: a bisect whose prefetch holds nothing fails it."""
+    monkeypatch.setattr(_engine.LocalStages, "prefetch", lambda self, cands, slices: None)
+    with pytest.raises(AssertionError, match="served nothing from held records"):
+        _held_or_not(monkeypatch, *pair)

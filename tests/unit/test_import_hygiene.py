@@ -40,7 +40,7 @@ def test_cli_help_runs_without_torch():
 
 
 def test_bisect_of_committed_runs_runs_without_pyarrow_numpy_and_pydantic(tmp_path):
-    # Start-up time of `detfp-analyze bisect` (docs/report.md, bisect performance): a run whose
+    # Start-up time of `detfp-analyze bisect` (docs/measurements/bisect-walk-cost.md): a run whose
     # shards its commit lines state (the capture's default) is opened and bisected by polars alone,
     # and parsing the command line loads no pydantic (Typer 0.29 imports it for every parameter).
     from detfp_analyze.testing.synth import Plant, SynthSpec, write_pair

@@ -1,4 +1,4 @@
-"""The packages' layers, checked on every import of every module (docs/architecture.md).
+"""The packages' layers, checked on every import of every module (docs/architecture-index.md).
 
 ``detfp_format`` (the trace format) is the floor: it imports none of the other packages and never
 torch. ``detfp_capture`` and ``detfp_analyze`` sit on it side by side and never import each
