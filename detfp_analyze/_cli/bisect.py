@@ -32,7 +32,7 @@ from detfp_analyze._cli.common import (
 from detfp_analyze._cli.selection import parse_ranks, parse_steps, rank_values
 from detfp_analyze.bisect import ReadPaths, bisect
 from detfp_analyze.bisect.result import LEVELS
-from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
+from detfp_analyze.gate.expectations import evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text

@@ -14,7 +14,7 @@ import typer
 
 from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors
 from detfp_analyze.bisect.result import LEVELS
-from detfp_analyze.guards.golden import GoldenUpdate, update_golden
+from detfp_analyze.gate.golden import GoldenUpdate, update_golden
 from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 

@@ -82,3 +82,24 @@ def test_the_check_sees_what_it_forbids(tmp_path):
         "detfp_format imports detfp_capture._config",
         "detfp_format imports detfp_analyze.bisect",
     ]
+
+
+def colliding_subpackages(root: Path = ROOT) -> list[str]:
+    """Subpackages named like another of the four packages (``detfp_analyze/guards`` beside
+    ``detfp_guards`` read as the guards package inside the analysis)."""
+    words = {pkg.removeprefix("detfp_") for pkg in PACKAGES}
+    return sorted(
+        f"{pkg}/{sub.name}"
+        for pkg in PACKAGES
+        for sub in (root / pkg).iterdir()
+        if sub.is_dir() and (sub / "__init__.py").is_file() and sub.name.strip("_") in words - {pkg.removeprefix("detfp_")}
+    )
+
+
+def test_no_subpackage_takes_another_packages_name(tmp_path):
+    assert colliding_subpackages() == []
+    for pkg in PACKAGES:
+        (tmp_path / pkg).mkdir()
+    (tmp_path / "detfp_analyze" / "guards").mkdir()
+    (tmp_path / "detfp_analyze" / "guards" / "__init__.py").write_text("")
+    assert colliding_subpackages(tmp_path) == ["detfp_analyze/guards"]
