@@ -104,7 +104,7 @@ class UnknownStateError(AnalysisError):
 
 
 def state_of(verdict: str | None, rank: int | None = None) -> str:
-    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--level step``).
+    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--depth step``).
 
     Raises UnknownStateError for a value that is not one of ``result.VERDICTS``, or a verdict
     the pictures have no state (colour, legend) for: never drawn as something else."""
