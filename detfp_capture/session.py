@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from detfp_capture._config import check_mapping, make_config
+from detfp_capture._extension import Extension, SessionParts
 from detfp_capture._placement import RankPart, env_place
 from detfp_capture._recorder.hazards import HazardTracker, poison_pattern
 from detfp_capture._recorder.manifest import RunManifest
@@ -100,10 +101,8 @@ class Session:
         digest_version: version of the tensor digests (docs/digest.md; default 2, or the
             environment's ``DETFP_DIGEST_VERSION``): 1 only to compare with runs captured by a
             release whose digests were version 1 (runs of different versions never compare).
+        extension: a caller's part in the session (``_extension.Extension``; the launcher's).
     """
-
-    #: A process the launcher followed (``launcher_session``): its rank is the process group's.
-    _followed = False
 
     def __init__(
         self,
@@ -127,6 +126,7 @@ class Session:
         views: bool = False,
         start_step: int | None = None,
         digest_version: int | None = None,
+        extension: Extension | None = None,
     ) -> None:
         self._cfg = cfg = make_config(
             level,
@@ -152,11 +152,12 @@ class Session:
         self.out_dir = Path(out_dir)
         self._place = place = Place(*env_place())
         self._closed = False
-        awaiting = self._awaits_rank()
+        self._ext = extension
+        # Open this rank's part only once the rank is known (``_placement``): never in user code.
+        awaiting = extension is not None and extension.awaits_rank()
         self._inert = not awaiting and cfg.ranks is not None and self.rank not in cfg.ranks
         self._outside_warned: set[tuple[str, str]] = set()
         self._steps: StepBoundaries | None = None
-        self._auto: Any = None  # launcher mode's step counting (autosteps.AutoSteps)
         self._opt_handles: list[Any] = []
         if self._inert:
             return
@@ -176,7 +177,7 @@ class Session:
             self._manifest,
             place,
             awaiting=awaiting,
-            followed=self._followed,
+            followed=extension is not None and extension.followed,
             append=append,
             overwrite=overwrite,
             ranks=cfg.ranks,
@@ -217,6 +218,8 @@ class Session:
         self._hooks, self._stage_inference, self._steps = src.hooks, src.stage_inference, src.steps
         self._tracer: Any = src.tracer
         self._ddp: Any = src.ddp
+        if extension is not None:
+            extension.attach(SessionParts(ctx=ctx, steps=src.steps, hooks=src.hooks, part=self._part))
         _OPEN.add(self)
 
     rank = property(lambda self: self._place.rank, doc="This process's rank (see ``_placement``).")
@@ -347,8 +350,8 @@ class Session:
             return
         try:
             if rec.in_step:
-                if self._auto is not None:
-                    self._auto.close_trailing()
+                if self._ext is not None:
+                    self._ext.close_trailing()
                 self._boundaries().end()
             rec.flush_safely()
         finally:
@@ -371,10 +374,6 @@ class Session:
         self.close()
 
     # ================================================================== internals
-    def _awaits_rank(self) -> bool:
-        """Open this rank's part only once the rank is known (``_placement``): not in user code."""
-        return False
-
     def _learn_place(self, closing: bool = False) -> None:
         """At a step begin and at close: the rank and world size from the process group once it
         appears, and a part waiting for its rank opened (``_placement.RankPart.learn``)."""
@@ -495,6 +494,6 @@ class Session:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()
-        if self._auto is not None:
-            self._auto.remove()
+        if self._ext is not None:
+            self._ext.remove()
         self._ctx.patches.restore()

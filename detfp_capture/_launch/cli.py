@@ -10,7 +10,8 @@ models get the recording comm hook on their first forward), then runs the script
 (``torchrun ... -m detfp_capture --out DIR -- train.py``): each rank reads RANK/WORLD_SIZE.
 Without RANK the session opens its part of the run directory once its process group says its
 rank (``_placement``), and a framework's re-execution of the script (Lightning's DDP launcher)
-runs through the launcher too, ``--followed`` (``children.py``).
+runs through the launcher too, ``--followed`` (``children.py``). The Session is the public one;
+the launcher takes part in it through its extension point (``mode.LaunchMode``).
 """
 
 from __future__ import annotations
@@ -139,14 +140,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from detfp_capture._launched import launcher_session
-    from detfp_capture._sources.children import Children
+    from detfp_capture._launch.children import Children
+    from detfp_capture._launch.mode import LaunchMode
     from detfp_capture.errors import LaunchRefusedError
+    from detfp_capture.session import Session
 
     moments = _opt(ns.moments)
     try:
-        session = launcher_session(
-            followed=ns.followed,
+        mode = LaunchMode(followed=ns.followed)
+        session = Session(
+            extension=mode,
             out_dir=ns.out,
             level=ns.level,
             steps=ns.steps,
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureError as exc:
         print(f"detfp_capture: error: {exc}", file=sys.stderr)
         return 2
-    children = Children(followed_options(ns), target, session.started_ranks)
+    children = Children(followed_options(ns), target, mode.started_ranks)
     children.install(follow=top)
     code = 0
     try:
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except LaunchRefusedError as exc:
         print(f"detfp_capture: error: {exc}", file=sys.stderr)
-        session.started_ranks()  # it tried to: no trace part for this process unless it is a rank
+        mode.started_ranks()  # it tried to: no trace part for this process unless it is a rank
         code = 2
     finally:
         children.restore()
