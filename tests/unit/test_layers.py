@@ -114,7 +114,7 @@ def test_no_subpackage_takes_another_packages_name(tmp_path):
 #: detfp_capture's floors, lowest first, and what sits on each: a folder (``_digest/``) or a
 #: module at the package's top. A module may import its own floor and the floors below it.
 CAPTURE_FLOORS: dict[str, tuple[str, ...]] = {
-    "base": ("errors.py", "_config.py"),
+    "base": ("errors.py", "_options.py", "_config.py"),
     "digest": ("_digest/", "digest.py"),
     "recorder": ("_recorder/", "manifest.py", "numerics.py"),
     "sources": ("_sources/",),
