@@ -6,7 +6,7 @@ Never imports torch (a subprocess test proves it). Grouped by role (docs/archite
 ``diffkind``, ``assemble`` -> ``diagnose`` -> ``BisectResult``), every comparison taken from the
 one rule in ``rule``; ``sql`` exposes the same traces through documented DuckDB views;
 ``single`` checks and summarizes one run (``certify``, ``summarize``); ``render`` turns a result
-into text, JSON, HTML, pictures and timelines; ``guards`` are golden-trace gates; ``testing``
+into text, JSON, HTML, pictures and timelines; ``gate`` is the CI gate over golden traces; ``testing``
 writes synthetic run pairs. Printing happens only in the CLI (``cli``, ``_cli``).
 
 Public names load lazily (PEP 562) so ``import detfp_analyze`` stays cheap for the CLI.

@@ -1,5 +1,10 @@
 """Typed errors of the analysis library. The CLI maps every one to exit code 2 and one line.
 
+They derive from ``AnalysisError``, itself a ``DetfpError``: the root of every detfp package's
+errors, defined in ``detfp_format.errors`` and exported here under the same name, so
+``except DetfpError`` also catches the format's errors the analysis lets through (a
+``SelectorError`` from a selector it parses).
+
 Messages name the object, the problem and the fix, e.g.
 ``traces/a/records/rank=3/part-s00000-w0000001.parquet: not a Parquet file (truncated or
 foreign file); delete it or re-run the capture``.
@@ -7,7 +12,10 @@ foreign file); delete it or re-run the capture``.
 
 from __future__ import annotations
 
+from detfp_format.errors import DetfpError
+
 __all__ = [
+    "AnalysisError",
     "DetfpError",
     "DuplicateRankError",
     "EngineError",
@@ -27,11 +35,11 @@ __all__ = [
 ]
 
 
-class DetfpError(Exception):
+class AnalysisError(DetfpError):
     """Base class of every error detfp_analyze raises on purpose (exit code 2 in the CLI)."""
 
 
-class TraceError(DetfpError):
+class TraceError(AnalysisError):
     """A run directory or one of its files cannot be used."""
 
 
@@ -64,31 +72,31 @@ class IncompleteRunError(TraceError):
     never closed or closed incomplete); use --allow-incomplete to analyze the steps held completely."""
 
 
-class IncomparableError(DetfpError):
+class IncomparableError(AnalysisError):
     """Two runs differ in a way that makes a bitwise comparison meaningless (world size, layout, digest version)."""
 
 
-class SelectionError(DetfpError):
+class SelectionError(AnalysisError):
     """A rank/step selection or option names something the runs do not have (e.g. --ranks 9 of 8)."""
 
 
-class ExpectationError(DetfpError):
+class ExpectationError(AnalysisError):
     """An expected-divergences file (``bisect --expect``) is missing, malformed or names an unknown field."""
 
 
-class EngineError(DetfpError):
+class EngineError(AnalysisError):
     """The analysis engine (Apache Spark: ``--engine spark``) cannot start or failed: no Java, a bad
     ``--master`` or ``--conf``, executors that cannot read the runs."""
 
 
-class QueryError(DetfpError):
+class QueryError(AnalysisError):
     """A SQL query failed; the message carries DuckDB's one-line reason."""
 
 
-class OutputError(DetfpError):
+class OutputError(AnalysisError):
     """A file the user asked for (``--html``, ``plot --out``, ``export --perfetto``, ``sql -o``)
     cannot be written; the message names that output, never the trace."""
 
 
-class OptionalDependencyError(DetfpError, ImportError):
+class OptionalDependencyError(AnalysisError, ImportError):
     """An optional dependency (matplotlib, ...) is missing; the message names the install command."""

@@ -1,4 +1,5 @@
-"""Capture options: parsing and validation of everything ``Session`` accepts.
+"""Capture options: parsing and validation of everything ``Session`` accepts (the options
+themselves, names, defaults and help, are ``_options.CaptureOptions``).
 
 The user-facing spellings (``steps="3-5,9"``, ``ranks="0,4-7"``, regexes for modules,
 rows, moments and dumps) are turned into one frozen ``CaptureConfig`` up front, so a typo
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from detfp_capture._options import CaptureOptions
 from detfp_capture.errors import ConfigError
 from detfp_format.contract import CAPTURE_LEVELS, DIGEST_VERSION, DIGEST_VERSIONS
 from detfp_format.errors import SelectorError
@@ -174,7 +176,8 @@ def _tensor_option(value: Any, option: str, *, chunks: bool = False) -> TensorOp
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """Validated capture options (see ``Session`` for the meaning of each)."""
+    """Validated capture options (``_options.CaptureOptions`` says what each means): the fields
+    of ``CaptureOptions`` marked ``config``, no other."""
 
     #: One of LEVELS.
     level: str
@@ -242,30 +245,15 @@ class CaptureConfig:
         }
 
 
-def make_config(
-    level: Any,
-    *,
-    steps: Any = None,
-    ranks: Any = None,
-    modules: Any = None,
-    rows: Any = False,
-    moments: Any = False,
-    dumps: Any = None,
-    kernels: Any = None,
-    poison: Any = False,
-    append: Any = False,
-    flush_records: Any = 65536,
-    flush_steps: Any = None,
-    views: Any = False,
-    start_step: Any = None,
-    digest_version: Any = None,
-) -> CaptureConfig:
-    """Validate the user's options; ConfigError names the option, the value and the fix."""
+def make_config(opts: CaptureOptions) -> CaptureConfig:
+    """Validate the user's options (``_options.CaptureOptions``, the fields marked ``config``);
+    ConfigError names the option, the value and the fix."""
+    level, flush_records, flush_steps, start_step = opts.level, opts.flush_records, opts.flush_steps, opts.start_step
     if level not in LEVELS:
         raise ConfigError(f"level={level!r}: unknown capture level; use one of {', '.join(map(repr, LEVELS))}")
-    for name, val in (("poison", poison), ("append", append), ("views", views)):
-        if not isinstance(val, bool):
-            raise ConfigError(f"{name}={val!r}: expected True or False")
+    for name in ("poison", "append", "overwrite", "views"):
+        if not isinstance(getattr(opts, name), bool):
+            raise ConfigError(f"{name}={getattr(opts, name)!r}: expected True or False")
     if isinstance(flush_records, bool) or not isinstance(flush_records, int) or flush_records < 1:
         raise ConfigError(f"flush_records={flush_records!r}: expected a positive number of records per flush")
     flush_steps = FLUSH_STEPS if flush_steps is None else flush_steps
@@ -273,26 +261,26 @@ def make_config(
         raise ConfigError(f"flush_steps={flush_steps!r}: expected a positive number of steps per flush window")
     if start_step is not None and (isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0):
         raise ConfigError(f"start_step={start_step!r}: expected a non-negative step number")
-    if dumps is True:
+    if opts.dumps is True:
         raise ConfigError(
             "dumps=True: dumping every tensor is never what you want; pass a regex of record names/modules"
         )
     return CaptureConfig(
         level=level,
-        steps=parse_selector(steps, "steps"),
-        ranks=parse_selector(ranks, "ranks"),
-        modules=_regex(modules, "modules"),
-        rows=_tensor_option(rows, "rows", chunks=True),
-        moments=_tensor_option(moments, "moments"),
-        dumps=_tensor_option(dumps, "dumps"),
-        kernels=parse_selector(kernels, "kernels") if kernels is not None else None,
-        poison=poison,
-        append=append,
+        steps=parse_selector(opts.steps, "steps"),
+        ranks=parse_selector(opts.ranks, "ranks"),
+        modules=_regex(opts.modules, "modules"),
+        rows=_tensor_option(opts.rows, "rows", chunks=True),
+        moments=_tensor_option(opts.moments, "moments"),
+        dumps=_tensor_option(opts.dumps, "dumps"),
+        kernels=parse_selector(opts.kernels, "kernels") if opts.kernels is not None else None,
+        poison=opts.poison,
+        append=opts.append,
         flush_records=flush_records,
         flush_steps=flush_steps,
-        views=views,
+        views=opts.views,
         start_step=start_step,
-        digest_version=choose_digest_version(digest_version),
+        digest_version=choose_digest_version(opts.digest_version),
     )
 
 

@@ -1,4 +1,5 @@
-"""Typed errors of the capture layer (all subclasses of CaptureError).
+"""Typed errors of the capture layer (all subclasses of CaptureError, itself a ``DetfpError``:
+the root of every detfp package's errors, ``detfp_format.errors``).
 
 ``RunExistsError`` is also the trace-format layer's error of that name (``detfp_format.errors``):
 the format raises that one and the ``Session`` re-raises it as this one, so ``except CaptureError``
@@ -13,7 +14,7 @@ from detfp_format import errors as _format
 __all__ = ["CaptureError", "ConfigError", "LaunchRefusedError", "RunExistsError"]
 
 
-class CaptureError(Exception):
+class CaptureError(_format.DetfpError):
     """Base class of every error detfp_capture raises on purpose."""
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import os
 import warnings
 import weakref
@@ -42,6 +43,8 @@ from typing import Any
 import torch
 
 from detfp_capture._config import check_mapping, make_config
+from detfp_capture._extension import Extension, SessionParts
+from detfp_capture._options import CaptureOptions, option_fields, options_doc, session_signature
 from detfp_capture._placement import RankPart, env_place
 from detfp_capture._recorder.hazards import HazardTracker, poison_pattern
 from detfp_capture._recorder.manifest import RunManifest
@@ -77,86 +80,34 @@ class Session:
 
     Args:
         out_dir: run directory (shared by all ranks; each writes its own ``rank=R`` partitions).
-        level: ``"metrics"``, ``"boundaries"`` or ``"ops"``.
-        steps: steps to capture, e.g. ``"3-5,9"`` or ``"10-"`` (default all).
-        ranks: ranks that capture, e.g. ``"0,4-7"`` (default all); other ranks write nothing.
-        modules: regex of module paths whose boundaries and ops are recorded (default all).
-        rows: row digests: True (dim-0 rows of every record), an int chunk size, or a regex
-            of record names/modules.
-        moments: float64 sum/absmax/NaN/Inf counts: True or a regex of record names/modules.
-        dumps: regex of record names/modules whose tensors are also stored as raw bytes.
-        kernels: steps whose device kernels (CPU: innermost profiler events) are recorded per op.
-        poison: fill tensors born from ``empty*`` with a per-run byte pattern (level ops).
-        append: continue an existing run directory as a new segment (a resumed run).
-        overwrite: replace what this rank wrote into ``out_dir`` before (refused when the
-            directory holds something that is not a detfp run; exclusive with ``append``).
-        parallel: this rank's parallel coordinates for the manifest, e.g. ``{"dp": 1, "tp": 0}``.
-        group_names: logical name -> ProcessGroup, used to name collectives (``"tp"``, ``"dp"``).
-        flush_records: resolve digests and write a window every this many records (bounds memory).
-        flush_steps: a step end also writes the window once it holds this many steps (default 50;
-            bounds what a killed job loses: 1 commits every step, for jobs of long steps).
-        views: also digest view and metadata-only ops (default: counted, not digested).
-        start_step: first step of this launch for the manifest (default: the first ``step(n)``).
-        digest_version: version of the tensor digests (docs/digest.md; default 2, or the
-            environment's ``DETFP_DIGEST_VERSION``): 1 only to compare with runs captured by a
-            release whose digests were version 1 (runs of different versions never compare).
+        extension: a caller's part in the session (``_extension.Extension``; the launcher's).
+
+    Options (``_options.CaptureOptions``, where each is spelled once; ``level`` may be positional):
     """
 
-    #: A process the launcher followed (``launcher_session``): its rank is the process group's.
-    _followed = False
-
     def __init__(
-        self,
-        out_dir: str | os.PathLike[str],
-        level: str = "metrics",
-        *,
-        steps: Any = None,
-        ranks: Any = None,
-        modules: Any = None,
-        rows: Any = False,
-        moments: Any = False,
-        dumps: Any = None,
-        kernels: Any = None,
-        poison: bool = False,
-        append: bool = False,
-        overwrite: bool = False,
-        parallel: dict[str, Any] | None = None,
-        group_names: dict[str, Any] | None = None,
-        flush_records: int = 65536,
-        flush_steps: int | None = None,
-        views: bool = False,
-        start_step: int | None = None,
-        digest_version: int | None = None,
+        self, out_dir: str | os.PathLike[str], level: str = "metrics", *, extension: Extension | None = None, **options: Any
     ) -> None:
-        self._cfg = cfg = make_config(
-            level,
-            steps=steps,
-            ranks=ranks,
-            modules=modules,
-            rows=rows,
-            moments=moments,
-            dumps=dumps,
-            kernels=kernels,
-            poison=poison,
-            append=append,
-            flush_records=flush_records,
-            flush_steps=flush_steps,
-            views=views,
-            start_step=start_step,
-            digest_version=digest_version,
-        )
-        if overwrite and append:
+        # The signature and docstring list every option (made from CaptureOptions below the class).
+        try:
+            opts = CaptureOptions(level=level, **options)
+        except TypeError:
+            unknown = sorted(set(options) - {f.name for f in option_fields()})
+            raise TypeError(f"Session() got unknown option(s) {', '.join(unknown)}; see help(Session)") from None
+        self._cfg = cfg = make_config(opts)
+        if opts.overwrite and opts.append:
             raise ConfigError("overwrite=True and append=True contradict each other; pass one of them")
-        self._parallel = check_mapping(parallel, "parallel")
-        self._group_names = check_mapping(group_names, "group_names")
+        self._parallel = check_mapping(opts.parallel, "parallel")
+        self._group_names = check_mapping(opts.group_names, "group_names")
         self.out_dir = Path(out_dir)
         self._place = place = Place(*env_place())
         self._closed = False
-        awaiting = self._awaits_rank()
+        self._ext = extension
+        # Open this rank's part only once the rank is known (``_placement``): never in user code.
+        awaiting = extension is not None and extension.awaits_rank()
         self._inert = not awaiting and cfg.ranks is not None and self.rank not in cfg.ranks
         self._outside_warned: set[tuple[str, str]] = set()
         self._steps: StepBoundaries | None = None
-        self._auto: Any = None  # launcher mode's step counting (autosteps.AutoSteps)
         self._opt_handles: list[Any] = []
         if self._inert:
             return
@@ -169,6 +120,7 @@ class Session:
         except CaptureError as exc:
             raise ConfigError(str(exc)) from None
         self._rec = rec = Recorder(cfg, None, rank=self.rank, on_fail=self._on_fail)
+        start_step = opts.start_step
         self._manifest = RunManifest(self.out_dir, rec, start_step)
         self._part = RankPart(
             self.out_dir,
@@ -176,12 +128,12 @@ class Session:
             self._manifest,
             place,
             awaiting=awaiting,
-            followed=self._followed,
-            append=append,
-            overwrite=overwrite,
+            followed=extension is not None and extension.followed,
+            append=opts.append,
+            overwrite=opts.overwrite,
             ranks=cfg.ranks,
             fields={"start_step": start_step, "parallel": self._parallel, "capture": cfg.describe()},
-            digest_version=lambda segment: self._digest_version_for(segment, digest_version),
+            digest_version=lambda segment: self._digest_version_for(segment, opts.digest_version),
         )
         if not awaiting:
             try:
@@ -217,6 +169,8 @@ class Session:
         self._hooks, self._stage_inference, self._steps = src.hooks, src.stage_inference, src.steps
         self._tracer: Any = src.tracer
         self._ddp: Any = src.ddp
+        if extension is not None:
+            extension.attach(SessionParts(ctx=ctx, steps=src.steps, hooks=src.hooks, part=self._part))
         _OPEN.add(self)
 
     rank = property(lambda self: self._place.rank, doc="This process's rank (see ``_placement``).")
@@ -343,12 +297,13 @@ class Session:
             self._learn_place(closing=True)  # a part still waiting for its rank opens now, or never
         if self._writer is None:  # never opened: its rank was not known, or ranks= leaves it out
             self._closed = rec.closed = True
+            self._release_digest_version()  # else held until the session is garbage
             self._teardown()
             return
         try:
             if rec.in_step:
-                if self._auto is not None:
-                    self._auto.close_trailing()
+                if self._ext is not None:
+                    self._ext.close_trailing()
                 self._boundaries().end()
             rec.flush_safely()
         finally:
@@ -371,10 +326,6 @@ class Session:
         self.close()
 
     # ================================================================== internals
-    def _awaits_rank(self) -> bool:
-        """Open this rank's part only once the rank is known (``_placement``): not in user code."""
-        return False
-
     def _learn_place(self, closing: bool = False) -> None:
         """At a step begin and at close: the rank and world size from the process group once it
         appears, and a part waiting for its rank opened (``_placement.RankPart.learn``)."""
@@ -495,6 +446,15 @@ class Session:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles.clear()
-        if self._auto is not None:
-            self._auto.remove()
+        if self._ext is not None:
+            self._ext.remove()
         self._ctx.patches.restore()
+
+
+# The options, spelled once in CaptureOptions, make the Session's signature and the end of its docstring.
+_P = inspect.Parameter
+Session.__init__.__signature__ = session_signature(  # type: ignore[attr-defined]
+    [_P("self", _P.POSITIONAL_OR_KEYWORD), _P("out_dir", _P.POSITIONAL_OR_KEYWORD, annotation="str | os.PathLike[str]")],
+    [_P("extension", _P.KEYWORD_ONLY, default=None, annotation="Extension | None")],
+)
+Session.__doc__ = (Session.__doc__ or "").rstrip(" ") + options_doc()

@@ -13,13 +13,13 @@ torch (a test walks every module's imports), so it is the one layer both depend 
 * ``rollups``: per-window summaries written beside the shards and read instead of records;
 * ``rundir``: creating, appending to and overwriting a run directory;
 * ``writer``: the shard writer (a background thread writing Parquet windows and the commit log);
-* ``errors``: ``FormatError`` and its subclasses.
+* ``errors``: ``DetfpError``, the root of every detfp package's errors; ``FormatError`` and its subclasses.
 
 ``docs/trace-format.md`` is the same contract in prose.
 """
 
 from __future__ import annotations
 
-from detfp_format.errors import FormatError, RunExistsError, SchemaError, SelectorError
+from detfp_format.errors import DetfpError, FormatError, RunExistsError, SchemaError, SelectorError
 
-__all__ = ["FormatError", "RunExistsError", "SchemaError", "SelectorError"]
+__all__ = ["DetfpError", "FormatError", "RunExistsError", "SchemaError", "SelectorError"]

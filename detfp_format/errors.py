@@ -1,15 +1,25 @@
-"""Typed errors of the trace-format layer (all subclasses of FormatError).
+"""Typed errors of the trace-format layer, and the root every detfp package's errors derive from.
 
-The capture re-raises them as its own ``CaptureError`` subclasses where a ``Session`` opens a run
-(``detfp_capture.errors.RunExistsError`` is both), so a job catching either family catches them.
+``DetfpError`` is the one root (house rule 20): the format's ``FormatError``, the capture's
+``CaptureError`` (``detfp_capture.errors``), the analysis's ``AnalysisError``
+(``detfp_analyze.errors``, which also exports ``DetfpError`` itself) and the guards' errors all
+derive from it, so one ``except DetfpError`` catches whatever the tool raises on purpose. It lives
+here because this is the one layer every package imports.
+
+The capture re-raises format errors as its own ``CaptureError`` subclasses where a ``Session`` opens
+a run (``detfp_capture.errors.RunExistsError`` is both), so a job catching either family catches them.
 """
 
 from __future__ import annotations
 
-__all__ = ["FormatError", "RunExistsError", "SchemaError", "SelectorError"]
+__all__ = ["DetfpError", "FormatError", "RunExistsError", "SchemaError", "SelectorError"]
 
 
-class FormatError(Exception):
+class DetfpError(Exception):
+    """Root of every error any detfp package raises on purpose (format, capture, analysis, guards)."""
+
+
+class FormatError(DetfpError):
     """Base class of every error detfp_format raises on purpose."""
 
 

@@ -8,7 +8,7 @@ plugin (entry point ``detfp``, ``detfp_guards.pytest_plugin``) offers both as th
 
 This package sits above both sides and uses only their public APIs (``detfp_capture.Session``,
 ``detfp_analyze.bisect``, ...); neither side imports it (a test walks every module's imports).
-Golden-trace gates over stored runs are the analysis' own (``detfp_analyze.guards``; CLI
+Golden-trace gates over stored runs are the analysis' own (``detfp_analyze.gate``; CLI
 ``detfp-analyze bisect --expect``): they need no torch.
 
 Public names load lazily (PEP 562): pytest imports the plugin in every session of a project that

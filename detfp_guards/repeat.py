@@ -352,7 +352,7 @@ def _header(ok: bool, runs: int, k: int, level: str, traces: tuple[Path, Path] |
         if note:
             lines.append(note)
     if traces is not None:
-        level_opt = " --level kernel" if div is not None and div.kernels is not None else ""
+        level_opt = " --depth kernel" if div is not None and div.kernels is not None else ""
         lines.append(f"investigate: detfp-analyze bisect {traces[0]} {traces[1]}{level_opt}")
     return "\n".join(lines) + "\n"
 

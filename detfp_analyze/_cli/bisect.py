@@ -29,10 +29,10 @@ from detfp_analyze._cli.common import (
     one_line,
     write_output,
 )
+from detfp_analyze._cli.depth import Depth, OldLevel, resolve_depth
 from detfp_analyze._cli.selection import parse_ranks, parse_steps, rank_values
 from detfp_analyze.bisect import ReadPaths, bisect
-from detfp_analyze.bisect.result import LEVELS
-from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
+from detfp_analyze.gate.expectations import evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
@@ -80,9 +80,8 @@ def command(
     steps: Annotated[
         str | None, typer.Option("--steps", metavar="STEPS", help="Inclusive step range, e.g. 3-5 or 4.")
     ] = None,
-    level: Annotated[
-        str, typer.Option("--level", metavar="LEVEL", help="Narrowing depth: step|phase|module|op|kernel.")
-    ] = "op",
+    depth: Depth = None,
+    level: OldLevel = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the versioned JSON report (docs/report.md).")] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Compare even if world size, layout or digest version differ.")
@@ -141,8 +140,7 @@ def command(
     """Find, per rank, the first record where A and B differ: step, phase, module, op, kernel, verdict."""
     rank_sel = parse_ranks(ranks)
     step_range = parse_steps(steps)
-    if level not in LEVELS:
-        fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    chosen = resolve_depth(depth, level)
     problem = _engine.check(engine, master, conf)
     if problem:
         fail(problem)
@@ -159,7 +157,7 @@ def command(
             b,
             ranks=rank_list,
             steps=step_range,
-            level=level,
+            level=chosen,
             force=force,
             ignore_env=ignore_env or (),
             progress=bar,

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors, write_output
-from detfp_analyze._cli.compare import Force, Level, MissingRanks, RunA, RunB, compare
+from detfp_analyze._cli.compare import Depth, Force, MissingRanks, OldLevel, RunA, RunB, compare
 from detfp_analyze._cli.selection import OPEN_END, parse_ranks, parse_steps, rank_values
 from detfp_analyze.ranks import format_ranks
 from detfp_analyze.render.perfetto import count_records, dumps_trace, trace
@@ -45,14 +45,15 @@ def command(
     max_records: Annotated[
         int, typer.Option("--max-records", metavar="N", help="Refuse a trace of more records than this.")
     ] = 500_000,
-    level: Level = "op",
+    depth: Depth = None,
+    level: OldLevel = None,
     force: Force = False,
     allow_missing_ranks: MissingRanks = False,
 ) -> None:
     """Export where A and B diverge as a timeline: a track per rank, records as nested slices."""
     rank_sel = parse_ranks(ranks)
     sel_steps = parse_steps(steps)
-    a, b, result = compare(run_a, run_b, None, None, level, force, allow_missing_ranks)
+    a, b, result = compare(run_a, run_b, None, None, depth, level, force, allow_missing_ranks)
     sel_ranks = rank_values(rank_sel, max(a.world_size, b.world_size))
     compared = set(result.window.ranks)
     if sel_ranks is not None and not set(sel_ranks) <= compared:

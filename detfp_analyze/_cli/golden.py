@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors
-from detfp_analyze.bisect.result import LEVELS
-from detfp_analyze.guards.golden import GoldenUpdate, update_golden
+from detfp_analyze._cli.common import EXIT_OK, echo, handle_errors
+from detfp_analyze._cli.depth import Depth, OldLevel, resolve_depth
+from detfp_analyze.gate.golden import GoldenUpdate, update_golden
 from detfp_analyze.render import jsontext
 from detfp_analyze.render.report import render_text
 
@@ -51,9 +51,8 @@ def render_update(u: GoldenUpdate) -> str:
 def update(
     golden: Annotated[str, typer.Argument(metavar="GOLDEN", help="The golden run directory (replaced).")],
     new: Annotated[str, typer.Argument(metavar="NEW", help="The run that becomes the golden.")],
-    level: Annotated[
-        str, typer.Option("--level", help="How deep to describe the change: step|phase|module|op|kernel.")
-    ] = "op",
+    depth: Depth = None,
+    level: OldLevel = None,
     ignore_env: Annotated[
         list[str] | None,
         typer.Option("--ignore-env", metavar="KEY", help="Leave manifest keys out of the diff (glob, repeatable)."),
@@ -65,10 +64,9 @@ def update(
     ] = False,
 ) -> None:
     """Replace GOLDEN with a copy of NEW, printing what changed between them first."""
-    if level not in LEVELS:
-        fail(f"--level {level!r}: not a level; use one of {'|'.join(LEVELS)}")
+    chosen = resolve_depth(depth, level)
     u = update_golden(
-        golden, new, level=level, ignore_env=ignore_env or (), allow_missing_ranks=allow_missing_ranks, dry_run=dry_run
+        golden, new, level=chosen, ignore_env=ignore_env or (), allow_missing_ranks=allow_missing_ranks, dry_run=dry_run
     )
     if as_json:
         typer.echo(jsontext.dumps(u.to_json_dict()))

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_OK, echo, fail, handle_errors, write_output
-from detfp_analyze._cli.compare import Force, Level, MissingRanks, Ranks, RunA, RunB, Steps, compare
+from detfp_analyze._cli.compare import Depth, Force, MissingRanks, OldLevel, Ranks, RunA, RunB, Steps, compare
 from detfp_analyze._deps import require
 from detfp_analyze.render.draw import figure_bytes
 from detfp_analyze.render.gallery import bisect_pictures
@@ -44,7 +44,8 @@ def command(
     ] = 256,
     ranks: Ranks = None,
     steps: Steps = None,
-    level: Level = "op",
+    depth: Depth = None,
+    level: OldLevel = None,
     force: Force = False,
     allow_missing_ranks: MissingRanks = False,
 ) -> None:
@@ -54,7 +55,7 @@ def command(
     if max_rows < 8:
         fail(f"--max-rows {max_rows}: use at least 8")
     require("matplotlib")  # before the bisect: say how to install it without making the user wait
-    a, b, result = compare(run_a, run_b, ranks, steps, level, force, allow_missing_ranks)
+    a, b, result = compare(run_a, run_b, ranks, steps, depth, level, force, allow_missing_ranks)
     pics = bisect_pictures(result, a, b, max_rows=max_rows)
     for line in write_pictures(pics, out, fmt):
         echo(line + "\n")  # captions name ops and modules of the trace: escaped

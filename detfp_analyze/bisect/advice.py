@@ -112,10 +112,10 @@ def _deeper_steps(d: Divergence, c: Capture | None) -> tuple[str, ...]:
             "the Inductor settings and autotuning choices, and the thread count it was compiled for",
         )
     if d.kind == "op" and d.op is None:
-        return ("rerun bisect with --level op to name the op",)
+        return ("rerun bisect with --depth op to name the op",)
     if d.kind == "op":
         return (
-            f"compare the kernels under it: bisect --level kernel --steps {d.step} on runs that captured them "
+            f"compare the kernels under it: bisect --depth kernel --steps {d.step} on runs that captured them "
             f"({recapture(c, 'ops', d.step, kernels=True)})",
         )
     nxt = deeper(c)
@@ -276,7 +276,7 @@ def _no_record(diag: Diagnosis, where: str, capture: Capture | None) -> Advice:
         return Advice(
             Cause.UNDETERMINED,
             "bisect stopped at the step level, so no record names a cause yet.",
-            ("rerun bisect with --level op for verdicts, a pattern and a cause",),
+            ("rerun bisect with --depth op for verdicts, a pattern and a cause",),
         )
     nxt = deeper(capture)
     more = (f"recapture the first differing step at level {nxt}: {recapture(capture, nxt, 0)}",) if nxt else ()

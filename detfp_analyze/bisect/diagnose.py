@@ -52,7 +52,7 @@ _COORDS = ("tp", "pp", "dp", "cp", "ep")
 
 
 def _site(d: Divergence) -> str:
-    """The op, or below --level op the module (or phase) of a divergence, for messages and grouping."""
+    """The op, or below --depth op the module (or phase) of a divergence, for messages and grouping."""
     if d.op is not None:
         return d.op
     return f"module {d.module or '<root>'}" if d.module is not None else f"phase {d.phase}"
@@ -119,7 +119,7 @@ def diagnose(results: Sequence[RankResult], parallel: Mapping[int, Mapping[str, 
             {},
             counts,
         )
-    # Below --level op a record has no op name: compare and name the deepest site reported.
+    # Below --depth op a record has no op name: compare and name the deepest site reported.
     ops = {r.rank: (r.effective.kind, _site(r.effective)) for r in diverged if r.rank in origin and r.effective}
     first_op = ops[origin[0]][1]
     source = {r.rank for r in diverged if r.rank in origin and r.effective and r.effective.verdict == Verdict.SOURCE}

@@ -159,7 +159,7 @@ class Evidence:
     #: Dumped bytes of the named records, per run (empty unless both runs dumped them).
     dumps_a: dict[RecordKey, bytes] = field(default_factory=dict)
     dumps_b: dict[RecordKey, bytes] = field(default_factory=dict)
-    #: Kernels under the named calls, per run; None unless ``--level kernel`` and both runs captured them.
+    #: Kernels under the named calls, per run; None unless ``--depth kernel`` and both runs captured them.
     kernels_a: dict[CallKey, tuple[str, ...]] | None = None
     kernels_b: dict[CallKey, tuple[str, ...]] | None = None
     #: A hint when kernels were captured but not asked for.
@@ -179,7 +179,7 @@ def gather(run_a: Run, run_b: Run, found: Mapping[int, Found], level: str) -> Ev
     else:
         kern = (None, None)
         notes = (
-            ("kernel identities were captured: rerun with --level kernel to compare them",)
+            ("kernel identities were captured: rerun with --depth kernel to compare them",)
             if both_kernels and found
             else ()
         )

@@ -141,7 +141,7 @@ def _bisect(
     parallel = {r: dict(run_a.manifest(r).get("parallel") or {}) for r in scope.ranks}
     diag = diagnose(ordered, parallel)
     if level == Level.STEP and diag.pattern != Pattern.IDENTICAL:
-        why = "level step narrows to the step only, without verdicts; rerun with --level op for verdicts and a pattern"
+        why = "depth step narrows to the step only, without verdicts; rerun with --depth op for verdicts and a pattern"
         diag = Diagnosis(Pattern.UNDETERMINED, (), why)
     diverged = [rr for rr in ordered if rr.status == Status.DIVERGED]
     rng_only = _clues.rng_only(run_a, run_b, ordered, scope.window)

@@ -27,7 +27,7 @@ from detfp_analyze import rule
 from detfp_analyze.bisect.narrow import METRIC_KEY
 from detfp_analyze.bisect.result import VERDICTS, BisectResult, RankResult
 from detfp_analyze.bisect.vocab import Status
-from detfp_analyze.errors import DetfpError
+from detfp_analyze.errors import AnalysisError
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.rule.to_polars import names_for, to_polars
 
@@ -99,12 +99,12 @@ _DIFFERING = (rule.DIFFERS.value, *rule.ONE_SIDED)
 MATCH_COLUMNS = ("role", "status", "digest_hi", "digest_lo", "args_digest")
 
 
-class UnknownStateError(DetfpError):
+class UnknownStateError(AnalysisError):
     """A result carries a verdict the pictures have no state (colour, legend) for."""
 
 
 def state_of(verdict: str | None, rank: int | None = None) -> str:
-    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--level step``).
+    """The cell state of a verdict (None: a divergence without verdict, e.g. ``--depth step``).
 
     Raises UnknownStateError for a value that is not one of ``result.VERDICTS``, or a verdict
     the pictures have no state (colour, legend) for: never drawn as something else."""

@@ -7,7 +7,7 @@ note)`` with a shell-quoted command line, so a report can print them and a user 
 * reproduce the comparison (``detfp-analyze bisect A B`` with the window used);
 * render it (``plot``, ``export --perfetto``);
 * what fits the diagnosis's cause (``result.CAUSES``): for a cause inside the computation (an
-  op, a collective, one rank, control flow, nothing captured) narrow deeper (``--level kernel``
+  op, a collective, one rank, control flow, nothing captured) narrow deeper (``--depth kernel``
   on the divergent step and ranks) and recapture the divergent step one capture level deeper,
   for A and for B: the launcher command rewritten when the run was captured with ``python -m
   detfp_capture``, otherwise the script's own command with the ``Session`` arguments to change;
@@ -198,7 +198,7 @@ def recipes(
             out.append(
                 Recipe(
                     f"narrow step {step} down to the kernel",
-                    _q(["detfp-analyze", "bisect", a, b, *sel, "--level", "kernel"]),
+                    _q(["detfp-analyze", "bisect", a, b, *sel, "--depth", "kernel"]),
                     "compares the kernels launched under the divergent op when both runs captured them",
                 )
             )

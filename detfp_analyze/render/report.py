@@ -150,14 +150,14 @@ def status_line(r: BisectResult) -> str:
 
 
 def capture_text(r: BisectResult) -> str:
-    """``captured at level boundaries, bisect level op``: what was captured, and how deep bisect looked."""
+    """``captured at level boundaries, bisect depth op``: what was captured, and how deep bisect looked."""
     w = r.window
     a, b = w.capture_a, w.capture_b
     la, lb = (c.level if c is not None else None for c in (a, b))
     if la is None and lb is None:
-        return f"bisect level {w.level}"
+        return f"bisect depth {w.level}"
     got = f"level {la}" if la == lb else f"levels {la or '-'} (A), {lb or '-'} (B)"
-    return f"captured at {got}, bisect level {w.level}"
+    return f"captured at {got}, bisect depth {w.level}"
 
 
 def render_text(result: BisectResult) -> str:

@@ -8,7 +8,7 @@ into a snapshot buffer (the rest). The batch then finishes every digest with a f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,12 +20,11 @@ from detfp_capture._digest.batched import DIRECT, INT64, PLAIN, SPECIAL, STRIDED
 from detfp_capture._digest.gemm import ANY_M_DEVICES
 from detfp_capture._digest.levels import finish
 
-__all__ = ["Staging"]
+__all__ = ["ByteCopy", "Staging"]
 
-try:  # the record path's byte copy (``_recorder/_hostpath.c``; None without it or with DETFP_NATIVE=0)
-    from detfp_capture._recorder.slot import copy_bytes as _copy_bytes
-except ImportError:  # the digest used without the recorder package
-    _copy_bytes = None
+#: ``copy(dst_address, src_address, n)``: a memcpy the caller may hand ``Staging`` (the record
+#: path's ``_recorder.slot.copy_bytes``): the digest floor never imports the recorder above it.
+ByteCopy = Callable[[int, int, int], None]
 
 #: Dtypes whose snapshot ``put_one`` takes as a byte copy on CPU: ``copy_`` between two
 #: contiguous tensors of one of these dtypes moves the bytes unchanged, so the copy is the same.
@@ -62,7 +61,7 @@ class Staging:
     #: Rows zeroed at a time ahead of the rows taken (see ``put_many``).
     ZERO_ROWS = 1024
 
-    def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20) -> None:
+    def __init__(self, dev: torch.device, cap_bytes: int = 64 << 20, byte_copy: ByteCopy | None = None) -> None:
         self.dev = dev
         #: The digest version of everything staged here (the active one when the staging began).
         self.scheme = sch = versions.active()
@@ -83,8 +82,9 @@ class Staging:
         self.l1_used = 0
         # CUDA's int8 GEMM wants M >= 32 and a multiple of 8 (gemm.product pads otherwise: a copy).
         self._any_m = dev.type in ANY_M_DEVICES
-        #: Snapshots on CPU may be byte copies into ``buf`` (``put_one``), at this address.
-        self._byte_copy = _copy_bytes if dev.type == "cpu" else None
+        #: Snapshots on CPU may be byte copies into ``buf`` (``put_one``), at this address, with
+        #: the copy the recorder hands in (None: torch's ``copy_``, the same bytes).
+        self._byte_copy = byte_copy if dev.type == "cpu" else None
         self._addr = 0
 
     @staticmethod

@@ -21,7 +21,7 @@ import torch
 from detfp_capture import digest
 from detfp_capture._digest.staging import Staging
 from detfp_capture._recorder.roots import roots_first, start_digests
-from detfp_capture._recorder.slot import Slot, gc_paused
+from detfp_capture._recorder.slot import Slot, copy_bytes, gc_paused
 
 __all__ = ["DEFER_BYTES", "DEFER_MAX", "Waiting"]
 
@@ -138,7 +138,8 @@ class Waiting:
             return
         st = self.staging.get(dev)
         if st is None:
-            st = self.staging[dev] = Staging(dev)
+            # The record path's byte copy, handed down: the digest floor does not import it.
+            st = self.staging[dev] = Staging(dev, byte_copy=copy_bytes)
         put = st.put_many if len(ts) > 1 else None
         try:
             if put is None:  # one tensor (most calls): the lighter path

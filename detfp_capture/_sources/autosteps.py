@@ -1,8 +1,7 @@
-"""Launcher mode's step counting (``python -m detfp_capture``, ``_launched.launcher_session``):
+"""Launcher mode's step counting (``python -m detfp_capture``; installed by ``_launch.mode``):
 steps are the optimizer steps of the first optimizer that steps, counted by global optimizer
-step hooks. Its own module, below both the launcher's parser (``launcher.py``, which must not
-import torch) and the launcher's Session (``_launched.py``), so neither imports the other to
-reach it; torch is imported when the hooks are installed.
+step hooks. A record source like the others, below the launcher's package; torch is imported
+when the hooks are installed (the launcher's parser imports no torch).
 """
 
 from __future__ import annotations

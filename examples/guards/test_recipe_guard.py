@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from detfp_analyze.bisect import bisect
-from detfp_analyze.guards.gate import evaluate, load_expectations, render_gate
+from detfp_analyze.gate.expectations import evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.render.report import render_text
 from detfp_capture import Session

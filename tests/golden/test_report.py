@@ -38,7 +38,7 @@ def test_text_report_golden(pair):
         "B = b\n"
         "status: diverged, first at step 1; pattern single_rank; cause rank_local\n"
         "environment: no difference\n"
-        "window: steps 0-2 (A 0-2, B 0-2), ranks 0-1; captured at level ops, bisect level op\n"
+        "window: steps 0-2 (A 0-2, B 0-2), ranks 0-1; captured at level ops, bisect depth op\n"
         "ranks:\n"
         "  rank 0: step 1 origin at forward l1 op:aten::mm.default output out[0]\n"
         "    all 2 input(s) of aten::mm.default in l1 matched and its output out[0] differs: this call introduced the difference\n"
@@ -51,7 +51,7 @@ def test_text_report_golden(pair):
         "diagnosis: Only rank 0 starts the difference, at aten::mm.default in l1 (forward, step 1) with matching inputs: look at what differs there (its input data, placement, topology, reduction order).\n"
         "  cause rank_local; pattern single_rank; origin ranks 0\n"
         "  next: compare what those ranks do differently: their batch, device and host, their place in each reduction\n"
-        '  next: compare the kernels under it: bisect --level kernel --steps 1 on runs that captured them (Session("NEW_DIR", level="ops", steps="1", kernels="1") in the script)\n'
+        '  next: compare the kernels under it: bisect --depth kernel --steps 1 on runs that captured them (Session("NEW_DIR", level="ops", steps="1", kernels="1") in the script)\n'
         "difference at rank 0: values, confirmed by fingerprint\n"
         "discriminator: aten::mm.default on ranks 0, step(s) 1\n"
         "  divergent    1 clean    0  forward l1 torch.float32 [4]\n"
@@ -99,7 +99,17 @@ def test_json_schema_and_byte_stability(pair):
             "detfp-analyze: --ranks 'x': cannot parse 'x'; use comma-separated numbers and ranges like '3-5,9' or '10-'\n",
         ),
         (["--steps", "5-3"], "detfp-analyze: --steps '5-3': range '5-3' is empty; write the lower bound first\n"),
-        (["--level", "deep"], "detfp-analyze: --level 'deep': not a level; use one of step|phase|module|op|kernel\n"),
+        (["--depth", "deep"], "detfp-analyze: --depth 'deep': not a depth; use one of step|phase|module|op|kernel\n"),
+        (
+            ["--level", "deep"],
+            "detfp-analyze: --level 'deep': not a depth; use one of step|phase|module|op|kernel "
+            "(--level is deprecated: use --depth)\n",
+        ),
+        (
+            ["--depth", "op", "--level", "step"],
+            "detfp-analyze: --depth 'op' and --level 'step' disagree; pass --depth alone (--level is its deprecated "
+            "name)\n",
+        ),
         (
             ["--ranks", "7"],
             "detfp-analyze: a vs b: rank(s) 7 are in neither run (ranks present: 0-1); pick ranks from those\n",
@@ -127,10 +137,18 @@ def test_incomparable_needs_force(tmp_path, monkeypatch):
 
 
 def test_levels_and_selection_on_the_cli(pair):
-    out = _invoke("bisect", "a", "b", "--level", "step", "--ranks", "1", "--steps", "1")
+    out = _invoke("bisect", "a", "b", "--depth", "step", "--ranks", "1", "--steps", "1")
     assert out.exit_code == 1
     assert "  rank 1: step 1 records differ\n" in out.output
     assert "; pattern undetermined; cause undetermined\n" in out.output
+    assert out.stderr == ""
+    # The old flag still works: the same report, and one line on stderr saying the new name.
+    old = _invoke("bisect", "a", "b", "--level", "step", "--ranks", "1", "--steps", "1")
+    assert (old.exit_code, old.stdout) == (1, out.stdout)
+    assert old.stderr == (
+        "detfp-analyze: --level is deprecated for the narrowing depth (capture's --level names what was recorded); "
+        "use --depth step\n"
+    )
     out = _invoke("bisect", "a", "b", "--steps", "2")
     assert out.exit_code == 0
 
@@ -177,4 +195,12 @@ def test_allow_missing_ranks_is_counted_in_notes(tmp_path, monkeypatch):
     assert out.exit_code == 0
     assert "  missing ranks tolerated: A none, B 1\n" in out.output
     assert "  ranks 1 exist in one run only and were not compared\n" in out.output
-    assert "window: steps 0-1 (A 0-1, B 0-1), ranks 0; captured at level ops, bisect level op\n" in out.output
+    assert "window: steps 0-1 (A 0-1, B 0-1), ranks 0; captured at level ops, bisect depth op\n" in out.output
+
+
+@pytest.mark.parametrize("command", [["bisect"], ["plot"], ["export"], ["golden", "update"]])
+def test_every_bisecting_command_says_depth_not_level(command):
+    # One word for bisect's depth, apart from capture's --level; the old flag is listed as deprecated.
+    text = " ".join(_invoke(*command, "--help").output.split())
+    assert "--depth DEPTH Narrowing depth: step|phase|module|op|kernel (default: op)." in text
+    assert "--level DEPTH Deprecated: the old name of --depth." in text

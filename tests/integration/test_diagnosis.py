@@ -268,7 +268,7 @@ def test_a_source_on_every_rank_is_not_an_op(runs, b, cause, record):
     dg = res.diagnosis
     expect((dg.pattern, dg.op, dg.cause) == ("all_ranks_same_source", None, cause), "the source", res)
     text = render_text(res)
-    expect("captured at level boundaries, bisect level op" in text, "the window's capture level", res)
+    expect("captured at level boundaries, bisect depth op" in text, "the window's capture level", res)
     # 7. Next steps fit the cause: nothing at the kernel or a deeper capture level.
     got = recipes(res, _manifests(runs["ddp"] / "gpt_a"), _manifests(runs["ddp"] / b))
     expect(not any("kernel" in r.title or r.title.startswith("recapture") for r in got), [r.title for r in got], res)

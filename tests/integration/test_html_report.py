@@ -117,7 +117,7 @@ def test_report_in_headless_chromium(chromium, report_page, tmp_path):
         assert dom["heads"][:5] == ["rank", "pp", "dp", "tp", "status"]
         assert len(dom["figures"]) == 4 and min(dom["figures"]) > 300
         assert dom["commands"][0].startswith("detfp-analyze bisect ")
-        assert any("--level kernel" in c for c in dom["commands"])
+        assert any("--depth kernel" in c for c in dom["commands"])
         assert dom["sections"] == ["Diagnosis", "Commands", "Pictures", "Ranks", "Environment", "Discriminator"]
         assert dom["report"] == "single_rank"
         # Sorting: verdict ascending puts the origin first; rank twice sorts descending.

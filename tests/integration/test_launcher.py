@@ -8,7 +8,7 @@ import textwrap
 
 import polars as pl
 
-from detfp_capture._sources.launcher import main
+from detfp_capture._launch.cli import main
 from tests.fixtures.models import read
 
 SCRIPT = textwrap.dedent(

@@ -32,7 +32,7 @@ from detfp_analyze.cli import app
 from detfp_analyze.io.envdiff import env_diff
 from detfp_analyze.io.reader import open_run
 from detfp_analyze.single.certify import certify
-from detfp_capture._sources.launcher import main as launcher_main
+from detfp_capture._launch.cli import main as launcher_main
 from tests.fixtures.zoo.harness import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ Members:
   and backward) more than once per step (``tests/fixtures/zoo/closure_train.py``), the same way;
 * ``lightning_spawned``: the Lightning script under ``python -m detfp_capture`` alone: Lightning
   starts rank 1 itself by running the script again, and the launcher follows it
-  (``detfp_capture/_sources/children.py``).
+  (``detfp_capture/_launch/children.py``).
 
 Scenarios and their exact answers: ``identical`` (a pair at boundaries and at ops ->
 ``identical``), ``onoff`` (losses and final parameters with capture on equal those with it off,

@@ -76,8 +76,8 @@ def test_level_module_names_the_module_and_keeps_record_names():
     text = render_text(ops)
     assert "None" not in text
     assert ops.diagnosis.headline.startswith("An op in blocks.0.moe (forward, step 1) is the first difference")
-    assert ops.diagnosis.next_steps == ("rerun bisect with --level op to name the op",)
-    assert ops.diagnosis.op is None and ops.ranks[0].first.op is None  # no op name below --level op
+    assert ops.diagnosis.next_steps == ("rerun bisect with --depth op to name the op",)
+    assert ops.diagnosis.op is None and ops.ranks[0].first.op is None  # no op name below --depth op
     resume = bisect(str(SAMPLES / "resume" / "full"), str(SAMPLES / "resume" / "resumed"), level="module")
     text = render_text(resume)
     assert "None" not in text

@@ -12,7 +12,7 @@ import torch
 
 from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
-from detfp_capture._sources.launcher import main as launcher_main
+from detfp_capture._launch.cli import main as launcher_main
 from detfp_capture.errors import ConfigError, RunExistsError
 from detfp_format.writer import clear_rank
 from tests.fixtures.models import read

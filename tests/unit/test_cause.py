@@ -20,7 +20,7 @@ from detfp_analyze.bisect.result import (
     Window,
 )
 from detfp_analyze.bisect.settings import explains, settings
-from detfp_analyze.guards.gate import Expectation, evaluate
+from detfp_analyze.gate.expectations import Expectation, evaluate
 from detfp_analyze.io.envdiff import EnvDiff
 
 

@@ -23,7 +23,7 @@ from detfp_analyze.errors import IncomparableError
 from detfp_analyze.io.reader import open_run
 from detfp_capture import Session
 from detfp_capture._digest import versions
-from detfp_capture._sources.launcher import build_parser
+from detfp_capture._launch.cli import build_parser
 from detfp_capture.digest import DigestError, fingerprint
 from detfp_capture.errors import ConfigError
 from detfp_format import contract

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from detfp_analyze.bisect import bisect
 from detfp_analyze.bisect.result import RankResult
 from detfp_analyze.errors import ExpectationError
-from detfp_analyze.guards.gate import Expectation, evaluate, load_expectations, render_gate
+from detfp_analyze.gate.expectations import Expectation, evaluate, load_expectations, render_gate
 from detfp_analyze.io.reader import open_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"

@@ -51,7 +51,7 @@ def test_example_guards_pass(pytester, monkeypatch):
 
 
 def test_the_expectations_example_loads(tmp_path):
-    from detfp_analyze.guards.gate import load_expectations
+    from detfp_analyze.gate.expectations import load_expectations
 
     start = DOC.index("```toml\n") + len("```toml\n")
     (tmp_path / "expect.toml").write_text(DOC[start : DOC.index("```", start)])

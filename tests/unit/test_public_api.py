@@ -48,7 +48,7 @@ RESULTS = {
     "EnvDiff": ("key", "a", "b", "rank", "blocking"),
 }  # fmt: skip
 #: The other public classes, by the module that defines them.
-CLASSES = {"DetfpError": "detfp_analyze.errors", "Run": "detfp_analyze.io.reader"}
+CLASSES = {"DetfpError": "detfp_format.errors", "Run": "detfp_analyze.io.reader"}
 
 
 def _params(fn) -> str:
@@ -131,8 +131,11 @@ def test_the_other_packages_public_names():
     import detfp_format
     import detfp_guards
 
-    assert detfp_format.__all__ == ["FormatError", "RunExistsError", "SchemaError", "SelectorError"]
-    assert all(issubclass(getattr(detfp_format, n), detfp_format.FormatError) for n in detfp_format.__all__)
+    assert detfp_format.__all__ == ["DetfpError", "FormatError", "RunExistsError", "SchemaError", "SelectorError"]
+    assert all(issubclass(getattr(detfp_format, n), detfp_format.FormatError) for n in detfp_format.__all__[2:])
+    # The one root of every package's errors (test_error_root.py walks them all).
+    assert issubclass(detfp_format.FormatError, detfp_format.DetfpError)
+    assert detfp_analyze.DetfpError is detfp_format.DetfpError
     assert detfp_guards.__all__ == ["NotReproducibleError", "RepeatResult", "assert_bitwise_reproducible", "repeat_check"]
     code = "import detfp_capture as d; print(sorted(d.__all__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

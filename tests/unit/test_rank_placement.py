@@ -1,5 +1,5 @@
 """Which rank a process writes as (``detfp_capture/_placement.py``) and the processes the launcher
-follows or refuses (``detfp_capture/_sources/children.py``), one mechanism at a time; the zoo runs
+follows or refuses (``detfp_capture/_launch/children.py``), one mechanism at a time; the zoo runs
 them end to end (``tests/integration/test_zoo_lightning.py``).
 
 The process group is stood in for by patching ``_placement.group_place`` (what capture reads of
@@ -23,9 +23,9 @@ import torch
 
 from detfp_capture import Session
 from detfp_capture import _placement as placement
-from detfp_capture._sources.children import Children
-from detfp_capture._sources.launcher import build_parser, followed_options
-from detfp_capture._sources.launcher import main as launcher_main
+from detfp_capture._launch.children import Children
+from detfp_capture._launch.cli import build_parser, followed_options
+from detfp_capture._launch.cli import main as launcher_main
 from detfp_format import commitlog
 
 STEP = """

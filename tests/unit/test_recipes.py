@@ -33,7 +33,7 @@ def test_launcher_runs_get_the_launcher_command_rewritten():
         "draw the pictures",
         "open step 1 as a timeline in the Perfetto UI",
     ]
-    assert got["narrow step 1 down to the kernel"].command.endswith("--steps 1 --ranks 0-1 --level kernel")
+    assert got["narrow step 1 down to the kernel"].command.endswith("--steps 1 --ranks 0-1 --depth kernel")
 
 
 def test_session_scripts_get_their_command_and_the_session_arguments():

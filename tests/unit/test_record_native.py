@@ -84,7 +84,7 @@ def test_native_slots_are_not_tracked_and_free_what_they_hold():
 
 
 def _staged(put_one: bool, tensors: list[torch.Tensor]) -> tuple[bytes, tuple]:
-    st = Staging(torch.device("cpu"), cap_bytes=1 << 20)
+    st = Staging(torch.device("cpu"), cap_bytes=1 << 20, byte_copy=slot_mod.copy_bytes)  # as the recorder makes it
     slots = [PySlot(None) for _ in tensors]
     for t, s in zip(tensors, slots, strict=True):
         assert st.put_one(t, s) if put_one else st.put_many([t], [s])
@@ -118,7 +118,7 @@ def test_put_one_digests_as_digest_start():
 
     g = torch.Generator().manual_seed(5)
     tensors = [torch.randn(3, 17, generator=g), torch.randn(64, generator=g).half(), torch.arange(12).view(3, 4).t()]
-    st = Staging(torch.device("cpu"))
+    st = Staging(torch.device("cpu"), byte_copy=slot_mod.copy_bytes)
     slots = [PySlot(None) for _ in tensors]
     for t, s in zip(tensors, slots, strict=True):
         assert st.put_one(t, s)

@@ -55,7 +55,7 @@ def test_forward_op_with_varying_order_is_the_origin_with_its_ulp_size(tmp_path)
     assert res.kernels is not None and res.kernels.same
     assert res.traces == (tmp_path / "detail-0", tmp_path / "detail-1")
     assert "NOT bitwise reproducible" in res.report and "origin" in res.report and "ULP" in res.report
-    assert f"detfp-analyze bisect {tmp_path / 'detail-0'} {tmp_path / 'detail-1'} --level kernel" in res.report
+    assert f"detfp-analyze bisect {tmp_path / 'detail-0'} {tmp_path / 'detail-1'} --depth kernel" in res.report
     assert str(res) == res.report
 
 

@@ -33,7 +33,7 @@ from detfp_analyze.bisect.result import (
     check_status,
     check_verdict,
 )
-from detfp_analyze.guards import gate
+from detfp_analyze.gate import expectations as gate
 from detfp_analyze.render import html, perfetto, report
 from detfp_analyze.render.frames import STATE_COLORS, STATE_HELP, STATES, UnknownStateError, rank_step_frame, state_of
 from detfp_analyze.render.heatmap import bisect_frame, divergence_heatmap
