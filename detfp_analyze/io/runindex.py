@@ -44,7 +44,7 @@ from typing import Any, cast
 
 from detfp_analyze.errors import DetfpError
 from detfp_analyze.io.commit_logs import Logs
-from detfp_analyze.io.manifests import list_dir
+from detfp_analyze.io.manifests import MAX_MANIFEST_BYTES, list_dir
 from detfp_analyze.io.names import partitions, visible
 from detfp_analyze.io.shard_info import CommittedShard
 from detfp_analyze.io.stepsums import FOLD_SCHEMA, Folds
@@ -157,6 +157,18 @@ def _read(p: Path) -> bytes | None:
         return f.read()
 
 
+#: The largest unparsed file ``fill`` hashes: as large as a manifest or commit log may be.
+_MAX_UNREAD = max(commitlog.COMMIT_LOG_MAX_BYTES, MAX_MANIFEST_BYTES)
+
+
+def _size(p: Path) -> int:
+    """A file's size (links followed); an unreadable one counts as too large."""
+    try:
+        return os.stat(p).st_size
+    except (OSError, ValueError):
+        return _MAX_UNREAD + 1
+
+
 #: Threads reading and hashing files (``_digests``, the seal).
 _HASHERS = 4
 
@@ -202,8 +214,11 @@ def fill(st: Hashing, root: Path, label: str, values: Indexed) -> Written | None
     rels = sorted(on_disk)
     if not set(st.hashed) <= set(on_disk):
         return None
-    # A listed file the reader did not parse (a commit log without a manifest) is hashed here.
+    # A listed file the reader did not parse (a commit log without a manifest) is hashed here,
+    # unless it is larger than any file the reader parses: a hostile run is not read whole for a cache.
     unread = [r for r in rels if r not in st.hashed]
+    if any(_size(on_disk[r]) > _MAX_UNREAD for r in unread):
+        return None
     sums = dict(st.hashed)
     for rel, got in zip(unread, _digests([on_disk[r] for r in unread]), strict=True):
         if got is None:

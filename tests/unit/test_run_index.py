@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from detfp_analyze.cli import app
 from detfp_analyze.io import reader, runindex, stepsums
 from detfp_analyze.io.reader import index_run, open_run
+from detfp_format import commitlog
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SAMPLE_PAIRS = [("data_rank", "a", "b"), ("moe_permute", "a", "b"), ("nondet", "a", "b"), ("ops", "a", "b"),
@@ -253,6 +254,16 @@ def test_a_run_whose_index_can_be_written_nowhere_opens_as_before(run, monkeypat
     assert _cli("bisect", str(a), str(b), "--json") == expect
     code, out = _cli("index", str(a))
     assert code == 2 and "can be written neither beside the run nor in" in out
+
+
+def test_a_huge_stray_file_is_not_read_to_fill_the_cache(run):
+    """A commit log without a manifest is no part of the run; one larger than any file the reader
+    parses (sparse here) is not read whole for a cache: the run opens, without an index."""
+    a, _ = run
+    with open(a / "manifest" / "rank=0" / "segment-00009.commits", "wb") as f:
+        f.truncate(commitlog.COMMIT_LOG_MAX_BYTES + 1)
+    assert not open_run(a).indexed and not (a / runindex.INDEX_DIR).exists()
+    assert not open_run(a).indexed
 
 
 def test_a_read_only_run_is_indexed_in_the_cache(run, monkeypatch, tmp_path):
