@@ -184,6 +184,12 @@ class _Segment:
     gaps: list[Gap]
     dropped: list[Location]
 
+    def gap(
+        self, kind: str, table: str | None, window: int | None, first: int | None, last: int | None, detail: str
+    ) -> None:
+        """Note a gap of this (rank, segment) (``Gap``'s fields but the rank and segment)."""
+        self.gaps.append(Gap(kind, self.rank, self.segment, table, window, first, last, detail))
+
 
 def _start(seg: _Segment, earlier_last: int | None) -> int:
     """First step this launch could have written: its start step, else just after earlier segments."""
@@ -206,17 +212,13 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
     name = commitlog.commit_log_relpath(r, s).rsplit("/", 1)[1]
     if log.bad_lines and not (log.torn_tail and log.bad_lines == 1 and log.close is None):
         why = f" (window {log.contradictions[0]}'s rows differ from its step folds)" if log.contradictions else ""
-        seg.gaps.append(
-            Gap(
-                "damaged_commit_log",
-                r,
-                s,
-                None,
-                None,
-                None,
-                None,
-                f"{log.bad_lines} line(s) of {name} cannot be read{why}; windows they committed are not trusted",
-            )
+        seg.gap(
+            "damaged_commit_log",
+            None,
+            None,
+            None,
+            None,
+            f"{log.bad_lines} line(s) of {name} cannot be read{why}; windows they committed are not trusted",
         )
     committed = log.windows
     for w, (rows, span) in sorted(committed.items()):
@@ -227,47 +229,30 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
                 continue
             f = on_disk.get(table)
             if f is None:
-                seg.gaps.append(
-                    Gap(
-                        "missing_shard",
-                        r,
-                        s,
-                        table,
-                        w,
-                        lo,
-                        hi,
-                        f"{table} window {w} was committed with {n} row(s) but its shard is missing",
-                    )
+                seg.gap(
+                    "missing_shard",
+                    table,
+                    w,
+                    lo,
+                    hi,
+                    f"{table} window {w} was committed with {n} row(s) but its shard is missing",
                 )
             elif f.num_rows != n:
                 seg.dropped.append(f.path)
-                seg.gaps.append(
-                    Gap(
-                        "row_mismatch",
-                        r,
-                        s,
-                        table,
-                        w,
-                        lo,
-                        hi,
-                        f"{table} window {w} holds {f.num_rows} row(s), its commit says {n}",
-                    )
+                seg.gap(
+                    "row_mismatch",
+                    table,
+                    w,
+                    lo,
+                    hi,
+                    f"{table} window {w} holds {f.num_rows} row(s), its commit says {n}",
                 )
         for table, f in sorted(on_disk.items()):
             if rows.get(table, 0) == 0:
                 seg.dropped.append(f.path)
                 flo, fhi = _file_steps([f])
-                seg.gaps.append(
-                    Gap(
-                        "uncommitted_window",
-                        r,
-                        s,
-                        table,
-                        w,
-                        flo,
-                        fhi,
-                        f"{table} window {w} has a shard its commit does not list",
-                    )
+                seg.gap(
+                    "uncommitted_window", table, w, flo, fhi, f"{table} window {w} has a shard its commit does not list"
                 )
     spans = {w: span for w, (_, span) in committed.items() if span is not None}
     last = max((hi for _, hi in spans.values()), default=None)
@@ -283,9 +268,7 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
             flo, fhi = (last if last is not None else _start(seg, earlier_last)), None
         for f in files:
             what = f"{f.table} window {wn}" if wn is not None else f"{f.table} shard {name_of(f.path)}"
-            seg.gaps.append(
-                Gap("uncommitted_window", r, s, f.table, wn, flo, fhi, f"{what} was written but never committed")
-            )
+            seg.gap("uncommitted_window", f.table, wn, flo, fhi, f"{what} was written but never committed")
     # Windows below the count with neither a commit line nor a file: one gap per run of them
     # (walked over the windows present, never over the count, which a damaged log could inflate).
     present = sorted(
@@ -301,39 +284,24 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
         above = [spans[k][0] for k in spans if k > last_w]
         lo = max(below) if below else _start(seg, earlier_last)
         what = f"window {first} has" if first == last_w else f"windows {first}-{last_w} have"
-        seg.gaps.append(
-            Gap("uncommitted_window", r, s, None, first, lo, min(above) if above else None, f"{what} no commit line")
-        )
+        seg.gap("uncommitted_window", None, first, lo, min(above) if above else None, f"{what} no commit line")
     tail = last if last is not None else _start(seg, earlier_last)
     if log.close is None:
         what = {0: "no window committed", 1: "window 0 committed"}.get(
             n_windows, f"windows 0-{n_windows - 1} committed"
         )
-        seg.gaps.append(
-            Gap(
-                "not_closed",
-                r,
-                s,
-                None,
-                None,
-                tail,
-                None,
-                f"the capture never closed ({what}; killed, crashed or still running)",
-            )
+        seg.gap(
+            "not_closed", None, None, tail, None, f"the capture never closed ({what}; killed, crashed or still running)"
         )
     elif log.close[1] != "ok":
         why = log.close[2] or (log.failure[1] if log.failure else "no reason given")
-        seg.gaps.append(
-            Gap(
-                "closed_incomplete",
-                r,
-                s,
-                None,
-                log.failure[0] if log.failure else None,
-                tail,
-                None,
-                f"the capture closed incomplete: {why}",
-            )
+        seg.gap(
+            "closed_incomplete",
+            None,
+            log.failure[0] if log.failure else None,
+            tail,
+            None,
+            f"the capture closed incomplete: {why}",
         )
 
 
