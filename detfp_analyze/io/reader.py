@@ -37,7 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 from detfp_analyze import _gcpause
-from detfp_analyze.errors import IncompleteRunError, ManifestError, MissingRankError, NotARunError
+from detfp_analyze.errors import DetfpError, IncompleteRunError, ManifestError, MissingRankError, NotARunError
 from detfp_analyze.io import completeness as _completeness
 from detfp_analyze.io import runindex as _runindex
 from detfp_analyze.io.commit_logs import committed_shards, read_logs
@@ -170,16 +170,16 @@ def _metadata(
         values: _runindex.Indexed = _Cached(cached.manifests, cached.logs, cached.folds, cached.committed)
         return values, _shape(values.manifests, label, allow_missing_ranks)
     # The cache is filled for a local run only (it lives beside the run or in the user's cache).
-    filling = use_index and st.local and isinstance(resolved, Path)
-    reading = _runindex.Hashing(st) if filling else st
+    reading = _runindex.Hashing(st) if use_index and st.local and isinstance(resolved, Path) else st
     found = read_manifests(reading, root, label)
     shape = _shape(found, label, allow_missing_ranks)
     logs = read_logs(reading, resolved, label, shape.manifests)
     values = _runindex.Indexed(found, logs, from_logs(shape.manifests, logs), committed_shards(shape.manifests, logs))
     if isinstance(reading, _runindex.Hashing) and isinstance(resolved, Path):
-        # A cache: a run whose index can be written nowhere (OSError), or whose manifests hold a
-        # value JSON cannot state (ValueError), is opened as it always was.
-        with contextlib.suppress(OSError, ValueError):
+        # A cache never fails an open: a run whose index can be written nowhere (OSError), whose
+        # manifests hold a value JSON cannot state (ValueError), or whose manifest tree changed
+        # under the listing (a typed error) is opened as it always was.
+        with contextlib.suppress(OSError, ValueError, DetfpError):
             _runindex.fill(reading, resolved, label, values)
     return values, shape
 
