@@ -18,6 +18,11 @@ Rows (each one child process, wall and peak RSS its own: ``benchlib.bisect_cli``
 * each row once more without the run index (``--no-index``: the commit logs and manifests
   parsed at open, the path of runs without an index), and the reports compared byte for byte;
 * ``--spark``: the seed identical pair and the late row on ``--engine spark`` (the same report);
+* ``--first-open``: only the late pair, the first bisect of a pair nobody indexed (each run's
+  index removed first; this tree's reader fills it as it parses) against the bisect of the same
+  pair indexed, as a ratio (target: at most 1.5x); with ``--baseline TREE`` both trees side by
+  side, each with its own first and indexed bisect (the baseline's index built by its own
+  ``detfp-analyze index``, timed), ``--reps`` repeats interleaved;
 * ``--baseline TREE``: the seed rows (and, unless ``--no-growth``, the growth table's late rows)
   with this tree and with another checkout (``TREE`` first on ``PYTHONPATH``), ``--reps`` repeats
   interleaved (base, this, this, base, ...): the best and the median wall of each, the larger
@@ -31,6 +36,8 @@ printed first. Usage::
     .venv/bin/python benchmarks/seed_scale.py --ranks 64 --steps 80 --no-growth   # a smoke run
     git -C . worktree add --detach /tmp/base main
     .venv/bin/python benchmarks/seed_scale.py --workdir /tmp/seed --baseline /tmp/base --reps 3
+    .venv/bin/python benchmarks/seed_scale.py --workdir /tmp/seed --ranks 2048 --steps 200 --no-growth \
+        --first-open --baseline /tmp/base --reps 3
 """
 
 from __future__ import annotations
@@ -199,6 +206,66 @@ def build_index(run: Path) -> str:
     return f"{m.wall:.1f} s, {m.peak_mib:.0f} MiB"
 
 
+def _drop_index(run: Path) -> None:
+    """Remove ``run``'s index, beside it and in the user cache (``runindex.cache_dir``)."""
+    from detfp_analyze.io.runindex import INDEX_DIR, cache_dir
+
+    for d in (run / INDEX_DIR, cache_dir(run)):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def first_open(a: Path, b: Path, exp: list, baseline: Path | None, reps: int) -> None:
+    """The first bisect of a pair nobody indexed against the bisect of the same pair indexed, per
+    tree (this one, and ``baseline`` when given), ``reps`` repeats interleaved: each repeat drops
+    both runs' indexes, bisects (this tree's reader fills the index as it parses), makes sure both
+    indexes are current (``detfp-analyze index`` of that tree where they are not: the baseline's,
+    timed), then bisects again. The ratio is first / indexed of the same repeat (median, and the
+    ratio of the best walls)."""
+    envs = {"this": {}} if baseline is None else {"base": {"PYTHONPATH": str(baseline.resolve())}, "this": {}}
+    if baseline is not None:
+        benchlib.byte_compile(baseline.resolve())
+    exe = str(Path(sys.executable).with_name("detfp-analyze"))
+    got: dict[str, dict[str, list]] = {t: {"first": [], "indexed": [], "build": [], "ratio": []} for t in envs}
+    reports = set()
+    checks = set()
+    for i in range(reps):
+        for name in list(envs) if i % 2 == 0 else list(envs)[::-1]:
+            env = envs[name]
+            for run in (a, b):
+                _drop_index(run)
+            first = benchlib.bisect_cli(a, b, env)
+            build = 0.0
+            for run in (a, b):
+                if benchlib.run_measured([exe, "index", "--check", str(run)], env).code != 0:
+                    m = benchlib.run_measured([exe, "index", str(run)], env)
+                    if m.code != 0:
+                        raise SystemExit(f"detfp-analyze index {run} failed with the {name} tree (exit {m.code})")
+                    build += m.wall
+            indexed = benchlib.bisect_cli(a, b, env)
+            for res in (first, indexed):
+                checks.add(benchlib.check_planted(exp, res))
+                reports.add(res.get("report"))
+            g = got[name]
+            g["first"].append(first["wall"])
+            g["indexed"].append(indexed["wall"])
+            g["build"].append(build)
+            g["ratio"].append(first["wall"] / indexed["wall"])
+    print(f"\nfirst bisect of a pair nobody indexed vs the same pair indexed (late pair; whole `detfp-analyze "
+          f"bisect --json` processes, {reps} interleaved repeat(s); target first/indexed <= 1.5x)")  # fmt: skip
+    head = (f"{'tree':<5} | {'first best':>10} {'med':>6} | {'indexed best':>12} {'med':>6} | "
+            f"{'index build (both runs)':>23} | {'first/indexed med':>17} {'of best':>7}")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for name, g in got.items():
+        build = statistics.median(g["build"])
+        built = f"{build:>21.2f} s" if build else f"{'(filled by the first)':>23}"
+        print(f"{name:<5} | {min(g['first']):>8.2f} s {statistics.median(g['first']):>6.2f} | "
+              f"{min(g['indexed']):>10.2f} s {statistics.median(g['indexed']):>6.2f} | {built} | "
+              f"{statistics.median(g['ratio']):>16.2f}x {min(g['first']) / min(g['indexed']):>6.2f}x")  # fmt: skip
+    same = "the same report from every bisect" if len(reports) == 1 else "REPORTS DIFFER"
+    print(f"planted answer: {'/'.join(sorted(checks))}; {same}; load average after: {benchlib.machine().load}")
+
+
 def measure(a: Path, b: Path, expected: list, index: bool, flags: tuple[str, ...] = ()) -> dict:
     res = benchlib.bisect_cli(a, b, None, (*flags, *(() if index else ("--no-index",))))
     res["check"] = benchlib.check_planted(expected, res)
@@ -248,6 +315,9 @@ def main() -> None:
     ap.add_argument("--step-time", type=float, default=0.5, help="the stated step time, seconds (default 0.5)")
     ap.add_argument("--no-growth", action="store_true", help="skip the growth table")
     ap.add_argument("--no-old-path", action="store_true", help="skip the rows without the run index")
+    ap.add_argument(
+        "--first-open", action="store_true", help="only the late pair: first bisect without an index vs indexed"
+    )
     ap.add_argument("--spark", action="store_true", help="also the identical and late rows on --engine spark")
     ap.add_argument("--generate-only", action="store_true", help="write the pairs, measure nothing")
     ap.add_argument(
@@ -294,6 +364,9 @@ def main() -> None:
                     a, b, exp, spent = pair(work, r, s, case, args.records, args.step_time, seed_a)
                     grid.append((r, s, case, a, b, exp))
     if args.generate_only:
+        return
+    if args.first_open:
+        first_open(*cases["late"], args.baseline, args.reps)
         return
     for run in sorted({p for c in cases.values() for p in c[:2]} | {p for g in grid for p in g[3:5]}):
         took = build_index(run)

@@ -53,7 +53,7 @@ _LAZY = {
     "EnvDiff": "detfp_analyze.io.envdiff",
     "env_diff": "detfp_analyze.io.envdiff",
     "DetfpError": "detfp_analyze.errors",
-    "Run": "detfp_analyze.io.reader",
+    "Run": "detfp_analyze.io.run",
     "open_run": "detfp_analyze.io.reader",
     "render_text": "detfp_analyze.render.report",
     "RunSummary": "detfp_analyze.single.summary",
@@ -70,7 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from detfp_analyze.bisect.result import REPORT_VERSION, BisectResult, Diagnosis, Divergence, RankResult
     from detfp_analyze.errors import DetfpError
     from detfp_analyze.io.envdiff import EnvDiff, env_diff
-    from detfp_analyze.io.reader import Run, open_run
+    from detfp_analyze.io.reader import open_run
+    from detfp_analyze.io.run import Run
     from detfp_analyze.render.heatmap import divergence_heatmap
     from detfp_analyze.render.report import render_text
     from detfp_analyze.single.certify import CertifyResult, Problem, certify

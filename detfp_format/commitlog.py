@@ -41,6 +41,7 @@ import os
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NamedTuple
 
 from detfp_format import strictjson
@@ -262,24 +263,36 @@ def _facts(raw: Any, counts: Mapping[str, int | None]) -> dict[str, ShardFact] |
     return out
 
 
+_INT = frozenset({int})
+_LIST = frozenset({list})
+_N_SUMS = len(SUM_FIELDS)
+
+
 def _sums(raw: Any, span: tuple[int, int] | None) -> dict[int, tuple[int, ...]] | None:
     """The ``sums`` field of a window line, or None when absent or not what the format says:
     steps within the line's step span, SUM_FIELDS non-negative integers (hashes below 2^64)."""
     if not isinstance(raw, dict) or (span is None and raw):
         return None
-    out = {}
-    for key, v in raw.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 20):
-            return None
-        step = int(key)
-        if span is None or not span[0] <= step <= span[1]:
-            return None
-        if not (isinstance(v, list) and len(v) == len(SUM_FIELDS)):
-            return None
-        if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _U64 for x in v):
-            return None
-        out[step] = tuple(v)
-    return out
+    if not raw:
+        return {}
+    assert span is not None
+    # Every test over all of the line's steps at once, in C (joins, maps, min and max), not per
+    # step in Python: the reader parses a log of thousands of steps per rank, on thousands of ranks.
+    keys, values = list(raw), list(raw.values())
+    joined = "".join(keys)  # JSON object names are strings
+    if not (joined.isascii() and joined.isdigit() and min(map(len, keys)) >= 1 and max(map(len, keys)) < 20):
+        return None
+    steps = list(map(int, keys))
+    if min(steps) < span[0] or max(steps) > span[1]:
+        return None
+    # type() is list / int: JSON arrays and integers are exactly those, and a bool (an int
+    # subclass) is refused.
+    if not (_LIST.issuperset(map(type, values)) and set(map(len, values)) == {_N_SUMS}):
+        return None
+    flat = list(chain.from_iterable(values))
+    if not (_INT.issuperset(map(type, flat)) and min(flat) >= 0 and max(flat) < _U64):
+        return None
+    return dict(zip(steps, map(tuple, values), strict=True))
 
 
 def _counted(sums: Mapping[int, tuple[int, ...]], counts: Mapping[str, int | None]) -> bool:

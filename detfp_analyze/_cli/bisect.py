@@ -132,8 +132,8 @@ def command(
         bool,
         typer.Option(
             "--no-index",
-            help="Parse the manifests and commit logs, not the run index (detfp-analyze index): the path of runs "
-            "without one (slower; the same report).",
+            help="Parse the manifests and commit logs, and neither read nor fill the run index (the reader's "
+            "cache): the path of runs without one (slower; the same report).",
         ),
     ] = False,
 ) -> None:

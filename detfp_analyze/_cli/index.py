@@ -1,8 +1,9 @@
-"""`detfp-analyze index RUN`: build the run index, so later commands open the run in bulk.
+"""`detfp-analyze index RUN`: pre-warm the run index, so later commands open the run in bulk.
 
-The index (``io.runindex``, docs/trace-format.md §5b) stores what opening a run parses from its
-manifests and commit logs; every later ``open_run`` verifies it against those files and uses it
-only when it matches them exactly. ``--check`` only says whether a current index exists.
+The index (``io.runindex``, docs/trace-format.md §5b) is the reader's cache of what opening a run
+parses from its manifests and commit logs: ``open_run`` fills it when it parses them and, on every
+later open, verifies it against those files and uses it only when it matches them exactly. This
+command fills it ahead of the first open. ``--check`` only says whether a current index exists.
 Exit 0 when written (or current), 2 with one line on stderr for a bad run or a missing index.
 """
 
@@ -13,7 +14,7 @@ from typing import Annotated
 import typer
 
 from detfp_analyze._cli.common import EXIT_BAD_INPUT, echo, fail, handle_errors
-from detfp_analyze.io.runindex import index_run
+from detfp_analyze.io.reader import index_run
 
 
 @handle_errors
@@ -23,8 +24,8 @@ def command(
         bool, typer.Option("--check", help="Only check that a current index exists (exit 2 if not); write nothing.")
     ] = False,
 ) -> None:
-    """Index a run's manifests and commit logs (beside the run, or in the user cache directory
-    when the run is read-only), so opening it reads them in bulk."""
+    """Pre-warm the run index, the cache of a run's manifests and commit logs that opening a run
+    fills anyway (beside the run, or in the user cache directory when the run is read-only)."""
     got = index_run(run, check=check)
     if got is None:
         fail(f"{run}: no current run index (missing, stale or damaged); run detfp-analyze index {run}", EXIT_BAD_INPUT)

@@ -43,7 +43,7 @@ from detfp_analyze.bisect.verdict import resolve
 from detfp_analyze.bisect.vocab import Level, Pattern, Status
 from detfp_analyze.bisect.walk import Progress
 from detfp_analyze.errors import IncomparableError, SelectionError
-from detfp_analyze.io import completeness as _completeness
+from detfp_analyze.io import held_steps as _held_steps
 from detfp_analyze.io.envdiff import check_comparable, check_digests, drop_keys, env_diff
 from detfp_analyze.io.reader import Run, as_run
 from detfp_analyze.ranks import format_ranks
@@ -110,7 +110,7 @@ def _bisect(
     if run_a.path == run_b.path:  # trivially identical: almost certainly a mistyped command line
         raise IncomparableError(f"{run_a.label} and {run_b.label} are the same run directory; compare two runs")
     # 1. Comparable? Only the steps both runs hold completely are compared (allow_incomplete).
-    run_a, run_b, incomplete = _completeness.restrict_pair(run_a, run_b)
+    run_a, run_b, incomplete = _held_steps.restrict_pair(run_a, run_b)
     both, one_sided = _scope.compared_ranks(run_a, run_b, ranks)
     check_digests(run_a, run_b)  # before anything forced or ignored: other versions never compare
     diffs, ignored = drop_keys(env_diff(run_a, run_b, ranks=both or None), ignore_env)

@@ -15,7 +15,7 @@ from typing import Any
 from detfp_analyze.bisect import resume as _resume
 from detfp_analyze.bisect.result import ResumeInfo
 from detfp_analyze.errors import IncomparableError, SelectionError
-from detfp_analyze.io import completeness as _completeness
+from detfp_analyze.io import held_steps as _held_steps
 from detfp_analyze.io.reader import Run
 from detfp_analyze.ranks import format_ranks
 
@@ -89,7 +89,7 @@ def plan(
     (an inclusive pair, ``norm_steps``). ``compared``: ``compared_ranks``' answer when the caller
     already has it. Raises only SelectionError; ``check`` says whether there is anything to compare."""
     both, one_sided = compared if compared is not None else compared_ranks(run_a, run_b, ranks)
-    held = (_completeness.held_ranks(run_a, both) | _completeness.held_ranks(run_b, both)) if both else set()
+    held = (_held_steps.held_ranks(run_a, both) | _held_steps.held_ranks(run_b, both)) if both else set()
     kept = [r for r in both if r in held]
     range_a = _resume.step_range(run_a, kept)
     range_b = _resume.step_range(run_b, kept)

@@ -33,7 +33,7 @@ import polars as pl
 
 from detfp_analyze.errors import ShardError
 from detfp_analyze.io import stepsums as _stepsums
-from detfp_analyze.io.footers import shown_name
+from detfp_analyze.io.names import shown_name
 from detfp_analyze.io.store import name_of
 from detfp_format import commitlog
 

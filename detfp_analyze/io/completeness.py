@@ -1,7 +1,7 @@
 """Completeness of a run: what its commit logs promise, against what is on disk (metadata only).
 
 Pipeline of ``check`` (called by ``reader.open_run``): for each (rank, segment) with a manifest,
-read its commit log (``manifest/rank=R/segment-S.commits``, size-limited; the format is in
+its commit log as ``commit_logs.read_logs`` read it (the format is in
 ``detfp_format.commitlog``) -> compare the committed windows with the shard files seen in
 the footers (table, window, row count) -> ``Gap``s -> the steps each gap makes untrustworthy,
 clipped to the steps no later segment supersedes -> a frozen ``Completeness``: the gaps that
@@ -15,32 +15,35 @@ and said so); ``incomplete`` otherwise. A launch that never closed (killed, cras
 the steps before the last step it committed: rows of one step never come after rows of the
 next, so a step is finished once a later one has begun.
 
-``restrict_pair`` limits two runs to the steps both hold completely (bisect and SQL with
-``--allow-incomplete``) and says in notes what was left out.
+Reading the logs is ``commit_logs``; limiting two opened runs to the steps both hold completely
+is ``held_steps``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from detfp_analyze.errors import ManifestError, SchemaVersionError
-from detfp_analyze.io.footers import Committed, CommittedShard, ShardInfo, committed_shard
-from detfp_analyze.io.store import Location, Store, name_of
-from detfp_format import commitlog, contract
-
-if TYPE_CHECKING:  # the reader imports this module
-    from detfp_analyze.io.reader import Run
+from detfp_analyze.io.commit_logs import Logs
+from detfp_analyze.io.shard_info import ShardInfo
+from detfp_analyze.io.store import Location, name_of
+from detfp_format import commitlog
 
 __all__ = [
-    "GAP_KINDS", "Completeness", "Gap", "SegmentState", "StepRanges", "check", "committed_shards", "cutoffs",
-    "format_steps", "held_ranks", "read_logs", "refusal", "restrict_pair",
-]  # fmt: skip
+    "GAP_KINDS",
+    "Completeness",
+    "Gap",
+    "SegmentState",
+    "StepRanges",
+    "check",
+    "cutoffs",
+    "format_steps",
+    "merge_ranges",
+    "refusal",
+]
 
 #: Kinds of gap, each a way a run can hold less than it claims (docs/reliability.md).
 GAP_KINDS = (
@@ -169,84 +172,6 @@ def cutoffs(manifests: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[tuple[
     return out
 
 
-# ------------------------------------------------------------------------------ reading
-def _read_log(st: Store, path: Location, shown: str, manifest: Mapping[str, Any]) -> commitlog.LogState | None:
-    """The parsed commit log, or None when there is none (legacy or lost: the caller decides)."""
-    promised = manifest.get("commit_log")
-    if promised is not None and (not isinstance(promised, int) or isinstance(promised, bool) or promised < 1):
-        raise ManifestError(
-            f"{shown}: commit_log is {json.dumps(promised)[:40]}, expected a positive integer; re-run the capture"
-        )
-    if isinstance(promised, int) and promised > commitlog.COMMIT_LOG_VERSION:
-        raise SchemaVersionError(
-            f"{shown}: commit_log version {promised} is not supported (this detfp reads "
-            f"{commitlog.COMMIT_LOG_VERSION}); analyze it with the detfp release that wrote it"
-        )
-    try:
-        data = st.read_limited(path, commitlog.COMMIT_LOG_MAX_BYTES)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ManifestError(
-            f"{shown}: commit log {name_of(path)} unreadable ({type(exc).__name__}); check permissions"
-        ) from None
-    if data is None:  # a pipe, a device, a directory: never opened (a pipe would block the read)
-        raise ManifestError(
-            f"{shown}: commit log {name_of(path)} is not a regular file; delete it or re-run the capture"
-        )
-    if len(data) > commitlog.COMMIT_LOG_MAX_BYTES:
-        raise ManifestError(
-            f"{shown}: commit log {name_of(path)} is larger than {commitlog.COMMIT_LOG_MAX_BYTES >> 20} MiB; "
-            "it is not a detfp commit log, delete it or re-run the capture"
-        )
-    state = commitlog.parse(data)
-    if state.version is not None and state.version > commitlog.COMMIT_LOG_VERSION:
-        raise SchemaVersionError(
-            f"{shown}: commit log version {state.version} is not supported (this detfp reads "
-            f"{commitlog.COMMIT_LOG_VERSION}); analyze it with the detfp release that wrote it"
-        )
-    return state
-
-
-#: (rank, segment) -> its parsed commit log (None: none), or the error reading it raised.
-Logs = Mapping[tuple[int, int], "commitlog.LogState | Exception | None"]
-
-
-def read_logs(st: Store, root: Location, label: str, manifests: Mapping[int, Sequence[Mapping[str, Any]]]) -> Logs:
-    """Every (rank, segment)'s commit log, read before the shards are scanned; an error is kept,
-    not raised, so ``check`` raises it where it always did (after the shards' own errors)."""
-    out: dict[tuple[int, int], commitlog.LogState | Exception | None] = {}
-    for rank, ms in sorted(manifests.items()):
-        for m in ms:
-            s = m["segment"]
-            shown = f"{label}/manifest/rank={rank}/segment-{s:05d}.json"
-            try:
-                out[(rank, s)] = _read_log(
-                    st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m
-                )
-            except (ManifestError, SchemaVersionError) as exc:
-                out[(rank, s)] = exc
-    return out
-
-
-def committed_shards(manifests: Mapping[int, Sequence[Mapping[str, Any]]], logs: Logs) -> Committed:
-    """(table, rank, file name) -> ``CommittedShard`` of every shard a commit line states
-    (launches whose manifest says ``shard_facts`` is this reader's ``SHARD_FACTS_VERSION``)."""
-    out: dict[tuple[str, int, str], CommittedShard] = {}
-    for rank, ms in manifests.items():
-        for m in ms:
-            segment = m["segment"]
-            log = logs.get((rank, segment))
-            if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION or not isinstance(log, commitlog.LogState):
-                continue
-            for w, facts in log.shards.items():
-                rows, name = log.windows[w][0], contract.shard_name(segment, w)
-                for table, fact in facts.items():
-                    out[(table, rank, name)] = committed_shard(rows[table], fact, segment, w)
-    return out
-
-
-# ------------------------------------------------------------------------------ judging
 @dataclass
 class _Segment:
     """Working state of one (rank, segment) while it is judged."""
@@ -258,6 +183,12 @@ class _Segment:
     files: dict[int | None, list[ShardInfo]]  # window -> shards (None: a name without a window)
     gaps: list[Gap]
     dropped: list[Location]
+
+    def gap(
+        self, kind: str, table: str | None, window: int | None, first: int | None, last: int | None, detail: str
+    ) -> None:
+        """Note a gap of this (rank, segment) (``Gap``'s fields but the rank and segment)."""
+        self.gaps.append(Gap(kind, self.rank, self.segment, table, window, first, last, detail))
 
 
 def _start(seg: _Segment, earlier_last: int | None) -> int:
@@ -281,8 +212,14 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
     name = commitlog.commit_log_relpath(r, s).rsplit("/", 1)[1]
     if log.bad_lines and not (log.torn_tail and log.bad_lines == 1 and log.close is None):
         why = f" (window {log.contradictions[0]}'s rows differ from its step folds)" if log.contradictions else ""
-        seg.gaps.append(Gap("damaged_commit_log", r, s, None, None, None, None,
-                            f"{log.bad_lines} line(s) of {name} cannot be read{why}; windows they committed are not trusted"))  # fmt: skip
+        seg.gap(
+            "damaged_commit_log",
+            None,
+            None,
+            None,
+            None,
+            f"{log.bad_lines} line(s) of {name} cannot be read{why}; windows they committed are not trusted",
+        )
     committed = log.windows
     for w, (rows, span) in sorted(committed.items()):
         on_disk = {f.table: f for f in seg.files.get(w, ())}
@@ -292,18 +229,31 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
                 continue
             f = on_disk.get(table)
             if f is None:
-                seg.gaps.append(Gap("missing_shard", r, s, table, w, lo, hi,
-                                    f"{table} window {w} was committed with {n} row(s) but its shard is missing"))  # fmt: skip
+                seg.gap(
+                    "missing_shard",
+                    table,
+                    w,
+                    lo,
+                    hi,
+                    f"{table} window {w} was committed with {n} row(s) but its shard is missing",
+                )
             elif f.num_rows != n:
                 seg.dropped.append(f.path)
-                seg.gaps.append(Gap("row_mismatch", r, s, table, w, lo, hi,
-                                    f"{table} window {w} holds {f.num_rows} row(s), its commit says {n}"))  # fmt: skip
+                seg.gap(
+                    "row_mismatch",
+                    table,
+                    w,
+                    lo,
+                    hi,
+                    f"{table} window {w} holds {f.num_rows} row(s), its commit says {n}",
+                )
         for table, f in sorted(on_disk.items()):
             if rows.get(table, 0) == 0:
                 seg.dropped.append(f.path)
                 flo, fhi = _file_steps([f])
-                seg.gaps.append(Gap("uncommitted_window", r, s, table, w, flo, fhi,
-                                    f"{table} window {w} has a shard its commit does not list"))  # fmt: skip
+                seg.gap(
+                    "uncommitted_window", table, w, flo, fhi, f"{table} window {w} has a shard its commit does not list"
+                )
     spans = {w: span for w, (_, span) in committed.items() if span is not None}
     last = max((hi for _, hi in spans.values()), default=None)
     n_windows = max(committed, default=-1) + 1
@@ -318,8 +268,7 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
             flo, fhi = (last if last is not None else _start(seg, earlier_last)), None
         for f in files:
             what = f"{f.table} window {wn}" if wn is not None else f"{f.table} shard {name_of(f.path)}"
-            seg.gaps.append(Gap("uncommitted_window", r, s, f.table, wn, flo, fhi,
-                                f"{what} was written but never committed"))  # fmt: skip
+            seg.gap("uncommitted_window", f.table, wn, flo, fhi, f"{what} was written but never committed")
     # Windows below the count with neither a commit line nor a file: one gap per run of them
     # (walked over the windows present, never over the count, which a damaged log could inflate).
     present = sorted(
@@ -335,32 +284,36 @@ def _judge_logged(seg: _Segment, earlier_last: int | None) -> None:
         above = [spans[k][0] for k in spans if k > last_w]
         lo = max(below) if below else _start(seg, earlier_last)
         what = f"window {first} has" if first == last_w else f"windows {first}-{last_w} have"
-        seg.gaps.append(Gap("uncommitted_window", r, s, None, first, lo, min(above) if above else None,
-                            f"{what} no commit line"))  # fmt: skip
+        seg.gap("uncommitted_window", None, first, lo, min(above) if above else None, f"{what} no commit line")
     tail = last if last is not None else _start(seg, earlier_last)
     if log.close is None:
         what = {0: "no window committed", 1: "window 0 committed"}.get(
             n_windows, f"windows 0-{n_windows - 1} committed"
         )
-        seg.gaps.append(Gap("not_closed", r, s, None, None, tail, None,
-                            f"the capture never closed ({what}; killed, crashed or still running)"))  # fmt: skip
+        seg.gap(
+            "not_closed", None, None, tail, None, f"the capture never closed ({what}; killed, crashed or still running)"
+        )
     elif log.close[1] != "ok":
         why = log.close[2] or (log.failure[1] if log.failure else "no reason given")
-        seg.gaps.append(Gap("closed_incomplete", r, s, None, log.failure[0] if log.failure else None, tail, None,
-                            f"the capture closed incomplete: {why}"))  # fmt: skip
+        seg.gap(
+            "closed_incomplete",
+            None,
+            log.failure[0] if log.failure else None,
+            tail,
+            None,
+            f"the capture closed incomplete: {why}",
+        )
 
 
 def check(
-    root: Location,
     label: str,
     manifests: Mapping[int, Sequence[Mapping[str, Any]]],
     shards: Mapping[str, Sequence[ShardInfo]],
-    st: Store | None = None,
-    logs: Logs | None = None,
+    logs: Logs,
 ) -> Completeness:
-    """Judge every (rank, segment) of a run from its commit log, manifest and shard footers (``st``:
-    the run's store, default local; ``logs``: as ``read_logs`` read them, default: read here)."""
-    st = st if st is not None else Store(Path(root), str(root))
+    """Judge every (rank, segment) of a run from its commit log (``logs``: as
+    ``commit_logs.read_logs`` read them; an error kept there is raised here), manifest and shard
+    footers."""
     by_seg: dict[tuple[int, int], dict[int | None, list[ShardInfo]]] = {}
     for infos in shards.values():
         for f in infos:
@@ -376,14 +329,10 @@ def check(
         all_legacy = True
         for m in ms:
             s = m["segment"]
-            shown = f"{label}/manifest/rank={rank}/segment-{s:05d}.json"
-            if logs is None:
-                log = _read_log(st, st.join(root, *commitlog.commit_log_relpath(rank, s).split("/")), shown, m)
-            else:
-                got = logs[(rank, s)]
-                if isinstance(got, Exception):
-                    raise got
-                log = got
+            got = logs[(rank, s)]
+            if isinstance(got, Exception):
+                raise got
+            log = got
             files = by_seg.get((rank, s), {})
             seg = _Segment(rank, s, m.get("start_step"), log, files, [], [])
             if log is None and m.get("commit_log") is None:
@@ -393,9 +342,19 @@ def check(
                 all_legacy = False
                 if log is None:
                     seg.dropped.extend(f.path for v in files.values() for f in v)
-                    seg.gaps.append(Gap("missing_commit_log", rank, s, None, None, _start(seg, earlier_last), None,
-                                        "the manifest promises a commit log but segment-"
-                                        f"{s:05d}.commits is missing: nothing of this launch can be trusted"))  # fmt: skip
+                    seg.gaps.append(
+                        Gap(
+                            "missing_commit_log",
+                            rank,
+                            s,
+                            None,
+                            None,
+                            _start(seg, earlier_last),
+                            None,
+                            "the manifest promises a commit log but segment-"
+                            f"{s:05d}.commits is missing: nothing of this launch can be trusted",
+                        )
+                    )
                 else:
                     _judge_logged(seg, earlier_last)
                 windows = 0 if log is None else len(log.windows)
@@ -416,15 +375,25 @@ def check(
                 excluded.setdefault(rank, []).append((g.first_step, hi))
             dropped.extend(seg.dropped)
         if all_legacy and legacy_files == 0:
-            gaps.append(Gap("no_data", rank, ms[-1]["segment"], None, None, 0, None,
-                            "legacy run (no commit log) and this rank has a manifest but not a single shard"))  # fmt: skip
+            gaps.append(
+                Gap(
+                    "no_data",
+                    rank,
+                    ms[-1]["segment"],
+                    None,
+                    None,
+                    0,
+                    None,
+                    "legacy run (no commit log) and this rank has a manifest but not a single shard",
+                )
+            )
             excluded.setdefault(rank, []).append((0, None))
     gaps.sort(key=Gap.sort_key)
-    merged = {r: _merge(v) for r, v in sorted(excluded.items())}
+    merged = {r: merge_ranges(v) for r, v in sorted(excluded.items())}
     return Completeness(tuple(states), tuple(gaps), frozenset(dropped), MappingProxyType(merged))
 
 
-def _merge(ranges: Iterable[tuple[int, int | None]]) -> StepRanges:
+def merge_ranges(ranges: Iterable[tuple[int, int | None]]) -> StepRanges:
     out: list[list[Any]] = []
     for lo, hi in sorted(ranges, key=lambda x: x[0]):
         if out and (out[-1][1] is None or lo <= out[-1][1] + 1):
@@ -446,48 +415,3 @@ def refusal(label: str, comp: Completeness) -> str:
         + (f"; and {more} more gap(s) (detfp-analyze certify lists them)" if more else "")
         + f"; {_FIX}"
     )
-
-
-# ------------------------------------------------------------------------------ pairs
-def restrict_pair(run_a: Run, run_b: Run) -> tuple[Run, Run, tuple[str, ...]]:
-    """Runs A and B limited to the steps both hold completely, and notes on what was left out.
-
-    Every rank's excluded step ranges become the union of both runs' (a step complete on one
-    side only cannot be compared), so both runs see exactly the same (rank, step) pairs.
-    """
-    notes: list[str] = []
-    if run_a.completeness is None or run_b.completeness is None:
-        return run_a, run_b, ()
-    ranks = sorted(set(run_a.excluded) | set(run_b.excluded))
-    union = {r: _merge([*run_a.excluded.get(r, ()), *run_b.excluded.get(r, ())]) for r in ranks}
-    for tag, run, comp in (("A", run_a, run_a.completeness), ("B", run_b, run_b.completeness)):
-        for g in comp.gaps:
-            steps = g.steps()
-            notes.append(
-                f"{tag} ({run.label}) incomplete: rank {g.rank} segment {g.segment}: {g.detail}"
-                + (f"; {steps} not compared" if steps else "")
-            )
-        if comp.legacy_ranks:
-            notes.append(
-                f"{tag} ({run.label}) was written before commit logs (legacy): its completeness was not verified"
-            )
-    a = dataclasses.replace(run_a, excluded=MappingProxyType(union)) if union else run_a
-    b = dataclasses.replace(run_b, excluded=MappingProxyType(union)) if union else run_b
-    return a, b, tuple(notes)
-
-
-def held_ranks(run: Run, ranks: Sequence[int]) -> set[int]:
-    """Ranks of ``ranks`` holding at least one record or metric ``run.scan`` would return.
-
-    From the footers' row counts when nothing is excluded; otherwise one scan of the rank and
-    step columns (excluded steps are a row filter the footers cannot answer).
-    """
-    wanted = set(ranks)
-    tables = ("records", "metrics")
-    if not any(r in wanted for r in run.excluded):
-        return {s.rank for t in tables for s in run.shards.get(t, ()) if s.rank in wanted and s.num_rows}
-    held: set[int] = set()
-    for t in tables:
-        got = run.scan(t, ranks=sorted(wanted)).select("rank").unique().collect()
-        held.update(int(r) for r in got["rank"].to_list())
-    return held

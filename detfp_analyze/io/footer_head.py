@@ -2,7 +2,7 @@
 
 A Parquet footer is a Thrift ``FileMetaData`` in the compact protocol: field 1 the format
 version, field 2 the schema (a list of ``SchemaElement``), field 3 the number of rows, then the
-row groups and the key-value metadata. ``committed.FooterChecks`` checks every committed shard
+row groups and the key-value metadata. ``committed_footers.FooterChecks`` checks every committed shard
 against the contract before its first read (``docs/reliability.md``); the schema is the same
 bytes in every shard a writer wrote of one table, so it is validated once per distinct schema,
 and each shard costs only this: a walk over the first three fields (tens of microseconds; a

@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 from detfp_analyze.errors import DuplicateRankError, ManifestError, NotARunError, SchemaVersionError
-from detfp_analyze.io.footers import partitions, shown_name, visible
+from detfp_analyze.io.names import partitions, shown_name, visible
 from detfp_analyze.io.store import Location, Store, name_of
 from detfp_format import contract, strictjson
 
-__all__ = ["FIX_RUN", "MAX_MANIFEST_BYTES", "read_manifests"]
+__all__ = ["FIX_RUN", "MAX_MANIFEST_BYTES", "list_dir", "read_manifests"]
 
 #: Manifests larger than this are refused before parsing (a real one is a few KiB; the largest
 #: part, the command line, is bounded by the OS at about 2 MiB).
@@ -30,7 +30,8 @@ _MAX_WORLD = 1 << 20
 _OBJECT_KEYS = ("parallel", "groups", "versions", "host", "determinism", "env", "git", "capture")
 
 
-def _listdir(st: Store, path: Location, shown: str) -> list[Location]:
+def list_dir(st: Store, path: Location, shown: str) -> list[Location]:
+    """The entries of a directory of the manifest tree, or a one-line ManifestError naming it."""
     try:
         return st.listdir(path)
     except OSError as exc:
@@ -43,11 +44,11 @@ def read_manifests(st: Store, root: Location, label: str) -> dict[int, dict[int,
         raise NotARunError(f"{label}: not a detfp run (no {contract.MANIFEST_DIR}/ directory); {FIX_RUN}")
     found: dict[int, dict[int, dict]] = {}
     mshown = f"{label}/{contract.MANIFEST_DIR}"
-    for rank, rdir, rname in partitions(_listdir(st, mroot, mshown), mshown):
+    for rank, rdir, rname in partitions(list_dir(st, mroot, mshown), mshown):
         rshown = f"{label}/{contract.MANIFEST_DIR}/{rname}"
         if not st.is_dir(rdir):
             raise ManifestError(f"{rshown}: not a directory (a file, a dangling link or a link loop); delete it")
-        for mfile in _listdir(st, rdir, rshown):
+        for mfile in list_dir(st, rdir, rshown):
             name = name_of(mfile)
             if not visible(name) or not (name.startswith("segment-") and name.endswith(".json")):
                 continue

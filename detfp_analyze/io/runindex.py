@@ -1,12 +1,15 @@
-"""The run index: what ``open_run`` reads from manifests and commit logs, stored once, verified on use.
+"""The run index: the reader's cache of what it parsed from a run's manifests and commit logs.
 
 Opening a run parses every manifest (JSON holding every group's members) and every commit log
 (a JSON line per window, the step folds of each step): per rank, in Python, tens of
-microseconds per rank-step. The index keeps the outcome of exactly that parse
-(``manifests.read_manifests``, ``completeness.read_logs``, ``stepsums.from_logs``): ``build``
-runs them, ``write`` stores the result, ``load`` hands the same values back. Layout
-(``INDEX_VERSION``; docs/trace-format.md §5b), in ``<run>/_detfp_index/`` (ignored by readers
-like every underscore name) or, for a run that cannot be written, in the user cache directory:
+microseconds per rank-step. ``reader.open_run`` is the only caller: it consults the index first
+(``load``) and, when there is none or it is stale, parses the files and fills it (``fill``) with
+exactly what it parsed (``Indexed``: the manifests, the commit logs, the step folds and the
+shards the commit lines state), keyed by the digests of the bytes it parsed (``Hashing``, the
+store it reads them through). ``detfp-analyze index`` (``reader.index_run``) pre-warms it.
+Layout (``INDEX_VERSION``; docs/trace-format.md §5b), in ``<run>/_detfp_index/`` (ignored by
+readers like every underscore name) or, for a run that cannot be written, in the user cache
+directory:
 
 * ``index.json``: the version, every manifest and commit log by path, size and digest of its
   bytes (``_digest``); each manifest as its key order and, per key, the id of a distinct value
@@ -15,7 +18,7 @@ like every underscore name) or, for a run that cannot be written, in the user ca
   the shard facts;
 * ``folds.arrow``: the step folds as one Arrow IPC table (rank, segment, step, SUM_FIELDS), the
   frame ``stepsums`` searches with polars;
-* ``shards.arrow``: the shards the commit lines state (``completeness.committed_shards``), one
+* ``shards.arrow``: the shards the commit lines state (``commit_logs.committed_shards``), one
   row each: columns, not a JSON object per shard (a seed-scale run states hundreds of thousands);
 * ``index.seal``: SHA-256 over the three files above (``_seal``), checked before any is parsed.
 
@@ -24,13 +27,14 @@ lists exactly the indexed files, and every one of them has the indexed size and 
 index, or one of another version, is None: the caller parses the files as without one). The
 bytes are read and hashed, never parsed, so an index is as good as the files it was built from;
 what the files then mean is judged exactly as without an index. ``open_run(..., use_index=False)``
-(``bisect --no-index``) ignores every index (benchmarks, tests of the path without one).
+(``bisect --no-index``) neither reads nor fills it (benchmarks, tests of the path without one).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,18 +43,22 @@ from pathlib import Path
 from typing import Any, cast
 
 from detfp_analyze.errors import DetfpError
-from detfp_analyze.io.footers import CommittedShard, partitions, visible
+from detfp_analyze.io.commit_logs import Logs
+from detfp_analyze.io.manifests import MAX_MANIFEST_BYTES, list_dir
+from detfp_analyze.io.names import partitions, visible
+from detfp_analyze.io.shard_info import CommittedShard
+from detfp_analyze.io.stepsums import FOLD_SCHEMA, Folds
 from detfp_analyze.io.store import Location, Store, open_regular
 from detfp_format import commitlog, contract, strictjson
 
 __all__ = [
     "INDEX_DIR",
     "INDEX_VERSION",
+    "Hashing",
     "Indexed",
     "Written",
-    "build",
     "cache_dir",
-    "index_run",
+    "fill",
     "load",
     "locate",
     "write",
@@ -75,13 +83,13 @@ class Indexed:
 
     #: rank -> segment -> manifest (``manifests.read_manifests``).
     manifests: dict[int, dict[int, dict]]
-    #: (rank, segment) -> its commit log's facts without the folds and the shard facts, or None
-    #: (``completeness.read_logs``; the shard facts are in ``committed``).
-    logs: dict[tuple[int, int], commitlog.LogState | None]
-    #: The step folds (``stepsums.Folds``).
-    folds: Any
-    #: The shards the commit lines state (``completeness.committed_shards`` of the parsed logs).
-    committed: dict[tuple[str, int, str], CommittedShard]
+    #: (rank, segment) -> its commit log, or None (``commit_logs.read_logs``; loaded from the
+    #: index: without the folds and the shard facts, which are in ``folds`` and ``committed``).
+    logs: Logs
+    #: The step folds (``stepsums.from_logs``).
+    folds: Folds
+    #: The shards the commit lines state (``commit_logs.committed_shards`` of the parsed logs).
+    committed: Mapping[tuple[str, int, str], CommittedShard]
 
 
 def _digest(data: bytes) -> str:
@@ -108,12 +116,10 @@ def _seal(main: bytes, folds: bytes, shards: bytes) -> str:
 
 def _files(st: Store, root: Path, label: str) -> dict[str, Path]:
     """Relative path -> file of every manifest and commit log of the run (a listing, no read)."""
-    from detfp_analyze.io.manifests import _listdir
-
     out: dict[str, Path] = {}
     mroot = root / contract.MANIFEST_DIR
     shown = f"{label}/{contract.MANIFEST_DIR}"
-    for _, rdir, rname in partitions(_listdir(st, mroot, shown), shown):
+    for _, rdir, rname in partitions(list_dir(st, mroot, shown), shown):
         if not isinstance(rdir, Path) or not rdir.is_dir():
             continue
         for f in os.scandir(rdir):
@@ -151,56 +157,108 @@ def _read(p: Path) -> bytes | None:
         return f.read()
 
 
+#: The largest unparsed file ``fill`` hashes: as large as a manifest or commit log may be.
+_MAX_UNREAD = max(commitlog.COMMIT_LOG_MAX_BYTES, MAX_MANIFEST_BYTES)
+
+
+def _size(p: Path) -> int:
+    """A file's size (links followed); an unreadable one counts as too large."""
+    try:
+        return os.stat(p).st_size
+    except (OSError, ValueError):
+        return _MAX_UNREAD + 1
+
+
 #: Threads reading and hashing files (``_digests``, the seal).
 _HASHERS = 4
 
 
-def build(st: Store, root: Path, label: str) -> tuple[Indexed, dict[str, Any], tuple[Any, Any]] | None:
-    """Parse the run's manifests and commit logs as ``open_run`` does, and the index of them:
-    (the values, ``index.json``'s document, the folds and shards tables); None when a commit log cannot be
-    read (its error is ``open_run``'s to raise). Raises the manifests' typed errors."""
-    from detfp_analyze.io import completeness, stepsums
-    from detfp_analyze.io.manifests import read_manifests
+@dataclass(frozen=True)
+class Written:
+    """What ``reader.index_run`` did."""
 
-    found = read_manifests(st, root, label)  # first: its errors name what is wrong with the run
-    files_before = _files(st, root, label)
-    rels = sorted(files_before)
-    sums = _digests([files_before[r] for r in rels])
-    manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
-    logs = completeness.read_logs(st, root, label, manifests)
-    if any(isinstance(v, Exception) for v in logs.values()):
+    #: The directory the index was written to (beside the run, or in the user cache).
+    path: Path
+    #: Manifests and commit logs indexed.
+    files: int
+    #: Distinct manifest values stored (each parsed once when the index is read).
+    values: int
+    #: Rows of step folds.
+    folds: int
+
+
+class Hashing(Store):
+    """A local run's store that keeps the size and digest of every file it reads whole (the
+    manifests and commit logs the reader parses), by its path relative to the run: the index
+    ``fill`` writes names exactly the bytes that were parsed, so a file appended to while it was
+    read (a capture still running) is stale on the next ``load``, never trusted."""
+
+    def __init__(self, st: Store) -> None:
+        super().__init__(st.root, st.label)
+        #: ``manifest/rank=R/<file>`` -> (size, digest) of the bytes read.
+        self.hashed: dict[str, tuple[int, str]] = {}
+
+    def read_limited(self, loc: Location, limit: int) -> bytes | None:
+        data = super().read_limited(loc, limit)
+        if data is not None and isinstance(loc, Path) and len(data) <= limit:
+            self.hashed["/".join(loc.parts[-3:])] = (len(data), _digest(data))
+        return data
+
+
+def fill(st: Hashing, root: Path, label: str, values: Indexed) -> Written | None:
+    """Store the index of ``values``, what the reader parsed from the files ``st`` read: beside
+    the run, else in the cache directory (``write``); what was written. None when the run's manifest directory no
+    longer lists what was parsed (a capture still writing: no index of a moving target). OSError
+    when the index can be written nowhere."""
+    on_disk = _files(st, root, label)
+    rels = sorted(on_disk)
+    if not set(st.hashed) <= set(on_disk):
         return None
-    folds = stepsums.from_logs(manifests, logs)
-    # A commit log appended to while it was read (a capture still running): no index of a moving target.
-    if any(s is None for s in sums) or _files(st, root, label) != files_before:
+    # A listed file the reader did not parse (a commit log without a manifest) is hashed here,
+    # unless it is larger than any file the reader parses: a hostile run is not read whole for a cache.
+    unread = [r for r in rels if r not in st.hashed]
+    if any(_size(on_disk[r]) > _MAX_UNREAD for r in unread):
         return None
-    if _digests([files_before[r] for r in rels]) != sums:
-        return None
-    values: dict[str, int] = {}
+    sums = dict(st.hashed)
+    for rel, got in zip(unread, _digests([on_disk[r] for r in unread]), strict=True):
+        if got is None:
+            return None
+        sums[rel] = got
+    values_ids: dict[str, int] = {}
     doc_manifests = []
-    for r in sorted(found):
-        for s in sorted(found[r]):
-            m = found[r][s]
-            keys = []
-            for k, v in m.items():
-                text = strictjson.dumps(v, ensure_ascii=False, separators=(",", ":"))
-                keys.append([k, values.setdefault(text, len(values))])
-            doc_manifests.append([r, s, keys])
-    # No Exception is left among the logs: a failed read returned above.
+    found = values.manifests
+    try:
+        for r in sorted(found):
+            for s in sorted(found[r]):
+                keys = []
+                for k, v in found[r][s].items():
+                    keys.append([k, values_ids.setdefault(_text(v), len(values_ids))])
+                doc_manifests.append([r, s, keys])
+    except ValueError:
+        return None  # a number past the double range (parsed as infinity): no JSON text states it
+    logs = values.logs
+    if any(isinstance(v, Exception) for v in logs.values()):
+        return None  # a commit log that cannot be read: its error is the reader's, nothing to cache
     doc_logs = [
         [r, s, None if log is None else _log_doc(cast(commitlog.LogState, log))] for (r, s), log in sorted(logs.items())
     ]
     doc = {
         "version": INDEX_VERSION,
-        "files": [[rel, size, digest] for rel, (size, digest) in zip(rels, sums, strict=True)],  # type: ignore[misc]
-        "values": list(values),
+        "files": [[rel, *sums[rel]] for rel in rels],
+        "values": list(values_ids),
         "manifests": doc_manifests,
         "logs": doc_logs,
-        "folds_usable": sorted(folds.usable),
+        "folds_usable": sorted(values.folds.usable),
     }
-    stripped = {k: (None if v is None else _strip(v)) for k, v in logs.items()}  # type: ignore[arg-type]
-    committed = dict(completeness.committed_shards(manifests, logs))
-    return Indexed(found, stripped, folds, committed), doc, (folds.frame, _shards_frame(committed))
+    where = write(root, doc, (values.folds.frame, _shards_frame(values.committed)))
+    return Written(where, len(rels), len(values_ids), values.folds.frame.height)
+
+
+#: A manifest value's text in ``index.json`` (its dedup key): strict JSON in C. A manifest parsed
+#: by ``strictjson.loads`` holds no NaN; ``allow_nan=False`` refuses the infinity a number past
+#: the double range parses to (``strictjson.dumps`` would walk every value in Python to spell it
+#: as a string, which would not read back as the number: most of the cost of filling the index).
+_text = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def _shards_frame(committed: Mapping[tuple[str, int, str], CommittedShard]) -> Any:
@@ -218,17 +276,17 @@ def _shard_schema() -> dict[str, Any]:
     return {c: pl.String if c in ("table", "name") else pl.Int64 for c in _SHARD_COLUMNS}
 
 
-def _strip(log: commitlog.LogState) -> commitlog.LogState:
-    return commitlog.LogState(log.opened, log.version, log.windows, log.failure, log.close, log.bad_lines,
-                              log.torn_tail, {}, {}, log.contradictions)  # fmt: skip
-
-
 def _log_doc(log: commitlog.LogState) -> list:
     return [
-        log.opened, log.version,
+        log.opened,
+        log.version,
         [[w, rows, span] for w, (rows, span) in sorted(log.windows.items())],
-        log.failure, log.close, log.bad_lines, log.torn_tail, log.contradictions,
-    ]  # fmt: skip
+        log.failure,
+        log.close,
+        log.bad_lines,
+        log.torn_tail,
+        log.contradictions,
+    ]
 
 
 def _log_state(d: list) -> commitlog.LogState:
@@ -270,7 +328,7 @@ def locate(root: Path) -> Path | None:
 
 def write(root: Path, doc: Mapping[str, Any], tables: tuple[Any, Any]) -> Path:
     """Store an index beside the run, or in the cache directory when the run cannot be written;
-    atomically (temporary names, then renames: the folds and shards tables (``build``'s), the
+    atomically (temporary names, then renames: the folds and shards tables (``fill``'s), the
     document, then the seal over all three). Returns the directory. OSError when neither place
     can be written."""
     last: OSError | None = None
@@ -278,7 +336,7 @@ def write(root: Path, doc: Mapping[str, Any], tables: tuple[Any, Any]) -> Path:
         try:
             d.mkdir(parents=True, exist_ok=True)
             folds, shards = (_ipc(t) for t in tables)
-            main = strictjson.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            main = _text(doc).encode("utf-8")  # ints and strings only: strict JSON as it is
             # The seal is renamed last: a reader between the renames sees a seal that does not
             # match, and parses the run's files as without an index.
             seal = _seal(main, folds, shards).encode()
@@ -313,8 +371,6 @@ def load(st: Store, root: Location, label: str) -> Indexed | None:
 def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
     import polars as pl
 
-    from detfp_analyze.io import stepsums
-
     main, folds_bytes, shards_bytes, seal = (_read(d / n) for n in (_MAIN, _FOLDS, _SHARDS, _SEAL))
     if main is None or folds_bytes is None or shards_bytes is None or seal is None:
         return None  # a pipe or a device where an index file should be: never read, not trusted
@@ -348,12 +404,12 @@ def _load(st: Store, root: Path, label: str, d: Path) -> Indexed | None:
         found.setdefault(r, {})[s] = {k: parsed[i] for k, i in keys}
     logs = {(r, s): None if v is None else _log_state(v) for r, s, v in doc["logs"]}
     frame = pl.read_ipc(io.BytesIO(folds_bytes))
-    if dict(frame.schema) != stepsums.FOLD_SCHEMA:
+    if dict(frame.schema) != FOLD_SCHEMA:
         return None
     committed = _committed(pl.read_ipc(io.BytesIO(shards_bytes)), found)
     if committed is None:
         return None
-    folds = stepsums.Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))
+    folds = Folds(frame, frozenset((int(r), int(s)) for r, s in doc["folds_usable"]))
     return Indexed(found, logs, folds, committed)
 
 
@@ -361,77 +417,20 @@ def _committed(
     frame: Any, found: Mapping[int, Mapping[int, dict]]
 ) -> dict[tuple[str, int, str], CommittedShard] | None:
     """``footers.Committed`` from ``shards.arrow``'s table, of the launches whose manifest
-    promises this reader's shard facts (as ``completeness.committed_shards``); None: not the
-    table ``build`` writes. Built from whole columns (a tuple per shard, no object)."""
+    promises this reader's shard facts (as ``commit_logs.committed_shards``); None: not the
+    table ``fill`` writes. Built from whole columns (a tuple per shard, no object)."""
     import polars as pl
 
     if dict(frame.schema) != _shard_schema() or tuple(frame.columns) != _SHARD_COLUMNS:
         return None
-    other = [(r, s) for r, ms in found.items() for s, m in ms.items()
-             if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION]  # fmt: skip
+    other = [
+        (r, s)
+        for r, ms in found.items()
+        for s, m in ms.items()
+        if m.get("shard_facts") != commitlog.SHARD_FACTS_VERSION
+    ]
     if other:
         drop = pl.DataFrame(other, schema={"rank": pl.Int64, "segment": pl.Int64}, orient="row")
         frame = frame.join(drop, on=["rank", "segment"], how="anti", maintain_order="left")
     cols = [frame[c].to_list() for c in _SHARD_COLUMNS]
     return dict(zip(zip(*cols[:3], strict=True), zip(*cols[3:], strict=True), strict=True))
-
-
-@dataclass(frozen=True)
-class Written:
-    """What ``index_run`` did."""
-
-    #: The directory the index was written to (beside the run, or in the user cache).
-    path: Path
-    #: Manifests and commit logs indexed.
-    files: int
-    #: Distinct manifest values stored (each parsed once when the index is read).
-    values: int
-    #: Rows of step folds.
-    folds: int
-
-
-def index_run(path: str | os.PathLike[str], *, check: bool = False) -> Written | None:
-    """Build the run index of a local run and store it (``write``); with ``check``, only say
-    whether a current one exists (None: none, or a stale or damaged one). Raises the typed
-    errors ``open_run`` raises for the run's manifests and commit logs (NotARunError,
-    ManifestError, SchemaVersionError, ...), and NotARunError for a remote run or one whose
-    index can be written nowhere."""
-    from detfp_analyze.errors import NotARunError
-    from detfp_analyze.io.footers import shown_name
-    from detfp_analyze.io.manifests import FIX_RUN
-    from detfp_analyze.io.store import store
-
-    label = shown_name(os.fspath(path))
-    st = store(path, label, None)
-    root = st.root
-    if not st.local or not isinstance(root, Path):
-        raise NotARunError(f"{label}: a run index is built for local runs only; copy the run to a local directory")
-    if not root.is_dir():
-        raise NotARunError(f"{label}: no such directory; {FIX_RUN}")
-    root = root.resolve()
-    if check:
-        d = locate(root)
-        got = load(st, root, label) if d is not None else None
-        return None if got is None or d is None else Written(d, 0, 0, got.folds.frame.height)
-    built = build(st, root, label)
-    if built is None:
-        from detfp_analyze.io import completeness
-        from detfp_analyze.io.manifests import read_manifests
-
-        found = read_manifests(st, root, label)
-        manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
-        for err in completeness.read_logs(st, root, label, manifests).values():
-            if isinstance(err, Exception):
-                raise err
-        raise NotARunError(
-            f"{label}: the run changed while it was indexed; run detfp-analyze index again once it is written"
-        )
-    _, doc, tables = built
-    try:
-        where = write(root, doc, tables)
-    except OSError as exc:
-        raise NotARunError(
-            f"{label}: the index can be written neither beside the run nor in {cache_dir(root)} "
-            f"({type(exc).__name__}); set XDG_CACHE_HOME to a writable directory"
-        ) from None
-    return Written(where, len(doc["files"]), len(doc["values"]), tables[0].height)

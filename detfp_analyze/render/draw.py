@@ -23,7 +23,7 @@ from typing import Any, Literal, cast
 import polars as pl
 
 from detfp_analyze._deps import require
-from detfp_analyze.io.footers import shown_name
+from detfp_analyze.io.names import shown_name
 from detfp_analyze.render.frames import STATE_COLORS, STATE_HELP, STATES, check_state
 
 __all__ = [
@@ -47,7 +47,7 @@ def _new_figure(
 
 def escape_texts(fig: Any) -> Any:
     """``fig`` with every text in it (titles, labels, tick labels, legends, annotations) shown as
-    ``io.footers.shown_name`` shows a name: control characters from a trace (a module or probe
+    ``io.names.shown_name`` shows a name: control characters from a trace (a module or probe
     named with ``\\x1b``) drawn as visible escapes, never handed to the font machinery, which
     has no glyph for them and says so on stderr with the raw character in its warning."""
     from matplotlib.text import Text

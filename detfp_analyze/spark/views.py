@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from detfp_analyze.bisect.scope import plan
 from detfp_analyze.errors import QueryError
-from detfp_analyze.io.completeness import restrict_pair
+from detfp_analyze.io.held_steps import restrict_pair
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.spark import source as _source
 from detfp_analyze.spark.dialect import translate

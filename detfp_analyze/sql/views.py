@@ -46,7 +46,7 @@ import pyarrow as pa
 from detfp_analyze import rule
 from detfp_analyze.bisect.scope import Scope, plan
 from detfp_analyze.errors import QueryError
-from detfp_analyze.io.completeness import restrict_pair
+from detfp_analyze.io.held_steps import restrict_pair
 from detfp_analyze.io.reader import Run, open_run
 from detfp_analyze.rule.to_sql import qualified, suffixed, to_sql
 from detfp_format import contract

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from detfp_analyze.bisect import bisect
 from detfp_analyze.cli import app
 from detfp_analyze.errors import IncompleteRunError, ShardError
-from detfp_analyze.io import committed, footers
+from detfp_analyze.io import committed_footers, shard_scan
 from detfp_analyze.io.reader import open_run
 from detfp_format import commitlog, contract
 from tests.fixtures.shards import flip_in_footer, hexdigest, write_run
@@ -61,15 +61,15 @@ def pair(written, tmp_path) -> dict[str, Path]:
 
 @pytest.fixture
 def parses(monkeypatch) -> list[Path]:
-    """Paths whose footers the reader parses (``footers.read_footer``), in order."""
+    """Paths whose footers the reader parses (``shard_scan.read_footer``), in order."""
     seen: list[Path] = []
-    real = footers.read_footer
+    real = shard_scan.read_footer
 
     def spy(st, path):
         seen.append(path)
         return real(st, path)
 
-    monkeypatch.setattr(footers, "read_footer", spy)
+    monkeypatch.setattr(shard_scan, "read_footer", spy)
     return seen
 
 
@@ -110,8 +110,8 @@ def test_committed_shards_open_without_a_footer_parse_and_bisect_the_same(writte
 
 def test_a_read_checks_only_the_footers_it_selects_once(written, monkeypatch):
     checked: list[Path] = []
-    real = committed.footer_bytes
-    monkeypatch.setattr(committed, "footer_bytes", lambda st, p: checked.append(p) or real(st, p))
+    real = committed_footers.footer_bytes
+    monkeypatch.setattr(committed_footers, "footer_bytes", lambda st, p: checked.append(p) or real(st, p))
     run = open_run(written["a"])
     run.scan("records", ranks=[1], steps=[1]).collect()
     assert [p.relative_to(run.path).as_posix() for p in checked] == [SHARD]

@@ -1,12 +1,12 @@
 """The shortcuts that make opening and bisecting a seed-scale run cheap give what the long way gives.
 
-* a committed shard's ShardInfo built without the dataclass ``__init__`` (``footers._stated``)
+* a committed shard's ShardInfo built without the dataclass ``__init__`` (``shard_info.stated_shard``)
   is equal to, hashes and prints as the one ``__init__`` builds;
 * the step folds' sort is skipped only for a frame already in strictly increasing (rank, step)
   order: ``stepsums._by_rank_step`` equals ``sort`` on sorted, unsorted, tied, empty frames;
 * ``Run._select`` by rank positions hands out the same shards in the same order as a filter of
   every shard (rank directories list as rank=0, rank=1, rank=10, rank=11, rank=2, ...);
-* the index's committed map equals ``completeness.committed_shards`` of the parsed commit logs;
+* the index's committed map equals ``commit_logs.committed_shards`` of the parsed commit logs;
 * ``_gcpause.paused`` leaves the collector as it found it (on, off, nested, on an error).
 """
 
@@ -19,18 +19,18 @@ import polars as pl
 import pytest
 
 from detfp_analyze import _gcpause
-from detfp_analyze.io import completeness, runindex, stepsums
-from detfp_analyze.io.footers import ShardInfo, _stated
+from detfp_analyze.io import commit_logs, runindex, stepsums
 from detfp_analyze.io.manifests import read_manifests
-from detfp_analyze.io.reader import open_run
+from detfp_analyze.io.reader import index_run, open_run
+from detfp_analyze.io.shard_info import ShardInfo, stated_shard
 from detfp_analyze.io.store import store
 
 
 def test_a_stated_shard_info_is_the_dataclass_one():
     values = (Path("/r/records/rank=3/part-s00000-w0000001.parquet"), "records", 3, 0, 20, 40, 79, 1, 123, "x/y")
-    fast, slow = _stated(*values), ShardInfo(*values)
+    fast, slow = stated_shard(*values), ShardInfo(*values)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-    assert _stated(*values[:-1], "other") != slow
+    assert stated_shard(*values[:-1], "other") != slow
 
 
 @pytest.mark.parametrize(
@@ -78,14 +78,14 @@ def test_select_by_rank_positions_is_the_filter_of_every_shard(seed_run):
 
 
 def test_the_index_states_the_committed_shards_the_logs_state(seed_run):
-    assert runindex.index_run(seed_run) is not None
+    assert index_run(seed_run) is not None
     st = store(seed_run, "a", None)
     got = runindex.load(st, seed_run.resolve(), "a")
     assert got is not None
     found = read_manifests(st, seed_run, "a")
     manifests = {r: tuple(found[r][s] for s in sorted(found[r])) for r in sorted(found)}
-    logs = completeness.read_logs(st, seed_run, "a", manifests)
-    assert got.committed == dict(completeness.committed_shards(manifests, logs)) and len(got.committed) > 0
+    logs = commit_logs.read_logs(st, seed_run, "a", manifests)
+    assert got.committed == dict(commit_logs.committed_shards(manifests, logs)) and len(got.committed) > 0
 
 
 def test_the_collector_is_left_as_it_was():

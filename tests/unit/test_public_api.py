@@ -48,7 +48,7 @@ RESULTS = {
     "EnvDiff": ("key", "a", "b", "rank", "blocking"),
 }  # fmt: skip
 #: The other public classes, by the module that defines them.
-CLASSES = {"DetfpError": "detfp_format.errors", "Run": "detfp_analyze.io.reader"}
+CLASSES = {"DetfpError": "detfp_format.errors", "Run": "detfp_analyze.io.run"}
 
 
 def _params(fn) -> str:

@@ -395,14 +395,14 @@ def test_open_run_reads_footers_only(run, monkeypatch):
 
 
 def test_footer_parse_matches_pyarrow_reader(run):
-    # The reader parses each footer from the bytes it read (footer_read._parse_footer): the same
+    # The reader parses each footer from the bytes it read (footer_bytes.parse_footer): the same
     # metadata, statistics included, as pyarrow reading the file itself.
-    from detfp_analyze.io import footer_read
+    from detfp_analyze.io import footer_bytes
 
     shards = sorted(run.glob("*/rank=*/*.parquet"))
     assert shards
     for p in shards:
-        md = footer_read.read_footer(None, p)
+        md = footer_bytes.read_footer(None, p)
         assert not isinstance(md, str), md
         assert md.equals(pq.read_metadata(p))
 

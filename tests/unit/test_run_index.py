@@ -5,6 +5,10 @@
 * an index opened run holds the same manifests, commit-log facts and step folds as a parsed one;
 * a damaged, truncated, stale (a commit log, a manifest changed, added or removed) or foreign
   (another version) index is not used: the run is opened from its files, with the same answer;
+* the index is the reader's cache: the first open of a run parses its files and fills it, the
+  next reads it (``--no-index`` neither reads nor writes it); it names the bytes that were
+  parsed (a log appended to after the open read it leaves it stale); a run whose index can be
+  written nowhere opens as before;
 * a run that cannot be written is indexed in the user cache directory;
 * the command's errors are one line and exit 2.
 """
@@ -19,8 +23,9 @@ import pytest
 from typer.testing import CliRunner
 
 from detfp_analyze.cli import app
-from detfp_analyze.io import runindex, stepsums
-from detfp_analyze.io.reader import open_run
+from detfp_analyze.io import reader, runindex, stepsums
+from detfp_analyze.io.reader import index_run, open_run
+from detfp_format import commitlog
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SAMPLE_PAIRS = [("data_rank", "a", "b"), ("moe_permute", "a", "b"), ("nondet", "a", "b"), ("ops", "a", "b"),
@@ -79,7 +84,7 @@ def run(tmp_path):
 
 def test_an_indexed_run_holds_what_the_files_say(run, monkeypatch):
     a, _ = run
-    assert runindex.index_run(a) is not None
+    assert index_run(a) is not None
     parsed = open_run(a, use_index=False)
     got = open_run(a)
     assert got.indexed and not parsed.indexed
@@ -184,12 +189,12 @@ def _stale_added(a: Path) -> None:
 )
 def test_a_damaged_or_stale_index_is_not_trusted(run, monkeypatch, damage):
     a, b = run
-    assert runindex.index_run(a) is not None and open_run(a).indexed
+    assert index_run(a) is not None and open_run(a).indexed
     damage(a)
     expect = _cli("bisect", str(a), str(b), "--json", "--allow-incomplete", "--no-index")
     assert _cli("index", "--check", str(a))[0] == 2
-    assert _cli("bisect", str(a), str(b), "--json", "--allow-incomplete") == expect
     if damage is _stale_added:  # the new manifest is judged as without an index: refused
+        assert _cli("bisect", str(a), str(b), "--json", "--allow-incomplete") == expect
         assert expect[0] == 2 and "says rank 1 segment 0" in expect[1]
         return
     opened = open_run(a, allow_incomplete=True)
@@ -198,6 +203,67 @@ def test_a_damaged_or_stale_index_is_not_trusted(run, monkeypatch, damage):
         assert opened.manifest(5)["command"][0] == "x"
     if damage is _stale_log:
         assert not opened.completeness.complete
+    # That open parsed the files and filled the cache again, with what they say now.
+    assert _cli("index", "--check", str(a))[0] == 0
+    assert _cli("bisect", str(a), str(b), "--json", "--allow-incomplete") == expect
+    assert open_run(a, allow_incomplete=True).indexed
+
+
+def test_the_first_open_fills_the_cache_and_the_next_reads_it(run):
+    a, b = run
+    expect = _cli("bisect", str(a), str(b), "--json", "--no-index")
+    assert expect[0] == 1 and not any((r / runindex.INDEX_DIR).exists() for r in (a, b))  # --no-index: nothing written
+    assert not open_run(a).indexed  # parsed, and the index filled as it was
+    assert (a / runindex.INDEX_DIR / "index.seal").is_file() and _cli("index", "--check", str(a))[0] == 0
+    assert open_run(a).indexed
+    assert _cli("bisect", str(a), str(b), "--json") == expect  # B's first open: parsed and filled
+    assert _cli("index", "--check", str(b))[0] == 0
+    assert _cli("bisect", str(a), str(b), "--json") == expect  # both read from the index
+    assert open_run(b).indexed
+
+
+def test_the_index_names_the_bytes_that_were_parsed(run, monkeypatch):
+    """A commit log appended to after the open read it (a capture still writing): the index that
+    open filled names the bytes it parsed, so the next open finds it stale and reads the log anew."""
+    a, _ = run
+    log = a / "manifest" / "rank=2" / "segment-00000.commits"
+    real = reader.read_logs
+
+    def then_appended(*args):
+        got = real(*args)
+        log.write_bytes(log.read_bytes() + b"00000000 {}\n")
+        return got
+
+    monkeypatch.setattr(reader, "read_logs", then_appended)
+    first = open_run(a, allow_incomplete=True)
+    monkeypatch.undo()
+    assert not first.indexed and first.completeness.complete  # the log as it was read
+    assert (a / runindex.INDEX_DIR / "index.seal").is_file()
+    again = open_run(a, allow_incomplete=True)
+    assert not again.indexed and not again.completeness.complete  # stale: the log is read as it is now
+    assert open_run(a, allow_incomplete=True).indexed  # and the cache filled with that
+
+
+def test_a_run_whose_index_can_be_written_nowhere_opens_as_before(run, monkeypatch, tmp_path):
+    a, b = run
+    (a / runindex.INDEX_DIR).write_text("a file where the index directory would go")
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))  # no directory can be made below it
+    expect = _cli("bisect", str(a), str(b), "--json", "--no-index")
+    assert not open_run(a).indexed and not open_run(a).indexed
+    assert _cli("bisect", str(a), str(b), "--json") == expect
+    code, out = _cli("index", str(a))
+    assert code == 2 and "can be written neither beside the run nor in" in out
+
+
+def test_a_huge_stray_file_is_not_read_to_fill_the_cache(run):
+    """A commit log without a manifest is no part of the run; one larger than any file the reader
+    parses (sparse here) is not read whole for a cache: the run opens, without an index."""
+    a, _ = run
+    with open(a / "manifest" / "rank=0" / "segment-00009.commits", "wb") as f:
+        f.truncate(commitlog.COMMIT_LOG_MAX_BYTES + 1)
+    assert not open_run(a).indexed and not (a / runindex.INDEX_DIR).exists()
+    assert not open_run(a).indexed
 
 
 def test_a_read_only_run_is_indexed_in_the_cache(run, monkeypatch, tmp_path):
@@ -205,7 +271,7 @@ def test_a_read_only_run_is_indexed_in_the_cache(run, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     blocker = a / runindex.INDEX_DIR
     blocker.write_text("a file where the index directory would go")  # beside the run: cannot be written
-    got = runindex.index_run(a)
+    got = index_run(a)
     assert (
         got is not None and got.path == runindex.cache_dir(a.resolve()) and got.path.is_relative_to(tmp_path / "cache")
     )

@@ -3,7 +3,7 @@
 ``footer_bytes`` reads the footer, its length and the magic with one open (a local file: its
 last 8 bytes, then the footer; a remote one: one ranged read of its tail); ``read_footer``
 parses them from memory. Both answer a damaged file with one line saying why, which
-``footers`` and ``committed`` turn into their one-line errors naming the shard.
+``shard_scan`` and ``committed_footers`` turn into their one-line errors naming the shard.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from detfp_analyze.io.store import Location, Store, open_regular
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-__all__ = ["MAX_FOOTER_BYTES", "footer_bytes", "read_footer"]
+__all__ = ["FOOTER_CHUNK", "MAX_FOOTER_BYTES", "footer_bytes", "parse_footer", "read_footer"]
 
 #: Footers larger than this are refused before pyarrow parses them (a real shard's footer is a
 #: few KiB to a few hundred KiB; a hostile one could claim gigabytes).
 MAX_FOOTER_BYTES = 16 << 20
+#: Footers read per thread-pool task (a task per file costs more in overhead than the parse it overlaps).
+FOOTER_CHUNK = 64
 
 
-def _parse_footer(end: bytes) -> pq.FileMetaData:
+def parse_footer(end: bytes) -> pq.FileMetaData:
     """The ``FileMetaData`` of a Parquet file's end (footer, its length, the magic).
 
     Parsed by pyarrow's Parquet reader from memory, as the file ``PAR1`` + ``end``: the
@@ -117,11 +119,11 @@ def footer_bytes(st: Store | None, loc: Location) -> bytes | str:
 
 
 def read_footer(st: Store | None, loc: Location) -> pq.FileMetaData | str:
-    """The footer (``footer_bytes``, parsed from memory by ``_parse_footer``), or one line saying
+    """The footer (``footer_bytes``, parsed from memory by ``parse_footer``), or one line saying
     why the file is not usable Parquet."""
     try:
         end = footer_bytes(st, loc)
-        return end if isinstance(end, str) else _parse_footer(end)
+        return end if isinstance(end, str) else parse_footer(end)
     except DetfpError:
         raise
     except Exception as exc:  # ArrowInvalid, OSError, ...: all mean "not usable Parquet"

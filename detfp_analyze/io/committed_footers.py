@@ -1,6 +1,6 @@
 """Footers of committed shards, checked on first read (the reader's side of ``commitlog.ShardFact``).
 
-``footers.scan_shards`` takes a shard whose commit line states its size, steps and footer CRC-32
+``shard_scan.scan_shards`` takes a shard whose commit line states its size, steps and footer CRC-32
 from that line when the sizes agree, without parsing its footer. ``FooterChecks.verify`` (called
 by ``Run.scan`` and ``Run.files`` with the shards they are about to hand out) reads each such
 shard's footer bytes once and compares their CRC-32 with the committed one; then, whatever the
@@ -9,7 +9,7 @@ the writer wrote this contract: a shard of another table committed in its place)
 against the contract and the commit: its row count (``footer_head``, no parse), its schema version,
 and its schema, checked once per distinct schema with polars (``_contract_schema``). A bisect of
 committed runs so loads no pyarrow. Anything wrong, and a footer that differs from its commit, goes
-through ``footers``' full checks (pyarrow), so a damaged shard gives the same one-line error as
+through ``footer_contract``'s full checks (pyarrow), so a damaged shard gives the same one-line error as
 when every footer was parsed at open; one that passes them all the same is refused with its own
 message (other rows than committed, or not the committed footer).
 """
@@ -25,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from detfp_analyze.errors import DetfpError, ShardError
+from detfp_analyze.io.footer_bytes import FOOTER_CHUNK, footer_bytes, parse_footer, read_footer
+from detfp_analyze.io.footer_contract import FIX_SHARD, FooterValidator
 from detfp_analyze.io.footer_head import head, stated_versions
-from detfp_analyze.io.footer_read import _parse_footer, footer_bytes, read_footer
-from detfp_analyze.io.footers import _FOOTER_CHUNK, FIX_SHARD, ShardInfo, _Validator
+from detfp_analyze.io.shard_info import ShardInfo
 from detfp_analyze.io.store import Location, Store
 from detfp_format import contract
 from detfp_format.types import polars_type
@@ -60,10 +61,10 @@ class FooterChecks:
             todo = [s for s in shards if s.footer_crc32 is not None and s.path not in self._done]
         if not todo:
             return
-        if len(todo) > _FOOTER_CHUNK:
+        if len(todo) > FOOTER_CHUNK:
             # In chunks, as in scan_shards (ThreadPoolExecutor.map ignores its chunksize); one
             # validator (its cache of distinct schemas) per chunk: no state shared across threads.
-            parts = [todo[i : i + _FOOTER_CHUNK] for i in range(0, len(todo), _FOOTER_CHUNK)]
+            parts = [todo[i : i + FOOTER_CHUNK] for i in range(0, len(todo), FOOTER_CHUNK)]
             with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
                 found = [e for part in pool.map(self._check_all, parts) for e in part]
         else:
@@ -75,7 +76,7 @@ class FooterChecks:
             self._done.update(s.path for s in todo)
 
     def _check_all(self, shards: list[ShardInfo]) -> list[DetfpError | None]:
-        check = _Validator()
+        check = FooterValidator()
         out: list[DetfpError | None] = []
         for s in shards:
             try:
@@ -85,7 +86,7 @@ class FooterChecks:
                 out.append(exc)
         return out
 
-    def _check(self, s: ShardInfo, check: _Validator) -> None:
+    def _check(self, s: ShardInfo, check: FooterValidator) -> None:
         shown = s.shown or str(s.path)
         try:
             end = footer_bytes(self.st, s.path)
@@ -126,7 +127,7 @@ class FooterChecks:
                 self._schemas[key] = known
         return known
 
-    def _refuse(self, s: ShardInfo, check: _Validator) -> None:
+    def _refuse(self, s: ShardInfo, check: FooterValidator) -> None:
         """The error of a committed shard whose footer bytes differ from its commit: the footer
         checks of ``scan_shards`` (the same message as when it is parsed at open), else its own."""
         shown = s.shown or str(s.path)
@@ -138,9 +139,9 @@ class FooterChecks:
 
 
 def _parsed(end: bytes) -> Any:
-    """The footer parsed by pyarrow (``footer_read._parse_footer``), or why it cannot be."""
+    """The footer parsed by pyarrow (``footer_bytes.parse_footer``), or why it cannot be."""
     try:
-        return _parse_footer(end)
+        return parse_footer(end)
     except Exception as exc:  # the committed bytes themselves are not a footer pyarrow reads
         return " ".join(str(exc).split())[:160] or type(exc).__name__
 
