@@ -248,11 +248,11 @@ static PyMethodDef module_methods[] = {
     {"configure_gather", (PyCFunction)configure_gather, METH_VARARGS,
      "configure_gather(arg_names, flat_marker, open_marker, close_marker): what gather uses."},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
-     "gather(args, kwargs, dest_pos, dest_kw): ops.gather in C."},
+     "gather(args, kwargs, dest_pos, dest_kw): args.gather in C."},
     {"append_fast", (PyCFunction)(void (*)(void))append_fast, METH_FASTCALL,
-     "append_fast(rec, call, tensors, digest_it, fresh, defer): hot.append_fast in C."},
+     "append_fast(rec, call, tensors, digest_it, fresh, defer): hot.append_fast_py in C."},
     {"record_op", (PyCFunction)(void (*)(void))record_op, METH_FASTCALL,
-     "record_op(rec, name, module, phase, tensors, args_src, digest_it, defer): hot.record_op in C."},
+     "record_op(rec, name, module, phase, tensors, args_src, digest_it, defer): hot.record_op_py in C."},
     {NULL, NULL, 0, NULL},
 };
 
