@@ -5,6 +5,7 @@
  *   append.c    append_plain's helpers (the version cache, the deferred branch, a record row);
  *   plain.c     append_plain, one call's records (hot.append_plain_py);
  *   ops.c       gather, flat_args, append_fast, record_op, counted records;
+ *   calls.c     record_plain (Recorder.record_call for the hooks' plain calls);
  *   dispatch.c  op_pre (CaptureMode._pre for plain ops), a writing op's barrier;
  *   post.c      op_post (CaptureMode._post for plain ops);
  *   roots.c     digests computed at record time on CPU (roots_fill, root_now);
@@ -200,6 +201,7 @@ untracked_ref(PyObject *module, PyObject *t)
 #include "hostpath_c/append.c"
 #include "hostpath_c/plain.c"
 #include "hostpath_c/ops.c"
+#include "hostpath_c/calls.c"
 #include "hostpath_c/dispatch.c"
 #include "hostpath_c/post.c"
 #include "hostpath_c/roots.c"
@@ -257,6 +259,8 @@ static PyMethodDef module_methods[] = {
      "append_fast(rec, call, tensors, digest_it, fresh, defer): hot.append_fast_py in C."},
     {"record_op", (PyCFunction)(void (*)(void))record_op, METH_FASTCALL,
      "record_op(rec, name, module, phase, tensors, args_src, digest_it, defer): hot.record_op_py in C."},
+    {"record_plain", (PyCFunction)(void (*)(void))record_plain, METH_FASTCALL,
+     "record_plain(rec, kind, name, module, phase, tensors, compiled, fresh): Recorder.record_call's plain case in C."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -78,3 +78,7 @@ def record_op(
     rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
     defer: bool, /,
 ) -> Call: ...
+def record_plain(
+    rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], compiled: bool, fresh: bool, /
+) -> Call:
+    """``Recorder.record_call``'s plain case (no arguments, hazards, rows or deferred digest)."""

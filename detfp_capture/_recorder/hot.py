@@ -51,6 +51,7 @@ __all__ = [
     "append_plain_native",
     "append_plain_py",
     "record_op_py",
+    "record_plain_py",
 ]
 
 _NO_HAZARDS = hostconfig.NO_HAZARDS
@@ -168,6 +169,23 @@ def record_op_py(
     call = (rec.step, mb, phase, module, "op", name, n, args_src, False)
     if tensors:
         append_fast_py(rec, call, tensors, digest_it, False, defer)
+    return call
+
+
+def record_plain_py(
+    rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], compiled: bool, fresh: bool
+) -> Call:
+    """``rec.record_call(kind, name, module, phase, tensors, compiled=..., fresh=...)`` with nothing
+    asked per record (no arguments, hazards, rows or deferred digest: the module, gradient and
+    step hooks' calls), the occurrence inlined; the records through ``rec.append_records``."""
+    mb = rec.microbatch
+    key = (mb, phase, module, kind, name)
+    occ = rec.occ
+    n = occ.get(key, 0)
+    occ[key] = n + 1
+    call = (rec.step, mb, phase, module, kind, name, n, None, compiled)
+    if tensors:
+        rec.append_records(call, tensors, fresh=fresh)
     return call
 
 

@@ -268,23 +268,15 @@ class Recorder:
 
     # ----------------------------------------------------------------------------- records
     def record_call(
-        self,
-        kind: str,
-        name: str,
-        module: str,
-        phase: str,
-        tensors: list[TensorArg],
-        *,
-        occurrence: int | None = None,
-        args_src: tuple | None = None,
-        compiled: bool = False,
-        hazards: dict[int, tuple[str, ...]] | None = None,
-        digest_it: bool = True,
-        rows: bool | int | None = None,
-        fresh: bool = False,
-        defer: bool = False,
-    ) -> Call:
-        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call."""
+        self, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], *,
+        occurrence: int | None = None, args_src: tuple | None = None, compiled: bool = False,
+        hazards: dict[int, tuple[str, ...]] | None = None, digest_it: bool = True, rows: bool | int | None = None,
+        fresh: bool = False, defer: bool = False,
+    ) -> Call:  # fmt: skip
+        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call. The
+        hooks' calls (nothing asked per record) take the record path's ``record_plain``."""
+        if hazards is None and occurrence is None and args_src is None and digest_it and rows is None and not defer:
+            return self.path.record_plain(self, kind, name, module, phase, tensors, compiled, fresh)
         mb = self.microbatch
         if occurrence is None:  # self.occurrence, inlined (once per recorded call)
             key = (mb, phase, module, kind, name)

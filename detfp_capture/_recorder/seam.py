@@ -44,7 +44,7 @@ class Piece(enum.Enum):
 
     #: The dispatch mode's op entries (``op_pre``/``op_post``; Python: ``CaptureMode._pre``/``_post``).
     DISPATCH = "dispatch"
-    #: ``gather``, ``record_op``, ``append_fast``, ``append_plain``, ``append_batch`` (the native
+    #: ``gather``, ``record_op``, ``record_plain``, ``append_fast``, ``append_plain``, ``append_batch`` (the native
     #: op entries call the native appends, so this piece takes ``DISPATCH`` with it).
     APPENDS = "appends"
     #: The digests taken at record time (``roots_fill``; Python: none, the batch or staging route).
@@ -83,6 +83,11 @@ class RecordPath(Protocol):
         digest_it: bool, defer: bool,
     ) -> Call: ...  # fmt: skip
 
+    def record_plain(
+        self, rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], compiled: bool,
+        fresh: bool,
+    ) -> Call: ...  # fmt: skip
+
     def append_fast(
         self, rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool
     ) -> None: ...
@@ -109,6 +114,7 @@ class PythonPath:
     # function itself, no bound method per call on the per-op path.
     gather = staticmethod(args.gather)
     record_op = staticmethod(hot.record_op_py)
+    record_plain = staticmethod(hot.record_plain_py)
     append_fast = staticmethod(hot.append_fast_py)
     append_plain = staticmethod(hot.append_plain_py)
     append_batch = staticmethod(hot.append_batch_py)
@@ -156,6 +162,7 @@ class NativePath:
         self.roots: Any = None if Piece.ROOTS in py else fill_roots
         self.gather: Any = c.gather if appends else args.gather
         self.record_op: Any = c.record_op if appends else hot.record_op_py
+        self.record_plain: Any = c.record_plain if appends else hot.record_plain_py
         self.append_fast: Any = c.append_fast if appends else hot.append_fast_py
         self.append_plain: Any = hot.append_plain_native if appends else hot.append_plain_py
         self.append_batch: Any = hot.append_batch_native if appends else hot.append_batch_py

@@ -136,7 +136,9 @@ def test_a_native_path_leaves_the_named_pieces_to_python():
     assert whole.op_pre is _hostpath.op_pre and whole.record_op is _hostpath.record_op and whole.roots is not None
     part = NativePath(python={Piece.APPENDS, Piece.COLUMNS, Piece.RESOLVE, Piece.ROOTS})
     assert part.op_pre is None  # the C op entries would call the C appends
-    assert (part.gather, part.record_op, part.append_plain) == (args.gather, hot.record_op_py, hot.append_plain_py)
+    assert (part.gather, part.record_op, part.record_plain, part.append_plain) == (
+        args.gather, hot.record_op_py, hot.record_plain_py, hot.append_plain_py,
+    )  # fmt: skip
     assert (part.by_identity, part.args_key, part.resolve_rows) == (
         records.by_identity, args.args_key, flush.resolve_rows_py,
     )  # fmt: skip
