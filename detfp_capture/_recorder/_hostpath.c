@@ -2,9 +2,12 @@
  * same trace; tests/golden/test_capture_routes.py and tests/unit/test_record_native_paths.py hold
  * the two to each other). This file: the module, the Slot type and the byte copy; the rest in
  * hostpath_c/, #included below (one translation unit):
- *   append.c    append_plain, one call's records (hot.append_plain);
+ *   append.c    append_plain's helpers (the version cache, the deferred branch, a record row);
+ *   plain.c     append_plain, one call's records (hot.append_plain_py);
  *   ops.c       gather, flat_args, append_fast, record_op, counted records;
- *   dispatch.c  op_pre/op_post (CaptureMode._pre/_post for plain ops), a writing op's barrier;
+ *   calls.c     record_plain (Recorder.record_call for the hooks' plain calls);
+ *   dispatch.c  op_pre (CaptureMode._pre for plain ops), a writing op's barrier;
+ *   post.c      op_post (CaptureMode._post for plain ops);
  *   roots.c     digests computed at record time on CPU (roots_fill, root_now);
  *   batch.c     by_identity and args_key (the flush's records by call, their arguments' memo
  *               key), a step boundary's batch;
@@ -196,8 +199,11 @@ untracked_ref(PyObject *module, PyObject *t)
 
 /* The record path's functions, by job (one translation unit: they share the state above). */
 #include "hostpath_c/append.c"
+#include "hostpath_c/plain.c"
 #include "hostpath_c/ops.c"
+#include "hostpath_c/calls.c"
 #include "hostpath_c/dispatch.c"
+#include "hostpath_c/post.c"
 #include "hostpath_c/roots.c"
 #include "hostpath_c/batch.c"
 #include "hostpath_c/resolve.c"
@@ -248,11 +254,13 @@ static PyMethodDef module_methods[] = {
     {"configure_gather", (PyCFunction)configure_gather, METH_VARARGS,
      "configure_gather(arg_names, flat_marker, open_marker, close_marker): what gather uses."},
     {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL,
-     "gather(args, kwargs, dest_pos, dest_kw): ops.gather in C."},
+     "gather(args, kwargs, dest_pos, dest_kw): args.gather in C."},
     {"append_fast", (PyCFunction)(void (*)(void))append_fast, METH_FASTCALL,
-     "append_fast(rec, call, tensors, digest_it, fresh, defer): hot.append_fast in C."},
+     "append_fast(rec, call, tensors, digest_it, fresh, defer): hot.append_fast_py in C."},
     {"record_op", (PyCFunction)(void (*)(void))record_op, METH_FASTCALL,
-     "record_op(rec, name, module, phase, tensors, args_src, digest_it, defer): hot.record_op in C."},
+     "record_op(rec, name, module, phase, tensors, args_src, digest_it, defer): hot.record_op_py in C."},
+    {"record_plain", (PyCFunction)(void (*)(void))record_plain, METH_FASTCALL,
+     "record_plain(rec, kind, name, module, phase, tensors, compiled, fresh): Recorder.record_call's plain case in C."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -42,7 +42,7 @@ def configure(
     storage_ptrs: Callable[..., Any], no_hazards: Any, limit: int, /,
 ) -> None: ...
 def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool, /) -> Any:
-    """None when done; ``NotImplemented`` when the call is Python's (``hot._append_plain_py``)."""
+    """None when done; ``NotImplemented`` when the call is Python's (``hot.append_plain_py``)."""
 def configure_op(
     parameter: type, has_subclass: Callable[[list[TensorArg]], bool], append_plain_py: Callable[..., None],
     defer_max: int, defer_bytes: int, /,
@@ -78,3 +78,7 @@ def record_op(
     rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
     defer: bool, /,
 ) -> Call: ...
+def record_plain(
+    rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], compiled: bool, fresh: bool, /
+) -> Call:
+    """``Recorder.record_call``'s plain case (no arguments, hazards, rows or deferred digest)."""

@@ -11,16 +11,23 @@ memoized across flushes under a key that is equal only when the text is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from detfp_capture._digest.stable import stable_text
-from detfp_capture._recorder.call import ARGS, STEP
-from detfp_capture._recorder.slot import NATIVE, _hostpath
+from detfp_capture._recorder.call import ARGS, STEP, TensorArg
 
-__all__ = ["ARGS_TEXT_MAX", "ArgsColumn", "args_digest_text", "args_text", "flat_args", "markers"]
+__all__ = [
+    "ARGS_TEXT_MAX", "ARG_NAMES", "OUT_NAMES", "ArgsColumn", "args_digest_text", "args_key", "args_text", "flat_args",
+    "gather", "markers",
+]  # fmt: skip
+
+#: ``args[i]`` and ``out[i]`` for the first argument positions (one string each, instead of
+#: formatting one per record on the per-op path).
+ARG_NAMES = tuple(f"args[{i}]" for i in range(64))
+OUT_NAMES = tuple(f"out[{i}]" for i in range(64))
 
 
 # Op arguments wait for the flush in one flat tuple of plain values (``flat_args``): a call
@@ -127,7 +134,7 @@ _ARGS_MEMO_LIMIT = 1 << 16
 _EXACT = frozenset((int, str, type(None)))
 
 
-def _args_key_py(src: Any) -> tuple | None:
+def args_key(src: Any) -> tuple | None:
     """A dictionary key for a ``flat_args`` tuple that is equal only when ``args_text`` is:
     floats as ("f", exact hex text), other non-exact values with their class (tuples, so never
     equal to a string argument); None when a value cannot be a key (or ``src`` is not flat)."""
@@ -145,21 +152,47 @@ def _args_key_py(src: Any) -> tuple | None:
     return key
 
 
-if NATIVE:
-    _hostpath.configure_args(_FLAT)
-    #: ``_args_key_py`` in C (``_hostpath.c``): the same keys, one native call per call.
-    _args_key = _hostpath.args_key
-else:
-    _args_key = _args_key_py
+def gather(
+    args: tuple, kwargs: dict, dest_pos: frozenset = frozenset(), dest_kw: frozenset = frozenset()
+) -> tuple[list[TensorArg], tuple | None]:
+    """An op's input records (role ``dest`` for write-only arguments) and its non-tensor
+    arguments (kept for args_digest; no tensor references). The record path's ``gather``:
+    this, or its C twin (``hostpath_c/ops.c``)."""
+    tensors: list[TensorArg] = []
+    other: list[Any] = []
+    for i, a in enumerate(args):
+        role = "dest" if i in dest_pos else "input"
+        if isinstance(a, torch.Tensor):
+            tensors.append((role, ARG_NAMES[i] if i < 64 else f"args[{i}]", a))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor | None):
+            for j, x in enumerate(a):
+                if isinstance(x, torch.Tensor):
+                    tensors.append((role, f"args[{i}][{j}]", x))
+        else:
+            other.append(a)
+    kw: list[tuple[str, Any]] = []
+    for k, v in kwargs.items():
+        role = "dest" if k in dest_kw else "input"
+        if isinstance(v, torch.Tensor):
+            tensors.append((role, f"kwargs.{k}", v))
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
+            for j, x in enumerate(v):
+                if isinstance(x, torch.Tensor):
+                    tensors.append((role, f"kwargs.{k}[{j}]", x))
+        else:
+            kw.append((k, v))
+    return tensors, flat_args(other, kw)
 
 
 class ArgsColumn:
     """The ``args_digest`` column of each flush window, and the ``args`` table rows it adds:
-    each argument text once per segment, in the window it first appears in."""
+    each argument text once per segment, in the window it first appears in. ``key``: the record
+    path's ``args_key`` (``seam.RecordPath``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[tuple], tuple | None] = args_key) -> None:
         #: Argument digests whose text this segment has written.
         self.written: set[str] = set()
+        self._key = key
 
     def build(self, calls: Sequence[tuple], seqs: Sequence[int]) -> tuple[list[str | None], dict[str, list] | None]:
         """(``args_digest`` per call, the new ``args`` table rows or None). ``calls``: the
@@ -174,8 +207,8 @@ class ArgsColumn:
                 ads.append(None)
                 continue
             # The same op arguments recur every step: their digest is memoized across flushes
-            # under an exact key (see _args_key), the text and BLAKE2b computed once.
-            key = _args_key(src)
+            # under an exact key (see args_key), the text and BLAKE2b computed once.
+            key = self._key(src)
             got = memo.get(key) if key is not None else None
             if got is None:
                 got = args_digest_text(src) or (None, None)

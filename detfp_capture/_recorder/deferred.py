@@ -15,6 +15,7 @@ The recorder appends to the deferred columns on its hot path; everything else is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -45,9 +46,11 @@ class Waiting:
     address then (a storage freed or reallocated since, as FSDP's ``resize_(0)`` does unseen by
     the dispatcher, moves it); ``storages`` maps a storage's data pointer to the index (or
     indices) of the deferred tensors in it, so only a write into one of them takes them first.
+    ``roots``: the record path's record-time digests (``seam.RecordPath.roots``; None: none).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, roots: Any = None) -> None:
+        self.roots = roots
         self.tensors: list[torch.Tensor | None] = []
         self.slots: list[Slot] = []
         self.versions: list[int | None] = []
@@ -88,7 +91,7 @@ class Waiting:
                 live_t.append(t)
         if live_t:
             with gc_paused():
-                start_digests(live_t, live_s)
+                start_digests(live_t, live_s, self.roots)
 
     def evict(self, ptrs: list[int]) -> None:
         """Before an op writes into these storages: snapshot the deferred tensors that live in
@@ -128,7 +131,7 @@ class Waiting:
         (``roots.start_roots``); only the others are staged. ``roots_tried``: the caller
         (``_hostpath``'s ``append_plain``) offered them to that route already."""
         if not roots_tried:
-            ts, slots = roots_first(ts, slots)
+            ts, slots = roots_first(ts, slots, self.roots)
             if not ts:
                 return
         dev = ts[0].device

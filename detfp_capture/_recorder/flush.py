@@ -18,16 +18,45 @@ from detfp_capture._digest.resolve import resolve_raw, resolve_rows
 from detfp_capture._recorder import columns
 from detfp_capture._recorder.call import KIND, MICROBATCH, MODULE, NAME, PHASE, STEP, EventRow
 from detfp_capture._recorder.records import RecordBuffer, record_columns
-from detfp_capture._recorder.slot import COMBINE, COPY, NATIVE, Slot, _hostpath
+from detfp_capture._recorder.slot import COMBINE, COPY, Slot, _hostpath
 from detfp_capture._recorder.subclass import resolve_combined
 
-__all__ = ["DigestFindings", "resolve_slots", "window_tables"]
+__all__ = ["DigestFindings", "resolve_rows_native", "resolve_rows_py", "resolve_slots", "window_tables"]
 
 
-def resolve_slots(slots: list[Slot]) -> None:
+def resolve_rows_py(slots: list[Slot]) -> list[Slot]:
+    """Resolve the slots that are rows of batches in bulk; the others, returned, are left for
+    ``resolve_raw`` (a row whose device failed too). The record path's ``resolve_rows``."""
+    rows: list[Slot] = []
+    rest: list[Slot] = []
+    for s in slots:
+        (rows if s.pending is BATCHED and not s.arena_pointer else rest).append(s)
+    if rows:
+        his, los = resolve_rows(rows)
+        for s, hi, lo in zip(rows, his, los, strict=True):
+            if hi is None:
+                rest.append(s)
+            else:
+                s.hi = hi
+                s.lo = lo
+                s.pending = None
+    return rest
+
+
+def resolve_rows_native(slots: list[Slot]) -> list[Slot]:
+    """``resolve_rows_py``'s loops in C (``_hostpath``'s ``hostpath_c/resolve.c``)."""
+    rows, rest = _hostpath.split_rows(slots, BATCHED)
+    if rows:
+        his, los = resolve_rows(rows, _hostpath.rows_plan, _hostpath.scatter)
+        rest += _hostpath.assign_rows(rows, his, los)
+    return rest
+
+
+def resolve_slots(slots: list[Slot], by_rows: Callable[[list[Slot]], list[Slot]] = resolve_rows_py) -> None:
     """Set every slot's ``hi``/``lo`` (and ``extra`` where there is more). Rows of batches (most
-    slots) are resolved in bulk; the rest, and any a failed device left, one by one; a copy's
-    slot (``COPY``) from its source's; a subclass's whole (``COMBINE``) last, from its parts'."""
+    slots) are resolved in bulk (``by_rows``: the record path's ``resolve_rows``); the rest, and
+    any a failed device left, one by one; a copy's slot (``COPY``) from its source's; a
+    subclass's whole (``COMBINE``) last, from its parts'."""
     combos = [s for s in slots if s.pending is COMBINE]
     if combos:
         slots = [s for s in slots if s.pending is not COMBINE]
@@ -41,24 +70,7 @@ def resolve_slots(slots: list[Slot]) -> None:
                 listed.add(id(r))
                 sources.append(r)
         slots = [s for s in slots if s.pending is not COPY] + sources
-    if NATIVE:  # the same loops in C (_hostpath's resolve.c)
-        rows, rest = _hostpath.split_rows(slots, BATCHED)
-        if rows:
-            his, los = resolve_rows(rows, _hostpath.rows_plan, _hostpath.scatter)
-            rest += _hostpath.assign_rows(rows, his, los)
-    else:
-        rows, rest = [], []
-        for s in slots:
-            (rows if s.pending is BATCHED and not s.arena_pointer else rest).append(s)
-        if rows:
-            his, los = resolve_rows(rows)
-            for s, hi, lo in zip(rows, his, los, strict=True):
-                if hi is None:
-                    rest.append(s)
-                else:
-                    s.hi = hi
-                    s.lo = lo
-                    s.pending = None
+    rest = by_rows(slots)
     if rest:
         for s, r in zip(rest, resolve_raw([s.started() for s in rest]), strict=True):
             s.hi = r.hi
@@ -146,7 +158,7 @@ def window_tables(
     records' columns with their hazards, the argument rows, metrics, kernels, dumps, and the
     window's ``events`` then those the digests add (``rec.events``, emptied)."""
     tables: dict[str, Any] = {}
-    cols, args_rows = record_columns(records, rec.args)
+    cols, args_rows = record_columns(records, rec.args, rec.path.by_identity)
     # The digests can add events (recompute mismatches, pointer-like tables): same window.
     cols["hazards"] = rec.findings.hazards(records, rec.events, rec.next_seq, rec.step)
     tables["records"] = cols

@@ -1,12 +1,12 @@
 """The native record path's plain appends configured (``_hostpath.configure``), once.
 
 ``_hostpath.append_plain`` (and what calls it: ``append_fast``, ``record_op``, ``roots_fill``'s
-record-time route) reads the Python objects it shares with ``hot._append_plain_py`` from this
+record-time route) reads the Python objects it shares with ``hot.append_plain_py`` from this
 configuration: the awaited marker, the tensor type and int64 (identity checks), the dtype and
 shape caches, the staging class, the digest module, the version cache's limit and the empty
-hazards tuple. ``configure`` is called by ``hot`` at its import and by ``roots`` before it
-configures its own part, so neither module imports the other to have it done; the objects the
-Python path compares against by identity live here, below both.
+hazards tuple. ``configure`` is the first part of the native path's one configuration
+(``seam.configure_native``); the objects the Python path compares against by identity live
+here, below both paths.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ record of an exact copy (``aten::clone``), which shares its input's digest. ``re
 ``append_fast`` are the dispatch mode's entries (``Recorder.record_call``/``append_records``
 for the case of every plain op, with positional arguments: on this path a keyword call and
 its argument binding cost more than the work).
+
+Each of these is the Python implementation of the record path; the native ones are their C
+twins (``_hostpath``), and which run is the Recorder's ``seam.RecordPath``, never a rebinding here.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from detfp_capture._recorder.roots import start_digests
 from detfp_capture._recorder.slot import (
     COPY,
     DTYPE_STR,
-    NATIVE,
     SHAPES,
     Slot,
     _hostpath,
@@ -40,13 +42,16 @@ from detfp_capture._recorder.slot import (
 from detfp_capture._recorder.subclass import has_subclass
 
 __all__ = [
-    "append_batch",
+    "append_batch_native",
+    "append_batch_py",
     "append_copy",
     "append_counted",
-    "append_fast",
+    "append_fast_py",
     "append_general",
-    "append_plain",
-    "record_op",
+    "append_plain_native",
+    "append_plain_py",
+    "record_op_py",
+    "record_plain_py",
 ]
 
 _NO_HAZARDS = hostconfig.NO_HAZARDS
@@ -54,7 +59,7 @@ _INT64 = hostconfig.INT64
 _TENSOR = hostconfig.TENSOR
 
 
-def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
+def append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
     """Append the records of ``tensors`` to ``call`` on ``rec`` (a ``Recorder``): no hazards,
     rows, moments or dumps. ``fresh``: do not reuse cached digests; ``defer``: the digests may
     wait for a batch (level ops, outside a backward)."""
@@ -142,22 +147,15 @@ def _append_plain_py(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool
         waiting.stage(stage_t, stage_s)
 
 
-if NATIVE:
-    hostconfig.configure()
-    _native_plain = _hostpath.append_plain
-
-    def append_plain(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
-        """``_append_plain_py`` in C (``_recorder/_hostpath.c``: the same statements, the same
-        trace); the calls only Python handles (a collective may still be writing a tensor, a
-        tensor that is not plain) go to ``_append_plain_py``."""
-        if _native_plain(rec, call, tensors, fresh, defer) is NotImplemented:
-            _append_plain_py(rec, call, tensors, fresh, defer)
-
-else:
-    append_plain = _append_plain_py
+def append_plain_native(rec: Any, call: Call, tensors: list[TensorArg], fresh: bool, defer: bool) -> None:
+    """``append_plain_py`` in C (``_recorder/_hostpath.c``: the same statements, the same
+    trace); the calls only Python handles (a collective may still be writing a tensor, a
+    tensor that is not plain) go to ``append_plain_py``. Needs ``seam.configure_native``."""
+    if _hostpath.append_plain(rec, call, tensors, fresh, defer) is NotImplemented:
+        append_plain_py(rec, call, tensors, fresh, defer)
 
 
-def _record_op_py(
+def record_op_py(
     rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
     defer: bool,
 ) -> Call:  # fmt: skip
@@ -170,15 +168,32 @@ def _record_op_py(
     occ[key] = n + 1
     call = (rec.step, mb, phase, module, "op", name, n, args_src, False)
     if tensors:
-        _append_fast_py(rec, call, tensors, digest_it, False, defer)
+        append_fast_py(rec, call, tensors, digest_it, False, defer)
     return call
 
 
-def _append_fast_py(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:
+def record_plain_py(
+    rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], compiled: bool, fresh: bool
+) -> Call:
+    """``rec.record_call(kind, name, module, phase, tensors, compiled=..., fresh=...)`` with nothing
+    asked per record (no arguments, hazards, rows or deferred digest: the module, gradient and
+    step hooks' calls), the occurrence inlined; the records through ``rec.append_records``."""
+    mb = rec.microbatch
+    key = (mb, phase, module, kind, name)
+    occ = rec.occ
+    n = occ.get(key, 0)
+    occ[key] = n + 1
+    call = (rec.step, mb, phase, module, kind, name, n, None, compiled)
+    if tensors:
+        rec.append_records(call, tensors, fresh=fresh)
+    return call
+
+
+def append_fast_py(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:
     """``rec.append_records(call, tensors, digest_it=..., fresh=..., defer=...)`` without hazards
-    or per-call rows; the hot path's case (``append_plain``) tested first, the rest handed on."""
+    or per-call rows; the hot path's case (``append_plain_py``) tested first, the rest handed on."""
     if digest_it and not rec._tensor_opts and not has_subclass(tensors):
-        append_plain(rec, call, tensors, fresh, defer)
+        append_plain_py(rec, call, tensors, fresh, defer)
         waiting = rec.waiting
         if len(waiting.tensors) >= DEFER_MAX or waiting.nbytes >= DEFER_BYTES:
             waiting.run(staging=False)
@@ -187,16 +202,6 @@ def _append_fast_py(rec: Any, call: Call, tensors: list[TensorArg], digest_it: b
             rec.need_flush = True
     else:
         rec.append_records(call, tensors, digest_it=digest_it, fresh=fresh, defer=defer)
-
-
-if NATIVE:
-    _hostpath.configure_op(torch.nn.Parameter, has_subclass, _append_plain_py, DEFER_MAX, DEFER_BYTES)
-    #: ``_append_fast_py`` and ``_record_op_py`` in C (``_hostpath.c``), statement for statement.
-    append_fast = _hostpath.append_fast
-    record_op = _hostpath.record_op
-else:
-    append_fast = _append_fast_py
-    record_op = _record_op_py
 
 
 def append_counted(rec: Any, call: Call, tensors: list[TensorArg]) -> None:
@@ -276,7 +281,7 @@ def append_copy(rec: Any, call: Call, item: TensorArg, src: torch.Tensor, source
     return True
 
 
-def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
+def append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
     """Append one single-tensor record per spec to ``rec`` (a ``Recorder``), the missing digests
     started as one batch (``start_many``: a step boundary's parameters, gradients, states); no
     hazards, rows, moments or dumps. A spec whose ``call`` is None opens a new call (next
@@ -301,7 +306,7 @@ def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Cal
     if missing:
         new = [Slot(None) for _ in missing]
         with gc_paused():
-            start_digests([specs[i].tensor for i in missing], new, reuse=True)  # a step boundary: repeats
+            start_digests([specs[i].tensor for i in missing], new, rec.waiting.roots, reuse=True)  # repeats
         for i, s in zip(missing, new, strict=True):
             slots[i] = s
             if versions[i] is not None:
@@ -330,14 +335,10 @@ def _append_batch_py(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Cal
     return calls
 
 
-def _append_batch_native(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
-    """``_append_batch_py`` with its two loops in C (``_hostpath.batch_slots``/``batch_records``)."""
+def append_batch_native(rec: Any, specs: list[RecordSpec], fresh: bool) -> list[Call]:
+    """``append_batch_py`` with its two loops in C (``_hostpath.batch_slots``/``batch_records``)."""
     slots, tensors, new = _hostpath.batch_slots(rec, specs, fresh)
     if tensors:
         with gc_paused():
-            start_digests(tensors, new, reuse=True)  # a step boundary: repeats
+            start_digests(tensors, new, rec.waiting.roots, reuse=True)  # a step boundary: repeats
     return _hostpath.batch_records(rec, specs, slots)
-
-
-#: A step boundary's batch of records (the native loops where built).
-append_batch = _append_batch_native if NATIVE else _append_batch_py

@@ -37,9 +37,11 @@ from detfp_capture._recorder.call import Call, DumpRow, EventRow, MetricRow, Rec
 from detfp_capture._recorder.deferred import DEFER_BYTES, DEFER_MAX, Waiting
 from detfp_capture._recorder.flush import DigestFindings, resolve_slots, window_tables
 from detfp_capture._recorder.guard import Guard
-from detfp_capture._recorder.hot import append_batch, append_copy, append_counted, append_general, append_plain
+from detfp_capture._recorder.hostconfig import NO_HAZARDS
+from detfp_capture._recorder.hot import append_copy, append_counted, append_general
 from detfp_capture._recorder.inflight import InFlight
 from detfp_capture._recorder.records import WIDTH, RecordBuffer
+from detfp_capture._recorder.seam import RecordPath, record_path
 from detfp_capture._recorder.slot import Slot, dtype_str, gc_paused
 from detfp_capture._recorder.subclass import append_flattened, flattens, has_subclass, scalar_copy
 from detfp_capture._recorder.vcache import VersionCache
@@ -52,14 +54,16 @@ _stack_at = torch._C._get_dispatch_stack_at
 _stack_pop = torch._C._pop_torch_dispatch_stack
 _stack_push = torch._C._push_on_torch_dispatch_stack
 
-_NO_HAZARDS: tuple[str, ...] = ()
-
 
 class Recorder:
-    """Buffers of one rank's stream plus the context every record is stamped with."""
+    """One rank's buffers, the context every record is stamped with, and its record path (``seam``)."""
 
-    def __init__(self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Callable[[], None] | None) -> None:
+    def __init__(
+        self, cfg: CaptureConfig, writer: Any, *, rank: int, on_fail: Callable[[], None] | None,
+        path: RecordPath | None = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
+        self.path: RecordPath = record_path() if path is None else path
         self.writer = writer
         self.rank = rank
         self._on_fail = on_fail
@@ -79,9 +83,9 @@ class Recorder:
         self.events: list[EventRow] = []
         self.kernels: list = []  # call.KernelRow
         self.dumps: list = []  # call.DumpRow
-        self.args = ArgsColumn()
+        self.args = ArgsColumn(self.path.args_key)
         self.vcache = VersionCache(cfg.caps.sees_writes)
-        self.waiting = Waiting()
+        self.waiting = Waiting(self.path.roots)
         #: Buffers an asynchronous collective is still writing: what reads them waits for it.
         self.inflight = InFlight()
         self.findings = DigestFindings()
@@ -264,23 +268,15 @@ class Recorder:
 
     # ----------------------------------------------------------------------------- records
     def record_call(
-        self,
-        kind: str,
-        name: str,
-        module: str,
-        phase: str,
-        tensors: list[TensorArg],
-        *,
-        occurrence: int | None = None,
-        args_src: tuple | None = None,
-        compiled: bool = False,
-        hazards: dict[int, tuple[str, ...]] | None = None,
-        digest_it: bool = True,
-        rows: bool | int | None = None,
-        fresh: bool = False,
-        defer: bool = False,
-    ) -> Call:
-        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call."""
+        self, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], *,
+        occurrence: int | None = None, args_src: tuple | None = None, compiled: bool = False,
+        hazards: dict[int, tuple[str, ...]] | None = None, digest_it: bool = True, rows: bool | int | None = None,
+        fresh: bool = False, defer: bool = False,
+    ) -> Call:  # fmt: skip
+        """Append one call's records; ``tensors`` = [(role, arg, tensor)]; returns the call. The
+        hooks' calls (nothing asked per record) take the record path's ``record_plain``."""
+        if hazards is None and occurrence is None and args_src is None and digest_it and rows is None and not defer:
+            return self.path.record_plain(self, kind, name, module, phase, tensors, compiled, fresh)
         mb = self.microbatch
         if occurrence is None:  # self.occurrence, inlined (once per recorded call)
             key = (mb, phase, module, kind, name)
@@ -289,9 +285,7 @@ class Recorder:
             occ[key] = occurrence + 1
         call = (self.step, mb, phase, module, kind, name, occurrence, args_src, compiled)
         if tensors:
-            self.append_records(
-                call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh, defer=defer
-            )
+            self.append_records(call, tensors, hazards=hazards, digest_it=digest_it, rows=rows, fresh=fresh, defer=defer)
         return call
 
     def append_records(
@@ -318,7 +312,7 @@ class Recorder:
         if not digest_it and not hazards:
             append_counted(self, call, tensors)  # views and metadata ops: counted, not digested
         elif rows is None and not hazards and not self._tensor_opts:
-            append_plain(self, call, tensors, fresh, defer)
+            self.path.append_plain(self, call, tensors, fresh, defer)
             if len(self.waiting.tensors) >= DEFER_MAX or self.waiting.nbytes >= DEFER_BYTES:
                 self.waiting.run(staging=False)
         else:
@@ -364,7 +358,7 @@ class Recorder:
             while j < n and not flattens(specs[j].tensor):
                 j += 1
             if j > i:
-                calls += append_batch(self, specs[i:j], fresh)
+                calls += self.path.append_batch(self, specs[i:j], fresh)
                 self.records_in_step += j - i
             if j < n:
                 calls.append(self._record_spec(specs[j], fresh))
@@ -385,7 +379,7 @@ class Recorder:
         """Records whose digests were started elsewhere: [(role, arg, dtype, shape, numel, Slot)]."""
         n = 0
         for role, arg, dt, shape, numel, s in items:
-            self.records.add(call, self.next_seq(), role, arg, dt, shape, numel, s, _NO_HAZARDS)
+            self.records.add(call, self.next_seq(), role, arg, dt, shape, numel, s, NO_HAZARDS)
             n += 1
         self.records_in_step += n
 
@@ -445,7 +439,7 @@ class Recorder:
                 # identity in C; Slots hash by identity).
                 slots = [s for s in dict.fromkeys(records.slot) if s is not None and s.hi is None and s.extra is None]
                 if slots:
-                    resolve_slots(slots)
+                    resolve_slots(slots, self.path.resolve_rows)
                 tables = window_tables(self, records, metrics, events, kernels, dumps)
         finally:
             self.leave()

@@ -14,12 +14,13 @@ its digest as two integers, which become the ``digest_hi``/``digest_lo`` columns
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
 from detfp_capture._recorder.args import ArgsColumn
 from detfp_capture._recorder.call import COMPILED, KIND, MICROBATCH, MODULE, NAME, OCCURRENCE, PHASE, STEP, Call
-from detfp_capture._recorder.slot import NATIVE, Slot, _hostpath
+from detfp_capture._recorder.slot import Slot
 from detfp_format.indexed import Indexed
 
 __all__ = ["FIELDS", "WIDTH", "RecordBuffer", "by_identity", "record_columns"]
@@ -85,8 +86,8 @@ def _field(calls: list[Call], i: int) -> list[Any]:
     return list(map(itemgetter(i), calls))
 
 
-def _by_identity_py(items: list) -> tuple[list, list[int], list[int]]:
-    """``_hostpath.by_identity``: the distinct objects of ``items`` (by identity, in order of
+def by_identity(items: list) -> tuple[list, list[int], list[int]]:
+    """The record path's ``by_identity`` (this, or ``_hostpath.by_identity``): the distinct objects of ``items`` (by identity, in order of
     first appearance), each item's position among them, and where each first appears."""
     seen: dict[int, int] = {}
     distinct: list = []
@@ -102,17 +103,16 @@ def _by_identity_py(items: list) -> tuple[list, list[int], list[int]]:
     return distinct, index, first
 
 
-by_identity = _hostpath.by_identity if NATIVE else _by_identity_py
-
-
-def record_columns(buf: RecordBuffer, args: ArgsColumn) -> tuple[dict[str, Any], dict[str, list] | None]:
+def record_columns(
+    buf: RecordBuffer, args: ArgsColumn, distinct: Callable[[list], tuple[list, list[int], list[int]]] = by_identity
+) -> tuple[dict[str, Any], dict[str, list] | None]:
     """Columns of the records table from a buffer whose slots are resolved, and the ``args``
     table rows this window adds (None: none). The caller adds the ``hazards`` column (the
     digests may add a hazard). The columns of the call (its key fields, compiled flag and
     argument digest) are ``Indexed`` by call: computed and converted once per call, not per
     record (``detfp_format.indexed``). One comprehension (or one C-level map) per column: this
-    runs once per flush over every record."""
-    calls, index, first = by_identity(buf.call)
+    runs once per flush over every record. ``distinct``: the record path's ``by_identity``."""
+    calls, index, first = distinct(buf.call)
     seqs = buf.seq
     slots = buf.slot
 

@@ -25,33 +25,27 @@ from detfp_capture._digest import native, tlh2, versions
 from detfp_capture._digest.batched import BATCHED, SPECIAL, STRIDED, BatchLanes, start_many
 from detfp_capture._digest.core import Scheme
 from detfp_capture._digest.versions import active
-from detfp_capture._recorder import hostconfig
-from detfp_capture._recorder.slot import NATIVE, _hostpath
+from detfp_capture._recorder.slot import _hostpath
 
-__all__ = ["native_roots", "roots_first", "start_digests", "start_roots"]
+__all__ = ["configure_roots", "roots_first", "start_digests", "start_roots"]
 
 _CPU = torch.device("cpu")
-#: ``_hostpath.roots_fill`` once configured; False: not available (None: not looked up yet).
-_ROOTS: Any = None
 
 
-def native_roots() -> Any:
-    """The native record path's ``roots_fill``, where both the digest kernel and the record
-    path's helpers are built and on (``DETFP_NATIVE`` not 0); else None. Configured on first use
-    (the version-2 keys, the pool, the active version's list: what ``root_now`` reads too)."""
-    global _ROOTS
-    if _ROOTS is None:
-        _ROOTS = False
-        lanes = native._lanes
-        if NATIVE and native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE"):
-            keys = tlh2.pack_all_keys()
-            hostconfig.configure()  # the plain appends' part, which the record-time route uses
-            _hostpath.configure_roots(
-                lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys,
-                keys.numel() // native.KEYS2_BYTES, _CPU,
-            )  # fmt: skip
-            _ROOTS = _hostpath.roots_fill
-    return _ROOTS or None
+def configure_roots() -> Any:
+    """Configure the native record path's ``roots_fill`` (the version-2 keys, the pool, the
+    active version's list: what ``root_now`` reads too) and return it, where the digest kernel
+    is built and on; else None. Part of the native path's one configuration
+    (``seam.configure_native``), after ``hostconfig.configure``, whose objects it uses."""
+    lanes = native._lanes
+    if not (native.AVAILABLE and native.KEYS2_BYTES > 0 and hasattr(lanes, "TREE")):
+        return None
+    keys = tlh2.pack_all_keys()
+    _hostpath.configure_roots(
+        lanes.TREE, SPECIAL, STRIDED, BATCHED, _POOL, versions._STATE, tlh2.SCHEME, keys,
+        keys.numel() // native.KEYS2_BYTES, _CPU,
+    )  # fmt: skip
+    return _hostpath.roots_fill
 
 
 def start_roots(tensors: Sequence[torch.Tensor], slots: Sequence[Any], sch: Scheme, fill_roots: Any) -> list[int]:
@@ -105,22 +99,28 @@ class _RootPool:
 _POOL = _RootPool()
 
 
-def roots_first(tensors: Sequence[torch.Tensor], slots: Sequence[Any]) -> tuple[Sequence[torch.Tensor], Sequence[Any]]:
-    """Digest now what ``start_roots`` takes (version 2, native kernels built); the tensors and
-    slots left for the other paths."""
-    sch = active()
-    roots = native_roots() if sch.version == 2 and tensors else None
-    if roots is None:
+def roots_first(
+    tensors: Sequence[torch.Tensor], slots: Sequence[Any], fill_roots: Any
+) -> tuple[Sequence[torch.Tensor], Sequence[Any]]:
+    """Digest now what ``start_roots`` takes (version 2, ``fill_roots``: the record path's
+    ``roots``, None on the Python path); the tensors and slots left for the other paths."""
+    if fill_roots is None or not tensors:
         return tensors, slots
+    sch = active()
+    if sch.version != 2:
+        return tensors, slots
+    roots = fill_roots
     rest = start_roots(tensors, slots, sch, roots)
     if len(rest) == len(tensors):
         return tensors, slots
     return [tensors[i] for i in rest], [slots[i] for i in rest]
 
 
-def start_digests(tensors: Sequence[torch.Tensor], slots: Sequence[Any], *, reuse: bool = False) -> None:
+def start_digests(
+    tensors: Sequence[torch.Tensor], slots: Sequence[Any], fill_roots: Any, *, reuse: bool = False
+) -> None:
     """``batched.start_many(tensors, slots, reuse=reuse)``, the tensors ``start_roots`` takes
-    digested by it first."""
-    tensors, slots = roots_first(tensors, slots)
+    digested by it first (``fill_roots``: the record path's ``roots``)."""
+    tensors, slots = roots_first(tensors, slots, fill_roots)
     if tensors:
         start_many(tensors, slots, reuse=reuse)

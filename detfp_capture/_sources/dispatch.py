@@ -29,14 +29,10 @@ import torch._guards
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from detfp_capture._recorder.hazards import UNINIT, storage_key
-from detfp_capture._recorder.hot import append_fast, record_op
-from detfp_capture._recorder.slot import NATIVE, _hostpath
 from detfp_capture._sources.c10d import group_name
 from detfp_capture._sources.context import CaptureContext
 from detfp_capture._sources.ops import (
-    _OUT_NAMES,
     OpInfo,
-    gather,
     op_outputs,
     track_hazard_state,
     unread_input,
@@ -45,16 +41,6 @@ from detfp_capture._sources.ops import (
 from detfp_capture._sources.patches import Patches, watch_autocast, watch_storage_resizes, watch_syncs
 
 __all__ = ["CaptureMode"]
-
-if NATIVE:
-    _hostpath.configure_dispatch(_OUT_NAMES)
-    #: ``CaptureMode._pre``/``_post`` in C for the ops most steps are made of (``OpInfo.plain_in``,
-    #: ``plain_out``, no hazard state, no ``modules=``): NotImplemented, nothing done, otherwise.
-    _op_pre: Any = _hostpath.op_pre
-    _op_post: Any = _hostpath.op_post
-else:
-    _op_pre = _op_post = None
-
 
 #: Thread-local state of torch._guards, whose ``compile_context`` is set while dynamo compiles.
 _GUARDS_TLS = torch._guards._TLS
@@ -107,6 +93,13 @@ class CaptureMode(TorchDispatchMode):
         #: A functional collective's process-local group name -> its logical name.
         self.group_names: dict[Any, str] = {}
         self.ctx_group_names = ctx.group_names
+        #: The recorder's record path (``_recorder.seam``): its op entries (``_pre``/``_post`` in C
+        #: for the ops most steps are made of; NotImplemented, nothing done, otherwise; None on the
+        #: Python path) and appends, looked up once here instead of per op.
+        path = ctx.rec.path
+        self.path = path
+        self.op_pre = path.op_pre
+        self.op_post = path.op_post
 
     def install(self, patches: Patches) -> None:
         """Observe what the mode cannot see (``patches``): autocast entry, explicit
@@ -136,7 +129,8 @@ class CaptureMode(TorchDispatchMode):
         # spelled out here as try/except: a guard object and its two calls per op add up on
         # the busiest path of the capture.
         try:
-            pre = NotImplemented if _op_pre is None else _op_pre(self, func, args, kwargs)
+            op_pre = self.op_pre
+            pre = NotImplemented if op_pre is None else op_pre(self, func, args, kwargs)
             if pre is NotImplemented:
                 pre = self._pre(func, args, kwargs)
         except Exception as exc:
@@ -151,7 +145,8 @@ class CaptureMode(TorchDispatchMode):
         else:
             out = self._call(func, args, kwargs)
         try:
-            if _op_post is None or _op_post(self, pre, args, kwargs, out) is NotImplemented:
+            op_post = self.op_post
+            if op_post is None or op_post(self, pre, args, kwargs, out) is NotImplemented:
                 self._post(pre, args, kwargs, out)
         except Exception as exc:
             self._fail(exc, func)
@@ -249,7 +244,7 @@ class CaptureMode(TorchDispatchMode):
         rec.busy = True
         if info.group_arg is not None:
             args = self._named_group(args, kwargs, info.group_arg)
-        tensors, other = gather(args, kwargs, info.dest_pos, info.dest_kw)
+        tensors, other = self.path.gather(args, kwargs, info.dest_pos, info.dest_kw)
         source = None  # an exact-copy op's input (tensor, Slot) when it was digested plainly
         # No digest waits for a batch during a backward: a waiting digest holds its tensor, and
         # autograd's AccumulateGrad copies a gradient instead of stealing it when anything else
@@ -280,7 +275,7 @@ class CaptureMode(TorchDispatchMode):
         else:
             # (A writing op runs the batch right below, before the write: worth it for the many
             # tensors of a _foreach_ op, not for a single in-place tensor.)
-            call = record_op(rec, info.name, module, phase, tensors, other, info.reads, defer)
+            call = self.path.record_op(rec, info.name, module, phase, tensors, other, info.reads, defer)
             if info.copies_input and len(tensors) == 1:
                 source = (tensors[0][2], rec.last_slot())
         if info.writing:
@@ -446,7 +441,7 @@ class CaptureMode(TorchDispatchMode):
         elif outs:
             digest_it = not (info.skip or info.empty or info.async_out)
             if flags is None:
-                append_fast(rec, call, outs, digest_it, fresh, phase != "backward")
+                self.path.append_fast(rec, call, outs, digest_it, fresh, phase != "backward")
             elif holes:
                 for i, item in enumerate(outs):
                     fl = flags.get(i)

@@ -5,8 +5,9 @@ write-only arguments, view-ness, ...), which the dispatch mode's hot path reads.
 below name the ops whose schema does not say enough: metadata-only ops, ``empty*`` allocations,
 full overwrites (a write-only destination), writes that read nothing, opaque workspace outputs,
 ops that read only their input's shape, inputs an op ignores for some argument values. The
-functions split a call into its records (``gather``, ``op_outputs``), find the storages it writes
-(``written_storages``) and keep the hazard state (``track_hazard_state``).
+functions take a call's output records (``op_outputs``; its inputs are the record path's
+``gather``, ``_recorder.args``), find the storages it writes (``written_storages``) and keep the
+hazard state (``track_hazard_state``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Any
 
 import torch
 
-from detfp_capture._recorder.args import flat_args
-from detfp_capture._recorder.args import markers as args_markers
+from detfp_capture._recorder.args import ARG_NAMES, OUT_NAMES
 from detfp_capture._recorder.call import TensorArg
-from detfp_capture._recorder.slot import NATIVE, _hostpath, storage_ptrs
+from detfp_capture._recorder.slot import storage_ptrs
 
 __all__ = [
     "FULL_OVERWRITE",
@@ -26,7 +26,6 @@ __all__ = [
     "WORKSPACE_OUTPUTS",
     "WRITE_NO_READ",
     "OpInfo",
-    "gather",
     "op_outputs",
     "track_hazard_state",
     "unread_input",
@@ -244,7 +243,7 @@ def _unread(base: str, schema: Any) -> tuple[str, int, str, Any] | None:
     names = [a.name for a in schema.arguments]
     if rule[0] not in names or rule[1] not in names:
         return None
-    return _ARG_NAMES[names.index(rule[0])], names.index(rule[1]), rule[1], rule[2]
+    return ARG_NAMES[names.index(rule[0])], names.index(rule[1]), rule[1], rule[2]
 
 
 def unread_input(info: OpInfo, args: tuple, kwargs: dict) -> str | None:
@@ -278,57 +277,12 @@ def _c10d_writes(base: str, schema: Any) -> tuple[list[int], list[int]]:
     return writes, dest
 
 
-#: ``args[i]`` and ``out[i]`` for the first argument positions (one string each, instead of
-#: formatting one per record on the per-op path).
-_ARG_NAMES = tuple(f"args[{i}]" for i in range(64))
-_OUT_NAMES = tuple(f"out[{i}]" for i in range(64))
-
-
-def _gather_py(
-    args: tuple, kwargs: dict, dest_pos: frozenset = frozenset(), dest_kw: frozenset = frozenset()
-) -> tuple[list[TensorArg], tuple | None]:
-    """Input records (role ``dest`` for write-only arguments) and the non-tensor arguments
-    (kept for args_digest; no tensor references)."""
-    tensors: list[TensorArg] = []
-    other: list[Any] = []
-    for i, a in enumerate(args):
-        role = "dest" if i in dest_pos else "input"
-        if isinstance(a, torch.Tensor):
-            tensors.append((role, _ARG_NAMES[i] if i < 64 else f"args[{i}]", a))
-        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor | None):
-            for j, x in enumerate(a):
-                if isinstance(x, torch.Tensor):
-                    tensors.append((role, f"args[{i}][{j}]", x))
-        else:
-            other.append(a)
-    kw: list[tuple[str, Any]] = []
-    for k, v in kwargs.items():
-        role = "dest" if k in dest_kw else "input"
-        if isinstance(v, torch.Tensor):
-            tensors.append((role, f"kwargs.{k}", v))
-        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor):
-            for j, x in enumerate(v):
-                if isinstance(x, torch.Tensor):
-                    tensors.append((role, f"kwargs.{k}[{j}]", x))
-        else:
-            kw.append((k, v))
-    return tensors, flat_args(other, kw)
-
-
-if NATIVE:
-    _hostpath.configure_gather(_ARG_NAMES, *args_markers())
-    #: ``_gather_py`` in C (``_recorder/_hostpath.c``): the same records and arguments.
-    gather = _hostpath.gather
-else:
-    gather = _gather_py
-
-
 def _outputs(out: Any) -> list[TensorArg]:
     if isinstance(out, torch.Tensor):
         return [("output", "out", out)]
     if isinstance(out, (list, tuple)):
         return [
-            ("output", _OUT_NAMES[i] if i < 64 else f"out[{i}]", t)
+            ("output", OUT_NAMES[i] if i < 64 else f"out[{i}]", t)
             for i, t in enumerate(out)
             if isinstance(t, torch.Tensor)
         ]

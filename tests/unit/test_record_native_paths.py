@@ -2,13 +2,16 @@
 one piece at a time, in this process.
 
 ``tests/golden/test_capture_routes.py`` holds the whole native path to the whole Python one
-(``DETFP_NATIVE=0`` in a child process, torch's digest route included). Here each piece is
-switched back to Python alone, so a difference names its piece: the dispatch mode's op entries
-(``op_pre``/``op_post``), the append path (``gather``, ``record_op``, ``append_fast``,
-``append_plain``), the digests taken at record time (``roots``) and the flush's resolution
-(``rows_plan``, ``scatter``, ``split_rows``, ``assign_rows``). And the pieces' contracts directly:
-``gather`` on every shape of argument list, ``start_digests`` on tensors of every kind against
-``digest.start``, ``by_identity`` and ``args_key`` against their Python."""
+(``DETFP_NATIVE=0`` in a child process, torch's digest route included). Here the capture runs on
+a native record path with one piece left to Python (``seam.NativePath(python=...)``, handed to
+the Session's Recorder by ``seam.recording_through``: no module patched), so a difference names
+its piece: the dispatch mode's op entries (``op_pre``/``op_post``), the append path (``gather``,
+``record_op``, ``append_fast``, ``append_plain``, ``append_batch``), the digests taken at record
+time (``roots``), the flush's resolution (``rows_plan``, ``scatter``, ``split_rows``,
+``assign_rows``) and its grouping and argument keys (``by_identity``, ``args_key``); and the whole
+Python path in this process. And the pieces' contracts directly: ``gather`` on every shape of
+argument list, ``start_digests`` on tensors of every kind against ``digest.start``,
+``by_identity`` and ``args_key`` against their Python."""
 
 from __future__ import annotations
 
@@ -16,75 +19,53 @@ import pytest
 import torch
 
 from detfp_capture import digest
-from detfp_capture._recorder import hot, recorder, roots
+from detfp_capture._recorder import roots
 from detfp_capture._recorder import slot as slot_mod
+from detfp_capture._recorder.args import gather as gather_py
 from detfp_capture._recorder.flush import resolve_slots
-from detfp_capture._recorder.slot import Slot
-from detfp_capture._sources import dispatch, ops
+from detfp_capture._recorder.seam import NativePath, Piece, PythonPath, configure_native, recording_through
+from detfp_capture._recorder.slot import Slot, _hostpath
 from tests import native_half
 from tests.golden.test_capture_records import capture
 
 native = native_half.needs(slot_mod.NATIVE, native_half.RECORD)
 
 
-def _python_dispatch(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(dispatch, "_op_pre", None)
-    mp.setattr(dispatch, "_op_post", None)
-
-
-def _python_appends(mp: pytest.MonkeyPatch) -> None:
-    for mod in (hot, dispatch):
-        mp.setattr(mod, "record_op", hot._record_op_py)
-        mp.setattr(mod, "append_fast", hot._append_fast_py)
-    for mod in (hot, recorder):
-        mp.setattr(mod, "append_plain", hot._append_plain_py)
-        mp.setattr(mod, "append_batch", hot._append_batch_py)
-    for mod in (ops, dispatch):
-        mp.setattr(mod, "gather", ops._gather_py)
-    _python_dispatch(mp)  # the native op entries call the native appends
-
-
-def _python_resolve(mp: pytest.MonkeyPatch) -> None:
-    from detfp_capture._recorder import flush
-
-    mp.setattr(flush, "NATIVE", False)
-
-
-def _no_roots(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(roots, "native_roots", lambda: None)
+def _roots():
+    """The native record-time route (``roots_fill``), the native path configured."""
+    fill = configure_native()
+    assert fill is not None, "the digest kernel is built with the record path's helpers"
+    return fill
 
 
 @pytest.fixture(scope="module")
 def native_traces(tmp_path_factory) -> dict:
+    if not slot_mod.NATIVE:
+        return {}
     tmp = tmp_path_factory.mktemp("native")
-    return {level: capture(level, tmp / level, 2) for level in ("boundaries", "ops")}
+    with recording_through(NativePath()):
+        return {level: capture(level, tmp / level, 2) for level in ("boundaries", "ops")}
+
+
+_PIECES = {
+    "dispatch": {Piece.DISPATCH},
+    "appends": {Piece.APPENDS},  # the native op entries call the native appends: Python's both
+    "roots": {Piece.ROOTS},
+    "resolve": {Piece.RESOLVE},
+    "columns": {Piece.COLUMNS},
+    "python": None,  # the whole Python path, in this process (the native Slot class)
+}
 
 
 @native
-@pytest.mark.parametrize(
-    "level,piece",
-    [
-        ("ops", _python_dispatch),
-        ("ops", _python_appends),
-        ("ops", _no_roots),
-        ("ops", _python_resolve),
-        ("boundaries", _python_appends),
-        ("boundaries", _no_roots),
-        ("boundaries", _python_resolve),
-    ],
-    ids=[
-        "ops-dispatch",
-        "ops-appends",
-        "ops-roots",
-        "ops-resolve",
-        "boundaries-appends",
-        "boundaries-roots",
-        "boundaries-resolve",
-    ],
-)
-def test_each_native_piece_writes_what_its_python_writes(level, piece, native_traces, tmp_path, monkeypatch):
-    piece(monkeypatch)
-    assert capture(level, tmp_path, 2) == native_traces[level]
+@pytest.mark.parametrize("level", ["ops", "boundaries"])
+@pytest.mark.parametrize("piece", list(_PIECES))
+def test_each_native_piece_writes_what_its_python_writes(level, piece, native_traces, tmp_path):
+    pieces = _PIECES[piece]
+    path = PythonPath() if pieces is None else NativePath(python=pieces)
+    assert path.op_pre is None or piece not in ("dispatch", "appends")
+    with recording_through(path):
+        assert capture(level, tmp_path, 2) == native_traces[level]
 
 
 def _arg_shapes() -> list[tuple[tuple, dict, frozenset, frozenset]]:
@@ -115,8 +96,9 @@ def _gathered(fn, args, kwargs, dest_pos, dest_kw):
 @pytest.mark.parametrize("case", range(len(_arg_shapes())))
 def test_gather_splits_arguments_as_python_does(case):
     args, kwargs, dest_pos, dest_kw = _arg_shapes()[case]
-    assert _gathered(ops.gather, args, kwargs, dest_pos, dest_kw) == _gathered(
-        ops._gather_py, args, kwargs, dest_pos, dest_kw
+    configure_native()
+    assert _gathered(_hostpath.gather, args, kwargs, dest_pos, dest_kw) == _gathered(
+        gather_py, args, kwargs, dest_pos, dest_kw
     )
 
 
@@ -151,9 +133,9 @@ def test_start_digests_digests_as_digest_start(version):
     tensors = _tensors()
     slots = [Slot(None) for _ in tensors]
     with versions.use(version):
-        roots.start_digests(tensors, slots)
+        roots.start_digests(tensors, slots, _roots())
         want = digest.resolve([digest.start(t, pointer_check=t.dtype is torch.int64) for t in tensors])
-    resolve_slots(slots)
+    resolve_slots(slots, NativePath().resolve_rows)
     assert [(s.hi, s.lo) for s in slots] == [(r.hi, r.lo) for r in want]
     if version == 2:  # the plain contiguous CPU tensors took the native route, the others not
         taken = [getattr(s, "arena", None) is roots._POOL.held for s in slots]
@@ -165,9 +147,9 @@ def test_roots_keep_the_values_at_record_time():
     t = torch.arange(500, dtype=torch.float32)
     want = digest.resolve([digest.start(t.clone())])[0]
     s = Slot(None)
-    assert roots.start_roots([t], [s], roots.active(), roots.native_roots()) == []
+    assert roots.start_roots([t], [s], roots.active(), _roots()) == []
     t.mul_(3)  # a write after the record: the digest is of the values it had
-    resolve_slots([s])
+    resolve_slots([s], NativePath().resolve_rows)
     assert (s.hi, s.lo) == (want.hi, want.lo)
 
 
@@ -177,12 +159,12 @@ def test_by_identity_groups_as_python_does():
 
     a, b, c = (1, "x"), tuple([1, "x"]), (2,)  # a and b equal, not identical: two calls
     items = [a, a, b, c, a, c, c, b]
-    assert records.by_identity(items) == records._by_identity_py(items)
-    distinct, index, first = records.by_identity(items)
+    assert _hostpath.by_identity(items) == records.by_identity(items)
+    distinct, index, first = _hostpath.by_identity(items)
     assert (
         [id(x) for x in distinct] == [id(a), id(b), id(c)] and index == [0, 0, 1, 2, 0, 2, 2, 1] and first == [0, 2, 3]
     )
-    assert records.by_identity([]) == ([], [], [])
+    assert _hostpath.by_identity([]) == ([], [], [])
 
 
 @native
@@ -204,18 +186,17 @@ def test_args_key_keys_as_python_does():
         flat([[1, [2, 3]]], []),  # lists: markers inline
         flat([{"a": 1}], []),  # unhashable: no key
     ]
+    configure_native()
     for src in srcs:
-        assert args._args_key(src) == args._args_key_py(src), src
-    assert args._args_key(flat([0.0], [])) != args._args_key(flat([-0.0], []))
+        assert _hostpath.args_key(src) == args.args_key(src), src
+    assert _hostpath.args_key(flat([0.0], [])) != _hostpath.args_key(flat([-0.0], []))
 
 
 @native
 def test_root_stats_count_what_the_record_time_route_hashed():
-    from detfp_capture._recorder import _hostpath
-
     t = torch.arange(300, dtype=torch.float32)
     calls, nbytes, seconds = _hostpath.root_stats()
-    assert roots.start_roots([t, t.t()[None]], [Slot(None), Slot(None)], roots.active(), roots.native_roots()) == []
+    assert roots.start_roots([t, t.t()[None]], [Slot(None), Slot(None)], roots.active(), _roots()) == []
     after = _hostpath.root_stats()
     assert (after[0] - calls, after[1] - nbytes) == (2, 2 * 1200) and after[2] >= seconds
 
@@ -229,7 +210,7 @@ def test_record_time_digests_from_two_threads_keep_their_own_rows():
     g = torch.Generator().manual_seed(5)
     work = [[torch.randn(40_000, generator=g) for _ in range(4)] for _ in range(2)]
     got: list[list[tuple[torch.Tensor, Slot]]] = [[], []]
-    sch, native_route = roots.active(), roots.native_roots()
+    sch, native_route = roots.active(), _roots()
     go = threading.Barrier(2)
 
     def record(i: int) -> None:
@@ -247,7 +228,7 @@ def test_record_time_digests_from_two_threads_keep_their_own_rows():
         th.join()
     pairs = got[0] + got[1]
     assert len({(id(s.arena), s.row) for _, s in pairs}) == len(pairs)  # one row each
-    resolve_slots([s for _, s in pairs])
+    resolve_slots([s for _, s in pairs], NativePath().resolve_rows)
     want = {id(t): digest.resolve([digest.start(t)])[0] for ts in work for t in ts}
     assert [(s.hi, s.lo) for t, s in pairs] == [(want[id(t)].hi, want[id(t)].lo) for t, _ in pairs]
 

@@ -6,7 +6,7 @@
 /* ------------------------------------------------------------------------------------------
  * by_identity(items): (distinct, index, first) of a list: the distinct objects in order of
  * first appearance (by identity), each item's position among them, and the item position where
- * each first appears. records._by_identity_py in C: the flush groups a window's records by call.
+ * each first appears. records.by_identity in C: the flush groups a window's records by call.
  * ------------------------------------------------------------------------------------------ */
 static PyObject *
 by_identity(PyObject *module, PyObject *items)

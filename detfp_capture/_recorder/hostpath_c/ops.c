@@ -4,16 +4,16 @@
 
 /* ------------------------------------------------------------------------------------------
  * The dispatch mode's other per-op helpers, in C for the same reason as append_plain:
- *   gather(args, kwargs, dest_pos, dest_kw)        ops.gather
- *   append_fast(rec, call, tensors, digest_it, fresh, defer)   hot.append_fast
- *   record_op(rec, name, module, phase, tensors, args_src, digest_it, defer)   hot.record_op
+ *   gather(args, kwargs, dest_pos, dest_kw)        args.gather
+ *   append_fast(rec, call, tensors, digest_it, fresh, defer)   hot.append_fast_py
+ *   record_op(rec, name, module, phase, tensors, args_src, digest_it, defer)   hot.record_op_py
  * configure_op() and configure_gather() hand over what they use from Python (and configure(),
  * which hot.py calls first: torch.Tensor among others).
  * ------------------------------------------------------------------------------------------ */
 
 static PyObject *op_param = NULL;        /* torch.nn.Parameter */
 static PyObject *op_has_subclass = NULL; /* subclass.has_subclass */
-static PyObject *op_plain_py = NULL;     /* hot._append_plain_py */
+static PyObject *op_plain_py = NULL;     /* hot.append_plain_py */
 static PyObject *op_mark_flat = NULL, *op_mark_open = NULL, *op_mark_close = NULL; /* args' flat-tuple markers */
 static PyObject *op_arg_names = NULL;    /* ops._ARG_NAMES (a tuple) */
 static Py_ssize_t op_defer_max = 0;      /* deferred.DEFER_MAX */
@@ -335,7 +335,7 @@ out:
     return rc;
 }
 
-/* hot.append_fast; and Recorder.append_records' counted path (digest_it False) when no tensor
+/* hot.append_fast_py; and Recorder.append_records' counted path (digest_it False) when no tensor
  * can be a subclass recorded part by part. */
 static int
 append_fast_c(PyObject *rec, PyObject *call, PyObject *tensors, int digest_it, PyObject *fresh, PyObject *defer)

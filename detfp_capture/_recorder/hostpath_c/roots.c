@@ -20,7 +20,7 @@ typedef struct {
     int (*pick)(int want);
 } DetfpTreeApi;
 
-/* Set by configure_roots (roots.native_roots), once the digest kernel is known to be there. */
+/* Set by configure_roots (roots.configure_roots, from seam.configure_native), once the digest kernel is known to be there. */
 static DetfpTreeApi *tree_api = NULL;
 static PyObject *rt_pool = NULL;      /* roots._POOL (record-time rows): NULL until configured */
 static PyObject *rt_state = NULL;     /* versions._STATE: [the active scheme, the default] */
