@@ -277,7 +277,10 @@ def test_sigkill_leaves_every_flushed_file_readable(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script), str(run)], cwd=REPO)
     try:
         part = run / "records" / "rank=0"
-        _wait_until(lambda: part.is_dir() and len(list(part.glob("part-*.parquet"))) >= 5, timeout=60)
+        # The writer thread commits window k before it writes window k + 1's shard: six shards on
+        # disk mean five committed windows however slowly the commit line follows its shard (at
+        # load 15 waiting for five shards killed the writer between the fifth shard and its commit).
+        _wait_until(lambda: part.is_dir() and len(list(part.glob("part-*.parquet"))) >= 6, timeout=60)
     finally:
         proc.kill()  # SIGKILL: no atexit, no close()
         proc.wait()
