@@ -155,21 +155,31 @@ def append_plain_native(rec: Any, call: Call, tensors: list[TensorArg], fresh: b
         append_plain_py(rec, call, tensors, fresh, defer)
 
 
+def _record_call_py(
+    rec: Any, kind: str, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None,
+    compiled: bool, digest_it: bool, fresh: bool, defer: bool,
+) -> Call:  # fmt: skip
+    """``Recorder.record_call``'s body with the occurrence inlined (the C twin: ``record_call_c``):
+    the call tuple, its tensors through ``append_fast_py``. ``record_op_py`` and
+    ``record_plain_py`` are its two entries."""
+    mb = rec.microbatch
+    key = (mb, phase, module, kind, name)
+    occ = rec.occ
+    n = occ.get(key, 0)
+    occ[key] = n + 1
+    call = (rec.step, mb, phase, module, kind, name, n, args_src, compiled)
+    if tensors:
+        append_fast_py(rec, call, tensors, digest_it, fresh, defer)
+    return call
+
+
 def record_op_py(
     rec: Any, name: str, module: str, phase: str, tensors: list[TensorArg], args_src: tuple | None, digest_it: bool,
     defer: bool,
 ) -> Call:  # fmt: skip
     """``rec.record_call("op", name, module, phase, tensors, args_src=..., digest_it=..., defer=...)``
-    (``rec``: a ``Recorder``), the occurrence inlined."""
-    mb = rec.microbatch
-    key = (mb, phase, module, "op", name)
-    occ = rec.occ
-    n = occ.get(key, 0)
-    occ[key] = n + 1
-    call = (rec.step, mb, phase, module, "op", name, n, args_src, False)
-    if tensors:
-        append_fast_py(rec, call, tensors, digest_it, False, defer)
-    return call
+    (``rec``: a ``Recorder``)."""
+    return _record_call_py(rec, "op", name, module, phase, tensors, args_src, False, digest_it, False, defer)
 
 
 def record_plain_py(
@@ -177,16 +187,8 @@ def record_plain_py(
 ) -> Call:
     """``rec.record_call(kind, name, module, phase, tensors, compiled=..., fresh=...)`` with nothing
     asked per record (no arguments, hazards, rows or deferred digest: the module, gradient and
-    step hooks' calls), the occurrence inlined; the records through ``rec.append_records``."""
-    mb = rec.microbatch
-    key = (mb, phase, module, kind, name)
-    occ = rec.occ
-    n = occ.get(key, 0)
-    occ[key] = n + 1
-    call = (rec.step, mb, phase, module, kind, name, n, None, compiled)
-    if tensors:
-        rec.append_records(call, tensors, fresh=fresh)
-    return call
+    step hooks' calls)."""
+    return _record_call_py(rec, kind, name, module, phase, tensors, None, compiled, True, fresh, False)
 
 
 def append_fast_py(rec: Any, call: Call, tensors: list[TensorArg], digest_it: bool, fresh: bool, defer: bool) -> None:

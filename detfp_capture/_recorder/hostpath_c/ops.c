@@ -454,6 +454,30 @@ next_occurrence(PyObject *occ, PyObject *mb, PyObject *phase, PyObject *mod, PyO
     return n;
 }
 
+/* Recorder.record_call's body (occurrence inlined): the call tuple (step, microbatch, phase,
+ * module, kind, name, occurrence, args_src, compiled), its tensors appended by append_fast_c.
+ * record_op (kind "op") and record_plain (calls.c: no arguments) are its two entries. */
+static PyObject *
+record_call_c(PyObject *rec, PyObject *kind, PyObject *name, PyObject *mod, PyObject *phase, PyObject *tensors,
+              PyObject *args_src, PyObject *compiled, int digest_it, PyObject *fresh, PyObject *defer)
+{
+    PyObject *mb = NULL, *occ = NULL, *n = NULL, *step = NULL, *call = NULL;
+    if ((mb = PyObject_GetAttr(rec, s_microbatch)) == NULL) goto fail;
+    if ((occ = PyObject_GetAttr(rec, s_occ)) == NULL) goto fail;
+    if ((n = next_occurrence(occ, mb, phase, mod, kind, name)) == NULL) goto fail;
+    if ((step = PyObject_GetAttr(rec, s_step)) == NULL) goto fail;
+    if ((call = PyTuple_Pack(9, step, mb, phase, mod, kind, name, n, args_src, compiled)) == NULL) goto fail;
+    int has = PyObject_IsTrue(tensors);
+    if (has < 0) goto fail;
+    if (has && append_fast_c(rec, call, tensors, digest_it, fresh, defer) < 0) goto fail;
+    Py_DECREF(mb); Py_DECREF(occ); Py_DECREF(n); Py_DECREF(step);
+    return call;
+fail:
+    Py_XDECREF(mb); Py_XDECREF(occ); Py_XDECREF(n); Py_XDECREF(step);
+    Py_XDECREF(call);
+    return NULL;
+}
+
 static PyObject *
 record_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -466,23 +490,8 @@ record_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "record_op: configure() and configure_op() were not called");
         return NULL;
     }
-    PyObject *rec = args[0], *name = args[1], *mod = args[2], *phase = args[3], *tensors = args[4],
-             *args_src = args[5];
     int digest_it = PyObject_IsTrue(args[6]);
     if (digest_it < 0) return NULL;
-    PyObject *mb = NULL, *occ = NULL, *n = NULL, *step = NULL, *call = NULL;
-    if ((mb = PyObject_GetAttr(rec, s_microbatch)) == NULL) goto fail;
-    if ((occ = PyObject_GetAttr(rec, s_occ)) == NULL) goto fail;
-    if ((n = next_occurrence(occ, mb, phase, mod, s_op, name)) == NULL) goto fail;
-    if ((step = PyObject_GetAttr(rec, s_step)) == NULL) goto fail;
-    if ((call = PyTuple_Pack(9, step, mb, phase, mod, s_op, name, n, args_src, Py_False)) == NULL) goto fail;
-    int has = PyObject_IsTrue(tensors);
-    if (has < 0) goto fail;
-    if (has && append_fast_c(rec, call, tensors, digest_it, Py_False, args[7]) < 0) goto fail;
-    Py_DECREF(mb); Py_DECREF(occ); Py_DECREF(n); Py_DECREF(step);
-    return call;
-fail:
-    Py_XDECREF(mb); Py_XDECREF(occ); Py_XDECREF(n); Py_XDECREF(step);
-    Py_XDECREF(call);
-    return NULL;
+    return record_call_c(args[0], s_op, args[1], args[2], args[3], args[4], args[5], Py_False, digest_it, Py_False,
+                         args[7]);
 }
